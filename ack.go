@@ -1,0 +1,398 @@
+package knet
+
+import (
+	"slices"
+	"time"
+)
+
+// This file holds the parts of reliability (spec "Reliable Datagrams",
+// DECISIONS §4): the receiver's window of PacketIDs seen, the acks it owes,
+// and the sender's table of reliable datagrams in flight. Plain structs; the
+// session calls them with the current time.
+
+// recvSpan is how far back the receiver remembers PacketIDs. The sender keeps
+// newest-sent minus oldest-unacked below it (DECISIONS §4), so any PacketID
+// older than the newest seen by recvSpan or more is a duplicate.
+const recvSpan = 1 << 15
+
+const recvWindowMaxWords = recvSpan / 64
+
+// recvWindow remembers which PacketIDs have arrived. Bit i of ring word
+// (head+k) covers PacketID (baseWord+k)*64 + i. It starts small and grows to
+// recvSpan bits only while there are holes that far back.
+type recvWindow struct {
+	started  bool
+	newest   uint32 // newest PacketID seen
+	baseWord uint32 // PacketID>>6 of the word at head, mod 2^16
+	head     int
+	n        int // words in use
+	ring     []uint64
+}
+
+// wordDelta is the signed distance in words from the base word to id's word.
+func (w *recvWindow) wordDelta(id uint32) int {
+	d := int((id>>6 - w.baseWord) & 0xffff)
+	if d >= 1<<15 {
+		d -= 1 << 16
+	}
+	return d
+}
+
+// plausible reports whether id is within recvSpan of the newest PacketID
+// seen, on either side. A datagram farther ahead would slide the window over
+// PacketIDs still in flight, so it is refused instead.
+func (w *recvWindow) plausible(id uint32) bool {
+	if !w.started {
+		return true
+	}
+	d := seqDiff(w.newest, id)
+	return d < recvSpan && d > -recvSpan
+}
+
+// contains reports whether id has arrived before (or is too old to tell, which
+// the sender's span limit makes the same thing).
+func (w *recvWindow) contains(id uint32) bool {
+	if !w.started {
+		return false
+	}
+	if seqDiff(w.newest, id) <= -recvSpan {
+		return true
+	}
+	d := w.wordDelta(id)
+	if d < 0 {
+		return true
+	}
+	if d >= w.n {
+		return false
+	}
+	return w.ring[(w.head+d)&(len(w.ring)-1)]&(1<<(id&63)) != 0
+}
+
+// add records id as arrived. Call it only for plausible ids.
+func (w *recvWindow) add(id uint32) {
+	if !w.started {
+		w.started = true
+		w.ring = make([]uint64, 4)
+		w.baseWord = id >> 6
+		w.n = 1
+		w.newest = id
+		// PacketIDs below the first one seen in its word count as seen:
+		// nothing the peer sent before its first datagram to us can
+		// still need delivering.
+		w.ring[0] = 1<<(id&63) - 1
+	}
+	if seqLess(w.newest, id) {
+		w.newest = id
+	}
+	d := w.wordDelta(id)
+	if d < 0 {
+		return
+	}
+	mask := len(w.ring) - 1
+	for d >= w.n {
+		if w.n == recvWindowMaxWords+1 {
+			// Forget the oldest word: the sender promised nothing
+			// that old is still unacked.
+			w.ring[w.head] = 0
+			w.head = (w.head + 1) & mask
+			w.baseWord++
+			w.n--
+			d--
+			continue
+		}
+		if w.n == len(w.ring) {
+			w.grow()
+			mask = len(w.ring) - 1
+		}
+		w.ring[(w.head+w.n)&mask] = 0
+		w.n++
+	}
+	w.ring[(w.head+d)&mask] |= 1 << (id & 63)
+	for w.n > 1 && w.ring[w.head] == ^uint64(0) {
+		w.ring[w.head] = 0
+		w.head = (w.head + 1) & mask
+		w.baseWord++
+		w.n--
+	}
+}
+
+func (w *recvWindow) grow() {
+	r := make([]uint64, 2*len(w.ring))
+	for k := range w.n {
+		r[k] = w.ring[(w.head+k)&(len(w.ring)-1)]
+	}
+	w.ring = r
+	w.head = 0
+}
+
+// ackQueue holds the PacketIDs of reliable datagrams received and not yet
+// acked, and when the oldest of them arrived.
+type ackQueue struct {
+	ids    []uint32
+	oldest time.Time
+}
+
+func (q *ackQueue) add(now time.Time, id uint32) {
+	if len(q.ids) == 0 {
+		q.oldest = now
+	}
+	q.ids = append(q.ids, id)
+}
+
+func (q *ackQueue) pending() int { return len(q.ids) }
+
+// take removes and returns PacketAcks covering every queued PacketID, at
+// most max of them, the oldest PacketIDs first. What does not fit stays
+// queued.
+func (q *ackQueue) take(dst []packetAck, max int) []packetAck {
+	if len(q.ids) == 0 || max <= 0 {
+		return dst
+	}
+	ids := q.ids
+	// Usually already in order; sort by serial distance from the first.
+	first := ids[0]
+	for _, id := range ids {
+		if seqLess(id, first) {
+			first = id
+		}
+	}
+	slices.SortFunc(ids, func(a, b uint32) int {
+		return int(seqDiff(first, a)) - int(seqDiff(first, b))
+	})
+	i := 0
+	for i < len(ids) && max > 0 {
+		a := packetAck{base: ids[i]}
+		i++
+		for i < len(ids) {
+			d := seqDiff(a.base, ids[i])
+			if d == 0 { // the same PacketID twice: a duplicate re-acked
+				i++
+				continue
+			}
+			if d > packetAckBits {
+				break
+			}
+			a.more |= 1 << (d - 1)
+			i++
+		}
+		dst = append(dst, a)
+		max--
+	}
+	n := copy(q.ids, q.ids[i:])
+	q.ids = q.ids[:n]
+	return dst
+}
+
+// sent is a reliable datagram in flight.
+type sent struct {
+	packetID  uint32
+	b         []byte // the datagram as sent, re-sent as is
+	sentAt    time.Time
+	sends     int
+	lost      bool // queued for retransmission
+	acked     bool
+	appBytes  int    // application payload bytes carried, for send buffer accounting
+	transfers []byte // TransferIDs whose fragments it carries
+	// prev and next link the sent datagrams in order of last send.
+	prev, next *sent
+}
+
+// sentWindow holds the reliable datagrams in flight, in PacketID order for
+// acks and in order of last send for timeouts.
+type sentWindow struct {
+	byID   []*sent // ring, PacketID order; acked entries linger until they reach the front
+	head   int
+	n      int
+	oldest *sent // least recently sent unacked
+	newest *sent
+	count  int // unacked
+	free   []*sent
+	// largestAcked is the newest PacketID acked so far, for loss detection.
+	largestAcked     uint32
+	largestAckedSent time.Time
+	anyAcked         bool
+}
+
+func (w *sentWindow) at(k int) *sent { return w.byID[(w.head+k)&(len(w.byID)-1)] }
+
+// push records a newly sent reliable datagram; b is kept until it is acked.
+func (w *sentWindow) push(now time.Time, id uint32, b []byte) *sent {
+	var s *sent
+	if k := len(w.free); k > 0 {
+		s = w.free[k-1]
+		w.free = w.free[:k-1]
+	} else {
+		s = new(sent)
+	}
+	*s = sent{packetID: id, b: b, sentAt: now, sends: 1, transfers: s.transfers[:0]}
+	if w.n == len(w.byID) {
+		r := make([]*sent, max(16, 2*len(w.byID)))
+		for k := range w.n {
+			r[k] = w.at(k)
+		}
+		w.byID = r
+		w.head = 0
+	}
+	w.byID[(w.head+w.n)&(len(w.byID)-1)] = s
+	w.n++
+	w.count++
+	w.link(s)
+	return s
+}
+
+func (w *sentWindow) link(s *sent) {
+	s.prev = w.newest
+	s.next = nil
+	if w.newest != nil {
+		w.newest.next = s
+	} else {
+		w.oldest = s
+	}
+	w.newest = s
+}
+
+func (w *sentWindow) unlink(s *sent) {
+	if s.prev == nil && w.oldest != s {
+		return // not linked
+	}
+	if s.prev != nil {
+		s.prev.next = s.next
+	} else {
+		w.oldest = s.next
+	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	} else {
+		w.newest = s.prev
+	}
+	s.prev, s.next = nil, nil
+}
+
+// resent moves s to the newest end after a retransmission.
+func (w *sentWindow) resent(now time.Time, s *sent) {
+	w.unlink(s)
+	s.sentAt = now
+	s.sends++
+	s.lost = false
+	w.link(s)
+}
+
+// find returns the unacked datagram with PacketID id, or nil.
+func (w *sentWindow) find(id uint32) *sent {
+	if w.n == 0 {
+		return nil
+	}
+	first := w.at(0).packetID
+	d := int(seqDiff(first, id))
+	if d < 0 {
+		return nil
+	}
+	// PacketIDs are increasing but not contiguous (unreliable datagrams
+	// take some), so search.
+	lo, hi := 0, min(w.n, d+1)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if seqLess(w.at(m).packetID, id) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < w.n {
+		if s := w.at(lo); s.packetID == id && !s.acked {
+			return s
+		}
+	}
+	return nil
+}
+
+// ack marks s acked and unlinks it from the send-time order. The caller
+// reads what it needs from s, then calls trim.
+func (w *sentWindow) ack(s *sent) {
+	s.acked = true
+	w.unlink(s)
+	w.count--
+	if !w.anyAcked || seqLess(w.largestAcked, s.packetID) {
+		w.largestAcked = s.packetID
+		w.largestAckedSent = s.sentAt
+		w.anyAcked = true
+	}
+}
+
+// trim drops acked datagrams from the front and hands their buffers to
+// release.
+func (w *sentWindow) trim(release func(b []byte)) {
+	for w.n > 0 {
+		s := w.at(0)
+		if !s.acked {
+			return
+		}
+		w.byID[w.head] = nil
+		w.head = (w.head + 1) & (len(w.byID) - 1)
+		w.n--
+		if release != nil && s.b != nil {
+			release(s.b)
+		}
+		s.b = nil
+		w.free = append(w.free, s)
+	}
+}
+
+// firstUnacked returns the oldest-PacketID unacked datagram, or nil.
+func (w *sentWindow) firstUnacked() *sent {
+	if w.n == 0 {
+		return nil
+	}
+	return w.at(0) // trim keeps an unacked datagram at the front
+}
+
+// clear drops everything, releasing the buffers.
+func (w *sentWindow) clear(release func(b []byte)) {
+	for k := range w.n {
+		s := w.at(k)
+		if release != nil && s.b != nil {
+			release(s.b)
+		}
+		s.b = nil
+	}
+	*w = sentWindow{}
+}
+
+// rttEstimator follows RFC 6298: SRTT, RTTVAR and the retransmission
+// timeout derived from them.
+type rttEstimator struct {
+	srtt, rttvar, min, latest time.Duration
+	samples                   int
+}
+
+func (r *rttEstimator) sample(d time.Duration) {
+	if d <= 0 {
+		d = time.Microsecond
+	}
+	r.latest = d
+	if r.samples == 0 || d < r.min {
+		r.min = d
+	}
+	if r.samples == 0 {
+		r.srtt = d
+		r.rttvar = d / 2
+	} else {
+		diff := r.srtt - d
+		if diff < 0 {
+			diff = -diff
+		}
+		r.rttvar = (3*r.rttvar + diff) / 4
+		r.srtt = (7*r.srtt + d) / 8
+	}
+	r.samples++
+}
+
+// rto is SRTT + max(G, 4*RTTVAR) clamped to [floor, ceiling]; before any
+// sample it is initial.
+func (r *rttEstimator) rto(initial, floor, ceiling time.Duration) time.Duration {
+	if r.samples == 0 {
+		return initial
+	}
+	v := max(4*r.rttvar, time.Millisecond)
+	return min(max(r.srtt+v, floor), ceiling)
+}

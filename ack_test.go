@@ -1,0 +1,166 @@
+package knet
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var timeZero = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func TestRecvWindowDuplicates(t *testing.T) {
+	var w recvWindow
+	assert.False(t, w.contains(10))
+	w.add(10)
+	assert.True(t, w.contains(10))
+	assert.False(t, w.contains(11))
+	assert.True(t, w.contains(9), "before the first datagram seen")
+	for _, id := range []uint32{12, 15, 11} {
+		w.add(id)
+	}
+	for _, id := range []uint32{10, 11, 12, 15} {
+		assert.True(t, w.contains(id), "id %d", id)
+	}
+	for _, id := range []uint32{13, 14, 16, 1000} {
+		assert.False(t, w.contains(id), "id %d", id)
+	}
+}
+
+func TestRecvWindowWrap(t *testing.T) {
+	var w recvWindow
+	start := uint32(packetIDMask - 100)
+	for i := range uint32(300) {
+		id := (start + i) & packetIDMask
+		if i%7 == 3 {
+			continue // lost
+		}
+		require.False(t, w.contains(id), "i=%d", i)
+		w.add(id)
+	}
+	for i := range uint32(300) {
+		id := (start + i) & packetIDMask
+		assert.Equal(t, i%7 != 3, w.contains(id), "i=%d", i)
+	}
+}
+
+func TestRecvWindowHolesKeepItBounded(t *testing.T) {
+	// Every other datagram lost, far past the span: the window keeps the
+	// last recvSpan PacketIDs and no more.
+	var w recvWindow
+	for i := uint32(0); i < 4*recvSpan; i += 2 {
+		w.add(i)
+	}
+	assert.LessOrEqual(t, w.n, recvWindowMaxWords+1)
+	last := uint32(4*recvSpan - 2)
+	assert.False(t, w.contains(last-1), "a recent hole is still a hole")
+	assert.True(t, w.contains(last-recvSpan-1), "older than the span counts as seen")
+}
+
+func TestRecvWindowPlausible(t *testing.T) {
+	var w recvWindow
+	w.add(40000)
+	assert.True(t, w.plausible(40000+recvSpan-1))
+	assert.False(t, w.plausible(40000+recvSpan))
+	assert.False(t, w.plausible(40000+1<<21))
+	assert.True(t, w.plausible(40000-recvSpan+1))
+	assert.False(t, w.plausible(40000-recvSpan))
+}
+
+func TestRecvWindowMatchesModel(t *testing.T) {
+	// Random arrival of a sliding range of PacketIDs against a set.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var w recvWindow
+	seen := map[uint32]bool{}
+	base := uint32(packetIDMask - 5000)
+	w.add(base)
+	seen[base] = true
+	newest := base
+	for range 200000 {
+		id := (newest + uint32(rng.IntN(200)) - 150) & packetIDMask
+		if seqDiff(newest, id) <= -recvSpan+64 || !w.plausible(id) {
+			continue
+		}
+		require.Equal(t, seen[id] || seqLess(id, base), w.contains(id), "id %d", id)
+		w.add(id)
+		seen[id] = true
+		if seqLess(newest, id) {
+			newest = id
+		}
+	}
+}
+
+func TestAckQueueTakeSplits(t *testing.T) {
+	var q ackQueue
+	ids := []uint32{40, 1, 2, 36, 35, 3, 3, 70}
+	for _, id := range ids {
+		q.add(timeZero, id)
+	}
+	acks := q.take(nil, 10)
+	var got []uint32
+	for _, a := range acks {
+		a.each(func(id uint32) { got = append(got, id) })
+	}
+	assert.Equal(t, []uint32{1, 2, 3, 35, 36, 40, 70}, got)
+	// 1..35 fits one PacketAck; 36..70 the next.
+	require.Len(t, acks, 2)
+	assert.Equal(t, uint32(1), acks[0].base)
+	assert.Equal(t, uint32(36), acks[1].base)
+	assert.Zero(t, q.pending())
+
+	for _, id := range ids {
+		q.add(timeZero, id)
+	}
+	acks = q.take(nil, 1)
+	require.Len(t, acks, 1)
+	assert.Equal(t, 3, q.pending(), "what did not fit stays queued")
+}
+
+func TestSentWindow(t *testing.T) {
+	var w sentWindow
+	now := timeZero
+	for i := range uint32(40) {
+		id := (packetIDMask - 10 + 2*i) & packetIDMask // every other PacketID, across the wrap
+		w.push(now.Add(time.Duration(i)*time.Millisecond), id, []byte{byte(i)})
+	}
+	require.Equal(t, 40, w.count)
+	assert.Nil(t, w.find(packetIDMask-9), "unreliable PacketID in between")
+	d := w.find(packetIDMask - 10 + 2*5)
+	require.NotNil(t, d)
+	assert.Equal(t, []byte{5}, d.b)
+	w.ack(d)
+	assert.Nil(t, w.find(d.packetID), "acked")
+	assert.Equal(t, 39, w.count)
+	first := w.firstUnacked()
+	w.ack(first)
+	var released int
+	w.trim(func([]byte) { released++ })
+	assert.Equal(t, 1, released, "only the front is trimmed; the middle waits")
+	assert.Equal(t, uint32(packetIDMask-8), w.firstUnacked().packetID)
+	// Time order: resending moves a datagram to the newest end.
+	old := w.oldest
+	w.resent(now.Add(time.Second), old)
+	assert.Same(t, old, w.newest)
+	assert.Equal(t, 2, old.sends)
+}
+
+func TestRTTEstimator(t *testing.T) {
+	var r rttEstimator
+	assert.Equal(t, time.Second, r.rto(time.Second, 5*time.Millisecond, 2*time.Second))
+	r.sample(100 * time.Millisecond)
+	assert.Equal(t, 100*time.Millisecond, r.srtt)
+	assert.Equal(t, 50*time.Millisecond, r.rttvar)
+	assert.Equal(t, 300*time.Millisecond, r.rto(time.Second, 5*time.Millisecond, 2*time.Second))
+	r.sample(200 * time.Millisecond)
+	// RFC 6298: RTTVAR = 3/4*50 + 1/4*100 = 62.5ms; SRTT = 7/8*100 + 1/8*200 = 112.5ms.
+	assert.Equal(t, 62500*time.Microsecond, r.rttvar)
+	assert.Equal(t, 112500*time.Microsecond, r.srtt)
+	assert.Equal(t, 100*time.Millisecond, r.min)
+	assert.Equal(t, 362500*time.Microsecond, r.rto(time.Second, 5*time.Millisecond, 2*time.Second))
+	assert.Equal(t, 200*time.Millisecond, r.rto(time.Second, 5*time.Millisecond, 200*time.Millisecond), "ceiling")
+	var fast rttEstimator
+	fast.sample(50 * time.Microsecond)
+	assert.Equal(t, 5*time.Millisecond, fast.rto(time.Second, 5*time.Millisecond, 2*time.Second), "floor")
+}

@@ -1,0 +1,808 @@
+package knet
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+)
+
+// errDeadline is what a passed deadline gives: a net.Error whose Timeout
+// method reports true.
+var errDeadline error = os.ErrDeadlineExceeded
+
+// Conn is one kNet connection. It sends and receives messages (Send,
+// Receive) and is also a net.Conn whose Read and Write carry a byte stream
+// as reliable in-order messages on channel 0 with ID StreamMessageID.
+//
+// A Conn is safe for concurrent use.
+type Conn struct {
+	ep     *endpoint
+	raddr  netip.AddrPort
+	remote *net.UDPAddr
+	cfg    *config
+	client bool
+
+	// Owned by loop.
+	sess     *session
+	released int // send buffer bytes to hand back
+	wbuf     []byte
+	inWork   []*packet
+
+	wake chan struct{} // capacity 1: inbox, send queue or Close
+
+	// Guarded by inMu.
+	inMu  sync.Mutex
+	inbox []*packet
+
+	// Guarded by sendMu.
+	sendMu    sync.Mutex
+	sendq     []outMsg
+	sendSpare []outMsg
+	lastRef   uint64
+	closing   bool // Close was called
+	flowReq   int  // FlowControl rate to send, 0 if none
+	peerGone  bool // the peer closed
+	sendUsed  int  // payload bytes queued or unacked
+	sendDrops uint64
+	sendSpace chan struct{} // capacity 1
+
+	// Guarded by recvMu.
+	recvMu    sync.Mutex
+	recvq     recvQueue
+	recvEOF   bool // peer closed: after recvq, io.EOF
+	recvReady chan struct{} // capacity 1
+	delivered bool          // loop-side: signal recvReady after this round
+
+	readDL, writeDL deadline
+
+	estOnce     sync.Once
+	estab       chan struct{}
+	closeOnce   sync.Once
+	closed      chan struct{} // Close was called
+	done        chan struct{} // loop has exited
+
+	// Guarded by stateMu.
+	stateMu   sync.Mutex
+	err       error // why the connection ended
+	syn       []byte
+	synAck    []byte
+	stats     Stats
+	inDropped uint64
+}
+
+func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool) *Conn {
+	c := &Conn{
+		ep:          ep,
+		raddr:       raddr,
+		remote:      net.UDPAddrFromAddrPort(raddr),
+		cfg:         cfg,
+		client:      client,
+		wake:        make(chan struct{}, 1),
+		sendSpace:   make(chan struct{}, 1),
+		recvReady:   make(chan struct{}, 1),
+		estab:       make(chan struct{}),
+		closed:      make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	c.readDL.init()
+	c.writeDL.init()
+	c.sess = newSession(cfg, c, client, time.Now())
+	return c
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// push hands a datagram from the socket reader to the connection. It never
+// blocks: a full inbox drops the datagram.
+func (c *Conn) push(p *packet) bool {
+	c.inMu.Lock()
+	if len(c.inbox) >= maxInbox {
+		c.inDropped++
+		c.inMu.Unlock()
+		return false
+	}
+	c.inbox = append(c.inbox, p)
+	c.inMu.Unlock()
+	signal(c.wake)
+	return true
+}
+
+// maxInbox bounds the datagrams waiting for a connection's goroutine.
+const maxInbox = 2048
+
+// loop is the connection's goroutine: it owns the session.
+func (c *Conn) loop() {
+	defer c.finish()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	s := c.sess
+	for {
+		now := time.Now()
+		c.drainInbox(now)
+		c.drainSendQueue(now)
+		if s.state == stateAdmit && s.admitWaiting {
+			c.admit(now)
+		}
+		c.flush(now)
+		c.publish()
+		if s.done() {
+			return
+		}
+		now = time.Now()
+		d := s.nextDeadline(now).Sub(now)
+		if d <= 0 {
+			s.advance(now)
+			continue
+		}
+		timer.Reset(d)
+		select {
+		case <-c.wake:
+		case <-timer.C:
+			s.advance(time.Now())
+		}
+	}
+}
+
+func (c *Conn) drainInbox(now time.Time) {
+	c.inMu.Lock()
+	work := c.inbox
+	c.inbox = c.inWork[:0]
+	c.inMu.Unlock()
+	for i, p := range work {
+		c.sess.handleDatagram(now, p.b)
+		c.ep.putPacket(p)
+		work[i] = nil
+	}
+	c.inWork = work[:0]
+}
+
+func (c *Conn) drainSendQueue(now time.Time) {
+	c.sendMu.Lock()
+	q := c.sendq
+	c.sendq = c.sendSpare[:0]
+	closing := c.closing
+	flow := c.flowReq
+	c.flowReq = 0
+	c.sendMu.Unlock()
+	if flow > 0 {
+		c.sess.sendFlowControl(flow)
+	}
+	for i := range q {
+		m := c.sess.newMsg()
+		*m = q[i]
+		c.sess.prepare(m)
+		c.sess.enqueue(m)
+		q[i] = outMsg{}
+	}
+	c.sendSpare = q[:0]
+	if closing {
+		c.sess.requestClose(now)
+	}
+}
+
+// admit runs the application's Admit hook on a ConnectSyn.
+func (c *Conn) admit(now time.Time) {
+	s := c.sess
+	s.admitWaiting = false
+	reply, ok := []byte(nil), true
+	if c.cfg.admit != nil {
+		var err error
+		reply, err = c.cfg.admit(c.remote, append([]byte(nil), s.syn...))
+		ok = err == nil
+	}
+	if ok && c.ep.l != nil && !c.ep.l.roomToAccept() {
+		ok = false
+	}
+	if !ok && c.ep.l != nil {
+		c.ep.refused.Add(1)
+	}
+	if len(reply) > c.cfg.wholeLimit()-8 {
+		reply = reply[:c.cfg.wholeLimit()-8]
+	}
+	s.admitted(time.Now(), reply, ok)
+}
+
+// flush sends every datagram the session has ready.
+func (c *Conn) flush(now time.Time) {
+	if cap(c.wbuf) < c.cfg.maxDatagram {
+		c.wbuf = make([]byte, 0, c.cfg.maxDatagram)
+	}
+	for {
+		b := c.sess.poll(now, c.wbuf)
+		if b == nil {
+			return
+		}
+		c.ep.write(b, c.raddr)
+	}
+}
+
+// publish hands the round's results to the application side.
+func (c *Conn) publish() {
+	if c.released > 0 {
+		c.sendMu.Lock()
+		c.sendUsed -= c.released
+		c.sendMu.Unlock()
+		c.released = 0
+		signal(c.sendSpace)
+	}
+	if c.delivered {
+		c.delivered = false
+		signal(c.recvReady)
+	}
+	st := c.sess.snapshot()
+	c.stateMu.Lock()
+	st.DroppedDatagrams += c.inDroppedLocked()
+	c.stats = st
+	c.stateMu.Unlock()
+}
+
+func (c *Conn) inDroppedLocked() uint64 {
+	c.inMu.Lock()
+	n := c.inDropped
+	c.inMu.Unlock()
+	return n
+}
+
+// finish runs when the loop exits.
+func (c *Conn) finish() {
+	s := c.sess
+	err := s.err
+	c.sendMu.Lock()
+	closing := c.closing
+	c.sendMu.Unlock()
+	c.recvMu.Lock()
+	eof := c.recvEOF
+	c.recvMu.Unlock()
+	switch {
+	case err != nil:
+	case eof:
+		err = ErrPeerClosed
+	case closing:
+		err = net.ErrClosed
+	default:
+		err = net.ErrClosed
+	}
+	c.stateMu.Lock()
+	c.err = err
+	c.stats = s.snapshot()
+	c.stateMu.Unlock()
+	c.ep.remove(c)
+	c.inMu.Lock()
+	for _, p := range c.inbox {
+		c.ep.putPacket(p)
+	}
+	c.inbox = nil
+	c.inMu.Unlock()
+	close(c.done)
+	c.ep.connDone(c)
+}
+
+// Session host.
+
+func (c *Conn) deliver(id uint32, payload []byte, reliable, inOrder bool) bool {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	if !reliable && c.recvq.used() >= c.cfg.recvBuffer {
+		return false
+	}
+	c.recvq.push(id, payload, reliable, inOrder)
+	c.delivered = true
+	return true
+}
+
+func (c *Conn) recvUsed() int {
+	c.recvMu.Lock()
+	n := c.recvq.used()
+	c.recvMu.Unlock()
+	return n
+}
+
+func (c *Conn) sendDone(n int) { c.released += n }
+
+func (c *Conn) established() {
+	c.stateMu.Lock()
+	c.syn = c.sess.syn
+	c.synAck = c.sess.synAck
+	c.stateMu.Unlock()
+	if c.ep.l != nil && !c.ep.l.offer(c) {
+		// The backlog filled up since admission: refuse after all.
+		c.sess.fail(ErrRefused)
+		c.sess.needDiscAck = true
+		return
+	}
+	c.estOnce.Do(func() { close(c.estab) })
+}
+
+func (c *Conn) peerClosed() {
+	c.recvMu.Lock()
+	c.recvEOF = true
+	c.recvMu.Unlock()
+	c.sendMu.Lock()
+	c.peerGone = true
+	c.sendMu.Unlock()
+	c.delivered = true
+	signal(c.sendSpace)
+}
+
+// Messages.
+
+// Send queues m for sending and returns once the payload is copied. A
+// reliable message waits for room in the send buffer until the write
+// deadline; an unreliable one is dropped and counted if there is none.
+// Send fails after Close, once the connection is lost, and for messages
+// the protocol cannot carry (see ErrReservedID, ErrMessageTooLarge,
+// ErrBadDependency).
+func (c *Conn) Send(m Message) error {
+	_, err := c.send(context.Background(), &m, false)
+	return err
+}
+
+// SendContext is Send that also gives up when ctx is done.
+func (c *Conn) SendContext(ctx context.Context, m Message) error {
+	_, err := c.send(ctx, &m, false)
+	return err
+}
+
+// SendRef is Send that also returns a Ref naming the message, so that
+// later messages can list it in DependsOn.
+func (c *Conn) SendRef(m Message) (Ref, error) {
+	return c.send(context.Background(), &m, true)
+}
+
+func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) {
+	if m.ID < MinMessageID || m.ID > MaxMessageID {
+		return 0, ErrReservedID
+	}
+	if len(m.Payload) > c.cfg.maxMessage {
+		return 0, ErrMessageTooLarge
+	}
+	if len(m.DependsOn) > MaxDependencies {
+		return 0, ErrBadDependency
+	}
+	n := len(m.Payload)
+	c.sendMu.Lock()
+	for {
+		if err := c.sendErrLocked(); err != nil {
+			c.sendMu.Unlock()
+			return 0, err
+		}
+		if c.writeDL.passed() {
+			c.sendMu.Unlock()
+			return 0, errDeadline
+		}
+		if c.sendUsed == 0 || c.sendUsed+n <= c.cfg.sendBuffer {
+			break
+		}
+		if !m.Reliable {
+			c.sendDrops++
+			c.sendMu.Unlock()
+			return 0, nil
+		}
+		c.sendMu.Unlock()
+		select {
+		case <-c.sendSpace:
+		case <-c.writeDL.wait():
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-c.closed:
+		case <-c.done:
+		}
+		c.sendMu.Lock()
+	}
+	for _, r := range m.DependsOn {
+		if r == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
+			c.sendMu.Unlock()
+			return 0, ErrBadDependency
+		}
+	}
+	c.lastRef++
+	ref := Ref(c.lastRef << 1)
+	if m.Reliable {
+		ref |= 1
+	}
+	o := outMsg{
+		ref:       ref,
+		id:        m.ID,
+		payload:   append(make([]byte, 0, n), m.Payload...),
+		reliable:  m.Reliable,
+		inOrder:   m.InOrder,
+		tracked:   tracked,
+		channel:   m.Channel,
+		priority:  m.Priority,
+		contentID: m.ContentID,
+	}
+	if len(m.DependsOn) > 0 {
+		o.after = append([]Ref(nil), m.DependsOn...)
+	}
+	c.sendq = append(c.sendq, o)
+	c.sendUsed += n
+	room := c.sendUsed < c.cfg.sendBuffer
+	c.sendMu.Unlock()
+	signal(c.wake)
+	if room {
+		signal(c.sendSpace) // let another waiting sender look
+	}
+	return ref, nil
+}
+
+// sendErrLocked is why Send cannot queue, or nil.
+func (c *Conn) sendErrLocked() error {
+	if c.closing {
+		return net.ErrClosed
+	}
+	if c.peerGone {
+		return ErrPeerClosed
+	}
+	select {
+	case <-c.done:
+		return c.Err()
+	default:
+		return nil
+	}
+}
+
+// Receive returns the next message. It waits until one arrives, the read
+// deadline passes or ctx is done; a message already waiting is returned
+// whatever the deadline or ctx. After the peer closed gracefully and every
+// earlier message has been received, it returns io.EOF.
+func (c *Conn) Receive(ctx context.Context) (Message, error) {
+	var m Message
+	err := c.waitRecv(ctx, func(q *recvQueue) {
+		e := q.peek()
+		m = Message{ID: e.id, Payload: q.take(e), Reliable: e.reliable, InOrder: e.inOrder}
+	})
+	return m, err
+}
+
+// ReceiveInto is Receive without allocating: it copies the payload into
+// buf and returns the message with Payload aliasing buf. If buf is too
+// short the payload is cut to fit and n reports the full length.
+func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, err error) {
+	err = c.waitRecv(ctx, func(q *recvQueue) {
+		e := q.peek()
+		n = e.n
+		k := copy(buf, q.bytes(e))
+		m = Message{ID: e.id, Payload: buf[:k], Reliable: e.reliable, InOrder: e.inOrder}
+		q.pop()
+	})
+	return m, n, err
+}
+
+// waitRecv waits for a message and calls take with the queue locked.
+func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
+	for {
+		c.recvMu.Lock()
+		if c.isClosed() {
+			c.recvMu.Unlock()
+			return net.ErrClosed
+		}
+		if c.recvq.len() > 0 {
+			take(&c.recvq)
+			more := c.recvq.len() > 0
+			c.recvMu.Unlock()
+			if more {
+				signal(c.recvReady)
+			}
+			return nil
+		}
+		eof := c.recvEOF
+		c.recvMu.Unlock()
+		if eof {
+			return io.EOF
+		}
+		select {
+		case <-c.done:
+			c.recvMu.Lock()
+			n, eof := c.recvq.len(), c.recvEOF
+			c.recvMu.Unlock()
+			if n > 0 {
+				continue
+			}
+			if eof {
+				return io.EOF
+			}
+			return c.Err()
+		default:
+		}
+		if c.readDL.passed() {
+			return errDeadline
+		}
+		select {
+		case <-c.recvReady:
+		case <-c.readDL.wait():
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.closed:
+		case <-c.done:
+		}
+	}
+}
+
+func (c *Conn) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Handshake returns the content of the ConnectSyn and of the ConnectSynAck
+// of this connection.
+func (c *Conn) Handshake() (syn, synAck []byte) {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	return append([]byte(nil), c.syn...), append([]byte(nil), c.synAck...)
+}
+
+// Stats returns the connection's counters.
+func (c *Conn) Stats() Stats {
+	c.stateMu.Lock()
+	st := c.stats
+	c.stateMu.Unlock()
+	c.sendMu.Lock()
+	st.DroppedMessages += c.sendDrops
+	c.sendMu.Unlock()
+	return st
+}
+
+// Err returns why the connection ended, or nil while it is up.
+func (c *Conn) Err() error {
+	select {
+	case <-c.done:
+	default:
+		return nil
+	}
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	return c.err
+}
+
+// Done returns a channel closed when the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// FlowControl asks the peer to send at most rate datagrams a second (a
+// FlowControlRequest); the peer may always send MinDatagramRate.
+func (c *Conn) FlowControl(rate int) {
+	c.sendMu.Lock()
+	c.flowReq = max(rate, 1)
+	c.sendMu.Unlock()
+	signal(c.wake)
+}
+
+// Close ends the connection gracefully: what was sent is delivered and
+// acked, then the Disconnect/DisconnectAck exchange runs, all within
+// DisconnectTimeout, after which Close returns. Receive and Send fail from
+// the moment Close is called. Close is idempotent and safe from any
+// goroutine.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.sendMu.Lock()
+		c.closing = true
+		c.sendMu.Unlock()
+		close(c.closed)
+		signal(c.wake)
+	})
+	<-c.done
+	return nil
+}
+
+// net.Conn.
+
+// Read reads the payloads of received messages as one byte stream, in the
+// order they are received; a long payload takes several Reads. It returns
+// io.EOF once the peer has closed and everything is read.
+func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var n int
+	for n == 0 {
+		err := c.waitRecv(context.Background(), func(q *recvQueue) {
+			n = q.read(p)
+		})
+		if err != nil {
+			if err == io.EOF {
+				return 0, io.EOF
+			}
+			return 0, c.opError("read", err)
+		}
+	}
+	return n, nil
+}
+
+// Write sends b as one reliable in-order message on channel 0 with ID
+// StreamMessageID (several, if b is larger than MaxMessageSize).
+func (c *Conn) Write(b []byte) (int, error) {
+	n := 0
+	for {
+		k := min(len(b)-n, c.cfg.maxMessage)
+		m := Message{ID: StreamMessageID, Payload: b[n : n+k], Reliable: true, InOrder: true}
+		if _, err := c.send(context.Background(), &m, false); err != nil {
+			return n, c.opError("write", err)
+		}
+		n += k
+		if n == len(b) {
+			return n, nil
+		}
+	}
+}
+
+func (c *Conn) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: "knet", Source: c.LocalAddr(), Addr: c.remote, Err: err}
+}
+
+// LocalAddr returns the local address of the socket.
+func (c *Conn) LocalAddr() net.Addr { return c.ep.pc.LocalAddr() }
+
+// RemoteAddr returns the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
+
+// SetDeadline sets the read and write deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.readDL.set(t)
+	c.writeDL.set(t)
+	return nil
+}
+
+// SetReadDeadline sets the deadline for Read and Receive.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.readDL.set(t)
+	return nil
+}
+
+// SetWriteDeadline sets the deadline for Write and Send.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.writeDL.set(t)
+	return nil
+}
+
+// deadline is a settable point in time with a channel closed once it
+// passes.
+type deadline struct {
+	mu    sync.Mutex
+	timer *time.Timer
+	gen   uint64
+	ch    chan struct{}
+	done  bool // ch is closed
+}
+
+func (d *deadline) init() { d.ch = make(chan struct{}) }
+
+func (d *deadline) set(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.gen++
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
+	}
+	if t.IsZero() {
+		if d.done {
+			d.ch = make(chan struct{})
+			d.done = false
+		}
+		return
+	}
+	dur := time.Until(t)
+	if dur <= 0 {
+		if !d.done {
+			close(d.ch)
+			d.done = true
+		}
+		return
+	}
+	if d.done {
+		d.ch = make(chan struct{})
+		d.done = false
+	}
+	gen := d.gen
+	d.timer = time.AfterFunc(dur, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.gen == gen && !d.done {
+			close(d.ch)
+			d.done = true
+		}
+	})
+}
+
+func (d *deadline) wait() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ch
+}
+
+func (d *deadline) passed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.done
+}
+
+// recvQueue holds received messages until the application takes them.
+// Payloads sit back to back in one arena.
+type recvQueue struct {
+	entries []recvEntry
+	head    int
+	arena   []byte
+	start   int // arena bytes before start are consumed
+}
+
+type recvEntry struct {
+	id       uint32
+	off, n   int
+	reliable bool
+	inOrder  bool
+}
+
+func (q *recvQueue) len() int  { return len(q.entries) - q.head }
+func (q *recvQueue) used() int { return len(q.arena) - q.start }
+
+func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
+	if q.start > 64<<10 && q.start > len(q.arena)/2 {
+		n := copy(q.arena, q.arena[q.start:])
+		q.arena = q.arena[:n]
+		for i := q.head; i < len(q.entries); i++ {
+			q.entries[i].off -= q.start
+		}
+		q.start = 0
+	}
+	q.entries = append(q.entries, recvEntry{id: id, off: len(q.arena), n: len(payload), reliable: reliable, inOrder: inOrder})
+	q.arena = append(q.arena, payload...)
+}
+
+func (q *recvQueue) peek() *recvEntry { return &q.entries[q.head] }
+
+func (q *recvQueue) bytes(e *recvEntry) []byte { return q.arena[e.off : e.off+e.n] }
+
+// take pops the head entry, returning a copy of its payload.
+func (q *recvQueue) take(e *recvEntry) []byte {
+	p := append([]byte(nil), q.bytes(e)...)
+	if p == nil {
+		p = []byte{}
+	}
+	q.pop()
+	return p
+}
+
+func (q *recvQueue) pop() {
+	e := &q.entries[q.head]
+	q.start = e.off + e.n
+	q.head++
+	if q.head == len(q.entries) {
+		q.entries = q.entries[:0]
+		q.head = 0
+		q.arena = q.arena[:0]
+		q.start = 0
+		if cap(q.arena) > 1<<20 {
+			q.arena = nil // give a burst's memory back
+		}
+	}
+}
+
+// read copies payload bytes into p, across messages, skipping empty ones.
+func (q *recvQueue) read(p []byte) int {
+	n := 0
+	for n < len(p) && q.len() > 0 {
+		e := q.peek()
+		k := copy(p[n:], q.bytes(e))
+		n += k
+		if k == e.n {
+			q.pop()
+		} else {
+			e.off += k
+			e.n -= k
+			q.start = e.off
+		}
+	}
+	return n
+}

@@ -1,0 +1,586 @@
+package knet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// End-to-end tests over real loopback sockets.
+
+// testConfig shortens the timers so that tests finish quickly.
+func testConfig() *Config {
+	return &Config{DisconnectTimeout: 2 * time.Second, ConnectTimeout: 3 * time.Second}
+}
+
+func listen(t testing.TB, cfg *Config) *Listener {
+	t.Helper()
+	l, err := Listen("udp", "127.0.0.1:0", cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// serveEcho accepts connections and sends every message back as it came,
+// closing a connection when its peer closes. It stops with the listener.
+func serveEcho(t testing.TB, l *Listener) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.AcceptConn(context.Background())
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				for {
+					m, err := c.Receive(context.Background())
+					if err != nil {
+						return
+					}
+					if err := c.Send(m); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	return &wg
+}
+
+func dial(t testing.TB, addr string, cfg *Config) *Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, "udp", addr, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func within(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestEchoFiftyClients(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	const clients, msgs = 50, 100
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for k := range clients {
+		wg.Go(func() {
+			c := dial(t, l.Addr().String(), testConfig())
+			ctx := within(t, 30*time.Second)
+			go func() {
+				for i := range msgs {
+					if err := c.Send(numbered(uint32(10+k), i, 8+i%100)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+			seen := make([]bool, msgs)
+			for range msgs {
+				m, err := c.Receive(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("client %d: %w", k, err)
+					return
+				}
+				i := binary.LittleEndian.Uint32(m.Payload)
+				if m.ID != uint32(10+k) || seen[i] {
+					errs <- fmt.Errorf("client %d: message %d id %d repeated or foreign", k, i, m.ID)
+					return
+				}
+				seen[i] = true
+			}
+			// Exactly once: nothing more comes.
+			c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			if m, err := c.Receive(ctx); err == nil {
+				errs <- fmt.Errorf("client %d: extra message %v", k, m)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Equal(t, clients, l.Stats().Connections)
+}
+
+func TestLossyRelayExactlyOnce(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	p := netsim.Params{Loss: 0.10, Duplicate: 0.05, Reorder: 0.10, ReorderDelay: 2 * time.Millisecond, Seed: 42}
+	q := p
+	q.Seed = 43
+	r, err := netsim.NewRelay(l.Addr().String(), p, q)
+	require.NoError(t, err)
+	defer r.Close()
+	c := dial(t, r.Addr().String(), testConfig())
+	const n = 2000
+	go func() {
+		for i := range n {
+			if err := c.Send(numbered(77, i, 16+i%500)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	ctx := within(t, 60*time.Second)
+	seen := make([]bool, n)
+	for range n {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		i := binary.LittleEndian.Uint32(m.Payload)
+		require.Less(t, int(i), n)
+		require.False(t, seen[i], "message %d twice", i)
+		require.Len(t, m.Payload, 16+int(i)%500)
+		seen[i] = true
+	}
+	up, down := r.Stats()
+	st := c.Stats()
+	t.Logf("relay up %+v down %+v; client %d datagrams, %d retransmits (%d fast), rtt %v",
+		up, down, st.DatagramsSent, st.Retransmits, st.FastRetransmits, st.RTT)
+	assert.Positive(t, up.Lost)
+	assert.Positive(t, up.Duplicated)
+	assert.Positive(t, st.Retransmits)
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	_, err = c.Receive(ctx)
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded, "nothing delivered twice")
+}
+
+func TestDialRefused(t *testing.T) {
+	cfg := testConfig()
+	cfg.Admit = func(remote net.Addr, payload []byte) ([]byte, error) {
+		if string(payload) == "friend" {
+			return []byte("hi"), nil
+		}
+		return nil, errors.New("go away")
+	}
+	l := listen(t, cfg)
+	serveEcho(t, l)
+	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &Config{ConnectPayload: []byte("stranger")})
+	require.ErrorIs(t, err, ErrRefused)
+
+	c := dial(t, l.Addr().String(), &Config{ConnectPayload: []byte("friend")})
+	syn, synAck := c.Handshake()
+	assert.Equal(t, "friend", string(syn))
+	assert.Equal(t, "hi", string(synAck))
+	assert.Positive(t, l.Stats().Connections)
+}
+
+func TestDialStealthRefusalTimesOut(t *testing.T) {
+	cfg := testConfig()
+	cfg.Stealth = true
+	cfg.Admit = func(net.Addr, []byte) ([]byte, error) { return nil, errors.New("no") }
+	l := listen(t, cfg)
+	start := time.Now()
+	_, err := Dial(context.Background(), "udp", l.Addr().String(), &Config{ConnectTimeout: 500 * time.Millisecond})
+	var te *TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.True(t, te.Timeout())
+	assert.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond)
+	assert.Positive(t, l.Stats().RefusedAttempts)
+}
+
+func TestDialTimeout(t *testing.T) {
+	silent, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer silent.Close()
+
+	start := time.Now()
+	_, err = Dial(context.Background(), "udp", silent.LocalAddr().String(), &Config{ConnectTimeout: 300 * time.Millisecond})
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout())
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	assert.Less(t, time.Since(start), 2*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = Dial(ctx, "udp", silent.LocalAddr().String(), nil)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// Nothing listening at all: ICMP errors do not end the attempt early.
+	addr := silent.LocalAddr().String()
+	silent.Close()
+	_, err = Dial(context.Background(), "udp", addr, &Config{ConnectTimeout: 300 * time.Millisecond})
+	assert.ErrorAs(t, err, &ne)
+}
+
+func TestGracefulCloseDeliversEverythingThenEOF(t *testing.T) {
+	l := listen(t, testConfig())
+	got := make(chan []Message, 1)
+	go func() {
+		c, err := l.AcceptConn(context.Background())
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var msgs []Message
+		for {
+			m, err := c.Receive(context.Background())
+			if err == io.EOF {
+				got <- msgs
+				return
+			}
+			if err != nil {
+				t.Error(err)
+				got <- nil
+				return
+			}
+			msgs = append(msgs, m)
+		}
+	}()
+	c := dial(t, l.Addr().String(), testConfig())
+	const n = 500
+	for i := range n {
+		require.NoError(t, c.Send(numbered(9, i, 1000)))
+	}
+	start := time.Now()
+	require.NoError(t, c.Close())
+	t.Logf("close took %v", time.Since(start))
+	assert.NoError(t, c.Close(), "idempotent")
+	assert.ErrorIs(t, c.Send(numbered(9, 0, 1)), net.ErrClosed)
+	_, err := c.Receive(context.Background())
+	assert.ErrorIs(t, err, net.ErrClosed)
+	select {
+	case msgs := <-got:
+		require.Len(t, msgs, n)
+		seen := map[uint32]bool{}
+		for _, m := range msgs {
+			seen[binary.LittleEndian.Uint32(m.Payload)] = true
+		}
+		assert.Len(t, seen, n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("server did not see io.EOF")
+	}
+}
+
+func TestPeerCloseSeenAsEOFAfterMessages(t *testing.T) {
+	l := listen(t, testConfig())
+	go func() {
+		c, err := l.AcceptConn(context.Background())
+		if err != nil {
+			return
+		}
+		for i := range 50 {
+			c.Send(numbered(8, i, 100))
+		}
+		c.Close()
+	}()
+	c := dial(t, l.Addr().String(), testConfig())
+	ctx := within(t, 10*time.Second)
+	for i := range 50 {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err, "message %d", i)
+		assert.Equal(t, uint32(8), m.ID)
+	}
+	_, err := c.Receive(ctx)
+	assert.Equal(t, io.EOF, err)
+	assert.ErrorIs(t, c.Send(numbered(8, 0, 1)), net.ErrClosed)
+	assert.ErrorIs(t, c.Send(numbered(8, 0, 1)), ErrPeerClosed)
+}
+
+func TestSilentPeerDetectedIdlePeerStays(t *testing.T) {
+	cfg := testConfig()
+	cfg.PingInterval = 200 * time.Millisecond
+	cfg.ConnectionLostTimeout = 800 * time.Millisecond
+	l := listen(t, cfg)
+	accepted := make(chan *Conn, 2)
+	go func() {
+		for {
+			c, err := l.AcceptConn(context.Background())
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	r, err := netsim.NewRelay(l.Addr().String(), netsim.Params{}, netsim.Params{})
+	require.NoError(t, err)
+	defer r.Close()
+	idle := dial(t, l.Addr().String(), cfg)
+	srvIdle := <-accepted
+	silent := dial(t, r.Addr().String(), cfg)
+	srvSilent := <-accepted
+	cut := time.Now()
+	r.Blackhole(true)
+	select {
+	case <-srvSilent.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("silent peer not detected")
+	}
+	took := time.Since(cut)
+	t.Logf("silent peer detected after %v", took)
+	assert.Less(t, took, cfg.ConnectionLostTimeout+300*time.Millisecond)
+	var te *TimeoutError
+	assert.ErrorAs(t, srvSilent.Err(), &te)
+	_, err = srvSilent.Receive(context.Background())
+	assert.ErrorAs(t, err, &te)
+	// The idle connection outlives several lost timeouts.
+	time.Sleep(3 * cfg.ConnectionLostTimeout)
+	assert.NoError(t, srvIdle.Err())
+	assert.NoError(t, idle.Err())
+	require.NoError(t, idle.Send(Message{ID: 6, Payload: []byte("still here"), Reliable: true}))
+	m, err := srvIdle.Receive(within(t, 2*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, "still here", string(m.Payload))
+	<-silent.Done() // the client side saw the silence too
+}
+
+func TestGarbageSprayLeavesSessionsUnharmed(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	c := dial(t, l.Addr().String(), testConfig())
+	spray, err := net.DialUDP("udp", nil, l.Addr().(*net.UDPAddr))
+	require.NoError(t, err)
+	defer spray.Close()
+	stop := make(chan struct{})
+	var sprayed atomic.Int64
+	go func() {
+		rng := rand.New(rand.NewPCG(1, 1))
+		b := make([]byte, 1500)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n := rng.IntN(len(b))
+			for i := range n {
+				b[i] = byte(rng.Uint32())
+			}
+			spray.Write(b[:n])
+			sprayed.Add(1)
+			if sprayed.Load()%64 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	ctx := within(t, 20*time.Second)
+	for i := range 1000 {
+		require.NoError(t, c.Send(numbered(6, i, 64)))
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		require.Equal(t, uint32(i), binary.LittleEndian.Uint32(m.Payload))
+	}
+	close(stop)
+	st := l.Stats()
+	t.Logf("sprayed %d datagrams; listener %+v", sprayed.Load(), st)
+	assert.Positive(t, st.InvalidDatagrams+st.StrayDatagrams)
+	assert.NoError(t, c.Err())
+}
+
+func TestStreamOverNetConn(t *testing.T) {
+	l := listen(t, testConfig())
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(nc, nc) // echo the byte stream
+		nc.Close()
+	}()
+	c := dial(t, l.Addr().String(), testConfig())
+
+	// Lines through bufio.
+	w := bufio.NewWriter(c)
+	rd := bufio.NewReader(c)
+	for i := range 100 {
+		fmt.Fprintf(w, "line %d %s\n", i, bytes.Repeat([]byte("x"), i))
+	}
+	require.NoError(t, w.Flush())
+	for i := range 100 {
+		line, err := rd.ReadString('\n')
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("line %d %s\n", i, bytes.Repeat([]byte("x"), i)), line)
+	}
+
+	// A large random blob through io.Copy both ways.
+	blob := make([]byte, 3<<20)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := range blob {
+		blob[i] = byte(rng.Uint32())
+	}
+	go func() {
+		_, err := io.Copy(c, bytes.NewReader(blob))
+		assert.NoError(t, err)
+	}()
+	h := sha256.New()
+	_, err := io.CopyN(h, rd, int64(len(blob)))
+	require.NoError(t, err)
+	want := sha256.Sum256(blob)
+	assert.Equal(t, want[:], h.Sum(nil))
+}
+
+func TestReservedIDsRefused(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	c := dial(t, l.Addr().String(), testConfig())
+	for _, id := range []uint32{0, 1, 2, 3, 4, 5, 0x3FFFFFFB, 0x3FFFFFFC, 0x3FFFFFFD, 0x3FFFFFFE, 0x3FFFFFFF, 0x40000000, 0xFFFFFFFF} {
+		assert.ErrorIs(t, c.Send(Message{ID: id, Reliable: true}), ErrReservedID, "id %#x", id)
+	}
+	ctx := within(t, 5*time.Second)
+	for _, id := range []uint32{MinMessageID, 127, 128, 16383, 16384, MaxMessageID} {
+		require.NoError(t, c.Send(Message{ID: id, Payload: []byte{1}, Reliable: true}))
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, id, m.ID)
+	}
+	assert.ErrorIs(t, c.Send(Message{ID: 6, Payload: make([]byte, defaultMaxMessageSize+1)}), ErrMessageTooLarge)
+}
+
+func TestReadWriteDeadlines(t *testing.T) {
+	// The server never reads and its buffer is small: it stops acking, so
+	// the client's send buffer fills.
+	l := listen(t, &Config{ReceiveBuffer: 16 << 10, DisconnectTimeout: 500 * time.Millisecond})
+	c := dial(t, l.Addr().String(), &Config{SendBuffer: 64 << 10, DisconnectTimeout: 500 * time.Millisecond})
+	// Nobody reads on the server: the send buffer fills and Write blocks
+	// until its deadline.
+	c.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+	var err error
+	for i := 0; err == nil && i < 100000; i++ {
+		_, err = c.Write(make([]byte, 1000))
+	}
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout())
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_, err = c.Read(make([]byte, 10))
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout())
+	_, err = c.Receive(context.Background())
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+
+	// Unreliable messages are dropped, not blocked on, when the buffer is full.
+	c.SetWriteDeadline(time.Time{})
+	before := c.Stats().DroppedMessages
+	require.NoError(t, c.Send(Message{ID: 6, Payload: make([]byte, 2000)}))
+	assert.Equal(t, before+1, c.Stats().DroppedMessages)
+}
+
+func TestCloseUnblocksWaiters(t *testing.T) {
+	l := listen(t, testConfig())
+	c := dial(t, l.Addr().String(), testConfig())
+	errs := make(chan error, 3)
+	go func() { _, err := c.Receive(context.Background()); errs <- err }()
+	go func() { _, err := c.Read(make([]byte, 10)); errs <- err }()
+	time.Sleep(20 * time.Millisecond)
+	go c.Close()
+	c.Close()
+	for range 2 {
+		select {
+		case err := <-errs:
+			assert.ErrorIs(t, err, net.ErrClosed)
+		case <-time.After(3 * time.Second):
+			t.Fatal("a waiter was not released by Close")
+		}
+	}
+}
+
+func TestListenerCloseClosesConnections(t *testing.T) {
+	l, err := Listen("udp", "127.0.0.1:0", testConfig())
+	require.NoError(t, err)
+	serveEcho(t, l)
+	var conns []*Conn
+	for range 5 {
+		conns = append(conns, dial(t, l.Addr().String(), testConfig()))
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("x"), Reliable: true}))
+		_, err := c.Receive(within(t, 3*time.Second))
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	require.NoError(t, l.Close())
+	assert.Less(t, time.Since(start), time.Second)
+	for _, c := range conns {
+		_, err := c.Receive(within(t, 3*time.Second))
+		assert.Equal(t, io.EOF, err)
+	}
+	_, err = l.Accept()
+	assert.ErrorIs(t, err, net.ErrClosed)
+	assert.NoError(t, l.Close(), "idempotent")
+}
+
+func TestListenClosedRefusesNewConnections(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	c := dial(t, l.Addr().String(), testConfig())
+	l.SetListenOpen(false)
+	_, err := Dial(within(t, 3*time.Second), "udp", l.Addr().String(), nil)
+	assert.ErrorIs(t, err, ErrRefused)
+	// The existing connection is still served.
+	require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("x"), Reliable: true}))
+	_, err = c.Receive(within(t, 3*time.Second))
+	require.NoError(t, err)
+	l.SetListenOpen(true)
+	dial(t, l.Addr().String(), testConfig())
+}
+
+func TestNetConnContract(t *testing.T) {
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		cfg := &Config{DisconnectTimeout: 500 * time.Millisecond, SendBuffer: 256 << 10, ReceiveBuffer: 256 << 10}
+		l, err := Listen("udp", "127.0.0.1:0", cfg)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err == nil {
+				accepted <- c
+			}
+			close(accepted)
+		}()
+		d, err := Dial(context.Background(), "udp", l.Addr().String(), cfg)
+		if err != nil {
+			l.Close()
+			return nil, nil, nil, err
+		}
+		// A server connection is accepted once the client speaks.
+		d.Send(Message{ID: 6, Reliable: true})
+		s := <-accepted
+		if _, err := s.(*Conn).Receive(context.Background()); err != nil {
+			return nil, nil, nil, err
+		}
+		stop = func() {
+			var wg sync.WaitGroup
+			wg.Go(func() { d.Close() })
+			wg.Go(func() { s.Close() })
+			wg.Wait()
+			l.Close()
+		}
+		return d, s, stop, nil
+	})
+}

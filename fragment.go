@@ -1,0 +1,254 @@
+package knet
+
+import (
+	"errors"
+	"slices"
+)
+
+// Fragmented transfers (spec "Fragmented Transfers", DECISIONS §6).
+//
+// Sender: a message whose content does not fit one message block is cut into
+// fragments, each in a reliable datagram, under a TransferID that stays taken
+// until every datagram carrying one of its fragments is acked.
+//
+// Receiver: fragments are kept per TransferID in arrival order, those before
+// their FragmentStart included, and put in order once all have come. Memory
+// grows with the bytes received, never with a FragmentCount announced.
+
+var (
+	errFragCount       = errors.New("knet: FragmentCount below 2")
+	errFragTooLarge    = errors.New("knet: fragmented transfer larger than MaxMessageSize")
+	errFragNumber      = errors.New("knet: FragmentNumber not below FragmentCount")
+	errFragRestart     = errors.New("knet: second FragmentStart for a TransferID in use")
+	errFragDuplicate   = errors.New("knet: fragment number repeated within a transfer")
+	errFragControl     = errors.New("knet: connection control message sent fragmented")
+	errFragEmptyStart  = errors.New("knet: FragmentStart without payload")
+	errTransfersInUse  = errors.New("knet: all 256 TransferIDs in use")
+	errReassemblyLimit = errors.New("knet: reassembly memory exhausted")
+)
+
+// transferIDs allocates TransferIDs on the sending side.
+type transferIDs struct {
+	// open counts, per TransferID, the unacked datagrams carrying its
+	// fragments, plus one while fragments remain to be packed.
+	open  [256]int32
+	inUse int
+	next  uint8
+}
+
+// alloc returns a free TransferID, marked in use with fragments to pack.
+func (t *transferIDs) alloc() (uint8, bool) {
+	if t.inUse == 256 {
+		return 0, false
+	}
+	for range 256 {
+		id := t.next
+		t.next++
+		if t.open[id] == 0 {
+			t.open[id] = 1
+			t.inUse++
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// carried records one more unacked datagram carrying fragments of id.
+func (t *transferIDs) carried(id uint8) { t.open[id]++ }
+
+// release drops one reference to id: an acked datagram, or the end of
+// packing. The TransferID is free again when none remain.
+func (t *transferIDs) release(id uint8) {
+	if t.open[id] <= 0 {
+		return
+	}
+	t.open[id]--
+	if t.open[id] == 0 {
+		t.inUse--
+	}
+}
+
+// fragLoc is where a fragment's bytes sit in its transfer's arena.
+type fragLoc struct {
+	number   uint32
+	off, len int
+}
+
+// transfer is a fragmented message being reassembled.
+type transfer struct {
+	active  bool
+	started bool // FragmentStart seen
+	count   uint32
+	id      uint32 // MessageID, from the FragmentStart
+	start   msgRef // where the FragmentStart was
+	order   startOrder
+	arena   []byte
+	frags   []fragLoc
+	seq     uint64 // arrival order of the first fragment, for the budget
+	sorted  bool
+}
+
+// startOrder is what the session needs to apply a reassembled message as if
+// it had arrived whole in the FragmentStart's place.
+type startOrder struct {
+	reliable bool
+	inOrder  bool
+	deps     []msgRef
+}
+
+// reassembly holds the transfers in progress for one connection.
+type reassembly struct {
+	transfers  [256]*transfer
+	active     int
+	bytes      int // payload bytes held
+	budget     int // bytes all but the oldest transfer may hold together
+	maxMessage int
+	seq        uint64
+}
+
+func (r *reassembly) get(tid uint8) *transfer {
+	t := r.transfers[tid]
+	if t == nil {
+		t = new(transfer)
+		r.transfers[tid] = t
+	}
+	if !t.active {
+		*t = transfer{active: true, arena: t.arena[:0], frags: t.frags[:0], seq: r.seq, order: startOrder{deps: t.order.deps[:0]}}
+		r.seq++
+		r.active++
+	}
+	return t
+}
+
+// oldest reports whether t is the longest-running transfer, which may
+// always grow so that an honest sender never deadlocks on the budget.
+func (r *reassembly) oldest(t *transfer) bool {
+	for _, o := range r.transfers {
+		if o != nil && o.active && o.seq < t.seq {
+			return false
+		}
+	}
+	return true
+}
+
+// admits reports whether a fragment of n bytes for TransferID tid fits the
+// budget now. The session drops (and does not ack) a datagram it refuses, so
+// the sender tries again later.
+func (r *reassembly) admits(tid uint8, n int) bool {
+	if r.bytes+n <= r.budget {
+		return true
+	}
+	t := r.transfers[tid]
+	if t == nil || !t.active {
+		return r.active == 0
+	}
+	return r.oldest(t) && len(t.arena)+n <= r.maxMessage+maxContentLength
+}
+
+// add takes one fragment, copying its payload. When the transfer is
+// complete it returns the whole message in msg, which stays valid until the
+// next call for the same TransferID. A protocol error means the peer is
+// hostile or broken.
+func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, msg []byte, err error) {
+	t = r.get(m.transferID)
+	number := m.fragNumber
+	if m.fragStart {
+		if t.started {
+			return nil, nil, errFragRestart
+		}
+		if m.fragCount < 2 {
+			return nil, nil, errFragCount
+		}
+		if len(m.payload) == 0 {
+			return nil, nil, errFragEmptyStart
+		}
+		// The announced size, counting every fragment as large as the
+		// first, must fit MaxMessageSize (DECISIONS §6). The last may
+		// be shorter, hence count-1.
+		if uint64(m.fragCount-1)*uint64(len(m.payload)) > uint64(r.maxMessage) {
+			return nil, nil, errFragTooLarge
+		}
+		if m.id < MinMessageID || m.id > MaxMessageID {
+			return nil, nil, errFragControl
+		}
+		t.started = true
+		t.count = m.fragCount
+		t.id = m.id
+		t.start = at
+		t.order.reliable = order.reliable
+		t.order.inOrder = order.inOrder
+		t.order.deps = append(t.order.deps[:0], order.deps...)
+		number = 0
+		for _, f := range t.frags {
+			if f.number >= t.count {
+				return nil, nil, errFragNumber
+			}
+		}
+	} else if t.started && number >= t.count {
+		return nil, nil, errFragNumber
+	}
+	if len(t.arena)+len(m.payload) > r.maxMessage {
+		return nil, nil, errFragTooLarge
+	}
+	if len(t.frags) > 0 && t.frags[len(t.frags)-1].number > number {
+		t.sorted = false
+	} else if len(t.frags) == 0 {
+		t.sorted = true
+	}
+	t.frags = append(t.frags, fragLoc{number: number, off: len(t.arena), len: len(m.payload)})
+	t.arena = append(t.arena, m.payload...)
+	r.bytes += len(m.payload)
+	if !t.started || uint32(len(t.frags)) < t.count {
+		return t, nil, nil
+	}
+	// Every fragment is here, unless one was repeated.
+	if !t.sorted {
+		slices.SortFunc(t.frags, func(a, b fragLoc) int { return int(a.number) - int(b.number) })
+	}
+	for i, f := range t.frags {
+		if f.number != uint32(i) {
+			return nil, nil, errFragDuplicate
+		}
+	}
+	msg = make([]byte, 0, len(t.arena))
+	for _, f := range t.frags {
+		msg = append(msg, t.arena[f.off:f.off+f.len]...)
+	}
+	return t, msg, nil
+}
+
+// finish forgets a completed transfer, freeing its TransferID.
+func (r *reassembly) finish(t *transfer) {
+	r.bytes -= len(t.arena)
+	t.active = false
+	t.started = false
+	r.active--
+	// Keep a modest arena for the next transfer; give large ones back.
+	if cap(t.arena) > 64<<10 {
+		t.arena = nil
+		t.frags = nil
+	}
+}
+
+// pending reports whether the message whose FragmentStart sat at ref is
+// still being reassembled.
+func (r *reassembly) pending(ref msgRef) bool {
+	if r.active == 0 {
+		return false
+	}
+	for _, t := range r.transfers {
+		if t != nil && t.active && t.started && t.start == ref {
+			return true
+		}
+	}
+	return false
+}
+
+// reset drops every transfer.
+func (r *reassembly) reset() {
+	for i := range r.transfers {
+		r.transfers[i] = nil
+	}
+	r.active = 0
+	r.bytes = 0
+}

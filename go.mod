@@ -1,0 +1,10 @@
+module github.com/knet-go/knet
+
+go 1.26.8
+
+require (
+	github.com/stretchr/testify v1.12.1
+	golang.org/x/net v0.62.0
+)
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

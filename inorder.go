@@ -1,0 +1,487 @@
+package knet
+
+import (
+	"container/heap"
+	"time"
+)
+
+// Ordering (spec "InOrder Datagrams and Messages", DECISIONS §5).
+//
+// The wire carries dependencies between messages, each named by the
+// datagram it arrived in and its index there. The receiver applies a message
+// once every message it depends on is applied; the sender turns channels and
+// explicit dependencies into such references.
+
+// msgRef names a message on the wire: the PacketID of its datagram (of the
+// FragmentStart, for a fragmented message) and its index among the message
+// blocks there.
+type msgRef struct {
+	pid uint32
+	idx uint16
+}
+
+// refFromEntry converts dependency entry x of a datagram header into the
+// message it names.
+func refFromEntry(h *header, x int) msgRef {
+	return msgRef{pid: (h.packetID - uint32(h.deltas[x]) - 1) & packetIDMask, idx: h.indices[x]}
+}
+
+// appendDeps appends the messages m depends on, per its InOrder code.
+func appendDeps(dst []msgRef, h *header, m *message) []msgRef {
+	switch m.order {
+	case orderNone:
+	case orderSingle:
+		dst = append(dst, refFromEntry(h, int(m.orderIndex)))
+	case orderMulti:
+		for _, x := range m.orderMulti {
+			dst = append(dst, refFromEntry(h, int(x)))
+		}
+	default:
+		dst = append(dst, refFromEntry(h, int(m.order)-1))
+	}
+	return dst
+}
+
+// Receiver.
+
+// heldKind says what a held message is, so that the session knows how to
+// apply it.
+type heldKind uint8
+
+const (
+	heldApp heldKind = iota
+	heldDisconnect
+	heldDisconnectAck
+	heldFragments // a FragmentStart whose transfer is not complete yet
+)
+
+// held is a received message waiting for its dependencies.
+type held struct {
+	ref      msgRef
+	kind     heldKind
+	id       uint32
+	payload  []byte // owned
+	reliable bool
+	inOrder  bool
+	deps     []msgRef // not yet resolved
+	deadline time.Time
+	heapIdx  int
+	done     bool
+}
+
+// resolver holds received messages until their dependencies are applied.
+//
+// A message counts as applied when its datagram has arrived and it is not
+// held (DECISIONS §5: the receiver applies what it can on arrival). An
+// unreliable message waits at most the reorder window for a dependency; what
+// it gives up on is declared missing, and an unreliable message declared
+// missing is dropped if it arrives later. A reliable message never gives up.
+type resolver struct {
+	held    map[msgRef]*held
+	waiters map[msgRef][]*held
+	missing map[msgRef]struct{}
+	missQ   []msgRef // insertion order of missing, for eviction
+	timed   heldHeap // unreliable held messages, by deadline
+	bytes   int      // payload bytes held
+	free    []*held
+	gaveUp  []msgRef
+}
+
+const maxMissing = 4096
+
+func (r *resolver) init() {
+	r.held = make(map[msgRef]*held)
+	r.waiters = make(map[msgRef][]*held)
+	r.missing = make(map[msgRef]struct{})
+}
+
+// resolved reports whether dependency d is satisfied.
+func (r *resolver) resolved(w *recvWindow, d msgRef) bool {
+	if _, ok := r.held[d]; ok {
+		return false
+	}
+	if w.contains(d.pid) {
+		return true
+	}
+	_, ok := r.missing[d]
+	return ok
+}
+
+// isHeld reports whether anything waits on ref, and whether that message
+// could be applied now: the test for a datagram that makes progress.
+func (r *resolver) waitedOn(ref msgRef) bool {
+	return len(r.waiters[ref]) > 0
+}
+
+// lateDrop reports whether an arriving unreliable message was declared
+// missing and must be dropped; it forgets the declaration either way.
+func (r *resolver) lateDrop(ref msgRef, reliable bool) bool {
+	if len(r.missing) == 0 {
+		return false
+	}
+	if _, ok := r.missing[ref]; !ok {
+		return false
+	}
+	delete(r.missing, ref)
+	return !reliable
+}
+
+// pendingDeps filters deps down to those not yet resolved, in place.
+func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef) []msgRef {
+	k := 0
+	for _, d := range deps {
+		if !r.resolved(w, d) {
+			deps[k] = d
+			k++
+		}
+	}
+	return deps[:k]
+}
+
+// hold keeps h until its dependencies (h.deps, all unresolved) are applied.
+// An unreliable message gives up at deadline.
+func (r *resolver) hold(h *held, deadline time.Time) {
+	r.held[h.ref] = h
+	r.bytes += len(h.payload)
+	for _, d := range h.deps {
+		r.waiters[d] = append(r.waiters[d], h)
+	}
+	h.heapIdx = -1
+	if !h.reliable && len(h.deps) > 0 {
+		h.deadline = deadline
+		heap.Push(&r.timed, h)
+	}
+}
+
+// newHeld returns a cleared held, reusing one if it can.
+func (r *resolver) newHeld() *held {
+	if k := len(r.free); k > 0 {
+		h := r.free[k-1]
+		r.free = r.free[:k-1]
+		return h
+	}
+	return &held{heapIdx: -1}
+}
+
+func (r *resolver) recycle(h *held) {
+	*h = held{deps: h.deps[:0], heapIdx: -1}
+	if len(r.free) < 256 {
+		r.free = append(r.free, h)
+	}
+}
+
+// release stops holding h, leaving it to the caller to apply or drop.
+func (r *resolver) release(h *held) {
+	for _, d := range h.deps {
+		r.unwait(d, h)
+	}
+	h.deps = h.deps[:0]
+	delete(r.held, h.ref)
+	r.bytes -= len(h.payload)
+	h.done = true
+	if h.heapIdx >= 0 {
+		heap.Remove(&r.timed, h.heapIdx)
+	}
+}
+
+// applied records that ref has been applied (or dropped) and returns, in
+// order, the held messages that are now ready, already released. Apply
+// each, then call applied for it in turn.
+func (r *resolver) applied(ref msgRef, ready []*held) []*held {
+	ws, ok := r.waiters[ref]
+	if !ok {
+		return ready
+	}
+	delete(r.waiters, ref)
+	for _, h := range ws {
+		if h.done {
+			continue
+		}
+		h.deps = removeRef(h.deps, ref)
+		if len(h.deps) == 0 {
+			r.release(h)
+			ready = append(ready, h)
+		}
+	}
+	return ready
+}
+
+func removeRef(deps []msgRef, ref msgRef) []msgRef {
+	for i, d := range deps {
+		if d == ref {
+			deps[i] = deps[len(deps)-1]
+			return deps[:len(deps)-1]
+		}
+	}
+	return deps
+}
+
+// expire gives up, for unreliable messages whose reorder window has passed,
+// on the dependencies still missing (DECISIONS §5). It returns the messages
+// now ready, already released, in the order to apply them, and the held
+// unreliable messages given up on, which the caller drops: applied now they
+// would come after a newer message. Whoever else waited on what was given up
+// on is released too.
+func (r *resolver) expire(now time.Time, ready, dropped []*held) ([]*held, []*held) {
+	for r.timed.Len() > 0 && !r.timed[0].deadline.After(now) {
+		h := heap.Pop(&r.timed).(*held)
+		deps := append(r.gaveUp[:0], h.deps...)
+		r.release(h)
+		ready = append(ready, h)
+		for _, d := range deps {
+			if dh, ok := r.held[d]; ok {
+				if dh.reliable {
+					continue // a reliable message is applied exactly once, later
+				}
+				r.release(dh)
+				dropped = append(dropped, dh)
+			} else {
+				r.declareMissing(d)
+			}
+			ready = r.applied(d, ready)
+		}
+		r.gaveUp = deps
+	}
+	return ready, dropped
+}
+
+func (r *resolver) unwait(d msgRef, h *held) {
+	ws := r.waiters[d]
+	for i, x := range ws {
+		if x == h {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(r.waiters, d)
+	} else {
+		r.waiters[d] = ws
+	}
+}
+
+func (r *resolver) declareMissing(d msgRef) {
+	if _, ok := r.missing[d]; ok {
+		return
+	}
+	if len(r.missQ) >= maxMissing {
+		delete(r.missing, r.missQ[0])
+		r.missQ = r.missQ[1:]
+	}
+	r.missing[d] = struct{}{}
+	r.missQ = append(r.missQ, d)
+}
+
+// nextDeadline is when the first unreliable message gives up waiting.
+func (r *resolver) nextDeadline() (time.Time, bool) {
+	if r.timed.Len() == 0 {
+		return time.Time{}, false
+	}
+	return r.timed[0].deadline, true
+}
+
+// count is the number of messages held.
+func (r *resolver) count() int { return len(r.held) }
+
+// heldHeap orders unreliable held messages by deadline, then arrival.
+type heldHeap []*held
+
+func (q heldHeap) Len() int { return len(q) }
+func (q heldHeap) Less(i, j int) bool {
+	if !q[i].deadline.Equal(q[j].deadline) {
+		return q[i].deadline.Before(q[j].deadline)
+	}
+	if q[i].ref.pid != q[j].ref.pid {
+		return seqLess(q[i].ref.pid, q[j].ref.pid)
+	}
+	return q[i].ref.idx < q[j].ref.idx
+}
+func (q heldHeap) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].heapIdx = i
+	q[j].heapIdx = j
+}
+func (q *heldHeap) Push(x any) {
+	h := x.(*held)
+	h.heapIdx = len(*q)
+	*q = append(*q, h)
+}
+func (q *heldHeap) Pop() any {
+	old := *q
+	h := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	h.heapIdx = -1
+	return h
+}
+
+// Sender.
+
+// track follows a message that later messages may depend on: every InOrder
+// message, every message sent with SendRef and every unreliable message with
+// a ContentID. Tracks are recycled once resolved; a depOn whose ref no longer
+// matches its track's names a message already resolved.
+type track struct {
+	ref      Ref
+	reliable bool
+	inOrder  bool
+	channel  uint8
+	hasKey   bool
+	key      contentKey
+	explicit bool // in byRef
+
+	packed   bool   // its (first) message block has been placed
+	at       msgRef // where
+	wire     []msgRef
+	lastPID  uint32 // datagram of its last fragment
+	complete   bool // every fragment placed
+	fragmented bool
+	dropped    bool // superseded or dropped before sending
+	sentAt   time.Time
+}
+
+// depOn is a dependency of a queued message on a tracked one.
+type depOn struct {
+	t   *track
+	ref Ref
+}
+
+// live returns the track if it still follows the message depended on.
+func (d depOn) live() *track {
+	if d.t != nil && d.t.ref == d.ref {
+		return d.t
+	}
+	return nil
+}
+
+type contentKey struct {
+	id, content uint32
+}
+
+// sendOrder turns channels and explicit dependencies into dependencies on
+// tracked messages (DECISIONS §5, sender).
+type sendOrder struct {
+	byRef   map[Ref]*track // messages sent with SendRef
+	fifo    []*track       // in Ref order, for forgetting resolved ones
+	fifoAt  int
+	chanRel [256]depOn // last reliable InOrder message per channel
+	chanAny [256]depOn // last InOrder message of either kind per channel
+	latest  map[contentKey]depOn
+	free    []*track
+}
+
+func (o *sendOrder) init() {
+	o.byRef = make(map[Ref]*track)
+	o.latest = make(map[contentKey]depOn)
+}
+
+// add registers a newly queued message, in send order, and fills m.deps with
+// what it depends on: its channel predecessor, the messages it names, and the
+// previous unreliable message with its ID and ContentID.
+func (o *sendOrder) add(m *outMsg) {
+	m.deps = m.deps[:0]
+	if m.inOrder {
+		if m.reliable {
+			m.deps = appendLive(m.deps, o.chanRel[m.channel])
+		} else {
+			m.deps = appendLive(m.deps, o.chanAny[m.channel])
+		}
+	}
+	for _, r := range m.after {
+		if t := o.byRef[r]; t != nil && (t.reliable || !m.reliable) {
+			m.deps = append(m.deps, depOn{t, r})
+		}
+	}
+	hasKey := m.contentID != 0 && !m.reliable
+	var key contentKey
+	if hasKey {
+		key = contentKey{m.id, m.contentID}
+		m.deps = appendLive(m.deps, o.latest[key])
+	}
+	if !m.tracked && !m.inOrder && !hasKey {
+		m.track = nil
+		return
+	}
+	var t *track
+	if k := len(o.free); k > 0 {
+		t = o.free[k-1]
+		o.free = o.free[:k-1]
+	} else {
+		t = new(track)
+	}
+	*t = track{ref: m.ref, reliable: m.reliable, inOrder: m.inOrder, channel: m.channel,
+		hasKey: hasKey, key: key, explicit: m.tracked, wire: t.wire[:0]}
+	m.track = t
+	o.fifo = append(o.fifo, t)
+	if m.tracked {
+		o.byRef[m.ref] = t
+	}
+	d := depOn{t, m.ref}
+	if m.inOrder {
+		if m.reliable {
+			o.chanRel[m.channel] = d
+		}
+		o.chanAny[m.channel] = d
+	}
+	if hasKey {
+		o.latest[key] = d
+	}
+}
+
+func appendLive(deps []depOn, d depOn) []depOn {
+	if d.live() != nil {
+		deps = append(deps, d)
+	}
+	return deps
+}
+
+// forget recycles tracks that no later message needs: resolved ones, in
+// order.
+func (o *sendOrder) forget(resolved func(t *track) bool) {
+	for o.fifoAt < len(o.fifo) {
+		t := o.fifo[o.fifoAt]
+		if !t.dropped && !resolved(t) {
+			break
+		}
+		o.fifo[o.fifoAt] = nil
+		o.fifoAt++
+		o.drop(t)
+	}
+	if o.fifoAt > 64 && o.fifoAt*2 > len(o.fifo) {
+		n := copy(o.fifo, o.fifo[o.fifoAt:])
+		clear(o.fifo[n:])
+		o.fifo = o.fifo[:n]
+		o.fifoAt = 0
+	}
+}
+
+func (o *sendOrder) drop(t *track) {
+	if t.explicit {
+		delete(o.byRef, t.ref)
+	}
+	if o.chanRel[t.channel].t == t {
+		o.chanRel[t.channel] = depOn{}
+	}
+	if o.chanAny[t.channel].t == t {
+		o.chanAny[t.channel] = depOn{}
+	}
+	if t.hasKey && o.latest[t.key].t == t {
+		delete(o.latest, t.key)
+	}
+	t.ref = 0 // any depOn still naming it now reads as resolved
+	o.free = append(o.free, t)
+}
+
+// reset forgets everything.
+func (o *sendOrder) reset() {
+	for _, t := range o.fifo[o.fifoAt:] {
+		if t != nil {
+			t.ref = 0
+		}
+	}
+	o.fifo, o.fifoAt, o.free = nil, 0, nil
+	o.chanRel = [256]depOn{}
+	o.chanAny = [256]depOn{}
+	clear(o.byRef)
+	clear(o.latest)
+}

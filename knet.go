@@ -1,0 +1,349 @@
+// Package knet implements the kNet transport over UDP: connections with
+// reliable and unreliable messages, ordering expressed as dependencies
+// between messages, fragmented transfers of large messages, and flow
+// control, all on one UDP socket per listener.
+//
+// # Usage
+//
+// A server listens and accepts connections; a client dials one:
+//
+//	l, err := knet.Listen("udp", ":7000", nil)
+//	...
+//	c, err := l.AcceptConn(ctx)
+//	m, err := c.Receive(ctx)
+//	err = c.Send(knet.Message{ID: m.ID, Payload: m.Payload, Reliable: true})
+//
+//	c, err := knet.Dial(ctx, "udp", "server:7000", nil)
+//
+// A Conn speaks messages (Send, Receive) and is also a net.Conn whose
+// Read and Write carry a byte stream as reliable in-order messages.
+//
+// # Concurrency
+//
+// Every method of Conn and Listener is safe for concurrent use. Each Conn
+// has one goroutine that owns its protocol state; a Listener has one more
+// that reads the shared socket and hands each datagram to its connection
+// without ever waiting on it. Send copies the payload before it returns.
+//
+// # Deadlines
+//
+// Read and Receive honour the read deadline and Write and Send the write
+// deadline, as net.Conn describes: past the deadline they fail with an error
+// wrapping os.ErrDeadlineExceeded whose Timeout method reports true. Receive
+// and SendContext also stop when their context is done.
+package knet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Config holds the characteristic values of the protocol and the
+// connection's limits. A nil *Config, and any zero field, means the default
+// named in the field's comment (the spec's "Characteristic Values" where it
+// has one). A Config may be shared; it must not change after use.
+type Config struct {
+	// PingInterval is how often a PingRequest goes out to measure the
+	// round trip and keep the connection alive. Default 5s. It is
+	// shortened to a third of ConnectionLostTimeout if that is smaller.
+	PingInterval time.Duration
+	// MaxAckDelay is the longest a received reliable datagram waits for
+	// its PacketAck. Default 33ms.
+	MaxAckDelay time.Duration
+	// DatagramTimeout is the longest a reliable datagram waits for its
+	// ack before it is sent again; the timeout actually used follows the
+	// measured round trip (RFC 6298) and is never longer. Default 2s.
+	DatagramTimeout time.Duration
+	// ConnectionLostTimeout is how long the peer may stay silent before
+	// the connection is declared lost. Default 3*PingInterval.
+	ConnectionLostTimeout time.Duration
+	// ConnectTimeout bounds the handshake, on both sides. Default 10s.
+	ConnectTimeout time.Duration
+	// DisconnectTimeout bounds a graceful close: delivering what is
+	// queued, then the Disconnect/DisconnectAck exchange. Default 5s.
+	DisconnectTimeout time.Duration
+
+	// InitialDatagramRate is the send rate, in datagrams per second, that
+	// a new connection starts from before it measures the path.
+	// Default 15.
+	InitialDatagramRate int
+	// MinDatagramRate is the rate, in datagrams per second, a connection
+	// may always send at, whatever the flow control says. Default 5.
+	MinDatagramRate int
+	// MaxMessageSendCount is how many times a reliable datagram is sent
+	// without an ack before the connection is declared lost. Default 50.
+	MaxMessageSendCount int
+	// MaxFragmentSize is the largest fragment of a fragmented transfer,
+	// in bytes. Default 470 (the spec's MaxUDPMessageFragmentSize).
+	MaxFragmentSize int
+	// MaxDatagramSize is the largest datagram sent, in bytes. Default 1400.
+	MaxDatagramSize int
+	// MaxMessageSize is the largest message, in bytes, that Send accepts
+	// and that a peer may make us reassemble. Default 16 MiB.
+	MaxMessageSize int
+
+	// SendBuffer is how many payload bytes may be queued or unacked
+	// before a reliable Send blocks (and an unreliable one is dropped and
+	// counted). One message larger than the buffer is accepted when
+	// nothing else is queued. Default 4 MiB.
+	SendBuffer int
+	// ReceiveBuffer is how many payload bytes may wait for the
+	// application to read them, or for the messages they depend on. Past
+	// it, reliable datagrams go unacked until there is room, so the peer
+	// sends them again later. Default 4 MiB.
+	ReceiveBuffer int
+	// ReassemblyBuffer is how many bytes of unfinished fragmented
+	// transfers a peer may make us hold, beyond the one oldest transfer,
+	// which may always grow to MaxMessageSize. Default 4 MiB.
+	ReassemblyBuffer int
+	// ReorderWindow is how long an unreliable in-order message waits for
+	// a missing predecessor before it is delivered without it. Default:
+	// derived from the measured round trip variation, between 2ms and 250ms.
+	ReorderWindow time.Duration
+
+	// ConnectPayload is the content of the client's ConnectSyn: up to
+	// about 1300 bytes of application data for the server's Admit hook.
+	ConnectPayload []byte
+	// Admit decides, on the server, whether to accept a connection
+	// attempt: it gets the client's ConnectPayload and returns the content
+	// of the ConnectSynAck, or an error to refuse. Nil admits everyone
+	// with an empty reply. It runs on the new connection's goroutine and
+	// may block it, up to ConnectTimeout.
+	Admit func(remote net.Addr, payload []byte) ([]byte, error)
+	// Stealth makes a server ignore refused and malformed connection
+	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one
+	// DisconnectAck, which the client reports as ErrRefused.
+	Stealth bool
+	// MaxPendingConnections bounds the connection attempts a Listener
+	// holds before their handshake completes; more are ignored.
+	// Default 1024.
+	MaxPendingConnections int
+	// AcceptBacklog bounds the established connections waiting for
+	// Accept; attempts beyond it are ignored until Accept catches up.
+	// Default 512.
+	AcceptBacklog int
+}
+
+// config is a Config with the defaults applied.
+type config struct {
+	pingInterval, maxAckDelay, datagramTimeout time.Duration
+	lostTimeout, connectTimeout, disconnect    time.Duration
+	reorderWindow                              time.Duration
+	initialRate, minRate                       float64
+	maxSendCount                               int
+	maxFragment, maxDatagram, maxMessage       int
+	sendBuffer, recvBuffer, reassemblyBuffer   int
+	maxPending, backlog                        int
+	connectPayload                             []byte
+	admit                                      func(net.Addr, []byte) ([]byte, error)
+	stealth                                    bool
+}
+
+// Spec "Characteristic Values" and DECISIONS §7.
+const (
+	defaultPingInterval        = 5 * time.Second
+	defaultMaxAckDelay         = 33 * time.Millisecond
+	defaultDatagramTimeout     = 2 * time.Second
+	defaultConnectTimeout      = 10 * time.Second
+	defaultDisconnectTimeout   = 5 * time.Second
+	defaultInitialDatagramRate = 15
+	defaultMinDatagramRate     = 5
+	defaultMaxMessageSendCount = 50
+	defaultMaxFragmentSize     = 470
+	defaultMaxDatagramSize     = 1400
+	defaultMaxMessageSize      = 16 << 20
+	defaultSendBuffer          = 4 << 20
+	defaultReceiveBuffer       = 4 << 20
+	defaultReassemblyBuffer    = 4 << 20
+	defaultMaxPending          = 1024
+	defaultBacklog             = 512
+
+	// minDatagramSize leaves room for the largest headers.
+	minDatagramSize = 256
+	// maxDatagramSizeLimit keeps a datagram within one UDP payload.
+	maxDatagramSizeLimit = 65507
+)
+
+func pick[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func (c *Config) resolve() *config {
+	if c == nil {
+		c = &Config{}
+	}
+	r := &config{
+		pingInterval:     pick(c.PingInterval, defaultPingInterval),
+		maxAckDelay:      pick(c.MaxAckDelay, defaultMaxAckDelay),
+		datagramTimeout:  pick(c.DatagramTimeout, defaultDatagramTimeout),
+		connectTimeout:   pick(c.ConnectTimeout, defaultConnectTimeout),
+		disconnect:       pick(c.DisconnectTimeout, defaultDisconnectTimeout),
+		reorderWindow:    c.ReorderWindow,
+		initialRate:      float64(pick(c.InitialDatagramRate, defaultInitialDatagramRate)),
+		minRate:          float64(pick(c.MinDatagramRate, defaultMinDatagramRate)),
+		maxSendCount:     pick(c.MaxMessageSendCount, defaultMaxMessageSendCount),
+		maxFragment:      pick(c.MaxFragmentSize, defaultMaxFragmentSize),
+		maxDatagram:      min(max(pick(c.MaxDatagramSize, defaultMaxDatagramSize), minDatagramSize), maxDatagramSizeLimit),
+		maxMessage:       pick(c.MaxMessageSize, defaultMaxMessageSize),
+		sendBuffer:       pick(c.SendBuffer, defaultSendBuffer),
+		recvBuffer:       pick(c.ReceiveBuffer, defaultReceiveBuffer),
+		reassemblyBuffer: pick(c.ReassemblyBuffer, defaultReassemblyBuffer),
+		maxPending:       pick(c.MaxPendingConnections, defaultMaxPending),
+		backlog:          pick(c.AcceptBacklog, defaultBacklog),
+		connectPayload:   c.ConnectPayload,
+		admit:            c.Admit,
+		stealth:          c.Stealth,
+	}
+	r.lostTimeout = pick(c.ConnectionLostTimeout, 3*r.pingInterval)
+	r.maxFragment = min(r.maxFragment, maxContentLength-8)
+	return r
+}
+
+// keepalive is how often a PingRequest goes out: PingInterval, or more often
+// if ConnectionLostTimeout would otherwise expire between two pings.
+func (c *config) keepalive() time.Duration {
+	return min(c.pingInterval, c.lostTimeout/3)
+}
+
+// Message is one application message.
+type Message struct {
+	// ID is the application's message ID, MinMessageID (6) to
+	// MaxMessageID (0x3FFFFFFA); Send refuses the others, which the
+	// protocol reserves.
+	ID uint32
+	// Payload is the message content. Send copies it; Receive returns a
+	// slice the caller owns.
+	Payload []byte
+	// Reliable messages are delivered exactly once, resent until acked.
+	// Unreliable ones are sent once and may be lost. An unreliable
+	// message too large for one datagram travels as a reliable
+	// fragmented transfer (the protocol requires it).
+	Reliable bool
+	// InOrder orders the message after the earlier InOrder messages of
+	// the same Channel: a reliable one after the earlier reliable ones
+	// (exactly once, in send order); an unreliable one after every earlier
+	// one, which makes the channel sequenced (never an older message after
+	// a newer one). Channels never hold each other up. On receipt,
+	// InOrder reports whether the message carried a dependency on the wire.
+	InOrder bool
+	// Channel selects the ordering channel of an InOrder message, 0-255.
+	// It is not sent on the wire, so a received message reports 0.
+	Channel uint8
+	// Priority lets a message leave the send queue before queued messages
+	// of lower priority. Dependencies still hold: a message never leaves
+	// before one it depends on, which is raised to its priority. Not
+	// sent on the wire.
+	Priority int8
+	// ContentID, when not zero on an unreliable message, marks it as an
+	// update of the state named by (ID, ContentID): it replaces a queued,
+	// unsent message with the same pair, and the receiver drops an older
+	// one that arrives after it ("latest state wins"). Not sent on the
+	// wire.
+	ContentID uint32
+	// DependsOn lists earlier messages, sent with SendRef on the same
+	// Conn, that must be applied before this one: a dependency graph
+	// beyond channels. At most MaxDependencies entries. A reliable
+	// message may not depend on an unreliable one.
+	DependsOn []Ref
+}
+
+// MaxDependencies is the most entries Message.DependsOn may hold.
+const MaxDependencies = 16
+
+// Ref names a message sent with SendRef, for later messages' DependsOn.
+// The zero Ref names nothing.
+type Ref uint64
+
+// reliable reports whether r names a reliable message.
+func (r Ref) reliable() bool { return r&1 != 0 }
+
+// StreamMessageID is the message ID that Write sends with. Read returns the
+// payloads of received messages of any ID.
+const StreamMessageID = MaxMessageID
+
+// Stats are a connection's counters.
+type Stats struct {
+	RTT    time.Duration // smoothed round-trip time
+	RTTVar time.Duration // its mean deviation
+	MinRTT time.Duration // the lowest seen
+	RTO    time.Duration // the current retransmission timeout
+
+	DatagramsSent     uint64
+	DatagramsReceived uint64 // valid datagrams, duplicates included
+	BytesSent         uint64 // UDP payload bytes
+	BytesReceived     uint64
+	MessagesSent      uint64 // application messages
+	MessagesReceived  uint64 // application messages delivered
+	Retransmits       uint64 // reliable datagrams sent again
+	FastRetransmits   uint64 // of which before their timeout, on ack gaps
+
+	InvalidDatagrams   uint64 // malformed datagrams dropped
+	DuplicateDatagrams uint64 // dropped as already received
+	DroppedDatagrams   uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
+	DroppedMessages    uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
+	ProtocolErrors     uint64 // well-formed datagrams breaking the protocol (the connection ends)
+
+	SendRate float64 // datagrams per second the rate control allows now
+	InFlight int     // reliable datagrams unacked
+}
+
+var (
+	// ErrRefused is returned by Dial when the server refused the
+	// connection (responsive mode).
+	ErrRefused = errors.New("knet: connection refused")
+	// ErrPeerClosed is returned by Send once the peer has closed the
+	// connection.
+	ErrPeerClosed = fmt.Errorf("knet: connection closed by peer: %w", net.ErrClosed)
+	// ErrMessageTooLarge is returned by Send for a payload above
+	// MaxMessageSize.
+	ErrMessageTooLarge = errors.New("knet: message larger than MaxMessageSize")
+	// ErrReservedID is returned by Send for an ID outside
+	// MinMessageID..MaxMessageID.
+	ErrReservedID = errors.New("knet: message ID reserved by the protocol")
+	// ErrBadDependency is returned by Send for a DependsOn that names a
+	// message not sent before on this Conn, names an unreliable message
+	// from a reliable one, or has more than MaxDependencies entries.
+	ErrBadDependency = errors.New("knet: bad message dependency")
+	// ErrRetransmitLimit ends a connection whose reliable datagram went
+	// unacked after MaxMessageSendCount sends.
+	ErrRetransmitLimit = fmt.Errorf("knet: reliable datagram unacked after MaxMessageSendCount sends: %w", net.ErrClosed)
+)
+
+// TimeoutError ends a connection whose peer stayed silent for
+// ConnectionLostTimeout, or a handshake that took longer than
+// ConnectTimeout.
+type TimeoutError struct {
+	Silent time.Duration
+	Op     string // "connect" or "" for an established connection
+}
+
+func (e *TimeoutError) Error() string {
+	if e.Op == "connect" {
+		return "knet: no answer to the connection attempt within " + e.Silent.String()
+	}
+	return "knet: peer silent for " + e.Silent.String()
+}
+func (e *TimeoutError) Timeout() bool   { return true }
+func (e *TimeoutError) Temporary() bool { return false }
+
+// Unwrap makes errors.Is(err, net.ErrClosed) hold for a lost connection,
+// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake timeout.
+func (e *TimeoutError) Unwrap() error {
+	if e.Op == "connect" {
+		return errDeadline
+	}
+	return net.ErrClosed
+}
+
+// ProtocolError ends a connection whose peer broke the protocol in a way
+// that could make us hold unbounded state, such as a fragmented transfer
+// announcing more than MaxMessageSize.
+type ProtocolError struct{ Err error }
+
+func (e *ProtocolError) Error() string { return "knet: peer broke the protocol: " + e.Err.Error() }
+func (e *ProtocolError) Unwrap() error { return e.Err }

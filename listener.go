@@ -1,0 +1,406 @@
+package knet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// packet is a datagram read from the socket, in a pooled buffer.
+type packet struct {
+	buf []byte
+	b   []byte
+}
+
+// endpoint is one UDP socket and the goroutine that reads it, shared by a
+// Listener's connections or owned by one dialed connection.
+type endpoint struct {
+	pc        *net.UDPConn
+	connected bool // a dialed socket: Write, not WriteTo
+	l         *Listener
+	cfg       *config
+	pool      sync.Pool
+
+	mu      sync.Mutex
+	conns   map[netip.AddrPort]*Conn
+	pending map[*Conn]bool // server connections not yet established
+	closing bool
+
+	readerDone chan struct{}
+	closeOnce  sync.Once
+
+	// Atomic.
+	invalid atomic.Uint64 // malformed datagrams from unknown endpoints
+	stray   atomic.Uint64 // datagrams for no connection
+	ignored atomic.Uint64 // connection attempts ignored: too many pending, or closed
+	refused atomic.Uint64 // connection attempts refused
+}
+
+// socketBuffer is the kernel buffer size asked for, each way; the kernel
+// may grant less (net.core.rmem_max, wmem_max on Linux).
+const socketBuffer = 4 << 20
+
+func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
+	pc.SetReadBuffer(socketBuffer)
+	pc.SetWriteBuffer(socketBuffer)
+	ep := &endpoint{
+		pc:         pc,
+		connected:  connected,
+		cfg:        cfg,
+		conns:      make(map[netip.AddrPort]*Conn),
+		pending:    make(map[*Conn]bool),
+		readerDone: make(chan struct{}),
+	}
+	size := max(cfg.maxDatagram, 2048) + 1
+	ep.pool.New = func() any { return &packet{buf: make([]byte, size)} }
+	return ep
+}
+
+func (ep *endpoint) getPacket() *packet { return ep.pool.Get().(*packet) }
+
+func (ep *endpoint) putPacket(p *packet) {
+	p.b = nil
+	ep.pool.Put(p)
+}
+
+// unmap makes IPv4 addresses read from dual-stack sockets match the same
+// addresses read from IPv4 ones.
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+func (ep *endpoint) write(b []byte, to netip.AddrPort) {
+	if ep.connected {
+		ep.pc.Write(b)
+		return
+	}
+	ep.pc.WriteToUDPAddrPort(b, to)
+}
+
+// readLoop reads the socket and hands each datagram to its connection,
+// never waiting on one.
+func (ep *endpoint) readLoop() {
+	defer close(ep.readerDone)
+	fails := 0
+	for {
+		p := ep.getPacket()
+		n, addr, err := ep.pc.ReadFromUDPAddrPort(p.buf)
+		if err != nil {
+			ep.putPacket(p)
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// ICMP errors surface here on a dialed socket; keep
+			// reading, but do not spin on a socket that keeps failing.
+			if fails++; fails > 8 {
+				time.Sleep(time.Millisecond)
+			}
+			continue
+		}
+		fails = 0
+		if n == len(p.buf) {
+			// Larger than any datagram we accept: cut short.
+			ep.invalid.Add(1)
+			ep.putPacket(p)
+			continue
+		}
+		p.b = p.buf[:n]
+		addr = unmap(addr)
+		ep.mu.Lock()
+		c := ep.conns[addr]
+		ep.mu.Unlock()
+		switch {
+		case c != nil:
+			if !c.push(p) {
+				ep.putPacket(p)
+			}
+		case ep.l != nil:
+			ep.l.handleNew(addr, p)
+		default:
+			ep.stray.Add(1)
+			ep.putPacket(p)
+		}
+	}
+}
+
+// remove forgets c's address.
+func (ep *endpoint) remove(c *Conn) {
+	ep.mu.Lock()
+	if ep.conns[c.raddr] == c {
+		delete(ep.conns, c.raddr)
+	}
+	delete(ep.pending, c)
+	ep.mu.Unlock()
+}
+
+// connDone is called as a connection's goroutine exits.
+func (ep *endpoint) connDone(c *Conn) {
+	if ep.l == nil {
+		ep.close()
+	}
+}
+
+// close closes the socket and waits for the reader to stop.
+func (ep *endpoint) close() {
+	ep.closeOnce.Do(func() {
+		ep.pc.Close()
+		<-ep.readerDone
+	})
+}
+
+// Listener accepts kNet connections on one UDP socket. It is a
+// net.Listener whose Accept returns *Conn values.
+//
+// A Listener is safe for concurrent use.
+type Listener struct {
+	ep        *endpoint
+	cfg       *config
+	acceptq   chan *Conn
+	closed    chan struct{}
+	closeOnce sync.Once
+	open      atomic.Bool
+	loops     sync.WaitGroup
+}
+
+// ListenerStats are a Listener's counters.
+type ListenerStats struct {
+	Connections      int    // connections on the socket, pending ones included
+	Pending          int    // connections whose handshake is not complete
+	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
+	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts
+	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
+	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
+}
+
+// Listen opens a UDP socket on address and accepts kNet connections on it.
+// The network is "udp", "udp4" or "udp6".
+func Listen(network, address string, cfg *Config) (*Listener, error) {
+	if err := checkNetwork(network); err != nil {
+		return nil, err
+	}
+	laddr, err := net.ResolveUDPAddr(network, address)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := net.ListenUDP(network, laddr)
+	if err != nil {
+		return nil, err
+	}
+	rc := cfg.resolve()
+	ep := newEndpoint(pc, false, rc)
+	l := &Listener{
+		ep:      ep,
+		cfg:     rc,
+		acceptq: make(chan *Conn, rc.backlog),
+		closed:  make(chan struct{}),
+	}
+	l.open.Store(true)
+	ep.l = l
+	go ep.readLoop()
+	return l, nil
+}
+
+func checkNetwork(network string) error {
+	switch network {
+	case "udp", "udp4", "udp6":
+		return nil
+	}
+	return fmt.Errorf("knet: network %q not one of udp, udp4, udp6", network)
+}
+
+// Addr returns the address of the socket.
+func (l *Listener) Addr() net.Addr { return l.ep.pc.LocalAddr() }
+
+// Accept waits for the next established connection and returns it, a
+// *Conn, as a net.Conn.
+func (l *Listener) Accept() (net.Conn, error) {
+	c, err := l.AcceptConn(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// AcceptConn waits for the next established connection, until ctx is done
+// or the listener is closed.
+func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
+	select {
+	case c := <-l.acceptq:
+		return c, nil
+	default:
+	}
+	select {
+	case c := <-l.acceptq:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// SetListenOpen opens or closes the listener for new connections (the
+// spec's listen-open mode). Closed, it serves only the connections it has;
+// connection attempts are refused (or ignored, with Config.Stealth).
+// A Listener starts open.
+func (l *Listener) SetListenOpen(open bool) { l.open.Store(open) }
+
+// Stats returns the listener's counters.
+func (l *Listener) Stats() ListenerStats {
+	l.ep.mu.Lock()
+	n, p := len(l.ep.conns), len(l.ep.pending)
+	l.ep.mu.Unlock()
+	return ListenerStats{
+		Connections:      n,
+		Pending:          p,
+		InvalidDatagrams: l.ep.invalid.Load(),
+		StrayDatagrams:   l.ep.stray.Load(),
+		IgnoredAttempts:  l.ep.ignored.Load(),
+		RefusedAttempts:  l.ep.refused.Load(),
+	}
+}
+
+// Close stops accepting, closes every connection gracefully (in parallel,
+// within DisconnectTimeout) and then the socket. It is idempotent.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		l.ep.mu.Lock()
+		l.ep.closing = true
+		conns := make([]*Conn, 0, len(l.ep.conns))
+		for _, c := range l.ep.conns {
+			conns = append(conns, c)
+		}
+		l.ep.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Go(func() { c.Close() })
+		}
+		wg.Wait()
+		l.loops.Wait()
+		l.ep.close()
+	})
+	return nil
+}
+
+// handleNew handles a datagram from an address with no connection: a
+// connection attempt if it is a well-formed datagram with a ConnectSyn
+// (DECISIONS §1), otherwise dropped.
+func (l *Listener) handleNew(addr netip.AddrPort, p *packet) {
+	if !isConnectSyn(p.b) {
+		l.ep.invalid.Add(1)
+		l.ep.putPacket(p)
+		return
+	}
+	if !l.open.Load() {
+		l.ep.refused.Add(1)
+		if !l.cfg.stealth {
+			l.refuse(addr)
+		}
+		l.ep.putPacket(p)
+		return
+	}
+	l.ep.mu.Lock()
+	if l.ep.closing || len(l.ep.pending) >= l.cfg.maxPending {
+		l.ep.mu.Unlock()
+		l.ep.ignored.Add(1)
+		l.ep.putPacket(p)
+		return
+	}
+	c := newConn(l.ep, addr, l.cfg, false)
+	l.ep.conns[addr] = c
+	l.ep.pending[c] = true
+	l.loops.Add(1)
+	l.ep.mu.Unlock()
+	c.push(p)
+	go func() {
+		defer l.loops.Done()
+		c.loop()
+	}()
+}
+
+// isConnectSyn reports whether b is a well-formed datagram holding a
+// ConnectSyn.
+func isConnectSyn(b []byte) bool {
+	var h header
+	n, err := parseHeader(b, &h)
+	if err != nil {
+		return false
+	}
+	syn := false
+	for n < len(b) {
+		m, k, err := parseMessage(b[n:])
+		if err != nil || checkOrder(&h, &m) != nil {
+			return false
+		}
+		if !m.fragment && m.id == idConnectSyn {
+			syn = true
+		}
+		n += k
+	}
+	return syn
+}
+
+// refuse answers a connection attempt with a DisconnectAck. The datagram
+// (nine bytes) is never larger than the ConnectSyn's.
+func (l *Listener) refuse(addr netip.AddrPort) {
+	var b [16]byte
+	d := appendHeader(b[:0], &header{})
+	d = appendMessage(d, &message{id: idDisconnectAck})
+	l.ep.write(d, addr)
+}
+
+// roomToAccept reports whether the accept backlog has room.
+func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) }
+
+// offer queues an established connection for Accept.
+func (l *Listener) offer(c *Conn) bool {
+	l.ep.mu.Lock()
+	delete(l.ep.pending, c)
+	l.ep.mu.Unlock()
+	select {
+	case l.acceptq <- c:
+		return true
+	default:
+		l.ep.refused.Add(1)
+		return false
+	}
+}
+
+// Dial connects to a kNet server at address, over its own UDP socket. The
+// network is "udp", "udp4" or "udp6". It returns once the handshake is
+// complete, or fails with ErrRefused, a *TimeoutError after
+// ConnectTimeout, or ctx's error.
+func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, error) {
+	if err := checkNetwork(network); err != nil {
+		return nil, err
+	}
+	raddr, err := net.ResolveUDPAddr(network, address)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := net.DialUDP(network, nil, raddr)
+	if err != nil {
+		return nil, err
+	}
+	rc := cfg.resolve()
+	ep := newEndpoint(pc, true, rc)
+	c := newConn(ep, unmap(raddr.AddrPort()), rc, true)
+	ep.conns[c.raddr] = c
+	go ep.readLoop()
+	go c.loop()
+	select {
+	case <-c.estab:
+		return c, nil
+	case <-c.done:
+		return nil, c.Err()
+	case <-ctx.Done():
+		c.Close()
+		return nil, ctx.Err()
+	}
+}

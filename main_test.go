@@ -1,0 +1,50 @@
+package knet
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain fails the run if any goroutine of the package outlives the tests:
+// every Conn and Listener must clean up after Close.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if leaked := waitForLeaks(10 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "goroutines left behind:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// waitForLeaks returns the stacks of package goroutines still running after
+// up to d, or "" once there are none.
+func waitForLeaks(d time.Duration) string {
+	deadline := time.Now().Add(d)
+	for {
+		leaked := packageGoroutines()
+		if leaked == "" || time.Now().After(deadline) {
+			return leaked
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func packageGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if !strings.Contains(g, "knet-go/knet") || strings.Contains(g, "packageGoroutines") ||
+			strings.Contains(g, "testing.(*M)") || strings.Contains(g, "testing.tRunner") {
+			continue
+		}
+		out = append(out, g)
+	}
+	return strings.Join(out, "\n\n")
+}

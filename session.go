@@ -1,0 +1,1584 @@
+package knet
+
+import (
+	"errors"
+	"net"
+	"slices"
+	"time"
+)
+
+// session is the protocol state machine of one connection. It does no I/O
+// and keeps no clock: the connection's goroutine feeds it datagrams and the
+// time, and asks it for datagrams to send.
+
+type sessState uint8
+
+// Connection states (DECISIONS §1). stateAdmit is the server's wait for its
+// application to decide on a ConnectSyn; stateLinger is a closed connection
+// still answering its peer's Disconnect for a moment.
+const (
+	stateSyn sessState = iota + 1
+	stateAdmit
+	stateSynAck
+	stateOK
+	stateClosing
+	stateLinger
+	stateDone
+)
+
+// host is what the session needs from its connection.
+type host interface {
+	// deliver hands an application message to the receive queue, which
+	// copies the payload. It reports false if there was no room.
+	deliver(id uint32, payload []byte, reliable, inOrder bool) bool
+	// recvUsed is how many payload bytes wait in the receive queue.
+	recvUsed() int
+	// sendDone returns n payload bytes to the send buffer.
+	sendDone(n int)
+	// established reports the handshake complete.
+	established()
+	// peerClosed reports the peer's Disconnect: the receive queue ends
+	// after what it holds.
+	peerClosed()
+}
+
+// outMsg is an application message queued for sending.
+type outMsg struct {
+	ref       Ref
+	id        uint32
+	payload   []byte
+	reliable  bool
+	inOrder   bool
+	tracked   bool
+	channel   uint8
+	priority  int8
+	contentID uint32
+	after     []Ref
+	deps      []depOn
+	track     *track
+	done      bool // fully packed
+	off       int  // payload bytes packed so far
+
+	// Fragmented transfer progress.
+	frag      bool
+	fragSize  int
+	fragCount uint32
+	fragNext  uint32 // next FragmentNumber to pack
+	tid       uint8
+}
+
+// sendQueue holds queued messages by priority, then in send order.
+type sendQueue struct {
+	items []*outMsg
+	head  int
+}
+
+func (q *sendQueue) len() int { return len(q.items) - q.head }
+
+func (q *sendQueue) push(m *outMsg) {
+	n := len(q.items)
+	if n == q.head || q.items[n-1].priority >= m.priority {
+		q.items = append(q.items, m)
+		return
+	}
+	i := n
+	for i > q.head && q.items[i-1].priority < m.priority {
+		i--
+	}
+	q.items = slices.Insert(q.items, i, m)
+}
+
+// remove takes m out of the queue wherever it is.
+func (q *sendQueue) remove(m *outMsg) {
+	for i := q.head; i < len(q.items); i++ {
+		if q.items[i] == m {
+			q.items = slices.Delete(q.items, i, i+1)
+			return
+		}
+	}
+}
+
+// compact drops packed messages from the front, and from anywhere once
+// they are many.
+func (q *sendQueue) compact(free func(*outMsg)) {
+	for q.head < len(q.items) && q.items[q.head].done {
+		free(q.items[q.head])
+		q.items[q.head] = nil
+		q.head++
+	}
+	if q.head == len(q.items) {
+		q.items = q.items[:0]
+		q.head = 0
+		return
+	}
+	if q.head > 256 && q.head*2 > len(q.items) {
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items = q.items[:n]
+		q.head = 0
+	}
+}
+
+type pingRecord struct {
+	id uint8
+	at time.Time
+}
+
+type session struct {
+	cfg    *config
+	host   host
+	client bool
+	state  sessState
+	err    error // why the connection ended
+
+	syn, synAck  []byte
+	admitWaiting bool // server: ConnectSyn in, Admit not yet run
+	wasOpen      bool // the handshake completed
+
+	// Timers.
+	started       time.Time
+	lastRecv      time.Time
+	nextPing      time.Time
+	synResend     time.Time
+	synBackoff    time.Duration
+	closeBy       time.Time
+	discResend    time.Time
+	lingerUntil   time.Time
+	closeAsked    bool
+	synAckSent    time.Time
+	stopAccepting bool
+
+	// Sending.
+	nextPID       uint32
+	relQ          sendQueue // reliable messages and fragmented transfers
+	unrelQ        sendQueue
+	latestQueued  map[contentKey]*outMsg
+	order         sendOrder
+	tids          transferIDs
+	bulk          *outMsg // fragmented message whose fragments are being packed
+	sent          sentWindow
+	lostQ         []lostRef
+	rtt           rttEstimator
+	cc            controller
+	pings         [8]pingRecord
+	pingCount     int
+	nextPingID    uint8
+	pingReplies   []uint8
+	needSyn       bool
+	needSynAck    bool
+	needAck       bool // ConnectAck
+	needDisc      bool
+	needDiscAck   bool
+	needFlow      bool
+	flowRate      uint16
+	freeMsgs      []*outMsg
+	freeBufs      [][]byte
+	lostHead      int
+	pacedOut      bool // work waits for the pacer
+	tidBuf        []byte
+
+	// Receiving.
+	win   recvWindow
+	acks  ackQueue
+	reasm reassembly
+	res   resolver
+
+	// Scratch, reused.
+	rh      header
+	rmsgs   []message
+	deps    []msgRef
+	ready   []*held
+	dropped []*held
+	expired []*held
+	wh      header
+	body    []byte
+	ackBuf  []packetAck
+	wdeps   []msgRef
+	entries []byte
+
+	stats Stats
+}
+
+type lostRef struct {
+	s   *sent
+	pid uint32
+}
+
+func newSession(cfg *config, h host, client bool, now time.Time) *session {
+	s := &session{
+		cfg:          cfg,
+		host:         h,
+		client:       client,
+		started:      now,
+		lastRecv:     now,
+		cc:           newController(cfg.initialRate, cfg.minRate),
+		latestQueued: make(map[contentKey]*outMsg),
+	}
+	s.reasm.budget = cfg.reassemblyBuffer
+	s.reasm.maxMessage = cfg.maxMessage
+	s.res.init()
+	s.order.init()
+	if client {
+		s.state = stateSyn
+		s.needSyn = true
+		s.syn = cfg.connectPayload
+		s.synBackoff = 200 * time.Millisecond
+		s.synResend = now.Add(s.synBackoff)
+	} else {
+		s.state = stateAdmit
+	}
+	return s
+}
+
+// done reports whether the session has ended and has nothing more to send.
+func (s *session) done() bool { return s.state == stateDone && !s.needDiscAck }
+
+// established reports whether the handshake completed at some point.
+func (s *session) open() bool { return s.state == stateOK }
+
+// fail ends the session with err.
+func (s *session) fail(err error) {
+	if s.state == stateDone {
+		return
+	}
+	if s.err == nil {
+		s.err = err
+	}
+	s.state = stateDone
+	s.dropSending()
+}
+
+// dropSending forgets everything queued or in flight.
+func (s *session) dropSending() {
+	released := 0
+	for _, q := range [...]*sendQueue{&s.relQ, &s.unrelQ} {
+		for i := q.head; i < len(q.items); i++ {
+			if m := q.items[i]; !m.done {
+				released += s.unsentBytes(m)
+			}
+		}
+		*q = sendQueue{}
+	}
+	s.bulk = nil
+	for k := range s.sent.n {
+		if d := s.sent.at(k); !d.acked {
+			released += d.appBytes
+		}
+	}
+	s.sent.clear(nil)
+	s.lostQ = nil
+	s.order.reset()
+	clear(s.latestQueued)
+	s.tids = transferIDs{}
+	if released > 0 {
+		s.host.sendDone(released)
+	}
+}
+
+// unsentBytes is how many payload bytes of m are not yet in a datagram.
+func (s *session) unsentBytes(m *outMsg) int { return len(m.payload) - m.off }
+
+// Timing helpers.
+
+func (s *session) rto() time.Duration {
+	return s.rtt.rto(time.Second, s.minRTO(), s.cfg.datagramTimeout)
+}
+
+// minRTO is the floor of the retransmission timeout: the peer may hold an
+// ack for MaxAckDelay, but acks at once when busy, so a little over a
+// quarter of it, and never under 5ms.
+func (s *session) minRTO() time.Duration {
+	return max(5*time.Millisecond, s.cfg.maxAckDelay/4)
+}
+
+// ackDelay is how long we hold a lone ack hoping for company: a quarter of
+// the round trip, within 1ms and MaxAckDelay.
+func (s *session) ackDelay() time.Duration {
+	return min(max(s.rtt.srtt/4, time.Millisecond), s.cfg.maxAckDelay)
+}
+
+// reorderWindow is how long an unreliable in-order message waits for a
+// missing predecessor.
+func (s *session) reorderWindow() time.Duration {
+	if s.cfg.reorderWindow > 0 {
+		return s.cfg.reorderWindow
+	}
+	if s.rtt.samples == 0 {
+		return 20 * time.Millisecond
+	}
+	return min(max(s.rtt.srtt/4+2*s.rtt.rttvar, 2*time.Millisecond), 250*time.Millisecond)
+}
+
+// Receiving.
+
+// handleDatagram processes one datagram from the peer. b is not kept.
+func (s *session) handleDatagram(now time.Time, b []byte) {
+	if s.state == stateDone {
+		return
+	}
+	// Parse everything first: a malformed datagram is dropped whole.
+	h := &s.rh
+	n, err := parseHeader(b, h)
+	if err != nil {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	msgs := s.rmsgs[:0]
+	for off := n; off < len(b); {
+		m, k, err := parseMessage(b[off:])
+		if err == nil {
+			err = checkOrder(h, &m)
+		}
+		if err == nil && m.fragment && !h.reliable {
+			err = errUnreliableFragment
+		}
+		if err != nil {
+			s.rmsgs = msgs
+			s.stats.InvalidDatagrams++
+			return
+		}
+		msgs = append(msgs, m)
+		off += k
+	}
+	s.rmsgs = msgs
+	s.stats.DatagramsReceived++
+	s.stats.BytesReceived += uint64(len(b))
+
+	switch s.state {
+	case stateSyn:
+		if !s.handleConnecting(now, msgs) {
+			return
+		}
+	case stateAdmit:
+		if s.admitWaiting {
+			return
+		}
+		for i := range msgs {
+			if msgs[i].id == idConnectSyn && !msgs[i].fragment {
+				s.admitWaiting = true
+				s.syn = append([]byte(nil), msgs[i].payload...)
+				s.lastRecv = now
+				s.win.add(h.packetID)
+				return
+			}
+		}
+		return
+	case stateLinger:
+		s.lastRecv = now
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idDisconnect {
+				s.needDiscAck = true
+			}
+		}
+		return
+	}
+
+	if !s.win.plausible(h.packetID) {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	if s.win.contains(h.packetID) {
+		s.stats.DuplicateDatagrams++
+		if h.reliable {
+			s.acks.add(now, h.packetID) // its ack may have been lost
+		}
+		s.lastRecv = now
+		return
+	}
+	if h.reliable && !s.admits(msgs) {
+		// No room: leave it unacked so it comes again, but take the
+		// acks it carries.
+		s.stats.DroppedDatagrams++
+		s.lastRecv = now
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idPacketAck {
+				s.handlePacketAck(now, msgs[i].payload)
+			}
+		}
+		s.afterAcks(now)
+		return
+	}
+	s.lastRecv = now
+	s.win.add(h.packetID)
+	if h.reliable {
+		s.acks.add(now, h.packetID)
+	}
+	acked := false
+	for i := range msgs {
+		if s.state == stateDone {
+			break
+		}
+		m := &msgs[i]
+		if !m.fragment && m.id == idPacketAck {
+			acked = true
+		}
+		s.handleMessage(now, h, msgRef{h.packetID, uint16(i)}, m)
+	}
+	if acked {
+		s.afterAcks(now)
+	}
+}
+
+var errUnreliableFragment = errors.New("knet: fragment in an unreliable datagram")
+
+// handleConnecting handles a datagram while the client waits for
+// ConnectSynAck. It reports whether the datagram should then be processed
+// as usual (it completed the handshake).
+func (s *session) handleConnecting(now time.Time, msgs []message) bool {
+	for i := range msgs {
+		m := &msgs[i]
+		if m.fragment {
+			continue
+		}
+		switch m.id {
+		case idConnectSynAck:
+			s.synAck = append([]byte(nil), m.payload...)
+			s.state = stateOK
+			s.wasOpen = true
+			s.needSyn = false
+			s.needAck = true
+			s.rtt.sample(now.Sub(s.started))
+			s.nextPing = now.Add(s.cfg.keepalive())
+			s.host.established()
+			return true
+		case idDisconnectAck:
+			s.fail(ErrRefused)
+			return false
+		}
+	}
+	return false
+}
+
+// admits reports whether a reliable datagram fits our buffers, or makes
+// progress that frees them: it carries something held messages wait for
+// that can be applied now, or a fragment the reassembly takes.
+func (s *session) admits(msgs []message) bool {
+	over := s.host.recvUsed()+s.res.bytes >= s.cfg.recvBuffer
+	appContent := false
+	for i := range msgs {
+		m := &msgs[i]
+		if m.fragment {
+			if !s.reasm.admits(m.transferID, len(m.payload)) {
+				return false
+			}
+			appContent = true
+			continue
+		}
+		if m.id >= MinMessageID && m.id <= MaxMessageID {
+			appContent = true
+		}
+	}
+	if !over || !appContent {
+		return true
+	}
+	h := &s.rh
+	for i := range msgs {
+		ref := msgRef{h.packetID, uint16(i)}
+		if !s.res.waitedOn(ref) {
+			continue
+		}
+		deps := appendDeps(s.deps[:0], h, &msgs[i])
+		if len(s.res.pendingDeps(&s.win, deps)) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// handleMessage processes one message block of an accepted datagram.
+func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message) {
+	if m.fragment {
+		s.handleFragment(now, h, ref, m)
+		return
+	}
+	switch m.id {
+	case idPingRequest:
+		if len(m.payload) == 1 && len(s.pingReplies) < 64 {
+			s.pingReplies = append(s.pingReplies, m.payload[0])
+		}
+	case idPingReply:
+		if len(m.payload) == 1 {
+			s.handlePingReply(now, m.payload[0])
+		}
+	case idFlowControlRequest:
+		if len(m.payload) == 2 {
+			rate := float64(uint16(m.payload[0]) | uint16(m.payload[1])<<8)
+			s.cc.maxRate = max(rate, s.cfg.minRate)
+		}
+	case idPacketAck:
+		s.handlePacketAck(now, m.payload)
+	case idConnectSyn:
+		if s.state == stateSynAck {
+			s.needSynAck = true // ours was lost
+		}
+	case idConnectSynAck:
+		// A copy of one we already had; our ConnectAck is reliable
+		// and takes care of itself.
+	case idConnectAck:
+		s.establishServer(now)
+	case idDisconnect, idDisconnectAck:
+		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
+	default:
+		if m.id < MinMessageID || m.id > MaxMessageID {
+			return // reserved and unknown: ignore
+		}
+		s.establishServer(now)
+		s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
+	}
+}
+
+func heldKindOf(id uint32) heldKind {
+	switch id {
+	case idDisconnect:
+		return heldDisconnect
+	case idDisconnectAck:
+		return heldDisconnectAck
+	}
+	return heldApp
+}
+
+// establishServer completes the server side of the handshake: a ConnectAck
+// or any application message does it.
+func (s *session) establishServer(now time.Time) {
+	if s.client || s.state != stateSynAck {
+		return
+	}
+	s.state = stateOK
+	s.wasOpen = true
+	s.needSynAck = false
+	s.rtt.sample(now.Sub(s.synAckSent))
+	s.nextPing = now.Add(s.cfg.keepalive())
+	s.host.established()
+}
+
+// handleOrdered applies a message now, or holds it until its dependencies
+// are applied.
+func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
+	m := &s.rmsgs[ref.idx]
+	s.deps = appendDeps(s.deps[:0], h, m)
+	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, s.deps)
+}
+
+func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder bool, deps []msgRef) {
+	if s.res.lateDrop(ref, reliable) {
+		s.stats.DroppedMessages++
+		s.cascade(now, ref)
+		return
+	}
+	deps = s.res.pendingDeps(&s.win, deps)
+	if len(deps) == 0 {
+		s.apply(now, kind, id, payload, reliable, inOrder)
+		s.cascade(now, ref)
+		return
+	}
+	hm := s.res.newHeld()
+	hm.ref = ref
+	hm.kind = kind
+	hm.id = id
+	hm.payload = append(hm.payload[:0], payload...)
+	hm.reliable = reliable
+	hm.inOrder = inOrder
+	hm.deps = append(hm.deps[:0], deps...)
+	s.res.hold(hm, now.Add(s.reorderWindow()))
+}
+
+// cascade applies, in order, the held messages that ref's application
+// released.
+func (s *session) cascade(now time.Time, ref msgRef) {
+	work := s.res.applied(ref, s.ready[:0])
+	for i := 0; i < len(work); i++ {
+		hm := work[i]
+		s.apply(now, hm.kind, hm.id, hm.payload, hm.reliable, hm.inOrder)
+		work = s.res.applied(hm.ref, work)
+	}
+	for i, hm := range work {
+		s.res.recycle(hm)
+		work[i] = nil
+	}
+	s.ready = work[:0]
+}
+
+// apply hands a message whose dependencies are satisfied to where it goes.
+func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
+	switch kind {
+	case heldApp:
+		if s.state != stateOK && s.state != stateClosing {
+			return
+		}
+		if s.host.deliver(id, payload, reliable, inOrder) {
+			s.stats.MessagesReceived++
+		} else {
+			s.stats.DroppedMessages++
+		}
+	case heldDisconnect:
+		s.needDiscAck = true
+		switch s.state {
+		case stateOK:
+			if s.closeAsked {
+				// Both sides closing at once: our answer ends it.
+				s.state = stateDone
+				s.dropSending()
+				return
+			}
+			s.host.peerClosed()
+			s.dropSending()
+			s.state = stateLinger
+			s.lingerUntil = now.Add(min(max(4*s.rto(), 50*time.Millisecond), s.cfg.disconnect))
+		case stateClosing:
+			s.state = stateDone
+		}
+	case heldDisconnectAck:
+		switch s.state {
+		case stateClosing:
+			s.state = stateDone
+		case stateOK:
+			// The peer says it is gone without our asking.
+			s.host.peerClosed()
+			s.fail(ErrPeerClosed)
+		case stateSynAck:
+			s.fail(ErrPeerClosed)
+		}
+	}
+}
+
+// handleFragment feeds a fragment to reassembly and, once a message is
+// whole, applies or holds it in its FragmentStart's place.
+func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *message) {
+	var order startOrder
+	if m.fragStart {
+		order.reliable = h.reliable
+		order.inOrder = m.order != orderNone
+		s.deps = appendDeps(s.deps[:0], h, m)
+		order.deps = s.deps
+	}
+	t, whole, err := s.reasm.add(m, ref, order)
+	if err != nil {
+		s.protocolError(err)
+		return
+	}
+	if whole == nil {
+		if m.fragStart {
+			// Hold a place so that dependents wait for the whole.
+			hm := s.res.newHeld()
+			hm.ref = ref
+			hm.kind = heldFragments
+			s.res.hold(hm, time.Time{})
+		}
+		return
+	}
+	start := t.start
+	if !m.fragStart {
+		if hm, ok := s.res.held[start]; ok && hm.kind == heldFragments {
+			s.res.release(hm)
+			s.res.recycle(hm)
+		}
+	}
+	s.establishServer(now)
+	deps := append(s.wdeps[:0], t.order.deps...)
+	s.wdeps = deps
+	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
+	s.reasm.finish(t)
+	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, deps)
+}
+
+func (s *session) protocolError(err error) {
+	s.stats.ProtocolErrors++
+	s.fail(&ProtocolError{Err: err})
+}
+
+func (s *session) handlePingReply(now time.Time, id uint8) {
+	for i := range min(s.pingCount, len(s.pings)) {
+		p := &s.pings[i]
+		if p.id == id && !p.at.IsZero() {
+			s.rtt.sample(now.Sub(p.at))
+			p.at = time.Time{}
+			return
+		}
+	}
+}
+
+func (s *session) handlePacketAck(now time.Time, p []byte) {
+	a, ok := parsePacketAck(p)
+	if !ok {
+		return
+	}
+	s.ackOne(now, a.base)
+	for m, k := a.more, uint32(1); m != 0; m, k = m>>1, k+1 {
+		if m&1 != 0 {
+			s.ackOne(now, (a.base+k)&packetIDMask)
+		}
+	}
+}
+
+func (s *session) ackOne(now time.Time, id uint32) {
+	d := s.sent.find(id)
+	if d == nil {
+		return
+	}
+	if d.sends == 1 {
+		s.rtt.sample(now.Sub(d.sentAt))
+	}
+	s.sent.ack(d)
+	s.cc.onAck(1, s.rtt.srtt)
+	if d.appBytes > 0 {
+		s.host.sendDone(d.appBytes)
+	}
+	for _, tid := range d.transfers {
+		s.tids.release(tid)
+	}
+}
+
+// afterAcks drops acked datagrams, finds those the acks show lost, and
+// forgets dependencies now resolved.
+func (s *session) afterAcks(now time.Time) {
+	s.sent.trim(s.putBuf)
+	s.detectLoss(now)
+	s.order.forget(func(t *track) bool { return s.resolvedAtSender(now, t) })
+}
+
+// detectLoss marks as lost the datagrams sent before the newest one acked
+// that are three PacketIDs older, or older by more than 9/8 of a round trip
+// (RFC 9002's thresholds): fast retransmit without waiting for the timeout.
+func (s *session) detectLoss(now time.Time) {
+	if !s.sent.anyAcked {
+		return
+	}
+	thresh := max(s.rtt.srtt, s.rtt.latest) * 9 / 8
+	for d := s.sent.oldest; d != nil && !d.sentAt.After(s.sent.largestAckedSent); {
+		next := d.next
+		if seqLess(d.packetID, s.sent.largestAcked) &&
+			(seqDiff(d.packetID, s.sent.largestAcked) >= 3 || s.sent.largestAckedSent.Sub(d.sentAt) > thresh) {
+			s.markLost(now, d, true)
+			if s.state == stateDone {
+				return
+			}
+		}
+		d = next
+	}
+}
+
+func (s *session) markLost(now time.Time, d *sent, fast bool) {
+	if d.sends >= s.cfg.maxSendCount {
+		s.fail(ErrRetransmitLimit)
+		return
+	}
+	d.lost = true
+	s.sent.unlink(d) // no timeout runs while it waits to go again
+	s.lostQ = append(s.lostQ, lostRef{d, d.packetID})
+	if fast {
+		s.stats.FastRetransmits++
+	}
+	s.cc.onLoss(now, s.rtt.srtt)
+}
+
+// resolvedAtSender reports whether a tracked message is known to be applied
+// at the receiver, so that dependencies on it can be left out (DECISIONS
+// §5): a reliable one once every datagram up to its last fragment is acked;
+// an unreliable one once it is older than any reorder window could be.
+func (s *session) resolvedAtSender(now time.Time, t *track) bool {
+	if t.dropped {
+		return true
+	}
+	if !t.packed || !t.complete {
+		return false
+	}
+	if t.reliable {
+		first := s.sent.firstUnacked()
+		if first == nil {
+			return true
+		}
+		return seqLess(t.lastPID, first.packetID)
+	}
+	return now.Sub(t.sentAt) > max(250*time.Millisecond, 4*s.rtt.srtt)
+}
+
+// Queueing.
+
+// enqueue takes an application message for sending. The payload is already
+// a private copy.
+func (s *session) enqueue(m *outMsg) {
+	if s.state == stateDone || s.state == stateLinger || s.stopAccepting {
+		s.host.sendDone(len(m.payload))
+		s.stats.DroppedMessages++
+		return
+	}
+	if m.contentID != 0 && !m.reliable {
+		k := contentKey{m.id, m.contentID}
+		if old := s.latestQueued[k]; old != nil && !old.track.packed {
+			// Latest state wins: the newer content takes the older's place.
+			s.host.sendDone(len(old.payload))
+			old.payload, m.payload = m.payload, old.payload
+			s.putMsg(m)
+			return
+		}
+	}
+	s.order.add(m)
+	if m.contentID != 0 && !m.reliable {
+		s.latestQueued[contentKey{m.id, m.contentID}] = m
+	}
+	s.raise(m)
+	s.queueFor(m).push(m)
+	s.stats.MessagesSent++
+}
+
+// raise lifts the messages m depends on to m's priority, so that none is
+// left behind it in the queue.
+func (s *session) raise(m *outMsg) {
+	if m.priority == 0 {
+		return
+	}
+	for _, d := range m.deps {
+		t := d.live()
+		if t == nil || t.packed {
+			continue
+		}
+		for _, q := range [...]*sendQueue{&s.relQ, &s.unrelQ} {
+			for i := q.head; i < len(q.items); i++ {
+				o := q.items[i]
+				if o.track == t && o.priority < m.priority {
+					q.remove(o)
+					o.priority = m.priority
+					s.raise(o)
+					q.push(o)
+					break
+				}
+			}
+		}
+	}
+}
+
+// queueFor is the queue m waits in: fragmented transfers travel in
+// reliable datagrams whatever the message's own kind (spec "Fragmented
+// Transfers", 3).
+func (s *session) queueFor(m *outMsg) *sendQueue {
+	if m.reliable || m.frag {
+		return &s.relQ
+	}
+	return &s.unrelQ
+}
+
+func (s *session) newMsg() *outMsg {
+	if k := len(s.freeMsgs); k > 0 {
+		m := s.freeMsgs[k-1]
+		s.freeMsgs = s.freeMsgs[:k-1]
+		return m
+	}
+	return new(outMsg)
+}
+
+func (s *session) putMsg(m *outMsg) {
+	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
+	if len(s.freeMsgs) < 1024 {
+		s.freeMsgs = append(s.freeMsgs, m)
+	}
+}
+
+func (s *session) freeQueued(m *outMsg) {
+	if m.contentID != 0 {
+		k := contentKey{m.id, m.contentID}
+		if s.latestQueued[k] == m {
+			delete(s.latestQueued, k)
+		}
+	}
+	s.putMsg(m)
+}
+
+// getBuf returns an empty buffer for a reliable datagram, kept until acked.
+func (s *session) getBuf() []byte {
+	if k := len(s.freeBufs); k > 0 {
+		b := s.freeBufs[k-1]
+		s.freeBufs = s.freeBufs[:k-1]
+		return b[:0]
+	}
+	return make([]byte, 0, s.cfg.maxDatagram)
+}
+
+func (s *session) putBuf(b []byte) {
+	if cap(b) >= s.cfg.maxDatagram && len(s.freeBufs) < 256 {
+		s.freeBufs = append(s.freeBufs, b)
+	}
+}
+
+// requestClose starts a graceful close: what is queued goes out and is
+// acked, then Disconnect, all within DisconnectTimeout.
+func (s *session) requestClose(now time.Time) {
+	switch s.state {
+	case stateSyn, stateAdmit, stateSynAck:
+		s.fail(net.ErrClosed)
+	case stateLinger:
+		s.state = stateDone
+	case stateOK:
+		if !s.closeAsked {
+			s.closeAsked = true
+			s.stopAccepting = true
+			s.closeBy = now.Add(s.cfg.disconnect)
+		}
+	}
+}
+
+// admitted records the application's decision on the ConnectSyn.
+func (s *session) admitted(now time.Time, reply []byte, ok bool) {
+	if s.state != stateAdmit {
+		return
+	}
+	if !ok {
+		s.state = stateDone
+		s.err = ErrRefused
+		s.needDiscAck = !s.cfg.stealth
+		return
+	}
+	s.synAck = reply
+	s.state = stateSynAck
+	s.needSynAck = true
+	s.started = now
+}
+
+// sendFlowControl asks the peer to send at most rate datagrams a second.
+func (s *session) sendFlowControl(rate int) {
+	s.flowRate = uint16(min(max(rate, 1), 0xffff))
+	s.needFlow = true
+}
+
+// Sending.
+
+// wholeLimit is the largest payload sent as one message block; larger ones
+// are fragmented. It leaves room in a datagram for the headers and up to
+// MaxDependencies dependencies.
+func (c *config) wholeLimit() int {
+	return min(maxContentLength-4, c.maxDatagram-96)
+}
+
+// fragSize is the payload of each fragment: at most MaxFragmentSize, and
+// sized so that whole fragments fill a datagram with little left over.
+func (c *config) fragSize() int {
+	const perFrag = 7 // header, TransferID, FragmentNumber at its longest
+	avail := c.maxDatagram - minHeaderSize - 16
+	k := (avail + c.maxFragment + perFrag - 1) / (c.maxFragment + perFrag)
+	// Below the whole-message limit, so that a fragmented message has at
+	// least two fragments and its first leaves room for the MessageID.
+	return min(c.maxFragment, avail/k-perFrag, c.wholeLimit()-8)
+}
+
+// prepare sets up fragmentation for a queued message.
+func (s *session) prepare(m *outMsg) {
+	if len(m.payload) <= s.cfg.wholeLimit() {
+		return
+	}
+	m.frag = true
+	m.fragSize = s.cfg.fragSize()
+	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
+}
+
+// poll returns the next datagram to send, or nil when there is none now. A
+// reliable datagram's bytes stay the session's (they are kept for
+// retransmission); other datagrams are built in buf.
+func (s *session) poll(now time.Time, buf []byte) []byte {
+	s.pacedOut = false
+	switch s.state {
+	case stateSyn:
+		if s.needSyn {
+			s.needSyn = false
+			return s.control(buf, idConnectSyn, s.syn)
+		}
+		return nil
+	case stateSynAck:
+		if s.needSynAck {
+			s.needSynAck = false
+			s.synAckSent = now
+			return s.control(buf, idConnectSynAck, s.synAck)
+		}
+		return nil
+	case stateClosing:
+		if s.needDisc {
+			s.needDisc = false
+			return s.control(buf, idDisconnect, nil)
+		}
+		return nil
+	case stateLinger, stateDone:
+		if s.needDiscAck {
+			s.needDiscAck = false
+			return s.control(buf, idDisconnectAck, nil)
+		}
+		return nil
+	case stateOK:
+	default:
+		return nil
+	}
+	if s.needDiscAck {
+		s.needDiscAck = false
+		return s.control(buf, idDisconnectAck, nil)
+	}
+	if b := s.pollReliable(now); b != nil {
+		return b
+	}
+	if b := s.pollUnreliable(now, buf); b != nil {
+		return b
+	}
+	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.sent.count == 0 && s.acks.pending() == 0 {
+		// Everything is delivered: Disconnect, in order after it all
+		// (every dependency is resolved, so none is named).
+		s.state = stateClosing
+		s.discResend = now.Add(s.rto())
+		return s.control(buf, idDisconnect, nil)
+	}
+	return nil
+}
+
+// control builds an unreliable datagram holding one connection control
+// message. Disconnect and DisconnectAck are in-order messages: their
+// datagram has the InOrder flag, with no dependency left to name.
+func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
+	// Before the connection opened (a refusal) there is nothing to be in
+	// order after, and the flag's count byte would make the answer larger
+	// than the smallest ConnectSyn.
+	h := header{packetID: s.nextPID, inOrder: s.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	b := appendHeader(buf[:0], &h)
+	b = appendMessage(b, &message{id: id, payload: payload})
+	s.sentUnreliable(b)
+	return b
+}
+
+func (s *session) sentUnreliable(b []byte) {
+	s.nextPID = (s.nextPID + 1) & packetIDMask
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+}
+
+// spanFull reports whether one more datagram would put the newest PacketID
+// 2^15 or more after the oldest unacked one (DECISIONS §4).
+func (s *session) spanFull() bool {
+	first := s.sent.firstUnacked()
+	return first != nil && seqDiff(first.packetID, s.nextPID) >= recvSpan-1
+}
+
+// pollReliable returns a retransmission or a new reliable datagram.
+func (s *session) pollReliable(now time.Time) []byte {
+	for s.lostHead < len(s.lostQ) {
+		l := s.lostQ[s.lostHead]
+		d := l.s
+		if d.packetID != l.pid || d.acked || !d.lost || d.b == nil {
+			s.popLost()
+			continue
+		}
+		if !s.cc.canSend(now, s.rtt.srtt) {
+			s.pacedOut = true
+			return nil
+		}
+		s.popLost()
+		s.sent.resent(now, d)
+		s.cc.onSent()
+		s.stats.Retransmits++
+		s.stats.DatagramsSent++
+		s.stats.BytesSent += uint64(len(d.b))
+		return d.b
+	}
+	if !s.needAck && !s.needFlow && s.relQ.len() == 0 {
+		return nil
+	}
+	if s.sent.count >= s.cc.window(s.rtt.srtt, s.ackDelay()) || s.spanFull() {
+		return nil
+	}
+	if !s.cc.canSend(now, s.rtt.srtt) {
+		s.pacedOut = true
+		return nil
+	}
+	return s.buildReliable(now)
+}
+
+func (s *session) popLost() {
+	s.lostQ[s.lostHead] = lostRef{}
+	s.lostHead++
+	if s.lostHead == len(s.lostQ) {
+		s.lostQ = s.lostQ[:0]
+		s.lostHead = 0
+	}
+}
+
+// buildReliable packs reliable messages into a new datagram, followed by
+// whatever acks fit.
+func (s *session) buildReliable(now time.Time) []byte {
+	h := &s.wh
+	*h = header{packetID: s.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
+	if s.needAck {
+		p.body = appendMessage(p.body, &message{id: idConnectAck})
+		p.count++
+		s.needAck = false
+	}
+	if s.needFlow {
+		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
+		p.count++
+		s.needFlow = false
+	}
+	s.pack(now, h, &p, &s.relQ)
+	s.body, s.tidBuf = p.body, p.tids
+	if p.count == 0 {
+		return nil
+	}
+	p.body = s.appendAcks(h, p.body, p.count)
+	s.body = p.body
+	b := s.getBuf()
+	b = appendHeader(b, h)
+	b = append(b, p.body...)
+	d := s.sent.push(now, h.packetID, b)
+	d.appBytes = p.appBytes
+	d.transfers = append(d.transfers, p.tids...)
+	s.nextPID = (s.nextPID + 1) & packetIDMask
+	s.cc.onSent()
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+	return b
+}
+
+// appendAcks adds PacketAcks for as many pending acks as fit. count is the
+// number of message blocks already in the datagram.
+func (s *session) appendAcks(h *header, body []byte, count int) []byte {
+	const ackBlock = 2 + 1 + packetAckSize
+	room := s.cfg.maxDatagram - sizeHeader(h) - len(body)
+	if s.acks.pending() == 0 || room < ackBlock {
+		return body
+	}
+	s.ackBuf = s.acks.take(s.ackBuf[:0], room/ackBlock)
+	var p [packetAckSize]byte
+	for _, a := range s.ackBuf {
+		body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
+	}
+	return body
+}
+
+// pollUnreliable builds an unreliable datagram when acks, pings or
+// unreliable messages are due.
+func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
+	acksDue := s.acks.pending() >= 2 || s.acks.pending() > 0 && now.Sub(s.acks.oldest) >= s.ackDelay()
+	pingDue := !now.Before(s.nextPing)
+	data := s.unrelQ.len() > 0
+	if data && !s.cc.canSend(now, s.rtt.srtt) {
+		s.pacedOut = true
+		data = false
+	}
+	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
+		return nil
+	}
+	h := &s.wh
+	*h = header{packetID: s.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
+	var one [1]byte
+	for _, id := range s.pingReplies {
+		one[0] = id
+		p.body = appendMessage(p.body, &message{id: idPingReply, payload: one[:]})
+		p.count++
+	}
+	s.pingReplies = s.pingReplies[:0]
+	if pingDue {
+		one[0] = s.nextPingID
+		s.pings[s.pingCount%len(s.pings)] = pingRecord{id: s.nextPingID, at: now}
+		s.pingCount++
+		s.nextPingID++
+		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
+		p.count++
+		s.nextPing = now.Add(s.cfg.keepalive())
+	}
+	if s.acks.pending() > 0 {
+		p.body = s.appendAcks(h, p.body, p.count)
+		p.count += len(s.ackBuf)
+	}
+	if data {
+		before := p.count
+		s.pack(now, h, &p, &s.unrelQ)
+		if p.count > before {
+			s.cc.onSent()
+		}
+	}
+	s.body = p.body
+	if p.count == 0 {
+		return nil
+	}
+	b := appendHeader(buf[:0], h)
+	b = append(b, p.body...)
+	if p.appBytes > 0 {
+		s.host.sendDone(p.appBytes)
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+// packing is a datagram being filled.
+type packing struct {
+	body     []byte
+	limit    int
+	count    int    // message blocks so far
+	appBytes int    // application payload bytes
+	tids     []byte // TransferIDs of the fragments in it
+	skipped  int
+}
+
+// room is how many bytes the datagram can still take.
+func (p *packing) room(h *header) int { return p.limit - sizeHeader(h) - len(p.body) }
+
+// pack fills the datagram from q: whole messages and the first fragments of
+// transfers in queue order, then further fragments of the transfer under way
+// in the space left.
+func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
+	for i := q.head; i < len(q.items) && p.room(h) >= 4 && p.count < maxPerDatagram; i++ {
+		m := q.items[i]
+		if m.done || (m.frag && m.off > 0) {
+			continue
+		}
+		if !s.place(now, h, p, m) {
+			p.skipped++
+			if p.skipped > 64 {
+				break
+			}
+		}
+	}
+	if q == &s.relQ {
+		for s.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
+			if !s.placeFragment(now, h, p, s.bulk) {
+				break
+			}
+		}
+	}
+	q.compact(s.freeQueued)
+}
+
+// maxPerDatagram bounds the message blocks in one datagram, so that an
+// index into them fits InOrderDatagramIndexArray with room to spare.
+const maxPerDatagram = 1024
+
+// place tries to put m (whole, or its first fragment) into the datagram.
+func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
+	if m.frag && s.bulk != nil {
+		return false // one transfer at a time keeps the receiver's reassembly small
+	}
+	refs, ok := s.wireDeps(now, m, h.packetID)
+	if !ok {
+		return false
+	}
+	mark := len(h.deltas)
+	wasInOrder := h.inOrder
+	msg := message{id: m.id}
+	if !s.encodeDeps(h, &msg, refs) {
+		return false
+	}
+	if m.frag {
+		msg.fragStart = true
+		msg.fragment = true
+		msg.fragCount = m.fragCount
+		msg.payload = m.payload[:m.fragSize]
+	} else {
+		msg.payload = m.payload
+	}
+	if sizeMessage(&msg) > p.room(h) {
+		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
+		return false
+	}
+	if m.frag {
+		tid, ok := s.tids.alloc()
+		if !ok {
+			h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
+			return false
+		}
+		m.tid = tid
+		msg.transferID = tid
+		s.tids.carried(tid)
+		p.tids = append(p.tids, tid)
+		m.fragNext = 1
+		s.bulk = m
+	}
+	p.body = appendMessage(p.body, &msg)
+	at := msgRef{h.packetID, uint16(p.count)}
+	p.count++
+	p.appBytes += len(msg.payload)
+	m.off = len(msg.payload)
+	if t := m.track; t != nil {
+		t.packed = true
+		t.at = at
+		t.wire = append(t.wire[:0], refs...)
+		t.lastPID = h.packetID
+		t.complete = !m.frag
+		t.fragmented = m.frag
+		t.sentAt = now
+	}
+	if !m.frag {
+		m.done = true
+	}
+	return true
+}
+
+// placeFragment puts the next fragment of the transfer under way into the
+// datagram.
+func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg) bool {
+	end := min(m.off+m.fragSize, len(m.payload))
+	msg := message{fragment: true, transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
+	if sizeMessage(&msg) > p.room(h) {
+		return false
+	}
+	p.body = appendMessage(p.body, &msg)
+	p.count++
+	p.appBytes += len(msg.payload)
+	if !slices.Contains(p.tids, m.tid) {
+		s.tids.carried(m.tid)
+		p.tids = append(p.tids, m.tid)
+	}
+	m.off = end
+	m.fragNext++
+	if t := m.track; t != nil {
+		t.lastPID = h.packetID
+	}
+	if m.fragNext == m.fragCount {
+		if t := m.track; t != nil {
+			t.complete = true
+		}
+		s.tids.release(m.tid) // packing is over; acks release the rest
+		m.done = true
+		s.bulk = nil
+	}
+	return true
+}
+
+// wireDeps turns m's dependencies into wire references from datagram pid,
+// leaving out those known resolved. It reports false when m cannot go in
+// this datagram yet: a dependency is unsent, too far back to name, or a
+// fragmented message in this same datagram.
+func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool) {
+	refs := s.wdeps[:0]
+	for _, d := range m.deps {
+		t := d.live()
+		if t == nil || t.dropped {
+			continue
+		}
+		if !t.packed {
+			return nil, false
+		}
+		if s.resolvedAtSender(now, t) {
+			continue
+		}
+		if t.at.pid == pid {
+			// A message in this datagram: processed before m, so m
+			// waits for what it waits for (DECISIONS §5).
+			if t.fragmented {
+				return nil, false
+			}
+			refs = append(refs, t.wire...)
+			continue
+		}
+		if seqDiff(t.at.pid, pid)-1 > maxDepDelta {
+			if !t.reliable {
+				continue // long since applied or given up on
+			}
+			return nil, false // wait for its ack
+		}
+		refs = append(refs, t.at)
+	}
+	// Few entries: drop repeats in place.
+	k := 0
+	for _, r := range refs {
+		if !slices.Contains(refs[:k], r) {
+			refs[k] = r
+			k++
+		}
+	}
+	s.wdeps = refs[:k]
+	return s.wdeps, true
+}
+
+// encodeDeps adds the entries refs need to the datagram header and sets
+// msg's InOrder code. It reports false if the header would need more than
+// maxDeps entries.
+func (s *session) encodeDeps(h *header, msg *message, refs []msgRef) bool {
+	if len(refs) == 0 {
+		return true
+	}
+	idx := s.entries[:0]
+	for _, r := range refs {
+		delta := uint16(seqDiff(r.pid, h.packetID) - 1)
+		e := -1
+		for x := range h.deltas {
+			if h.deltas[x] == delta && h.indices[x] == r.idx {
+				e = x
+				break
+			}
+		}
+		if e < 0 {
+			if len(h.deltas) == maxDeps {
+				return false
+			}
+			e = len(h.deltas)
+			h.deltas = append(h.deltas, delta)
+			h.indices = append(h.indices, r.idx)
+		}
+		idx = append(idx, byte(e))
+	}
+	s.entries = idx
+	h.inOrder = true
+	switch {
+	case len(idx) > 1:
+		msg.order = orderMulti
+		msg.orderMulti = idx
+	case idx[0] < 5:
+		msg.order = idx[0] + 1
+	default:
+		msg.order = orderSingle
+		msg.orderIndex = idx[0]
+	}
+	return true
+}
+
+// Timers.
+
+// timeout is how long d waits for its ack: the RTO, doubled for each
+// earlier send, at most DatagramTimeout.
+func (s *session) timeout(d *sent) time.Duration {
+	t := s.rto()
+	for i := 1; i < d.sends && t < s.cfg.datagramTimeout; i++ {
+		t *= 2
+	}
+	return min(t, s.cfg.datagramTimeout)
+}
+
+// nextTimeout is when the first datagram in flight times out. Timeouts
+// differ by backoff, so it looks past the oldest, but never past the point
+// where even the shortest timeout would be later.
+func (s *session) nextTimeout() (time.Time, bool) {
+	var best time.Time
+	rto := s.rto()
+	for d := s.sent.oldest; d != nil; d = d.next {
+		if !best.IsZero() && !d.sentAt.Add(rto).Before(best) {
+			break
+		}
+		if x := d.sentAt.Add(s.timeout(d)); best.IsZero() || x.Before(best) {
+			best = x
+		}
+	}
+	return best, !best.IsZero()
+}
+
+// nextDeadline is when advance must next run.
+func (s *session) nextDeadline(now time.Time) time.Time {
+	t := now.Add(time.Hour)
+	at := func(x time.Time) {
+		if !x.IsZero() && x.Before(t) {
+			t = x
+		}
+	}
+	switch s.state {
+	case stateSyn:
+		at(s.synResend)
+		at(s.started.Add(s.cfg.connectTimeout))
+	case stateAdmit, stateSynAck:
+		at(s.started.Add(s.cfg.connectTimeout))
+	case stateLinger:
+		at(s.lingerUntil)
+	case stateClosing:
+		at(s.discResend)
+		at(s.closeBy)
+	case stateDone:
+		return now
+	case stateOK:
+		if s.acks.pending() > 0 {
+			at(s.acks.oldest.Add(s.ackDelay()))
+		}
+		if x, ok := s.nextTimeout(); ok {
+			at(x)
+		}
+		at(s.nextPing)
+		at(s.lastRecv.Add(s.cfg.lostTimeout))
+		if s.closeAsked {
+			at(s.closeBy)
+		}
+		if x, ok := s.res.nextDeadline(); ok {
+			at(x)
+		}
+		if s.pacedOut {
+			at(s.cc.nextSend(now))
+		}
+	}
+	return t
+}
+
+// advance runs the timers due at now.
+func (s *session) advance(now time.Time) {
+	switch s.state {
+	case stateSyn:
+		if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
+			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
+		} else if !now.Before(s.synResend) {
+			s.needSyn = true
+			s.synBackoff = min(2*s.synBackoff, time.Second)
+			s.synResend = now.Add(s.synBackoff)
+		}
+	case stateAdmit, stateSynAck:
+		if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
+			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
+		}
+	case stateLinger:
+		if !now.Before(s.lingerUntil) {
+			s.state = stateDone
+		}
+	case stateClosing:
+		if s.needDisc {
+			return // goes out before the end
+		}
+		if !now.Before(s.closeBy) {
+			s.state = stateDone
+		} else if !now.Before(s.discResend) {
+			s.needDisc = true
+			s.discResend = now.Add(s.rto())
+		}
+	case stateOK:
+		if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {
+			s.fail(&TimeoutError{Silent: silent})
+			return
+		}
+		if s.closeAsked && !now.Before(s.closeBy) {
+			// Gave up delivering what was queued; still tell the
+			// peer, so that it does not wait for a lost timeout.
+			s.dropSending()
+			s.state = stateClosing
+			s.needDisc = true
+			return
+		}
+		rto := s.rto()
+		for d := s.sent.oldest; d != nil && now.Sub(d.sentAt) >= rto; {
+			next := d.next
+			if now.Sub(d.sentAt) >= s.timeout(d) {
+				s.markLost(now, d, false)
+				if s.state == stateDone {
+					return
+				}
+			}
+			d = next
+		}
+		s.expireHeld(now)
+	}
+}
+
+// expireHeld delivers the unreliable in-order messages that waited their
+// reorder window out, dropping those they overtook.
+func (s *session) expireHeld(now time.Time) {
+	ready, dropped := s.res.expire(now, s.expired[:0], s.dropped[:0])
+	for _, hm := range dropped {
+		s.stats.DroppedMessages++
+		s.res.recycle(hm)
+	}
+	s.dropped = dropped[:0]
+	for i, hm := range ready {
+		s.apply(now, hm.kind, hm.id, hm.payload, hm.reliable, hm.inOrder)
+		s.cascade(now, hm.ref)
+		s.res.recycle(hm)
+		ready[i] = nil
+	}
+	s.expired = ready[:0]
+}
+
+// snapshot returns the counters with the current estimates.
+func (s *session) snapshot() Stats {
+	st := s.stats
+	st.RTT = s.rtt.srtt
+	st.RTTVar = s.rtt.rttvar
+	st.MinRTT = s.rtt.min
+	st.RTO = s.rto()
+	st.SendRate = s.cc.allowed()
+	st.InFlight = s.sent.count
+	return st
+}

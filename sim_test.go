@@ -1,0 +1,202 @@
+package knet
+
+import (
+	"container/heap"
+	"testing"
+	"time"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// A simulated pair of sessions joined by netsim links, driven on a fake
+// clock: the deterministic harness for session tests.
+
+type simHost struct {
+	msgs     []Message
+	hold     bool // the application does not read: payloads pile up
+	used     int
+	released int
+	est      bool
+	eof      bool
+}
+
+func (h *simHost) deliver(id uint32, payload []byte, reliable, inOrder bool) bool {
+	h.msgs = append(h.msgs, Message{ID: id, Payload: append([]byte{}, payload...), Reliable: reliable, InOrder: inOrder})
+	if h.hold {
+		h.used += len(payload)
+	}
+	return true
+}
+func (h *simHost) recvUsed() int  { return h.used }
+func (h *simHost) sendDone(n int) { h.released += n }
+func (h *simHost) established()   { h.est = true }
+func (h *simHost) peerClosed()    { h.eof = true }
+
+// simPkt is a datagram in flight.
+type simPkt struct {
+	at  time.Time
+	seq int
+	to  int // 0: client, 1: server
+	b   []byte
+}
+
+type simQueue []simPkt
+
+func (q simQueue) Len() int { return len(q) }
+func (q simQueue) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *simQueue) Push(x any)   { *q = append(*q, x.(simPkt)) }
+func (q *simQueue) Pop() any {
+	old := *q
+	p := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return p
+}
+
+type simPair struct {
+	t     testing.TB
+	now   time.Time
+	s     [2]*session // client, server
+	h     [2]*simHost
+	links [2]*netsim.Link // from client, from server
+	q     simQueue
+	seq   int
+	buf   []byte
+	// admit decides the server's admission; nil admits.
+	admit func(payload []byte) ([]byte, bool)
+	// tap sees every datagram sent, before the link.
+	tap func(from int, b []byte)
+	// cut drops everything from a side while set.
+	cut  [2]bool
+	refs [2]uint64
+}
+
+func newSimPair(t testing.TB, client, server *Config, up, down netsim.Params) *simPair {
+	p := &simPair{t: t, now: timeZero, buf: make([]byte, 0, 65536)}
+	p.h[0], p.h[1] = new(simHost), new(simHost)
+	p.s[0] = newSession(client.resolve(), p.h[0], true, p.now)
+	p.s[1] = newSession(server.resolve(), p.h[1], false, p.now)
+	p.links[0], p.links[1] = netsim.NewLink(up), netsim.NewLink(down)
+	return p
+}
+
+// client and server name the sides.
+func (p *simPair) client() *session { return p.s[0] }
+func (p *simPair) server() *session { return p.s[1] }
+
+// send queues an application message on side i, as Conn.send does.
+func (p *simPair) send(i int, m Message) Ref {
+	s := p.s[i]
+	p.refs[i]++
+	ref := Ref(p.refs[i] << 1)
+	if m.Reliable {
+		ref |= 1
+	}
+	o := s.newMsg()
+	*o = outMsg{ref: ref, id: m.ID, payload: append([]byte{}, m.Payload...), reliable: m.Reliable,
+		inOrder: m.InOrder, channel: m.Channel, priority: m.Priority, contentID: m.ContentID,
+		tracked: true, after: append([]Ref(nil), m.DependsOn...)}
+	s.prepare(o)
+	s.enqueue(o)
+	return ref
+}
+
+// flush sends what both sides have ready.
+func (p *simPair) flush() {
+	for i, s := range p.s {
+		if i == 1 && s.state == stateAdmit && s.admitWaiting {
+			s.admitWaiting = false
+			reply, ok := []byte("ok"), true
+			if p.admit != nil {
+				reply, ok = p.admit(s.syn)
+			}
+			s.admitted(p.now, reply, ok)
+		}
+		for {
+			b := s.poll(p.now, p.buf)
+			if b == nil {
+				break
+			}
+			if p.tap != nil {
+				p.tap(i, b)
+			}
+			if p.cut[i] {
+				continue
+			}
+			f := p.links[i].Decide(p.now, len(b))
+			for _, d := range f.After {
+				c := append([]byte(nil), b...)
+				if f.Flip >= 0 {
+					c[f.Flip] ^= 0xff
+				}
+				p.seq++
+				heap.Push(&p.q, simPkt{at: p.now.Add(d), seq: p.seq, to: 1 - i, b: c})
+			}
+		}
+	}
+}
+
+// inject delivers b to side to now, as if from its peer.
+func (p *simPair) inject(to int, b []byte) {
+	p.s[to].handleDatagram(p.now, b)
+}
+
+// run advances the simulation until cond holds or d of simulated time has
+// passed; it reports whether cond held.
+func (p *simPair) run(d time.Duration, cond func() bool) bool {
+	end := p.now.Add(d)
+	for range 10_000_000 {
+		p.flush()
+		if cond != nil && cond() {
+			return true
+		}
+		next := end
+		if p.q.Len() > 0 && p.q[0].at.Before(next) {
+			next = p.q[0].at
+		}
+		for _, s := range p.s {
+			if s.done() {
+				continue
+			}
+			if t := s.nextDeadline(p.now); t.Before(next) {
+				next = t
+			}
+		}
+		if !next.Before(end) {
+			if !p.now.Before(end) {
+				return cond != nil && cond()
+			}
+			next = end
+		}
+		if next.After(p.now) {
+			p.now = next
+		}
+		for p.q.Len() > 0 && !p.q[0].at.After(p.now) {
+			pk := heap.Pop(&p.q).(simPkt)
+			p.s[pk.to].handleDatagram(p.now, pk.b)
+		}
+		for _, s := range p.s {
+			if !s.done() && !s.nextDeadline(p.now).After(p.now) {
+				s.advance(p.now)
+			}
+		}
+	}
+	for i, s := range p.s {
+		p.t.Logf("side %d state %v deadline %v now %v paced %v ackPending %d nextPing %v lastRecv %v timed %d", i, s.state, s.nextDeadline(p.now).Sub(p.now), p.now, s.pacedOut, s.acks.pending(), s.nextPing.Sub(p.now), s.lastRecv.Sub(p.now), s.res.timed.Len())
+	}
+	p.t.Fatal("simulation did not settle")
+	return false
+}
+
+// connect runs the handshake and fails the test if it does not complete.
+func (p *simPair) connect() {
+	p.t.Helper()
+	if !p.run(30*time.Second, func() bool { return p.h[0].est && p.h[1].est }) {
+		p.t.Fatalf("handshake did not complete: client %v server %v", p.s[0].state, p.s[1].state)
+	}
+}
