@@ -1,0 +1,164 @@
+// Command echo runs a kNet echo server and client.
+//
+//	go run ./examples/echo                       # both, in one process, on loopback
+//	go run ./examples/echo -listen 127.0.0.1:7000
+//	go run ./examples/echo -connect 127.0.0.1:7000
+//
+// The client sends numbered messages, reliable and unreliable in turn, and
+// measures the round trip of each echo; it prints progress twice a second
+// and a summary with the connection's statistics at the end.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/knet-go/knet"
+)
+
+func main() {
+	listen := flag.String("listen", "", "run only the server, on this address")
+	connect := flag.String("connect", "", "run only the client, against this address")
+	duration := flag.Duration("duration", 3*time.Second, "how long the client runs")
+	size := flag.Int("size", 64, "payload size in bytes (at least 12)")
+	flag.Parse()
+	log.SetFlags(0)
+
+	switch {
+	case *listen != "":
+		l, err := knet.Listen("udp", *listen, nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		log.Printf("echo server on %v", l.Addr())
+		serve(l)
+	case *connect != "":
+		if err := client(*connect, *duration, *size); err != nil {
+			log.Fatal(err)
+		}
+	default:
+		l, err := knet.Listen("udp", "127.0.0.1:0", nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		log.Printf("echo server on %v", l.Addr())
+		done := make(chan struct{})
+		go func() {
+			serve(l)
+			close(done)
+		}()
+		err = client(l.Addr().String(), *duration, *size)
+		l.Close()
+		<-done
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// serve echoes every message on every connection until the listener closes.
+func serve(l *knet.Listener) {
+	for {
+		c, err := l.AcceptConn(context.Background())
+		if err != nil {
+			return
+		}
+		log.Printf("server: %v connected", c.RemoteAddr())
+		go func() {
+			defer c.Close()
+			for {
+				m, err := c.Receive(context.Background())
+				if err != nil {
+					if err != io.EOF && !errors.Is(err, net.ErrClosed) {
+						log.Printf("server: %v: %v", c.RemoteAddr(), err)
+					}
+					return
+				}
+				if err := c.Send(m); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+const msgID = 100
+
+// client sends numbered messages for d and reports the echoes' round trips.
+func client(addr string, d time.Duration, size int) error {
+	size = max(size, 12)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := knet.Dial(ctx, "udp", addr, &knet.Config{ConnectPayload: []byte("echo client")})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	log.Printf("client: connected to %v", c.RemoteAddr())
+
+	start := time.Now()
+	var rtts []time.Duration
+	var reliable, unreliable, lost int
+	next := start.Add(500 * time.Millisecond)
+	payload := make([]byte, size)
+	for i := uint32(0); time.Since(start) < d; i++ {
+		rel := i%2 == 0
+		binary.LittleEndian.PutUint32(payload, i)
+		binary.LittleEndian.PutUint64(payload[4:], uint64(time.Now().UnixNano()))
+		if err := c.Send(knet.Message{ID: msgID, Payload: payload, Reliable: rel}); err != nil {
+			return err
+		}
+		// One message in flight at a time: wait for its echo. An
+		// unreliable one may be lost; give up on it after a while.
+		wait, cancel := context.WithTimeout(context.Background(), time.Second)
+		m, err := c.Receive(wait)
+		cancel()
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) && !rel:
+			lost++
+			continue
+		case err != nil:
+			return err
+		}
+		sent := time.Unix(0, int64(binary.LittleEndian.Uint64(m.Payload[4:])))
+		rtts = append(rtts, time.Since(sent))
+		if m.Reliable {
+			reliable++
+		} else {
+			unreliable++
+		}
+		if now := time.Now(); now.After(next) {
+			next = now.Add(500 * time.Millisecond)
+			log.Printf("client: %6d round trips, last %v, connection RTT %v", len(rtts), rtts[len(rtts)-1].Round(time.Microsecond), c.Stats().RTT.Round(time.Microsecond))
+		}
+	}
+	elapsed := time.Since(start)
+	st := c.Stats()
+	slices.Sort(rtts)
+	q := func(p float64) time.Duration {
+		if len(rtts) == 0 {
+			return 0
+		}
+		return rtts[min(len(rtts)-1, int(p*float64(len(rtts))))].Round(time.Microsecond)
+	}
+	fmt.Fprintf(os.Stdout, "\n%d round trips in %v (%.0f/s): %d reliable, %d unreliable, %d unreliable lost\n",
+		len(rtts), elapsed.Round(time.Millisecond), float64(len(rtts))/elapsed.Seconds(), reliable, unreliable, lost)
+	fmt.Fprintf(os.Stdout, "round trip: p50 %v, p99 %v, max %v\n", q(0.50), q(0.99), q(1))
+	fmt.Fprintf(os.Stdout, "connection: RTT %v (min %v), %d datagrams sent / %d received, %d bytes sent / %d received,\n"+
+		"            %d messages sent / %d received, %d retransmits, %d invalid datagrams\n",
+		st.RTT.Round(time.Microsecond), st.MinRTT.Round(time.Microsecond), st.DatagramsSent, st.DatagramsReceived,
+		st.BytesSent, st.BytesReceived, st.MessagesSent, st.MessagesReceived, st.Retransmits, st.InvalidDatagrams)
+	if len(rtts) == 0 {
+		return errors.New("no echo came back")
+	}
+	return nil
+}
