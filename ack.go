@@ -192,6 +192,7 @@ type sent struct {
 	lost      bool // queued for retransmission
 	acked     bool
 	appBytes  int    // application payload bytes carried, for send buffer accounting
+	whole0    bool   // its first block is a whole message: an anchor once acked
 	transfers []byte // TransferIDs whose fragments it carries
 	// prev and next link the sent datagrams in order of last send.
 	prev, next *sent
@@ -319,9 +320,9 @@ func (w *sentWindow) ack(s *sent) {
 	}
 }
 
-// trim drops acked datagrams from the front and hands their buffers to
-// release.
-func (w *sentWindow) trim(release func(b []byte)) {
+// trim drops acked datagrams from the front, every one before them acked
+// too, handing each to release first.
+func (w *sentWindow) trim(release func(s *sent)) {
 	for w.n > 0 {
 		s := w.at(0)
 		if !s.acked {
@@ -330,8 +331,8 @@ func (w *sentWindow) trim(release func(b []byte)) {
 		w.byID[w.head] = nil
 		w.head = (w.head + 1) & (len(w.byID) - 1)
 		w.n--
-		if release != nil && s.b != nil {
-			release(s.b)
+		if release != nil {
+			release(s)
 		}
 		s.b = nil
 		w.free = append(w.free, s)

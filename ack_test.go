@@ -136,7 +136,7 @@ func TestSentWindow(t *testing.T) {
 	first := w.firstUnacked()
 	w.ack(first)
 	var released int
-	w.trim(func([]byte) { released++ })
+	w.trim(func(*sent) { released++ })
 	assert.Equal(t, 1, released, "only the front is trimmed; the middle waits")
 	assert.Equal(t, uint32(packetIDMask-8), w.firstUnacked().packetID)
 	// Time order: resending moves a datagram to the newest end.

@@ -53,17 +53,17 @@ type Conn struct {
 	// Guarded by recvMu.
 	recvMu    sync.Mutex
 	recvq     recvQueue
-	recvEOF   bool // peer closed: after recvq, io.EOF
+	recvEOF   bool          // peer closed: after recvq, io.EOF
 	recvReady chan struct{} // capacity 1
 	delivered bool          // loop-side: signal recvReady after this round
 
 	readDL, writeDL deadline
 
-	estOnce     sync.Once
-	estab       chan struct{}
-	closeOnce   sync.Once
-	closed      chan struct{} // Close was called
-	done        chan struct{} // loop has exited
+	estOnce   sync.Once
+	estab     chan struct{}
+	closeOnce sync.Once
+	closed    chan struct{} // Close was called
+	done      chan struct{} // loop has exited
 
 	// Guarded by stateMu.
 	stateMu   sync.Mutex
@@ -76,17 +76,17 @@ type Conn struct {
 
 func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool) *Conn {
 	c := &Conn{
-		ep:          ep,
-		raddr:       raddr,
-		remote:      net.UDPAddrFromAddrPort(raddr),
-		cfg:         cfg,
-		client:      client,
-		wake:        make(chan struct{}, 1),
-		sendSpace:   make(chan struct{}, 1),
-		recvReady:   make(chan struct{}, 1),
-		estab:       make(chan struct{}),
-		closed:      make(chan struct{}),
-		done:        make(chan struct{}),
+		ep:        ep,
+		raddr:     raddr,
+		remote:    net.UDPAddrFromAddrPort(raddr),
+		cfg:       cfg,
+		client:    client,
+		wake:      make(chan struct{}, 1),
+		sendSpace: make(chan struct{}, 1),
+		recvReady: make(chan struct{}, 1),
+		estab:     make(chan struct{}),
+		closed:    make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	c.readDL.init()
 	c.writeDL.init()

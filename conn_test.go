@@ -584,3 +584,138 @@ func TestNetConnContract(t *testing.T) {
 		return d, s, stop, nil
 	})
 }
+
+// Large messages and ordering, end to end through a lossy relay.
+
+func lossyRelay(t testing.TB, server string, loss float64, seed uint64) *netsim.Relay {
+	t.Helper()
+	up := netsim.Params{Loss: loss, Duplicate: 0.03, Reorder: 0.05, ReorderDelay: 2 * time.Millisecond, Seed: seed}
+	down := up
+	down.Seed = seed + 1
+	r, err := netsim.NewRelay(server, up, down)
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestInOrderChannelsOverRelay(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	r := lossyRelay(t, l.Addr().String(), 0.08, 7)
+	c := dial(t, r.Addr().String(), testConfig())
+	const n = 1000
+	go func() {
+		for i := range n {
+			for ch := range uint8(3) {
+				if err := c.Send(chanMsg(ch, i, true, 16+i%100)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	ctx := within(t, 60*time.Second)
+	next := [3]int{}
+	for range 3 * n {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		ch, seq := chanOf(m)
+		require.Equal(t, next[ch], seq, "channel %d", ch)
+		next[ch]++
+	}
+	assert.Equal(t, [3]int{n, n, n}, next)
+}
+
+func TestUnreliableSequencedOverRelay(t *testing.T) {
+	l := listen(t, testConfig())
+	got := make(chan []int, 1)
+	go func() {
+		c, err := l.AcceptConn(context.Background())
+		if err != nil {
+			return
+		}
+		var seqs []int
+		for {
+			m, err := c.Receive(context.Background())
+			if err != nil {
+				got <- seqs
+				return
+			}
+			if m.ID == 50 {
+				_, seq := chanOf(m)
+				seqs = append(seqs, seq)
+			}
+		}
+	}()
+	r := lossyRelay(t, l.Addr().String(), 0.10, 11)
+	c := dial(t, r.Addr().String(), testConfig())
+	const n = 2000
+	for i := range n {
+		require.NoError(t, c.Send(chanMsg(0, i, false, 40)))
+		if i%50 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c.Close()
+	var seqs []int
+	select {
+	case seqs = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("server did not finish")
+	}
+	for i := 1; i < len(seqs); i++ {
+		require.Greater(t, seqs[i], seqs[i-1], "older after newer")
+	}
+	t.Logf("%d of %d unreliable in-order messages arrived", len(seqs), n)
+	assert.GreaterOrEqual(t, len(seqs), n/2)
+}
+
+func TestLargeMessagesOverRelay(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	r := lossyRelay(t, l.Addr().String(), 0.05, 13)
+	c := dial(t, r.Addr().String(), testConfig())
+	sizes := []int{2 << 10, 70 << 10, 1 << 20, 3 << 20}
+	go func() {
+		for i, size := range sizes {
+			if err := c.Send(Message{ID: 400 + uint32(i), Payload: randomPayload(uint64(i), size), Reliable: true}); err != nil {
+				t.Error(err)
+				return
+			}
+			for j := range 10 {
+				c.Send(numbered(100, i*10+j, 20))
+			}
+		}
+	}()
+	ctx := within(t, 120*time.Second)
+	small := 0
+	for range len(sizes) + 10*len(sizes) {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		if m.ID == 100 {
+			small++
+			continue
+		}
+		i := int(m.ID - 400)
+		require.Equal(t, sha256.Sum256(randomPayload(uint64(i), sizes[i])), sha256.Sum256(m.Payload), "%d bytes", sizes[i])
+	}
+	assert.Equal(t, 40, small)
+	t.Logf("client stats %+v", c.Stats())
+}
+
+func TestSendRefusals(t *testing.T) {
+	l := listen(t, testConfig())
+	serveEcho(t, l)
+	c := dial(t, l.Addr().String(), &Config{MaxMessageSize: 1 << 20})
+	assert.ErrorIs(t, c.Send(Message{ID: 6, Payload: make([]byte, 1<<20+1), Reliable: true}), ErrMessageTooLarge)
+	require.NoError(t, c.Send(Message{ID: 6, Payload: make([]byte, 1<<20), Reliable: true}))
+
+	u, err := c.SendRef(Message{ID: 7, Payload: []byte("u")})
+	require.NoError(t, err)
+	rel, err := c.SendRef(Message{ID: 7, Payload: []byte("r"), Reliable: true})
+	require.NoError(t, err)
+	assert.ErrorIs(t, c.Send(Message{ID: 8, Reliable: true, DependsOn: []Ref{u}}), ErrBadDependency, "reliable on unreliable")
+	assert.NoError(t, c.Send(Message{ID: 8, DependsOn: []Ref{u, rel}}), "unreliable on either")
+	assert.ErrorIs(t, c.Send(Message{ID: 8, DependsOn: []Ref{rel + 1000}}), ErrBadDependency, "not sent yet")
+	assert.ErrorIs(t, c.Send(Message{ID: 8, DependsOn: make([]Ref, MaxDependencies+1)}), ErrBadDependency)
+}

@@ -18,11 +18,11 @@ import (
 var (
 	errFragCount       = errors.New("knet: FragmentCount below 2")
 	errFragTooLarge    = errors.New("knet: fragmented transfer larger than MaxMessageSize")
+	errFragTooMany     = errors.New("knet: fragmented transfer in more, smaller fragments than any sender uses")
 	errFragNumber      = errors.New("knet: FragmentNumber not below FragmentCount")
 	errFragRestart     = errors.New("knet: second FragmentStart for a TransferID in use")
 	errFragDuplicate   = errors.New("knet: fragment number repeated within a transfer")
 	errFragControl     = errors.New("knet: connection control message sent fragmented")
-	errFragEmptyStart  = errors.New("knet: FragmentStart without payload")
 	errTransfersInUse  = errors.New("knet: all 256 TransferIDs in use")
 	errReassemblyLimit = errors.New("knet: reassembly memory exhausted")
 )
@@ -96,11 +96,14 @@ type startOrder struct {
 	deps     []msgRef
 }
 
-// reassembly holds the transfers in progress for one connection.
+// reassembly holds the transfers in progress for one connection. What it
+// holds stays under budget, plus the oldest transfer, which may always grow
+// to MaxMessageSize (and fragRecordCost per fragment) so that an honest
+// sender's transfers complete one after another.
 type reassembly struct {
 	transfers  [256]*transfer
 	active     int
-	bytes      int // payload bytes held
+	bytes      int // payload bytes held, plus fragRecordCost per fragment
 	budget     int // bytes all but the oldest transfer may hold together
 	maxMessage int
 	seq        uint64
@@ -135,6 +138,7 @@ func (r *reassembly) oldest(t *transfer) bool {
 // budget now. The session drops (and does not ack) a datagram it refuses, so
 // the sender tries again later.
 func (r *reassembly) admits(tid uint8, n int) bool {
+	n += fragRecordCost
 	if r.bytes+n <= r.budget {
 		return true
 	}
@@ -144,6 +148,15 @@ func (r *reassembly) admits(tid uint8, n int) bool {
 	}
 	return r.oldest(t) && len(t.arena)+n <= r.maxMessage+maxContentLength
 }
+
+const (
+	// fragRecordCost is what one fragment's bookkeeping costs, charged
+	// against the budget with its payload.
+	fragRecordCost = 24
+	// minFragAverage bounds the fragments of one transfer to
+	// MaxMessageSize/minFragAverage; real senders use hundreds of bytes.
+	minFragAverage = 16
+)
 
 // add takes one fragment, copying its payload. When the transfer is
 // complete it returns the whole message in msg, which stays valid until the
@@ -158,9 +171,6 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		}
 		if m.fragCount < 2 {
 			return nil, nil, errFragCount
-		}
-		if len(m.payload) == 0 {
-			return nil, nil, errFragEmptyStart
 		}
 		// The announced size, counting every fragment as large as the
 		// first, must fit MaxMessageSize (DECISIONS §6). The last may
@@ -190,6 +200,11 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	if len(t.arena)+len(m.payload) > r.maxMessage {
 		return nil, nil, errFragTooLarge
 	}
+	// Fragments may be empty, so bytes alone do not bound what a transfer
+	// holds: cap the count too, at an average of minFragAverage bytes.
+	if len(t.frags) >= r.maxMessage/minFragAverage+2 {
+		return nil, nil, errFragTooMany
+	}
 	if len(t.frags) > 0 && t.frags[len(t.frags)-1].number > number {
 		t.sorted = false
 	} else if len(t.frags) == 0 {
@@ -197,7 +212,7 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	}
 	t.frags = append(t.frags, fragLoc{number: number, off: len(t.arena), len: len(m.payload)})
 	t.arena = append(t.arena, m.payload...)
-	r.bytes += len(m.payload)
+	r.bytes += len(m.payload) + fragRecordCost
 	if !t.started || uint32(len(t.frags)) < t.count {
 		return t, nil, nil
 	}
@@ -219,7 +234,7 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 
 // finish forgets a completed transfer, freeing its TransferID.
 func (r *reassembly) finish(t *transfer) {
-	r.bytes -= len(t.arena)
+	r.bytes -= len(t.arena) + fragRecordCost*len(t.frags)
 	t.active = false
 	t.started = false
 	r.active--

@@ -85,6 +85,12 @@ type resolver struct {
 	bytes   int      // payload bytes held
 	free    []*held
 	gaveUp  []msgRef
+	// floor is the newest message that an unreliable dependent gave up
+	// on. An unreliable in-order message sent before it (an earlier
+	// datagram, or earlier in the same one) comes too late: a newer message
+	// already went without its successors, so it is dropped.
+	floor    msgRef
+	hasFloor bool
 }
 
 const maxMissing = 4096
@@ -95,13 +101,18 @@ func (r *resolver) init() {
 	r.missing = make(map[msgRef]struct{})
 }
 
-// resolved reports whether dependency d is satisfied.
-func (r *resolver) resolved(w *recvWindow, d msgRef) bool {
+// resolved reports whether dependency d is satisfied for a dependent of
+// the given kind. A message declared missing satisfies unreliable
+// dependents only: a reliable one waits for it (DECISIONS §5).
+func (r *resolver) resolved(w *recvWindow, d msgRef, reliable bool) bool {
 	if _, ok := r.held[d]; ok {
 		return false
 	}
 	if w.contains(d.pid) {
 		return true
+	}
+	if reliable {
+		return false
 	}
 	_, ok := r.missing[d]
 	return ok
@@ -127,10 +138,10 @@ func (r *resolver) lateDrop(ref msgRef, reliable bool) bool {
 }
 
 // pendingDeps filters deps down to those not yet resolved, in place.
-func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef) []msgRef {
+func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef, reliable bool) []msgRef {
 	k := 0
 	for _, d := range deps {
-		if !r.resolved(w, d) {
+		if !r.resolved(w, d, reliable) {
 			deps[k] = d
 			k++
 		}
@@ -188,19 +199,39 @@ func (r *resolver) release(h *held) {
 // order, the held messages that are now ready, already released. Apply
 // each, then call applied for it in turn.
 func (r *resolver) applied(ref msgRef, ready []*held) []*held {
+	return r.satisfy(ref, ready, false)
+}
+
+// satisfy removes ref from its waiters' dependencies, all of them or only
+// the unreliable ones, and returns those now ready.
+func (r *resolver) satisfy(ref msgRef, ready []*held, unreliableOnly bool) []*held {
 	ws, ok := r.waiters[ref]
 	if !ok {
 		return ready
 	}
-	delete(r.waiters, ref)
+	kept := ws[:0]
 	for _, h := range ws {
 		if h.done {
 			continue
 		}
+		if unreliableOnly && h.reliable {
+			kept = append(kept, h)
+			continue
+		}
 		h.deps = removeRef(h.deps, ref)
 		if len(h.deps) == 0 {
-			r.release(h)
 			ready = append(ready, h)
+		}
+	}
+	if len(kept) == 0 {
+		delete(r.waiters, ref)
+	} else {
+		clear(ws[len(kept):])
+		r.waiters[ref] = kept
+	}
+	for _, h := range ready {
+		if !h.done {
+			r.release(h)
 		}
 	}
 	return ready
@@ -222,7 +253,7 @@ func removeRef(deps []msgRef, ref msgRef) []msgRef {
 // unreliable messages given up on, which the caller drops: applied now they
 // would come after a newer message. Whoever else waited on what was given up
 // on is released too.
-func (r *resolver) expire(now time.Time, ready, dropped []*held) ([]*held, []*held) {
+func (r *resolver) expire(now time.Time, w *recvWindow, ready, dropped []*held) ([]*held, []*held) {
 	for r.timed.Len() > 0 && !r.timed[0].deadline.After(now) {
 		h := heap.Pop(&r.timed).(*held)
 		deps := append(r.gaveUp[:0], h.deps...)
@@ -235,14 +266,36 @@ func (r *resolver) expire(now time.Time, ready, dropped []*held) ([]*held, []*he
 				}
 				r.release(dh)
 				dropped = append(dropped, dh)
-			} else {
+				r.raiseFloor(d)
+				ready = r.applied(d, ready)
+			} else if !w.contains(d.pid) {
 				r.declareMissing(d)
+				r.raiseFloor(d)
+				ready = r.satisfy(d, ready, true)
 			}
-			ready = r.applied(d, ready)
+			// Otherwise it arrived and is not held: applied, or ready
+			// in this same pass.
 		}
 		r.gaveUp = deps
 	}
 	return ready, dropped
+}
+
+// readyHeap holds messages ready to apply, oldest first. Applying in send
+// order keeps every dependency before its dependent and every channel in
+// sequence, whatever made each one ready.
+type readyHeap []*held
+
+func (q readyHeap) Len() int           { return len(q) }
+func (q readyHeap) Less(i, j int) bool { return refLess(q[i].ref, q[j].ref) }
+func (q readyHeap) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *readyHeap) Push(x any)        { *q = append(*q, x.(*held)) }
+func (q *readyHeap) Pop() any {
+	old := *q
+	h := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return h
 }
 
 func (r *resolver) unwait(d msgRef, h *held) {
@@ -258,6 +311,33 @@ func (r *resolver) unwait(d msgRef, h *held) {
 	} else {
 		r.waiters[d] = ws
 	}
+}
+
+// refLess reports whether a was sent before b.
+func refLess(a, b msgRef) bool {
+	return seqLess(a.pid, b.pid) || a.pid == b.pid && a.idx < b.idx
+}
+
+// raiseFloor records that messages sent before ref are overtaken.
+func (r *resolver) raiseFloor(ref msgRef) {
+	if !r.hasFloor || refLess(r.floor, ref) {
+		r.floor = ref
+		r.hasFloor = true
+	}
+}
+
+// overtaken reports whether an unreliable in-order message at ref comes
+// after a newer one went without an older message; newest is the newest
+// PacketID received, to let the floor age out before PacketIDs wrap.
+func (r *resolver) overtaken(ref msgRef, newest uint32) bool {
+	if !r.hasFloor {
+		return false
+	}
+	if seqDiff(r.floor.pid, newest) >= recvSpan {
+		r.hasFloor = false
+		return false
+	}
+	return refLess(ref, r.floor)
 }
 
 func (r *resolver) declareMissing(d msgRef) {
@@ -330,14 +410,14 @@ type track struct {
 	key      contentKey
 	explicit bool // in byRef
 
-	packed   bool   // its (first) message block has been placed
-	at       msgRef // where
-	wire     []msgRef
-	lastPID  uint32 // datagram of its last fragment
-	complete   bool // every fragment placed
+	packed     bool   // its (first) message block has been placed
+	at         msgRef // where
+	wire       []msgRef
+	lastPID    uint32 // datagram of its last fragment
+	complete   bool   // every fragment placed
 	fragmented bool
 	dropped    bool // superseded or dropped before sending
-	sentAt   time.Time
+	sentAt     time.Time
 }
 
 // depOn is a dependency of a queued message on a tracked one.
@@ -361,13 +441,14 @@ type contentKey struct {
 // sendOrder turns channels and explicit dependencies into dependencies on
 // tracked messages (DECISIONS §5, sender).
 type sendOrder struct {
-	byRef   map[Ref]*track // messages sent with SendRef
-	fifo    []*track       // in Ref order, for forgetting resolved ones
-	fifoAt  int
-	chanRel [256]depOn // last reliable InOrder message per channel
-	chanAny [256]depOn // last InOrder message of either kind per channel
-	latest  map[contentKey]depOn
-	free    []*track
+	byRef     map[Ref]*track // messages sent with SendRef
+	fifo      []*track       // in Ref order, for forgetting resolved ones
+	fifoAt    int
+	chanRel   [256]depOn // last reliable InOrder message per channel
+	chanAny   [256]depOn // last InOrder message of either kind per channel
+	chanUnrel [256]depOn // last unreliable InOrder message per channel
+	latest    map[contentKey]depOn
+	free      []*track
 }
 
 func (o *sendOrder) init() {
@@ -384,7 +465,13 @@ func (o *sendOrder) add(m *outMsg) {
 		if m.reliable {
 			m.deps = appendLive(m.deps, o.chanRel[m.channel])
 		} else {
+			// After the channel's last message of either kind, and its
+			// last unreliable one, so that the unreliable messages form
+			// a chain the receiver can keep in sequence.
 			m.deps = appendLive(m.deps, o.chanAny[m.channel])
+			if o.chanUnrel[m.channel] != o.chanAny[m.channel] {
+				m.deps = appendLive(m.deps, o.chanUnrel[m.channel])
+			}
 		}
 	}
 	for _, r := range m.after {
@@ -420,6 +507,8 @@ func (o *sendOrder) add(m *outMsg) {
 	if m.inOrder {
 		if m.reliable {
 			o.chanRel[m.channel] = d
+		} else {
+			o.chanUnrel[m.channel] = d
 		}
 		o.chanAny[m.channel] = d
 	}
@@ -465,6 +554,9 @@ func (o *sendOrder) drop(t *track) {
 	if o.chanAny[t.channel].t == t {
 		o.chanAny[t.channel] = depOn{}
 	}
+	if o.chanUnrel[t.channel].t == t {
+		o.chanUnrel[t.channel] = depOn{}
+	}
 	if t.hasKey && o.latest[t.key].t == t {
 		delete(o.latest, t.key)
 	}
@@ -482,6 +574,7 @@ func (o *sendOrder) reset() {
 	o.fifo, o.fifoAt, o.free = nil, 0, nil
 	o.chanRel = [256]depOn{}
 	o.chanAny = [256]depOn{}
+	o.chanUnrel = [256]depOn{}
 	clear(o.byRef)
 	clear(o.latest)
 }

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"container/heap"
 	"errors"
 	"net"
 	"slices"
@@ -149,33 +150,39 @@ type session struct {
 	stopAccepting bool
 
 	// Sending.
-	nextPID       uint32
-	relQ          sendQueue // reliable messages and fragmented transfers
-	unrelQ        sendQueue
-	latestQueued  map[contentKey]*outMsg
-	order         sendOrder
-	tids          transferIDs
-	bulk          *outMsg // fragmented message whose fragments are being packed
-	sent          sentWindow
-	lostQ         []lostRef
-	rtt           rttEstimator
-	cc            controller
-	pings         [8]pingRecord
-	pingCount     int
-	nextPingID    uint8
-	pingReplies   []uint8
-	needSyn       bool
-	needSynAck    bool
-	needAck       bool // ConnectAck
-	needDisc      bool
-	needDiscAck   bool
-	needFlow      bool
-	flowRate      uint16
-	freeMsgs      []*outMsg
-	freeBufs      [][]byte
-	lostHead      int
-	pacedOut      bool // work waits for the pacer
-	tidBuf        []byte
+	nextPID      uint32
+	relQ         sendQueue // reliable messages and fragmented transfers
+	unrelQ       sendQueue
+	latestQueued map[contentKey]*outMsg
+	order        sendOrder
+	tids         transferIDs
+	bulk         *outMsg // fragmented message whose fragments are being packed
+	sent         sentWindow
+	lostQ        []lostRef
+	rtt          rttEstimator
+	cc           controller
+	pings        [8]pingRecord
+	pingCount    int
+	nextPingID   uint8
+	pingReplies  []uint8
+	needSyn      bool
+	needSynAck   bool
+	needAck      bool // ConnectAck
+	needDisc     bool
+	needDiscAck  bool
+	needFlow     bool
+	flowRate     uint16
+	freeMsgs     []*outMsg
+	freeBufs     [][]byte
+	lostHead     int
+	pacedOut     bool // work waits for the pacer
+	// Anchors for in-order messages that would carry no dependency, so
+	// that the receiver still sees them in order (see wireDeps): the first
+	// message of the newest datagram acked with all before it, and of the
+	// newest reliable datagram sent.
+	anchor, lastWhole       msgRef
+	hasAnchor, hasLastWhole bool
+	tidBuf                  []byte
 
 	// Receiving.
 	win   recvWindow
@@ -187,7 +194,8 @@ type session struct {
 	rh      header
 	rmsgs   []message
 	deps    []msgRef
-	ready   []*held
+	ready   readyHeap
+	woken   []*held
 	dropped []*held
 	expired []*held
 	wh      header
@@ -266,6 +274,7 @@ func (s *session) dropSending() {
 		}
 	}
 	s.sent.clear(nil)
+	s.hasAnchor, s.hasLastWhole = false, false
 	s.lostQ = nil
 	s.order.reset()
 	clear(s.latestQueued)
@@ -478,7 +487,7 @@ func (s *session) admits(msgs []message) bool {
 			continue
 		}
 		deps := appendDeps(s.deps[:0], h, &msgs[i])
-		if len(s.res.pendingDeps(&s.win, deps)) == 0 {
+		if len(s.res.pendingDeps(&s.win, deps, h.reliable)) == 0 {
 			return true
 		}
 	}
@@ -560,12 +569,12 @@ func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32,
 }
 
 func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder bool, deps []msgRef) {
-	if s.res.lateDrop(ref, reliable) {
+	if s.res.lateDrop(ref, reliable) || !reliable && len(deps) > 0 && s.res.overtaken(ref, s.win.newest) {
 		s.stats.DroppedMessages++
 		s.cascade(now, ref)
 		return
 	}
-	deps = s.res.pendingDeps(&s.win, deps)
+	deps = s.res.pendingDeps(&s.win, deps, reliable)
 	if len(deps) == 0 {
 		s.apply(now, kind, id, payload, reliable, inOrder)
 		s.cascade(now, ref)
@@ -582,20 +591,41 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 	s.res.hold(hm, now.Add(s.reorderWindow()))
 }
 
-// cascade applies, in order, the held messages that ref's application
-// released.
+// cascade applies the held messages that ref's application released, and
+// those theirs released, oldest first.
 func (s *session) cascade(now time.Time, ref msgRef) {
-	work := s.res.applied(ref, s.ready[:0])
-	for i := 0; i < len(work); i++ {
-		hm := work[i]
-		s.apply(now, hm.kind, hm.id, hm.payload, hm.reliable, hm.inOrder)
-		work = s.res.applied(hm.ref, work)
+	s.wake(ref)
+	s.runReady(now)
+}
+
+// wake moves the messages waiting only on ref to the ready queue.
+func (s *session) wake(ref msgRef) {
+	s.woken = s.res.applied(ref, s.woken[:0])
+	for i, hm := range s.woken {
+		heap.Push(&s.ready, hm)
+		s.woken[i] = nil
 	}
-	for i, hm := range work {
+}
+
+// runReady applies the ready messages, oldest first, waking their
+// dependents into the same queue.
+func (s *session) runReady(now time.Time) {
+	for s.ready.Len() > 0 {
+		hm := heap.Pop(&s.ready).(*held)
+		s.applyHeld(now, hm)
+		s.wake(hm.ref)
 		s.res.recycle(hm)
-		work[i] = nil
 	}
-	s.ready = work[:0]
+}
+
+// applyHeld applies a held message now ready, unless it is unreliable and
+// was overtaken while it waited.
+func (s *session) applyHeld(now time.Time, hm *held) {
+	if !hm.reliable && hm.kind == heldApp && s.res.overtaken(hm.ref, s.win.newest) {
+		s.stats.DroppedMessages++
+		return
+	}
+	s.apply(now, hm.kind, hm.id, hm.payload, hm.reliable, hm.inOrder)
 }
 
 // apply hands a message whose dependencies are satisfied to where it goes.
@@ -731,9 +761,20 @@ func (s *session) ackOne(now time.Time, id uint32) {
 // afterAcks drops acked datagrams, finds those the acks show lost, and
 // forgets dependencies now resolved.
 func (s *session) afterAcks(now time.Time) {
-	s.sent.trim(s.putBuf)
+	s.sent.trim(s.trimmed)
 	s.detectLoss(now)
 	s.order.forget(func(t *track) bool { return s.resolvedAtSender(now, t) })
+}
+
+// trimmed takes a datagram acked along with every one before it: its
+// first message is resolved at the receiver, an anchor for in-order
+// messages with nothing else to depend on.
+func (s *session) trimmed(d *sent) {
+	if d.whole0 {
+		s.anchor = msgRef{d.packetID, 0}
+		s.hasAnchor = true
+	}
+	s.putBuf(d.b)
 }
 
 // detectLoss marks as lost the datagrams sent before the newest one acked
@@ -1103,10 +1144,14 @@ func (s *session) buildReliable(now time.Time) []byte {
 	if s.needAck {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
 		p.count++
+		p.whole0 = true
 		s.needAck = false
 	}
 	if s.needFlow {
 		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
+		if p.count == 0 {
+			p.whole0 = true
+		}
 		p.count++
 		s.needFlow = false
 	}
@@ -1122,6 +1167,11 @@ func (s *session) buildReliable(now time.Time) []byte {
 	b = append(b, p.body...)
 	d := s.sent.push(now, h.packetID, b)
 	d.appBytes = p.appBytes
+	d.whole0 = p.whole0
+	if p.whole0 {
+		s.lastWhole = msgRef{h.packetID, 0}
+		s.hasLastWhole = true
+	}
 	d.transfers = append(d.transfers, p.tids...)
 	s.nextPID = (s.nextPID + 1) & packetIDMask
 	s.cc.onSent()
@@ -1210,6 +1260,7 @@ type packing struct {
 	appBytes int    // application payload bytes
 	tids     []byte // TransferIDs of the fragments in it
 	skipped  int
+	whole0   bool // the first block is a whole message
 }
 
 // room is how many bytes the datagram can still take.
@@ -1287,6 +1338,9 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 	}
 	p.body = appendMessage(p.body, &msg)
 	at := msgRef{h.packetID, uint16(p.count)}
+	if p.count == 0 && !m.frag {
+		p.whole0 = true
+	}
 	p.count++
 	p.appBytes += len(msg.payload)
 	m.off = len(msg.payload)
@@ -1369,6 +1423,21 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			return nil, false // wait for its ack
 		}
 		refs = append(refs, t.at)
+	}
+	if m.inOrder && len(refs) == 0 {
+		// Nothing left to name, yet the receiver should see that the
+		// message was sent in order (an application that forwards what it
+		// receives keeps the order): depend on a message known applied,
+		// or failing that (at the start) the newest reliable one sent.
+		for _, a := range [...]struct {
+			ref msgRef
+			ok  bool
+		}{{s.anchor, s.hasAnchor}, {s.lastWhole, s.hasLastWhole}} {
+			if a.ok && a.ref.pid != pid && seqDiff(a.ref.pid, pid)-1 <= maxDepDelta && seqLess(a.ref.pid, pid) {
+				refs = append(refs, a.ref)
+				break
+			}
+		}
 	}
 	// Few entries: drop repeats in place.
 	k := 0
@@ -1556,19 +1625,18 @@ func (s *session) advance(now time.Time) {
 // expireHeld delivers the unreliable in-order messages that waited their
 // reorder window out, dropping those they overtook.
 func (s *session) expireHeld(now time.Time) {
-	ready, dropped := s.res.expire(now, s.expired[:0], s.dropped[:0])
+	ready, dropped := s.res.expire(now, &s.win, s.expired[:0], s.dropped[:0])
 	for _, hm := range dropped {
 		s.stats.DroppedMessages++
 		s.res.recycle(hm)
 	}
 	s.dropped = dropped[:0]
 	for i, hm := range ready {
-		s.apply(now, hm.kind, hm.id, hm.payload, hm.reliable, hm.inOrder)
-		s.cascade(now, hm.ref)
-		s.res.recycle(hm)
+		heap.Push(&s.ready, hm)
 		ready[i] = nil
 	}
 	s.expired = ready[:0]
+	s.runReady(now)
 }
 
 // snapshot returns the counters with the current estimates.

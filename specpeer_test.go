@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"slices"
@@ -52,6 +53,7 @@ const (
 	spMaxVLE8    = 1<<15 - 1 // VLE-1.7/8
 	spMaxVLE32   = 1<<30 - 1 // VLE-1.7/1.7/16
 	spMaxContent = 1<<11 - 1 // ContentLength: bits 0-10 of the block header
+	spMaxFrag    = 470       // MaxUDPMessageFragmentSize, DECISIONS §6
 )
 
 // Timing of the run: the server's Config and the client's patience.
@@ -101,13 +103,41 @@ type spDep struct {
 	index int
 }
 
-// spOut is a message block to send (never fragmented: ours are small).
+// spOut is a message block to send: a whole message, or one fragment of a
+// fragmented transfer (see spFragments).
 type spOut struct {
-	id      uint32
+	id      uint32 // not sent in a fragment other than the first
 	payload []byte
 	code    int   // InOrder code 0-7
 	single  int   // SingleInOrderIndex, code 6
 	multi   []int // MultiInOrderIndexArray, code 7
+
+	// The wire's two flags, set as given: a first fragment has both.
+	fragStart, frag bool
+	fragCount       uint32 // with fragStart
+	transferID      uint8  // with fragStart or frag
+	fragNum         uint32 // with frag and not fragStart
+}
+
+// spFragments cuts the message (id, payload) into the fragments of one
+// transfer, each with at most size Content bytes: the first carries the
+// MessageID and FragmentCount, the others their FragmentNumber.
+func spFragments(id uint32, payload []byte, tid uint8, size int) []spOut {
+	first := size - len(spAppendVLE32(nil, id))
+	if len(payload) <= first {
+		panic("specpeer: message too short for a fragmented transfer")
+	}
+	chunks := [][]byte{payload[:first]}
+	for rest := payload[first:]; len(rest) > 0; {
+		n := min(size, len(rest))
+		chunks, rest = append(chunks, rest[:n]), rest[n:]
+	}
+	out := make([]spOut, len(chunks))
+	for i, c := range chunks {
+		out[i] = spOut{payload: c, frag: true, transferID: tid, fragNum: uint32(i)}
+	}
+	out[0].fragStart, out[0].id, out[0].fragCount, out[0].fragNum = true, id, uint32(len(chunks)), 0
+	return out
 }
 
 // spAppendDatagram appends a datagram. The InOrder flag is set when deps is
@@ -135,7 +165,10 @@ func spAppendDatagram(b []byte, pid uint32, reliable bool, deps []spDep, msgs []
 		}
 	}
 	for _, m := range msgs {
-		content := spAppendVLE32(nil, m.id)
+		var content []byte
+		if m.fragStart || !m.frag { // Content: VLE MessageID, then the payload
+			content = spAppendVLE32(nil, m.id)
+		}
 		content = append(content, m.payload...)
 		if len(content) > spMaxContent {
 			panic("specpeer: content too long for one block")
@@ -154,7 +187,14 @@ func spAppendDatagram(b []byte, pid uint32, reliable bool, deps []spDep, msgs []
 				panic("specpeer: InOrder code names a missing dependency")
 			}
 		}
-		b = binary.LittleEndian.AppendUint16(b, uint16(m.code)<<11|uint16(len(content)))
+		hdr := uint16(m.code)<<11 | uint16(len(content))
+		if m.fragStart {
+			hdr |= 1 << 15
+		}
+		if m.frag {
+			hdr |= 1 << 14
+		}
+		b = binary.LittleEndian.AppendUint16(b, hdr)
 		switch m.code {
 		case 6:
 			b = append(b, byte(m.single))
@@ -163,6 +203,15 @@ func spAppendDatagram(b []byte, pid uint32, reliable bool, deps []spDep, msgs []
 			for _, e := range m.multi {
 				b = append(b, byte(e))
 			}
+		}
+		if m.fragStart { // VLE-1.7/1.7/16 FragmentCount
+			b = spAppendVLE32(b, m.fragCount)
+		}
+		if m.fragStart || m.frag { // u8 TransferID
+			b = append(b, m.transferID)
+		}
+		if m.frag && !m.fragStart { // VLE-1.7/1.7/16 FragmentNumber
+			b = spAppendVLE32(b, m.fragNum)
 		}
 		b = append(b, content...)
 	}
@@ -485,10 +534,40 @@ func TestSpecPeerCodec(t *testing.T) {
 	assert.Equal(t, uint32(7), d.blocks[1].id)
 	assert.Empty(t, d.blocks[1].payload)
 
+	// Fragments: PacketID 9, reliable; a FragmentStart (FragmentCount 3,
+	// TransferID 7, MessageID 300, "ab") and a fragment (TransferID 7,
+	// FragmentNumber 300, "cd").
+	b = spAppendDatagram(nil, 9, true, nil, []spOut{
+		{id: 300, payload: []byte("ab"), fragStart: true, frag: true, fragCount: 3, transferID: 7},
+		{payload: []byte("cd"), frag: true, transferID: 7, fragNum: 300},
+	})
+	assert.Equal(t, "090040"+"04c0"+"03"+"07"+"ac026162"+"0240"+"07"+"ac02"+"6364", hex.EncodeToString(b))
+	d, err = spParseDatagram(b)
+	require.NoError(t, err)
+	require.Len(t, d.blocks, 2)
+	f0, f1 := d.blocks[0], d.blocks[1]
+	assert.True(t, f0.fragStart && f0.frag && f0.hasID)
+	assert.Equal(t, []any{uint32(3), uint8(7), uint32(300), "ab"}, []any{f0.fragCount, f0.transferID, f0.id, string(f0.payload)})
+	assert.True(t, !f1.fragStart && f1.frag && !f1.hasID)
+	assert.Equal(t, []any{uint8(7), uint32(300), "cd"}, []any{f1.transferID, f1.fragNum, string(f1.payload)})
+	fs := spFragments(300, bytes.Repeat([]byte{1}, 1400), 9, spMaxFrag)
+	require.Len(t, fs, 3)
+	// Content 2+468, 470, 462 bytes; datagrams 3+2+(1+1)+470 and so on.
+	for i, want := range []struct{ payload, datagram int }{{468, 477}, {470, 477}, {462, 469}} {
+		assert.Equal(t, uint32(i), fs[i].fragNum)
+		assert.Equal(t, i == 0, fs[i].fragStart)
+		assert.Len(t, fs[i].payload, want.payload, "fragment %d", i)
+		assert.Len(t, spAppendDatagram(nil, 0, true, nil, fs[i:i+1]), want.datagram, "fragment %d", i)
+	}
+
 	for _, tt := range []struct {
 		name, hex string
 	}{
 		{"short header", "0500"},
+		{"fragment without TransferID", "090040" + "0040"},
+		{"fragment without FragmentNumber", "090040" + "0040" + "07"},
+		{"FragmentStart without FragmentCount", "090040" + "00c0"},
+		{"FragmentStart without MessageID", "090040" + "00c0" + "03" + "07"},
 		{"in order without count", "050080"},
 		{"truncated delta", "05008001" + "80"},
 		{"code beyond count", "050000" + "0308" + "077878"},
@@ -615,9 +694,11 @@ type spKey struct {
 }
 
 type spTransfer struct {
-	count uint32
-	id    uint32
-	parts map[uint32][]byte
+	started bool // FragmentStart seen
+	count   uint32
+	id      uint32
+	parts   map[uint32][]byte
+	pids    []uint32 // the datagrams carrying its fragments
 }
 
 type spPeer struct {
@@ -646,7 +727,9 @@ type spPeer struct {
 	serverPings int
 	flowReqs    []uint16
 	discAcks    int
-	frags       map[uint8]*spTransfer
+	frags       map[uint8]*spTransfer // transfers under reassembly
+	fragsDone   map[uint8][]uint32    // datagrams of the last finished transfer of a TransferID
+	fragEchoes  map[spKey]int         // echoes that came as fragmented transfers
 
 	// For the summary.
 	datagrams, reliableDgs, inOrderDgs, retransmits, bytesIn, maxBlocks int
@@ -680,7 +763,7 @@ func (p *spPeer) sendAs(pid uint32, reliable bool, deps []spDep, msgs ...spOut) 
 	now := time.Now()
 	p.out[pid] = &spSent{b: b, reliable: reliable, firstSent: now, lastSent: now}
 	for _, m := range msgs {
-		if spIsApp(m.id) {
+		if spIsApp(m.id) && !m.frag && !m.fragStart {
 			p.expected[spKey{m.id, string(m.payload)}] = reliable
 		}
 	}
@@ -895,9 +978,10 @@ func (p *spPeer) handleBlock(now time.Time, d spDatagram, m spBlock) {
 			return
 		}
 		if !spIsApp(id) {
-			p.violation("%s message sent as a fragmented transfer", spIDName(id))
+			p.violation("%s message sent as a fragmented transfer (spec: connection control messages may not be)", spIDName(id))
 		}
 		m = spBlock{hasID: true, id: id, payload: payload}
+		p.fragEchoes[spKey{id, string(payload)}]++
 	}
 	p.kinds[spIDName(m.id)]++
 	switch id := m.id; {
@@ -966,31 +1050,74 @@ func (p *spPeer) handleBlock(now time.Time, d spDatagram, m spBlock) {
 	}
 }
 
-// reassemble collects a fragment; it returns the message once complete.
+// reassemble collects a fragment; it returns the message once complete. It
+// checks the transfer against the spec's "Fragmented Transfers" and
+// DECISIONS §6.
 func (p *spPeer) reassemble(pid uint32, m spBlock) (uint32, []byte, bool) {
-	x := p.frags[m.transferID]
+	tid := m.transferID
+	x := p.frags[tid]
 	if x == nil {
+		// A new transfer. Its TransferID may be one used before only
+		// once every datagram of that transfer has been acked.
+		for _, old := range p.fragsDone[tid] {
+			if s := p.seen[old]; s.ackedAt.IsZero() {
+				p.violation("datagram %d starts a transfer with TransferID %d while datagram %d of its previous transfer is unacked (spec: reused only after all were acknowledged)", pid, tid, old)
+				break
+			}
+		}
+		delete(p.fragsDone, tid)
 		x = &spTransfer{parts: make(map[uint32][]byte)}
-		p.frags[m.transferID] = x
+		p.frags[tid] = x
+	}
+	if !slices.Contains(x.pids, pid) {
+		x.pids = append(x.pids, pid)
+	}
+	if len(m.payload) > spMaxFrag {
+		p.violation("datagram %d: fragment of TransferID %d with %d payload bytes, above MaxUDPMessageFragmentSize %d", pid, tid, len(m.payload), spMaxFrag)
 	}
 	num := m.fragNum
 	if m.fragStart {
-		num = 0
-		x.count, x.id = m.fragCount, m.id
+		if !m.frag {
+			p.violation("datagram %d: FragmentStart without the Fragment flag (spec: the first fragment has both)", pid)
+		}
+		if x.started {
+			p.violation("datagram %d: second FragmentStart for TransferID %d", pid, tid)
+			return 0, nil, false
+		}
+		num, x.started, x.count, x.id = 0, true, m.fragCount, m.id
 		if m.fragCount < 2 {
 			p.violation("datagram %d: FragmentCount %d (DECISIONS §6: at least 2)", pid, m.fragCount)
 		}
+		for n := range x.parts {
+			if n >= x.count {
+				p.violation("TransferID %d: FragmentNumber %d came before a FragmentStart with FragmentCount %d", tid, n, x.count)
+			}
+		}
+	} else {
+		switch {
+		case num == 0:
+			p.violation("datagram %d: fragment of TransferID %d numbered 0, the FragmentStart's number", pid, tid)
+			return 0, nil, false
+		case x.started && num >= x.count:
+			p.violation("datagram %d: FragmentNumber %d of TransferID %d, FragmentCount %d", pid, num, tid, x.count)
+			return 0, nil, false
+		}
 	}
-	x.parts[num] = m.payload
-	if x.count == 0 || uint32(len(x.parts)) < x.count {
+	if _, dup := x.parts[num]; dup {
+		p.violation("datagram %d: fragment %d of TransferID %d repeated in a new datagram", pid, num, tid)
 		return 0, nil, false
 	}
-	delete(p.frags, m.transferID)
+	x.parts[num] = m.payload
+	if !x.started || uint32(len(x.parts)) < x.count {
+		return 0, nil, false
+	}
+	delete(p.frags, tid)
+	p.fragsDone[tid] = x.pids
 	var all []byte
 	for i := range x.count {
 		part, ok := x.parts[i]
 		if !ok {
-			p.violation("transfer %d: fragment %d missing, others numbered beyond FragmentCount %d", m.transferID, i, x.count)
+			p.violation("TransferID %d: fragment %d missing, others numbered beyond FragmentCount %d", tid, i, x.count)
 			return 0, nil, false
 		}
 		all = append(all, part...)
@@ -1025,6 +1152,51 @@ func (p *spPeer) echoed(msgs []spOut) func() bool {
 	}
 }
 
+// quiet reports whether everything is acked both ways and every reliable
+// message of ours has come back.
+func (p *spPeer) quiet() bool {
+	if len(p.pending) > 0 || len(p.held) > 0 {
+		return false
+	}
+	for k, rel := range p.expected {
+		if rel && p.echoes[k] == 0 {
+			return false
+		}
+	}
+	for _, s := range p.out {
+		if s.reliable && s.ackedAt.IsZero() {
+			return false
+		}
+	}
+	for _, s := range p.seen {
+		if s.reliable && s.ackedAt.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// disconnect waits until all is quiet, then sends Disconnect in an
+// unreliable in-order datagram depending on the messages deps (spec:
+// Disconnect is in-order, after every other message), and waits for the
+// DisconnectAck and the end of the server application.
+func (p *spPeer) disconnect(srv *spServer, deps []spDep) {
+	p.t.Helper()
+	assert.True(p.t, p.pump(time.Second, p.quiet), "not everything acked before Disconnect")
+	entries := make([]int, len(deps))
+	for i := range entries {
+		entries[i] = i
+	}
+	p.send(false, deps, spOut{id: spDisconnect, code: 7, multi: entries})
+	p.closing = true
+	assert.True(p.t, p.pump(1500*time.Millisecond, func() bool { return p.discAcks > 0 }), "no DisconnectAck")
+	select {
+	case <-srv.done:
+	case <-time.After(time.Until(p.deadline)):
+	}
+	p.pump(200*time.Millisecond, nil) // nothing but DisconnectAck may follow
+}
+
 func (p *spPeer) summary() string {
 	var kinds []string
 	for k, n := range p.kinds {
@@ -1051,8 +1223,11 @@ func TestSpecPeer(t *testing.T) {
 	}
 }
 
-func spRun(t *testing.T, firstPID uint32) {
-	start := time.Now()
+// spStart starts an echo server on loopback, and a client whose datagrams
+// are numbered from firstPID and which gives up at start plus spRunBudget;
+// it runs the handshake and returns once the server's Conn is established.
+// Closing everything is left to t.Cleanup.
+func spStart(t *testing.T, start time.Time, firstPID uint32) (*spPeer, *spServer, *knet.Conn, *knet.Listener) {
 	srv := &spServer{done: make(chan struct{}), connCh: make(chan *knet.Conn, 1)}
 	cfg := &knet.Config{
 		Admit: func(remote net.Addr, payload []byte) ([]byte, error) {
@@ -1105,9 +1280,10 @@ func spRun(t *testing.T, firstPID uint32) {
 		t: t, conn: conn, deadline: start.Add(spRunBudget), nextPID: firstPID,
 		out: map[uint32]*spSent{}, expected: map[spKey]bool{}, seen: map[uint32]*spSeen{},
 		echoes: map[spKey]int{}, echoRel: map[spKey]bool{}, pingReplies: map[byte]int{},
-		frags: map[uint8]*spTransfer{}, kinds: map[string]int{},
+		frags: map[uint8]*spTransfer{}, fragsDone: map[uint8][]uint32{}, fragEchoes: map[spKey]int{},
+		kinds: map[string]int{},
 	}
-	defer func() { t.Log(p.summary()) }()
+	t.Cleanup(func() { t.Log(p.summary()) })
 
 	// 1. Handshake: ConnectSyn with content, ConnectSynAck with the Admit
 	// hook's reply, ConnectAck in a reliable datagram.
@@ -1129,6 +1305,12 @@ func spRun(t *testing.T, firstPID uint32) {
 	assert.Equal(t, "welcome", string(synAck), "Handshake synAck")
 	require.True(t, p.pump(time.Second, p.acked(ackPID)), "ConnectAck datagram never acked")
 	p.assertAckedInTime(ackPID, "ConnectAck datagram")
+	return p, srv, c, l
+}
+
+func spRun(t *testing.T, firstPID uint32) {
+	start := time.Now()
+	p, srv, c, l := spStart(t, start, firstPID)
 
 	// 2. One reliable datagram, IDs of every VLE-1.7/1.7/16 width, then
 	// fillers so that it holds 130 blocks (an index >= 128 below needs
@@ -1261,36 +1443,7 @@ func spRun(t *testing.T, firstPID uint32) {
 
 	// 6. Close once everything is acked both ways: Disconnect in an
 	// in-order datagram, after our last messages.
-	quiet := func() bool {
-		if len(p.pending) > 0 || len(p.held) > 0 {
-			return false
-		}
-		for k, rel := range p.expected {
-			if rel && p.echoes[k] == 0 {
-				return false
-			}
-		}
-		for _, s := range p.out {
-			if s.reliable && s.ackedAt.IsZero() {
-				return false
-			}
-		}
-		for _, s := range p.seen {
-			if s.reliable && s.ackedAt.IsZero() {
-				return false
-			}
-		}
-		return true
-	}
-	assert.True(t, p.pump(time.Second, quiet), "not everything acked before Disconnect")
-	p.send(false, []spDep{{d2PID, 2}, {ePID, 0}}, spOut{id: spDisconnect, code: 7, multi: []int{0, 1}})
-	p.closing = true
-	assert.True(t, p.pump(1500*time.Millisecond, func() bool { return p.discAcks > 0 }), "no DisconnectAck")
-	select {
-	case <-srv.done:
-	case <-time.After(time.Until(p.deadline)):
-	}
-	p.pump(200*time.Millisecond, nil) // nothing but DisconnectAck may follow
+	p.disconnect(srv, []spDep{{d2PID, 2}, {ePID, 0}})
 
 	// The server application's view.
 	srv.mu.Lock()
@@ -1350,6 +1503,127 @@ func spRun(t *testing.T, firstPID uint32) {
 	assert.Zero(t, st.InvalidDatagrams, "server found our datagrams invalid")
 	assert.Zero(t, st.ProtocolErrors, "server found protocol errors in our datagrams")
 	assert.Positive(t, st.DuplicateDatagrams, "server counted no duplicate")
+	assert.Zero(t, l.Stats().InvalidDatagrams, "listener found our datagrams invalid")
+	t.Logf("run took %v; server stats %+v", time.Since(start).Round(time.Millisecond), st)
+}
+
+// TestSpecPeerFragments sends the server fragmented transfers the way the
+// spec allows them to arrive (spec "Fragmented Transfers", DECISIONS §6):
+// fragments before their FragmentStart, and a fragment datagram twice.
+func TestSpecPeerFragments(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		firstPID uint32
+	}{
+		{"FirstPacketID0", 0},
+		{"PacketIDWrap", spPIDMask - 3}, // the fragments' PacketIDs wrap to 0
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			spRunFragments(t, tt.firstPID)
+		})
+	}
+}
+
+func spRunFragments(t *testing.T, firstPID uint32) {
+	start := time.Now()
+	seed := uint64(start.UnixNano())
+	t.Logf("payload seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0x6b4e6574))
+	random := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	p, srv, c, l := spStart(t, start, firstPID)
+
+	// 1. One message in three fragments, each in its own reliable
+	// datagram, sent last fragment first. The PacketIDs follow the
+	// fragments, as if the path had reordered the datagrams. Its echo,
+	// 3+2+2+1400 bytes as one block, does not fit a datagram of
+	// MaxDatagramSize: the server must fragment it too.
+	big := spOut{id: 300, payload: random(1400)}
+	const bigTID = 7
+	bigFrags := spFragments(big.id, big.payload, bigTID, spMaxFrag)
+	require.Len(t, bigFrags, 3)
+	bigKey := spKey{big.id, string(big.payload)}
+	p.expected[bigKey] = true
+	bigPIDs := []uint32{p.allocPID(), p.allocPID(), p.allocPID()}
+	for _, i := range []int{2, 1} {
+		p.sendAs(bigPIDs[i], true, nil, bigFrags[i])
+		require.True(t, p.pump(time.Second, p.acked(bigPIDs[i])), "datagram %d with fragment %d never acked", bigPIDs[i], i)
+		p.assertAckedInTime(bigPIDs[i], fmt.Sprintf("datagram with fragment %d", i))
+	}
+	p.pump(50*time.Millisecond, nil)
+	assert.False(t, srv.got(big.id, string(big.payload)), "message delivered before its FragmentStart arrived")
+	p.sendAs(bigPIDs[0], true, nil, bigFrags[0])
+	require.True(t, p.pump(time.Second, p.acked(bigPIDs[0])), "datagram %d with the FragmentStart never acked", bigPIDs[0])
+	p.assertAckedInTime(bigPIDs[0], "datagram with the FragmentStart")
+	require.True(t, p.pump(2*time.Second, p.echoed([]spOut{big})), "the 3-fragment message of %d bytes never came back", len(big.payload))
+	assert.Equal(t, 1, p.fragEchoes[bigKey], "echo of the %d-byte message as a fragmented transfer", len(big.payload))
+
+	// 2. A second transfer, reusing the TransferID now that every datagram
+	// of the first is acked (spec: reuse only after that). Its middle
+	// fragment's datagram comes twice with the same PacketID while the
+	// transfer is incomplete, and its FragmentStart's datagram again once
+	// the message is delivered. Both duplicates are dropped and acked
+	// again (DECISIONS §4); the message is delivered exactly once.
+	dup := spOut{id: 301, payload: random(1100)}
+	dupFrags := spFragments(dup.id, dup.payload, bigTID, spMaxFrag)
+	require.Len(t, dupFrags, 3)
+	dupKey := spKey{dup.id, string(dup.payload)}
+	p.expected[dupKey] = true
+	var dupPIDs []uint32
+	for i, f := range dupFrags {
+		pid := p.send(true, nil, f)
+		dupPIDs = append(dupPIDs, pid)
+		require.True(t, p.pump(time.Second, p.acked(pid)), "datagram %d with fragment %d never acked", pid, i)
+		p.assertAckedInTime(pid, fmt.Sprintf("datagram with fragment %d", i))
+		if i == 1 {
+			acks := p.out[pid].acks
+			p.write(p.out[pid].b)
+			assert.True(t, p.pump(spAckBound, func() bool { return p.out[pid].acks > acks }), "duplicate of datagram %d (fragment 1) not acked again", pid)
+		}
+	}
+	require.True(t, p.pump(2*time.Second, p.echoed([]spOut{dup})), "the message with a duplicated fragment never came back")
+	acks := p.out[dupPIDs[0]].acks
+	p.write(p.out[dupPIDs[0]].b)
+	assert.True(t, p.pump(spAckBound, func() bool { return p.out[dupPIDs[0]].acks > acks }), "late duplicate of datagram %d (FragmentStart) not acked again", dupPIDs[0])
+
+	// 3. Disconnect, depending on both messages: the index of a
+	// fragmented message is that of its FragmentStart block (DECISIONS §5).
+	p.disconnect(srv, []spDep{{bigPIDs[0], 0}, {dupPIDs[0], 0}})
+
+	srv.mu.Lock()
+	got, eof, eofAt, srvErr := slices.Clone(srv.msgs), srv.eof, srv.eofAt, srv.err
+	srv.mu.Unlock()
+	assert.NoError(t, srvErr, "server application")
+	assert.True(t, eof, "server application never saw io.EOF")
+	assert.Equal(t, 2, eofAt, "messages received before io.EOF")
+	for _, m := range []spOut{big, dup} {
+		at := srv.find(m.id, string(m.payload))
+		if assert.Len(t, at, 1, "server deliveries of message %d (%d bytes)", m.id, len(m.payload)) {
+			assert.True(t, got[at[0]].Reliable, "a fragmented transfer is reliable: message %d", m.id)
+			assert.False(t, got[at[0]].InOrder, "message %d had no dependency", m.id)
+		}
+		k := spKey{m.id, string(m.payload)}
+		assert.Equal(t, 1, p.echoes[k], "echoes of message %d", m.id)
+		assert.True(t, p.echoRel[k], "echo of message %d not in a reliable datagram", m.id)
+	}
+	for i, m := range got {
+		if m.ID != big.id && m.ID != dup.id {
+			t.Errorf("server delivered message %d: ID %d, %d bytes, which we never sent", i, m.ID, len(m.Payload))
+		}
+	}
+	assert.Empty(t, p.frags, "server transfers left unfinished")
+	assert.Zero(t, p.violations, "spec violations by the server")
+	assert.Equal(t, 1, p.discAcks, "DisconnectAcks")
+	st := c.Stats()
+	assert.Zero(t, st.InvalidDatagrams, "server found our datagrams invalid")
+	assert.Zero(t, st.ProtocolErrors, "server found protocol errors in our datagrams")
+	assert.GreaterOrEqual(t, st.DuplicateDatagrams, uint64(2), "server counted fewer duplicates than the two we sent")
 	assert.Zero(t, l.Stats().InvalidDatagrams, "listener found our datagrams invalid")
 	t.Logf("run took %v; server stats %+v", time.Since(start).Round(time.Millisecond), st)
 }

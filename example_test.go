@@ -1,0 +1,104 @@
+package knet_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/knet-go/knet"
+)
+
+// Messages can depend on any earlier messages, not just on the previous one
+// of a channel: here the entities wait for the level they live in, the start
+// signal waits for both entities, and the chat line waits for nothing.
+func ExampleConn_SendRef() {
+	l, err := knet.Listen("udp", "127.0.0.1:0", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := l.AcceptConn(context.Background())
+		if err != nil {
+			return
+		}
+		for range 5 {
+			m, err := c.Receive(context.Background())
+			if err != nil {
+				return
+			}
+			fmt.Printf("%s\n", m.Payload)
+		}
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := knet.Dial(ctx, "udp", l.Addr().String(), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	level, _ := c.SendRef(knet.Message{ID: 10, Payload: []byte("load level 3"), Reliable: true})
+	a, _ := c.SendRef(knet.Message{ID: 11, Payload: []byte("spawn door"), Reliable: true, DependsOn: []knet.Ref{level}})
+	b, _ := c.SendRef(knet.Message{ID: 11, Payload: []byte("spawn guard"), Reliable: true, DependsOn: []knet.Ref{level}})
+	c.Send(knet.Message{ID: 12, Payload: []byte("start"), Reliable: true, DependsOn: []knet.Ref{a, b}})
+	c.Send(knet.Message{ID: 13, Payload: []byte("chat: hi"), Reliable: true})
+	<-done
+	// Output:
+	// load level 3
+	// spawn door
+	// spawn guard
+	// start
+	// chat: hi
+}
+
+// Ordering channels: each InOrder channel is delivered in send order, and a
+// loss on one never holds up another.
+func ExampleMessage_channels() {
+	l, err := knet.Listen("udp", "127.0.0.1:0", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := l.AcceptConn(context.Background())
+		if err != nil {
+			return
+		}
+		moves := 0
+		for moves < 3 {
+			m, err := c.Receive(context.Background())
+			if err != nil {
+				return
+			}
+			if m.ID == 20 {
+				moves++
+				fmt.Printf("move %s\n", m.Payload)
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := knet.Dial(ctx, "udp", l.Addr().String(), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	for _, step := range []string{"1", "2", "3"} {
+		// Moves on channel 1, reliable and in order.
+		c.Send(knet.Message{ID: 20, Payload: []byte(step), Reliable: true, InOrder: true, Channel: 1})
+		// Position updates on channel 2: unreliable, sequenced.
+		c.Send(knet.Message{ID: 21, Payload: []byte("pos"), InOrder: true, Channel: 2})
+	}
+	<-done
+	// Output:
+	// move 1
+	// move 2
+	// move 3
+}
