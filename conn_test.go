@@ -719,3 +719,35 @@ func TestSendRefusals(t *testing.T) {
 	assert.ErrorIs(t, c.Send(Message{ID: 8, DependsOn: []Ref{rel + 1000}}), ErrBadDependency, "not sent yet")
 	assert.ErrorIs(t, c.Send(Message{ID: 8, DependsOn: make([]Ref, MaxDependencies+1)}), ErrBadDependency)
 }
+
+func TestConfigSimulate(t *testing.T) {
+	// Each side shapes its own outgoing direction: 10% loss and 15ms one
+	// way from the client, 20ms back from the server, which also
+	// duplicates and reorders.
+	srv := testConfig()
+	srv.Simulate = &Simulation{Delay: 20 * time.Millisecond, Duplicate: 0.05, Reorder: 0.1, ReorderDelay: 3 * time.Millisecond, Seed: 1}
+	l := listen(t, srv)
+	serveEcho(t, l)
+	cli := testConfig()
+	cli.Simulate = &Simulation{Loss: 0.1, Delay: 15 * time.Millisecond, Seed: 2}
+	c := dial(t, l.Addr().String(), cli)
+	const n = 300
+	go func() {
+		for i := range n {
+			c.Send(numbered(6, i, 100))
+		}
+	}()
+	ctx := within(t, 30*time.Second)
+	seen := make([]bool, n)
+	for range n {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		i := binary.LittleEndian.Uint32(m.Payload)
+		require.False(t, seen[i])
+		seen[i] = true
+	}
+	st := c.Stats()
+	t.Logf("client %+v", st)
+	assert.GreaterOrEqual(t, st.MinRTT, 35*time.Millisecond, "the delays are there")
+	assert.Positive(t, st.Retransmits, "and so is the loss")
+}

@@ -53,6 +53,7 @@ type controller struct {
 	ssthresh float64
 	lastCut  time.Time
 	pace     pacer
+	peer     pacer // unreliable datagrams, against maxRate only
 }
 
 const (
@@ -86,6 +87,17 @@ func (c *controller) canSend(now time.Time, srtt time.Duration) bool {
 }
 
 func (c *controller) onSent() { c.pace.spend() }
+
+// onSentUnpaced counts a datagram that did not wait for the pacer against
+// the peer's limit only.
+func (c *controller) onSentUnpaced() { c.peer.spend() }
+
+// peerAllows reports whether the peer's FlowControlRequest leaves room for
+// one more datagram now.
+func (c *controller) peerAllows(now time.Time) bool {
+	c.peer.refill(now, c.maxRate, math.Max(minBurst, c.maxRate/10))
+	return c.peer.ready()
+}
 
 // nextSend is when the next paced datagram may go.
 func (c *controller) nextSend(now time.Time) time.Time {

@@ -38,6 +38,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/knet-go/knet/internal/netsim"
 )
 
 // Config holds the characteristic values of the protocol and the
@@ -124,6 +126,49 @@ type Config struct {
 	// Accept; attempts beyond it are ignored until Accept catches up.
 	// Default 512.
 	AcceptBacklog int
+
+	// Simulate, when not nil, makes every datagram this Conn or Listener
+	// sends cross a simulated bad network first: to test a game under
+	// loss, latency, reordering and the rest without a real one. Give each
+	// side its own to shape both directions.
+	Simulate *Simulation
+}
+
+// Simulation describes a bad network for Config.Simulate. The zero value
+// is a perfect network; every choice is drawn from Seed, so a run can be
+// replayed.
+type Simulation struct {
+	// Loss is the probability that a datagram is lost. With BurstLen
+	// above 1, losses come in bursts of that mean length (a
+	// Gilbert-Elliott chain) and Loss is the long-run average.
+	Loss     float64
+	BurstLen float64
+	// Delay is the one-way latency, plus a uniform random 0..Jitter.
+	// Jitter alone never reorders.
+	Delay, Jitter time.Duration
+	// Duplicate is the probability that a datagram arrives twice.
+	Duplicate float64
+	// Reorder is the probability that a datagram is held back by
+	// ReorderDelay (default 1ms), so that later ones overtake it.
+	Reorder      float64
+	ReorderDelay time.Duration
+	// Corrupt is the probability that one byte of a datagram is flipped.
+	Corrupt float64
+	// Bandwidth caps the path in bytes per second (0: no cap); datagrams
+	// beyond QueueBytes waiting at the cap are dropped (default: 50ms of
+	// the cap).
+	Bandwidth, QueueBytes int
+	// Seed seeds the random choices.
+	Seed uint64
+}
+
+func (s *Simulation) params() netsim.Params {
+	return netsim.Params{
+		Loss: s.Loss, BurstLen: s.BurstLen, Duplicate: s.Duplicate,
+		Reorder: s.Reorder, ReorderDelay: s.ReorderDelay,
+		Delay: s.Delay, Jitter: s.Jitter, Corrupt: s.Corrupt,
+		Bandwidth: s.Bandwidth, QueueBytes: s.QueueBytes, Seed: s.Seed,
+	}
 }
 
 // config is a Config with the defaults applied.
@@ -139,6 +184,7 @@ type config struct {
 	connectPayload                             []byte
 	admit                                      func(net.Addr, []byte) ([]byte, error)
 	stealth                                    bool
+	simulate                                   *Simulation
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -198,6 +244,7 @@ func (c *Config) resolve() *config {
 		connectPayload:   c.ConnectPayload,
 		admit:            c.Admit,
 		stealth:          c.Stealth,
+		simulate:         c.Simulate,
 	}
 	r.lostTimeout = pick(c.ConnectionLostTimeout, 3*r.pingInterval)
 	r.maxFragment = min(r.maxFragment, maxContentLength-8)

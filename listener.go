@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/knet-go/knet/internal/netsim"
 )
 
 // packet is a datagram read from the socket, in a pooled buffer.
@@ -25,6 +27,7 @@ type endpoint struct {
 	l         *Listener
 	cfg       *config
 	pool      sync.Pool
+	sim       *netsim.Pipe // Config.Simulate, if set
 
 	mu      sync.Mutex
 	conns   map[netip.AddrPort]*Conn
@@ -61,6 +64,18 @@ func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
 	return ep
 }
 
+// simulate puts the Config's simulated network on the send path. The seed
+// is salted with the side, so that a Config shared by a client and a
+// server still gives the two directions different (and replayable) fates.
+func (ep *endpoint) simulate(salt uint64) {
+	if ep.cfg.simulate == nil {
+		return
+	}
+	p := ep.cfg.simulate.params()
+	p.Seed = p.Seed*0x9e3779b97f4a7c15 + salt
+	ep.sim = netsim.NewPipe(netsim.NewLink(p), ep.writeNow)
+}
+
 func (ep *endpoint) getPacket() *packet { return ep.pool.Get().(*packet) }
 
 func (ep *endpoint) putPacket(p *packet) {
@@ -74,7 +89,16 @@ func unmap(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }
 
+// write sends a datagram, across the simulated network if there is one.
 func (ep *endpoint) write(b []byte, to netip.AddrPort) {
+	if ep.sim != nil {
+		ep.sim.Send(b, to)
+		return
+	}
+	ep.writeNow(b, to)
+}
+
+func (ep *endpoint) writeNow(b []byte, to netip.AddrPort) {
 	if ep.connected {
 		ep.pc.Write(b)
 		return
@@ -148,6 +172,9 @@ func (ep *endpoint) connDone(c *Conn) {
 // close closes the socket and waits for the reader to stop.
 func (ep *endpoint) close() {
 	ep.closeOnce.Do(func() {
+		if ep.sim != nil {
+			ep.sim.Close()
+		}
 		ep.pc.Close()
 		<-ep.readerDone
 	})
@@ -193,6 +220,7 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 	}
 	rc := cfg.resolve()
 	ep := newEndpoint(pc, false, rc)
+	ep.simulate(1)
 	l := &Listener{
 		ep:      ep,
 		cfg:     rc,
@@ -390,6 +418,7 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	}
 	rc := cfg.resolve()
 	ep := newEndpoint(pc, true, rc)
+	ep.simulate(2)
 	c := newConn(ep, unmap(raddr.AddrPort()), rc, true)
 	ep.conns[c.raddr] = c
 	go ep.readLoop()

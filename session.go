@@ -147,6 +147,11 @@ type session struct {
 	lingerUntil   time.Time
 	closeAsked    bool
 	synAckSent    time.Time
+	synSends      int
+	newestAt      time.Time     // when the newest PacketID arrived
+	reorderExt    time.Duration // how late reordered datagrams came
+	reorderAt     time.Time
+	synAckSends   int
 	stopAccepting bool
 
 	// Sending.
@@ -312,10 +317,34 @@ func (s *session) reorderWindow() time.Duration {
 	if s.cfg.reorderWindow > 0 {
 		return s.cfg.reorderWindow
 	}
-	if s.rtt.samples == 0 {
-		return 20 * time.Millisecond
+	w := 20 * time.Millisecond
+	if s.rtt.samples > 0 {
+		w = s.rtt.srtt/4 + 2*s.rtt.rttvar
 	}
-	return min(max(s.rtt.srtt/4+2*s.rtt.rttvar, 2*time.Millisecond), 250*time.Millisecond)
+	return min(max(w, s.reorderSeen(), 2*time.Millisecond), 250*time.Millisecond)
+}
+
+// reorderSeen is how late out-of-order datagrams have been arriving
+// lately, with a margin: the extent halves every five seconds.
+func (s *session) reorderSeen() time.Duration {
+	e := s.reorderExt
+	for t := s.reorderAt; e > 0 && s.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
+		e /= 2
+	}
+	return e * 5 / 4
+}
+
+// noteArrival measures reordering: a datagram older than the newest one
+// seen arrives this long after it.
+func (s *session) noteArrival(now time.Time, pid uint32) {
+	if !s.win.started || seqLess(s.win.newest, pid) {
+		s.newestAt = now
+		return
+	}
+	if late := now.Sub(s.newestAt); late > 0 {
+		s.reorderExt = max(s.reorderSeen()*4/5, late)
+		s.reorderAt = now
+	}
 }
 
 // Receiving.
@@ -408,6 +437,7 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		return
 	}
 	s.lastRecv = now
+	s.noteArrival(now, h.packetID)
 	s.win.add(h.packetID)
 	if h.reliable {
 		s.acks.add(now, h.packetID)
@@ -446,7 +476,9 @@ func (s *session) handleConnecting(now time.Time, msgs []message) bool {
 			s.wasOpen = true
 			s.needSyn = false
 			s.needAck = true
-			s.rtt.sample(now.Sub(s.started))
+			if s.synSends == 1 {
+				s.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
+			}
 			s.nextPing = now.Add(s.cfg.keepalive())
 			s.host.established()
 			return true
@@ -555,7 +587,9 @@ func (s *session) establishServer(now time.Time) {
 	s.state = stateOK
 	s.wasOpen = true
 	s.needSynAck = false
-	s.rtt.sample(now.Sub(s.synAckSent))
+	if s.synAckSends == 1 {
+		s.rtt.sample(now.Sub(s.synAckSent))
+	}
 	s.nextPing = now.Add(s.cfg.keepalive())
 	s.host.established()
 }
@@ -1019,6 +1053,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	case stateSyn:
 		if s.needSyn {
 			s.needSyn = false
+			s.synSends++
 			return s.control(buf, idConnectSyn, s.syn)
 		}
 		return nil
@@ -1026,6 +1061,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		if s.needSynAck {
 			s.needSynAck = false
 			s.synAckSent = now
+			s.synAckSends++
 			return s.control(buf, idConnectSynAck, s.synAck)
 		}
 		return nil
@@ -1201,8 +1237,12 @@ func (s *session) appendAcks(h *header, body []byte, count int) []byte {
 func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	acksDue := s.acks.pending() >= 2 || s.acks.pending() > 0 && now.Sub(s.acks.oldest) >= s.ackDelay()
 	pingDue := !now.Before(s.nextPing)
+	// Unreliable messages are not held to the congestion controller's
+	// rate: nothing acks them, so it could never learn to raise it. The
+	// application sets their pace, and the peer can still cap it with a
+	// FlowControlRequest.
 	data := s.unrelQ.len() > 0
-	if data && !s.cc.canSend(now, s.rtt.srtt) {
+	if data && s.cc.maxRate > 0 && !s.cc.peerAllows(now) {
 		s.pacedOut = true
 		data = false
 	}
@@ -1236,7 +1276,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		before := p.count
 		s.pack(now, h, &p, &s.unrelQ)
 		if p.count > before {
-			s.cc.onSent()
+			s.cc.onSentUnpaced()
 		}
 	}
 	s.body = p.body

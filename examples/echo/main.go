@@ -3,6 +3,7 @@
 //	go run ./examples/echo                       # both, in one process, on loopback
 //	go run ./examples/echo -listen 127.0.0.1:7000
 //	go run ./examples/echo -connect 127.0.0.1:7000
+//	go run ./examples/echo -loss 0.05 -delay 20ms    # over a simulated bad network
 //
 // The client sends numbered messages, reliable and unreliable in turn, and
 // measures the round trip of each echo; it prints progress twice a second
@@ -30,12 +31,23 @@ func main() {
 	connect := flag.String("connect", "", "run only the client, against this address")
 	duration := flag.Duration("duration", 3*time.Second, "how long the client runs")
 	size := flag.Int("size", 64, "payload size in bytes (at least 12)")
+	var sim knet.Simulation
+	flag.Float64Var(&sim.Loss, "loss", 0, "simulate this datagram loss (0..1) on everything sent")
+	flag.DurationVar(&sim.Delay, "delay", 0, "simulate this one-way delay on everything sent")
+	flag.DurationVar(&sim.Jitter, "jitter", 0, "add up to this much random delay")
+	flag.Float64Var(&sim.Reorder, "reorder", 0, "simulate this probability of reordering")
+	flag.Float64Var(&sim.Duplicate, "dup", 0, "simulate this probability of duplication")
 	flag.Parse()
 	log.SetFlags(0)
+	if sim != (knet.Simulation{}) {
+		cfg.Simulate = &sim
+		log.Printf("simulating loss %.0f%%, delay %v±%v, reorder %.0f%%, duplicates %.0f%% on each side's sends",
+			100*sim.Loss, sim.Delay, sim.Jitter, 100*sim.Reorder, 100*sim.Duplicate)
+	}
 
 	switch {
 	case *listen != "":
-		l, err := knet.Listen("udp", *listen, nil)
+		l, err := knet.Listen("udp", *listen, cfg)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -46,7 +58,7 @@ func main() {
 			log.Fatal(err)
 		}
 	default:
-		l, err := knet.Listen("udp", "127.0.0.1:0", nil)
+		l, err := knet.Listen("udp", "127.0.0.1:0", cfg)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -93,12 +105,17 @@ func serve(l *knet.Listener) {
 
 const msgID = 100
 
+// cfg is shared by server and client; the simulation flags fill it in.
+var cfg = &knet.Config{}
+
 // client sends numbered messages for d and reports the echoes' round trips.
 func client(addr string, d time.Duration, size int) error {
 	size = max(size, 12)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := knet.Dial(ctx, "udp", addr, &knet.Config{ConnectPayload: []byte("echo client")})
+	ccfg := *cfg
+	ccfg.ConnectPayload = []byte("echo client")
+	c, err := knet.Dial(ctx, "udp", addr, &ccfg)
 	if err != nil {
 		return err
 	}
@@ -118,8 +135,13 @@ func client(addr string, d time.Duration, size int) error {
 			return err
 		}
 		// One message in flight at a time: wait for its echo. An
-		// unreliable one may be lost; give up on it after a while.
-		wait, cancel := context.WithTimeout(context.Background(), time.Second)
+		// unreliable one may be lost; give up on it after a while. A
+		// reliable one comes, resent if need be.
+		limit := 10 * time.Second
+		if !rel {
+			limit = max(200*time.Millisecond, 4*c.Stats().RTT)
+		}
+		wait, cancel := context.WithTimeout(context.Background(), limit)
 		m, err := c.Receive(wait)
 		cancel()
 		switch {
@@ -127,7 +149,7 @@ func client(addr string, d time.Duration, size int) error {
 			lost++
 			continue
 		case err != nil:
-			return err
+			return fmt.Errorf("waiting for echo %d: %w (connection %+v)", i, err, c.Stats())
 		}
 		sent := time.Unix(0, int64(binary.LittleEndian.Uint64(m.Payload[4:])))
 		rtts = append(rtts, time.Since(sent))

@@ -9,6 +9,7 @@ package netsim
 import (
 	"container/heap"
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -175,7 +176,7 @@ func (l *Link) Decide(now time.Time, size int) Fate {
 // goroutine in order of due time (ties in send order).
 type Pipe struct {
 	link *Link
-	out  func([]byte)
+	out  func(b []byte, to netip.AddrPort)
 
 	mu    sync.Mutex
 	q     pending
@@ -188,14 +189,17 @@ type Pipe struct {
 
 // NewPipe returns a Pipe that hands delivered datagrams to out, which must
 // not keep them. Close stops it.
-func NewPipe(l *Link, out func([]byte)) *Pipe {
+func NewPipe(l *Link, out func(b []byte, to netip.AddrPort)) *Pipe {
 	p := &Pipe{link: l, out: out, kick: make(chan struct{}, 1), shut: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
 }
 
-// Send puts a copy of b on the path.
-func (p *Pipe) Send(b []byte) {
+// Link returns the pipe's link.
+func (p *Pipe) Link() *Link { return p.link }
+
+// Send puts a copy of b on the path towards to.
+func (p *Pipe) Send(b []byte, to netip.AddrPort) {
 	now := time.Now()
 	f := p.link.Decide(now, len(b))
 	if len(f.After) == 0 {
@@ -208,7 +212,7 @@ func (p *Pipe) Send(b []byte) {
 			c[f.Flip] ^= 0xff
 		}
 		p.seq++
-		heap.Push(&p.q, item{at: now.Add(d), seq: p.seq, b: c})
+		heap.Push(&p.q, item{at: now.Add(d), seq: p.seq, b: c, to: to})
 	}
 	p.mu.Unlock()
 	select {
@@ -221,20 +225,21 @@ func (p *Pipe) run() {
 	defer close(p.done)
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	var due []item
 	for {
 		p.mu.Lock()
-		var due [][]byte
+		due = due[:0]
 		now := time.Now()
 		for p.q.Len() > 0 && !p.q[0].at.After(now) {
-			due = append(due, heap.Pop(&p.q).(item).b)
+			due = append(due, heap.Pop(&p.q).(item))
 		}
 		wait := time.Hour
 		if p.q.Len() > 0 {
 			wait = p.q[0].at.Sub(now)
 		}
 		p.mu.Unlock()
-		for _, b := range due {
-			p.out(b)
+		for _, it := range due {
+			p.out(it.b, it.to)
 		}
 		if len(due) > 0 {
 			continue
@@ -259,6 +264,7 @@ type item struct {
 	at  time.Time
 	seq uint64
 	b   []byte
+	to  netip.AddrPort
 }
 
 type pending []item

@@ -97,7 +97,7 @@ func (r *Relay) readClients() {
 			return
 		}
 		if !r.hole.Load() {
-			c.toServer.Send(buf[:n])
+			c.toServer.Send(buf[:n], r.server)
 		}
 	}
 }
@@ -120,8 +120,8 @@ func (r *Relay) client(from netip.AddrPort) *relayClient {
 	up.Seed += r.seed
 	down.Seed += r.seed * 7919
 	c := &relayClient{sock: sock, upLink: NewLink(up), downLink: NewLink(down)}
-	c.toServer = NewPipe(c.upLink, func(b []byte) { sock.Write(b) })
-	c.toClient = NewPipe(c.downLink, func(b []byte) { r.pc.WriteToUDPAddrPort(b, from) })
+	c.toServer = NewPipe(c.upLink, func(b []byte, _ netip.AddrPort) { sock.Write(b) })
+	c.toClient = NewPipe(c.downLink, func(b []byte, to netip.AddrPort) { r.pc.WriteToUDPAddrPort(b, to) })
 	r.clients[from] = c
 	r.wg.Add(1)
 	go func() {
@@ -136,7 +136,7 @@ func (r *Relay) client(from netip.AddrPort) *relayClient {
 				continue
 			}
 			if !r.hole.Load() {
-				c.toClient.Send(buf[:n])
+				c.toClient.Send(buf[:n], from)
 			}
 		}
 	}()

@@ -1,0 +1,484 @@
+// Command bench compares knet with kcp-go, quic-go and raw UDP on loopback.
+//
+//	go run .                 # full run, about 3 minutes
+//	go run . -quick          # smoke run, about 30 seconds
+//	go run . -only=pingpong,lossy -libs=knet,kcp-go
+//
+// Every scenario runs for every library in the same process, one after
+// the other, and the results are printed as one Markdown table with
+// knet/peer ratios. See README.md for what each scenario measures.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+type options struct {
+	quick                bool
+	warmup, duration     time.Duration
+	pathWarmup, pathDur  time.Duration
+	pacedDur             time.Duration
+	sessions             int
+	loss                 float64
+	delay                time.Duration
+	capRate              float64 // MB/s
+	capQueue             int
+	capDelay             time.Duration
+	pacedRate            int
+	acceptDelay, acceptT time.Duration
+	seed                 uint64
+	largeSize            int
+}
+
+var scenarioNames = []string{"pingpong", "throughput", "large", "sessions", "lossy", "capped", "late"}
+
+func main() {
+	// quic-go warns on stderr when the kernel caps its socket buffers
+	// below 7 MB; the other libraries get the same (capped) buffers.
+	os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+
+	var o options
+	only := flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(scenarioNames, ","))
+	libsFlag := flag.String("libs", "knet,kcp-go,quic-go,udp", "comma-separated libraries: knet, kcp-go, quic-go, udp")
+	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 30 s: short windows (overrides the duration flags)")
+	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "loopback scenarios: warm-up before each measurement window")
+	flag.DurationVar(&o.duration, "duration", 2*time.Second, "loopback scenarios: measurement window")
+	flag.DurationVar(&o.pathWarmup, "path-warmup", 2*time.Second, "relay scenarios (lossy, capped): warm-up")
+	flag.DurationVar(&o.pathDur, "path-duration", 4*time.Second, "relay scenarios: measurement window")
+	flag.DurationVar(&o.pacedDur, "paced-duration", 3*time.Second, "lossy scenario, paced stream: measurement window")
+	flag.IntVar(&o.sessions, "sessions", 100, "sessions scenario: concurrent client connections")
+	flag.Float64Var(&o.loss, "loss", 0.05, "lossy scenario: drop probability each way")
+	flag.DurationVar(&o.delay, "delay", 20*time.Millisecond, "lossy scenario: one-way delay")
+	flag.IntVar(&o.pacedRate, "paced-rate", 200, "lossy scenario: messages per second of the paced (latency) stream")
+	flag.Float64Var(&o.capRate, "cap", 10, "capped scenario: bottleneck rate, MB/s (10^6 bytes/s), each way")
+	flag.IntVar(&o.capQueue, "cap-queue", 100_000, "capped scenario: bottleneck queue, bytes (drop-tail)")
+	flag.DurationVar(&o.capDelay, "cap-delay", 10*time.Millisecond, "capped scenario: one-way delay")
+	flag.DurationVar(&o.acceptDelay, "accept-delay", time.Second, "late scenario: how long the server waits before Accept")
+	flag.DurationVar(&o.acceptT, "accept-limit", 15*time.Second, "late scenario: how long to wait for data after Accept")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the relay's random drops")
+	flag.IntVar(&o.largeSize, "large-size", 1<<20, "large scenario: message size, bytes")
+	flag.Parse()
+	if o.quick {
+		o.warmup, o.duration = 200*time.Millisecond, 500*time.Millisecond
+		o.pathWarmup, o.pathDur, o.pacedDur = 500*time.Millisecond, time.Second, time.Second
+		o.acceptDelay, o.acceptT = 500*time.Millisecond, 3*time.Second
+	}
+
+	var sel map[string]bool
+	if *only != "" {
+		sel = make(map[string]bool)
+		for _, s := range strings.Split(*only, ",") {
+			s = strings.TrimSpace(s)
+			if !slices.Contains(scenarioNames, s) {
+				fmt.Fprintf(os.Stderr, "unknown scenario %q; choose from %s\n", s, strings.Join(scenarioNames, ","))
+				os.Exit(2)
+			}
+			sel[s] = true
+		}
+	}
+	h := &harness{o: o, t: newTable(), sel: sel}
+	for _, s := range strings.Split(*libsFlag, ",") {
+		switch strings.TrimSpace(s) {
+		case "knet":
+			h.libs = append(h.libs, knetLib{})
+		case "kcp-go", "kcp":
+			h.libs = append(h.libs, kcpLib{})
+		case "quic-go", "quic":
+			h.libs = append(h.libs, quicLib{})
+		case "udp", "raw", "raw UDP":
+			h.udp = true
+		case "":
+		default:
+			fmt.Fprintf(os.Stderr, "unknown library %q\n", s)
+			os.Exit(2)
+		}
+	}
+
+	start := time.Now()
+	h.declare()
+	for _, name := range scenarioNames {
+		if sel != nil && !sel[name] {
+			continue
+		}
+		h.scenario(name)
+	}
+
+	w := bufio.NewWriter(os.Stdout)
+	defer w.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "### knet benchmark (loopback, one process)\n\n")
+	fmt.Fprintf(w, "Machine: %s/%s, %d CPUs (%s), %s. %s.  \n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), cpuModel(), runtime.Version(), depVersions())
+	fmt.Fprintf(w, "Command: `go run . %s` (%s, total %v).\n\n", strings.Join(os.Args[1:], " "), time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second))
+	h.t.write(w, sel)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, h.legend())
+	if len(h.t.notes) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Notes (connection counters and anomalies, per run):")
+		fmt.Fprintln(w)
+		for _, n := range h.t.notes {
+			fmt.Fprintln(w, "- "+n)
+		}
+	}
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "cpu model unknown"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "cpu model unknown"
+}
+
+func depVersions() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var out []string
+	for _, d := range bi.Deps {
+		switch d.Path {
+		case "github.com/xtaci/kcp-go/v5", "github.com/quic-go/quic-go":
+			out = append(out, d.Path[strings.LastIndex(strings.TrimSuffix(d.Path, "/v5"), "/")+1:]+" "+d.Version)
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// harness runs the scenarios and fills the table.
+type harness struct {
+	o    options
+	t    *table
+	sel  map[string]bool
+	libs []lib
+	udp  bool
+}
+
+// results collects what one measurement reports, applied to the table
+// only if the measurement finishes within its bound.
+type results struct {
+	vals  map[string]float64
+	texts map[string]string
+}
+
+func (r *results) set(id string, v float64) { r.vals[id] = v }
+func (r *results) setText(id string, v float64, text string) {
+	r.vals[id] = v
+	r.texts[id] = text
+}
+
+// measure runs fn for column col with a time bound. Rows in ids that fn
+// did not set are marked n/a with the reason.
+func (h *harness) measure(scenario, col string, ids []string, limit time.Duration, fn func(e *env, r *results) error) {
+	fmt.Fprintf(os.Stderr, "%-10s %-8s ... ", scenario, col)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	e := newEnv(ctx)
+	r := &results{vals: map[string]float64{}, texts: map[string]string{}}
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- fmt.Errorf("panic: %v", p)
+			}
+		}()
+		err := fn(e, r)
+		if ferr := e.finish(); ferr != nil {
+			err = ferr // the first failure explains the others
+		}
+		done <- err
+	}()
+	var err error
+	hung := false
+	select {
+	case err = <-done:
+		if err == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("timed out after %v", limit)
+		} else if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("timed out after %v (%v)", limit, err)
+		}
+	case <-time.After(limit + closeLimit + 2*time.Second):
+		hung = true
+		err = fmt.Errorf("hung: did not return within %v", limit+closeLimit+2*time.Second)
+	}
+	if !hung {
+		for id, v := range r.vals {
+			if t, ok := r.texts[id]; ok {
+				h.t.setText(id, col, v, t)
+			} else {
+				h.t.set(id, col, v)
+			}
+		}
+	}
+	if err != nil {
+		msg := fmt.Sprintf("%s: %v", scenario, err)
+		for _, id := range ids {
+			h.t.setNA(id, col, msg)
+		}
+		fmt.Fprintf(os.Stderr, "error: %v\n", err)
+	} else {
+		fmt.Fprintf(os.Stderr, "done in %v\n", time.Since(start).Round(time.Millisecond))
+	}
+	e.mu.Lock()
+	for _, n := range e.notes {
+		h.t.note("%s, %s: %s", scenario, col, n)
+	}
+	e.mu.Unlock()
+	runtime.GC()
+	time.Sleep(100 * time.Millisecond) // let the kernel drain what is left
+}
+
+// declare adds the table's rows in order.
+func (h *harness) declare() {
+	o := h.o
+	t := h.t
+	t.add("pingpong", "pp50", "Ping-pong RTT p50, 32 B", "us", true)
+	t.add("pingpong", "pp99", "Ping-pong RTT p99, 32 B", "us", true)
+	t.add("throughput", "tp64", "One-way 64 B msgs (raw UDP: 1 msg/datagram)", "msg/s", false)
+	t.add("throughput", "tp64p", "One-way 64 B msgs vs raw UDP 16 msgs/datagram (same knet run)", "msg/s", false, colKCP, colQUIC)
+	t.add("throughput", "tp1200", "One-way 1200 B msgs", "MB/s", false)
+	t.add("throughput", "tp1200m", "One-way 1200 B msgs", "msg/s", false)
+	t.add("large", "lg", fmt.Sprintf("One-way %s msgs", sizeName(o.largeSize)), "msg/s", false, colUDP)
+	t.add("large", "lgb", fmt.Sprintf("One-way %s msgs", sizeName(o.largeSize)), "MB/s", false, colUDP)
+	t.add("sessions", "ss", fmt.Sprintf("%d sessions ping-pong 32 B, total", o.sessions), "rt/s", false)
+	lossy := fmt.Sprintf("Lossy %g%%/%v each way", o.loss*100, o.delay)
+	t.add("lossy", "lsg", lossy+": goodput 1200 B", "MB/s", false, colUDP)
+	t.add("lossy", "ls50", lossy+": latency p50, saturated", "ms", true, colUDP)
+	t.add("lossy", "ls99", lossy+": latency p99, saturated", "ms", true, colUDP)
+	t.add("lossy", "lp50", fmt.Sprintf("%s: latency p50, paced %d msg/s", lossy, o.pacedRate), "ms", true, colUDP)
+	t.add("lossy", "lp99", fmt.Sprintf("%s: latency p99, paced %d msg/s", lossy, o.pacedRate), "ms", true, colUDP)
+	capped := fmt.Sprintf("Capped %g MB/s, %d kB queue, %v", o.capRate, o.capQueue/1000, o.capDelay)
+	t.add("capped", "cg", capped+": goodput, % of cap", "%", false, colUDP)
+	t.add("capped", "cl", capped+": relay drop rate", "%", true, colUDP).ratios = false
+	t.add("late", "la", fmt.Sprintf("Late accept (%v): first message after Accept", o.acceptDelay), "ms", true, colUDP)
+	t.add("late", "lf", fmt.Sprintf("Late accept (%v): message sent after Accept arrives", o.acceptDelay), "ms", true, colUDP)
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func (h *harness) legend() string {
+	o := h.o
+	return strings.Join([]string{
+		"Ratios are knet's value divided by the peer's; the last column says whether lower or higher is better.",
+		"MB = 10^6 bytes of message payload. kcp-go and quic-go carry a 4-byte length prefix per message on their stream (not counted).",
+		fmt.Sprintf("Loopback windows: %v after %v warm-up; relay windows: %v after %v warm-up; paced: %v.", o.duration, o.warmup, o.pathDur, o.pathWarmup, o.pacedDur),
+		"Latency = receive time - send time stamped in the payload before Send (queueing in the sender's buffers included).",
+		"Late accept: the client sends a 64 B message every 1 ms from Dial on; times are from Accept's return.",
+	}, "  \n")
+}
+
+// scenario runs one scenario for every selected library.
+func (h *harness) scenario(name string) {
+	o := h.o
+	loopLimit := o.warmup + o.duration + 20*time.Second
+	switch name {
+	case "pingpong":
+		ids := []string{"pp50", "pp99"}
+		setRTT := func(r *results, rtts []time.Duration) {
+			if len(rtts) == 0 {
+				return
+			}
+			r.set("pp50", us(percentile(rtts, 0.50)))
+			r.set("pp99", us(percentile(rtts, 0.99)))
+		}
+		for _, lb := range h.libs {
+			h.measure(name, lb.Name(), ids, loopLimit, func(e *env, r *results) error {
+				rtts, err := pingPong(e, lb, 32, o.warmup, o.duration)
+				setRTT(r, rtts)
+				if err == nil && len(rtts) == 0 {
+					err = errors.New("no round trip completed")
+				}
+				return err
+			})
+		}
+		if h.udp {
+			h.measure(name, colUDP, ids, loopLimit, func(e *env, r *results) error {
+				rtts, err := udpPingPong(e, 32, o.warmup, o.duration)
+				setRTT(r, rtts)
+				return err
+			})
+		}
+
+	case "throughput":
+		for _, lb := range h.libs {
+			h.measure(name+" 64B", lb.Name(), []string{"tp64", "tp64p"}, loopLimit, func(e *env, r *results) error {
+				res, err := oneWay(e, lb, oneWayOpts{size: 64, warm: o.warmup, dur: o.duration})
+				if err == nil && res.elapsed > 0 {
+					r.set("tp64", res.msgRate())
+					if lb.Name() == colKnet {
+						r.set("tp64p", res.msgRate())
+					}
+				}
+				return err
+			})
+			h.measure(name+" 1200B", lb.Name(), []string{"tp1200", "tp1200m"}, loopLimit, func(e *env, r *results) error {
+				res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.warmup, dur: o.duration})
+				if err == nil && res.elapsed > 0 {
+					r.set("tp1200", res.byteRate())
+					r.set("tp1200m", res.msgRate())
+				}
+				return err
+			})
+		}
+		if h.udp {
+			h.measure(name+" 64B", colUDP, []string{"tp64"}, loopLimit, func(e *env, r *results) error {
+				rate, loss, err := udpBlast(e, 64, o.warmup, o.duration)
+				if err == nil && rate > 0 {
+					r.set("tp64", rate)
+					e.note("1 msg/datagram, %.1f%% of datagrams sent were dropped by the kernel", loss)
+				}
+				return err
+			})
+			h.measure(name+" 16x64B", colUDP, []string{"tp64p"}, loopLimit, func(e *env, r *results) error {
+				rate, loss, err := udpBlast(e, 16*64, o.warmup, o.duration)
+				if err == nil && rate > 0 {
+					r.set("tp64p", 16*rate)
+					e.note("16 msgs/datagram, %.1f%% of datagrams sent were dropped by the kernel", loss)
+				}
+				return err
+			})
+			h.measure(name+" 1200B", colUDP, []string{"tp1200", "tp1200m"}, loopLimit, func(e *env, r *results) error {
+				rate, loss, err := udpBlast(e, 1200, o.warmup, o.duration)
+				if err == nil && rate > 0 {
+					r.set("tp1200", rate*1200/1e6)
+					r.set("tp1200m", rate)
+					e.note("1200 B datagrams, %.1f%% of datagrams sent were dropped by the kernel", loss)
+				}
+				return err
+			})
+		}
+
+	case "large":
+		for _, lb := range h.libs {
+			h.measure(name, lb.Name(), []string{"lg", "lgb"}, loopLimit, func(e *env, r *results) error {
+				res, err := oneWay(e, lb, oneWayOpts{size: o.largeSize, warm: o.warmup, dur: o.duration})
+				if err == nil && res.elapsed > 0 {
+					r.set("lg", res.msgRate())
+					r.set("lgb", res.byteRate())
+				}
+				return err
+			})
+		}
+
+	case "sessions":
+		for _, lb := range h.libs {
+			h.measure(name, lb.Name(), []string{"ss"}, loopLimit+10*time.Second, func(e *env, r *results) error {
+				rate, err := concurrentPingPong(e, lb, o.sessions, 32, o.warmup, o.duration)
+				if err == nil && rate > 0 {
+					r.set("ss", rate)
+				}
+				return err
+			})
+		}
+		if h.udp {
+			h.measure(name, colUDP, []string{"ss"}, loopLimit, func(e *env, r *results) error {
+				rate, err := udpConcurrent(e, o.sessions, 32, o.warmup, o.duration)
+				if err == nil && rate > 0 {
+					r.set("ss", rate)
+				}
+				return err
+			})
+		}
+
+	case "lossy":
+		path := pathConfig{Delay: o.delay, Loss: o.loss, Seed: o.seed}
+		limit := o.pathWarmup + o.pathDur + 20*time.Second
+		for _, lb := range h.libs {
+			h.measure(name, lb.Name(), []string{"lsg", "ls50", "ls99"}, limit, func(e *env, r *results) error {
+				res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pathDur, stamped: true, path: &[2]pathConfig{path, path}})
+				if err != nil || res.elapsed == 0 {
+					return err
+				}
+				r.set("lsg", res.byteRate())
+				if len(res.lat) > 0 {
+					r.set("ls50", ms(percentile(res.lat, 0.50)))
+					r.set("ls99", ms(percentile(res.lat, 0.99)))
+				}
+				e.note("relay client→server: %d offered, %d dropped at random; server→client: %d offered, %d dropped",
+					res.relay.Offered, res.relay.Lost, res.relayDown.Offered, res.relayDown.Lost)
+				return nil
+			})
+			h.measure(name+" paced", lb.Name(), []string{"lp50", "lp99"}, o.pathWarmup+o.pacedDur+20*time.Second, func(e *env, r *results) error {
+				res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pacedDur, stamped: true,
+					interval: time.Second / time.Duration(max(o.pacedRate, 1)), path: &[2]pathConfig{path, path}})
+				if err != nil || res.elapsed == 0 {
+					return err
+				}
+				if len(res.lat) == 0 {
+					return errors.New("no message delivered in the window")
+				}
+				r.set("lp50", ms(percentile(res.lat, 0.50)))
+				r.set("lp99", ms(percentile(res.lat, 0.99)))
+				e.note("paced: %d msgs delivered in %v (%.0f msg/s)", res.msgs, res.elapsed.Round(time.Millisecond), res.msgRate())
+				return nil
+			})
+		}
+
+	case "capped":
+		path := pathConfig{Delay: o.capDelay, Rate: o.capRate * 1e6, Queue: o.capQueue}
+		limit := o.pathWarmup + o.pathDur + 20*time.Second
+		for _, lb := range h.libs {
+			h.measure(name, lb.Name(), []string{"cg", "cl"}, limit, func(e *env, r *results) error {
+				res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pathDur, path: &[2]pathConfig{path, path}})
+				if err != nil || res.elapsed == 0 {
+					return err
+				}
+				r.set("cg", 100*res.byteRate()/o.capRate)
+				if res.relay.Offered > 0 {
+					r.set("cl", 100*float64(res.relay.Dropped())/float64(res.relay.Offered))
+				}
+				e.note("relay client→server: %d datagrams offered, %d dropped at the queue, %d overflow; goodput %.2f MB/s",
+					res.relay.Offered, res.relay.QueueDrops, res.relay.Overflow, res.byteRate())
+				return nil
+			})
+		}
+
+	case "late":
+		for _, lb := range h.libs {
+			limit := o.acceptDelay + o.acceptT + 10*time.Second
+			h.measure(name, lb.Name(), []string{"la", "lf"}, limit, func(e *env, r *results) error {
+				res, err := lateAccept(e, lb, 64, time.Millisecond, o.acceptDelay, o.acceptT)
+				if err != nil {
+					return err
+				}
+				over := fmt.Sprintf("> %v", o.acceptT)
+				if res.first >= 0 {
+					r.set("la", ms(res.first))
+				} else {
+					r.setText("la", ms(o.acceptT), over)
+				}
+				if res.fresh >= 0 {
+					r.set("lf", ms(res.fresh))
+				} else {
+					r.setText("lf", ms(o.acceptT), over)
+				}
+				e.note("client had sent %d msgs when Accept returned; %d of them arrived before the first later one", res.sentBefore, res.backlog)
+				return nil
+			})
+		}
+	}
+}

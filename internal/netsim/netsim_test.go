@@ -1,0 +1,148 @@
+package netsim
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// run sends n datagrams of size bytes every gap through a fresh link and
+// returns the fates.
+func run(p Params, n, size int, gap time.Duration) ([]Fate, Stats) {
+	l := NewLink(p)
+	fates := make([]Fate, n)
+	for i := range n {
+		fates[i] = l.Decide(t0.Add(time.Duration(i)*gap), size)
+	}
+	return fates, l.Stats()
+}
+
+func TestPerfectPath(t *testing.T) {
+	fates, st := run(Params{}, 1000, 100, time.Millisecond)
+	for _, f := range fates {
+		require.Equal(t, []time.Duration{0}, f.After)
+		require.Equal(t, -1, f.Flip)
+	}
+	assert.Equal(t, uint64(1000), st.Delivered)
+}
+
+func TestUniformLoss(t *testing.T) {
+	_, st := run(Params{Loss: 0.1, Seed: 1}, 100000, 100, 0)
+	assert.InDelta(t, 0.1, float64(st.Lost)/1e5, 0.005)
+}
+
+func TestBurstLoss(t *testing.T) {
+	fates, st := run(Params{Loss: 0.1, BurstLen: 5, Seed: 2}, 200000, 100, 0)
+	assert.InDelta(t, 0.1, float64(st.Lost)/2e5, 0.01, "long-run average")
+	bursts, lost := 0, 0
+	for i, f := range fates {
+		if len(f.After) == 0 {
+			lost++
+			if i == 0 || len(fates[i-1].After) > 0 {
+				bursts++
+			}
+		}
+	}
+	assert.InDelta(t, 5, float64(lost)/float64(bursts), 0.5, "mean burst length")
+}
+
+func TestSeedReplays(t *testing.T) {
+	p := Params{Loss: 0.2, Duplicate: 0.1, Reorder: 0.1, Jitter: time.Millisecond, Corrupt: 0.05, Seed: 9}
+	a, _ := run(p, 5000, 100, time.Millisecond)
+	b, _ := run(p, 5000, 100, time.Millisecond)
+	assert.Equal(t, a, b)
+	p.Seed = 10
+	c, _ := run(p, 5000, 100, time.Millisecond)
+	assert.NotEqual(t, a, c)
+}
+
+func TestJitterDoesNotReorder(t *testing.T) {
+	fates, _ := run(Params{Delay: 10 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 3}, 10000, 100, 100*time.Microsecond)
+	last := t0
+	spread := time.Duration(0)
+	for i, f := range fates {
+		at := t0.Add(time.Duration(i)*100*time.Microsecond + f.After[0])
+		require.False(t, at.Before(last), "datagram %d overtook", i)
+		last = at
+		spread = max(spread, f.After[0]-10*time.Millisecond)
+	}
+	assert.Greater(t, spread, 4*time.Millisecond, "jitter is there")
+}
+
+func TestReorderAndDuplicate(t *testing.T) {
+	_, st := run(Params{Reorder: 0.1, Duplicate: 0.05, Seed: 4}, 100000, 100, 0)
+	assert.InDelta(t, 0.1, float64(st.Reordered)/1e5, 0.01)
+	assert.InDelta(t, 0.05, float64(st.Duplicated)/1e5, 0.005)
+	assert.Equal(t, st.Sent+st.Duplicated, st.Delivered)
+}
+
+func TestCorrupt(t *testing.T) {
+	fates, st := run(Params{Corrupt: 0.2, Seed: 5}, 10000, 50, 0)
+	assert.InDelta(t, 0.2, float64(st.Corrupted)/1e4, 0.02)
+	for _, f := range fates {
+		assert.Less(t, f.Flip, 50)
+	}
+}
+
+func TestBandwidthCap(t *testing.T) {
+	// Offer twice the cap for a second: about half gets through, and
+	// nothing waits longer than the queue allows.
+	const bw = 1 << 20
+	p := Params{Bandwidth: bw, Seed: 6}
+	l := NewLink(p)
+	size := 1000
+	gap := time.Duration(float64(size) / (2 * bw) * float64(time.Second))
+	var delivered int
+	var worst time.Duration
+	for i := range int(2 * bw / size) {
+		f := l.Decide(t0.Add(time.Duration(i)*gap), size)
+		if len(f.After) > 0 {
+			delivered += size
+			worst = max(worst, f.After[0])
+		}
+	}
+	assert.InDelta(t, bw, float64(delivered), bw*0.05)
+	assert.LessOrEqual(t, worst, 51*time.Millisecond)
+	assert.Positive(t, l.Stats().QueueDrops)
+}
+
+func TestPipeDeliversInOrderWithDelay(t *testing.T) {
+	var mu sync.Mutex
+	var got []byte
+	to := netip.MustParseAddrPort("127.0.0.1:9")
+	p := NewPipe(NewLink(Params{Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond, Seed: 1}), func(b []byte, dst netip.AddrPort) {
+		mu.Lock()
+		defer mu.Unlock()
+		if dst == to {
+			got = append(got, b[0])
+		}
+	})
+	defer p.Close()
+	start := time.Now()
+	for i := range 100 {
+		p.Send([]byte{byte(i)}, to)
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 100
+	}, 2*time.Second, time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(start), 5*time.Millisecond)
+	for i, b := range got {
+		require.Equal(t, byte(i), b)
+	}
+}
+
+func TestPipeCloseDropsInFlight(t *testing.T) {
+	delivered := 0
+	p := NewPipe(NewLink(Params{Delay: time.Hour}), func([]byte, netip.AddrPort) { delivered++ })
+	p.Send([]byte{1}, netip.AddrPort{})
+	p.Close()
+	assert.Zero(t, delivered)
+}
