@@ -31,7 +31,7 @@ var (
 type transferIDs struct {
 	// open counts, per TransferID, the unacked datagrams carrying its
 	// fragments, plus one while fragments remain to be packed.
-	open  [256]int32
+	open  *[256]int32 // allocated with the first transfer
 	inUse int
 	next  uint8
 }
@@ -40,6 +40,9 @@ type transferIDs struct {
 func (t *transferIDs) alloc() (uint8, bool) {
 	if t.inUse == 256 {
 		return 0, false
+	}
+	if t.open == nil {
+		t.open = new([256]int32)
 	}
 	for range 256 {
 		id := t.next
@@ -59,7 +62,7 @@ func (t *transferIDs) carried(id uint8) { t.open[id]++ }
 // release drops one reference to id: an acked datagram, or the end of
 // packing. The TransferID is free again when none remain.
 func (t *transferIDs) release(id uint8) {
-	if t.open[id] <= 0 {
+	if t.open == nil || t.open[id] <= 0 {
 		return
 	}
 	t.open[id]--
@@ -101,7 +104,7 @@ type startOrder struct {
 // to MaxMessageSize (and fragRecordCost per fragment) so that an honest
 // sender's transfers complete one after another.
 type reassembly struct {
-	transfers  [256]*transfer
+	transfers  *[256]*transfer // allocated with the first fragment
 	active     int
 	bytes      int // payload bytes held, plus fragRecordCost per fragment
 	budget     int // bytes all but the oldest transfer may hold together
@@ -110,6 +113,9 @@ type reassembly struct {
 }
 
 func (r *reassembly) get(tid uint8) *transfer {
+	if r.transfers == nil {
+		r.transfers = new([256]*transfer)
+	}
 	t := r.transfers[tid]
 	if t == nil {
 		t = new(transfer)
@@ -126,6 +132,9 @@ func (r *reassembly) get(tid uint8) *transfer {
 // oldest reports whether t is the longest-running transfer, which may
 // always grow so that an honest sender never deadlocks on the budget.
 func (r *reassembly) oldest(t *transfer) bool {
+	if r.transfers == nil {
+		return true
+	}
 	for _, o := range r.transfers {
 		if o != nil && o.active && o.seq < t.seq {
 			return false
@@ -140,6 +149,9 @@ func (r *reassembly) oldest(t *transfer) bool {
 func (r *reassembly) admits(tid uint8, n int) bool {
 	n += fragRecordCost
 	if r.bytes+n <= r.budget {
+		return true
+	}
+	if r.transfers == nil {
 		return true
 	}
 	t := r.transfers[tid]
@@ -245,25 +257,9 @@ func (r *reassembly) finish(t *transfer) {
 	}
 }
 
-// pending reports whether the message whose FragmentStart sat at ref is
-// still being reassembled.
-func (r *reassembly) pending(ref msgRef) bool {
-	if r.active == 0 {
-		return false
-	}
-	for _, t := range r.transfers {
-		if t != nil && t.active && t.started && t.start == ref {
-			return true
-		}
-	}
-	return false
-}
-
 // reset drops every transfer.
 func (r *reassembly) reset() {
-	for i := range r.transfers {
-		r.transfers[i] = nil
-	}
+	r.transfers = nil
 	r.active = 0
 	r.bytes = 0
 }

@@ -95,10 +95,14 @@ type resolver struct {
 
 const maxMissing = 4096
 
+// init readies the maps on first use: most connections never hold a
+// message.
 func (r *resolver) init() {
-	r.held = make(map[msgRef]*held)
-	r.waiters = make(map[msgRef][]*held)
-	r.missing = make(map[msgRef]struct{})
+	if r.held == nil {
+		r.held = make(map[msgRef]*held)
+		r.waiters = make(map[msgRef][]*held)
+		r.missing = make(map[msgRef]struct{})
+	}
 }
 
 // resolved reports whether dependency d is satisfied for a dependent of
@@ -152,6 +156,7 @@ func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef, reliable bool) []ms
 // hold keeps h until its dependencies (h.deps, all unresolved) are applied.
 // An unreliable message gives up at deadline.
 func (r *resolver) hold(h *held, deadline time.Time) {
+	r.init()
 	r.held[h.ref] = h
 	r.bytes += len(h.payload)
 	for _, d := range h.deps {
@@ -341,6 +346,7 @@ func (r *resolver) overtaken(ref msgRef, newest uint32) bool {
 }
 
 func (r *resolver) declareMissing(d msgRef) {
+	r.init()
 	if _, ok := r.missing[d]; ok {
 		return
 	}
@@ -441,19 +447,19 @@ type contentKey struct {
 // sendOrder turns channels and explicit dependencies into dependencies on
 // tracked messages (DECISIONS §5, sender).
 type sendOrder struct {
-	byRef     map[Ref]*track // messages sent with SendRef
-	fifo      []*track       // in Ref order, for forgetting resolved ones
-	fifoAt    int
-	chanRel   [256]depOn // last reliable InOrder message per channel
-	chanAny   [256]depOn // last InOrder message of either kind per channel
-	chanUnrel [256]depOn // last unreliable InOrder message per channel
-	latest    map[contentKey]depOn
-	free      []*track
+	byRef  map[Ref]*track // messages sent with SendRef
+	fifo   []*track       // in Ref order, for forgetting resolved ones
+	fifoAt int
+	chans  *[256]chanTails // allocated with the first InOrder message
+	latest map[contentKey]depOn
+	free   []*track
 }
 
-func (o *sendOrder) init() {
-	o.byRef = make(map[Ref]*track)
-	o.latest = make(map[contentKey]depOn)
+// chanTails are the last messages of one channel.
+type chanTails struct {
+	rel   depOn // reliable InOrder
+	any   depOn // InOrder of either kind
+	unrel depOn // unreliable InOrder
 }
 
 // add registers a newly queued message, in send order, and fills m.deps with
@@ -461,16 +467,21 @@ func (o *sendOrder) init() {
 // previous unreliable message with its ID and ContentID.
 func (o *sendOrder) add(m *outMsg) {
 	m.deps = m.deps[:0]
+	var ch *chanTails
 	if m.inOrder {
+		if o.chans == nil {
+			o.chans = new([256]chanTails)
+		}
+		ch = &o.chans[m.channel]
 		if m.reliable {
-			m.deps = appendLive(m.deps, o.chanRel[m.channel])
+			m.deps = appendLive(m.deps, ch.rel)
 		} else {
 			// After the channel's last message of either kind, and its
 			// last unreliable one, so that the unreliable messages form
 			// a chain the receiver can keep in sequence.
-			m.deps = appendLive(m.deps, o.chanAny[m.channel])
-			if o.chanUnrel[m.channel] != o.chanAny[m.channel] {
-				m.deps = appendLive(m.deps, o.chanUnrel[m.channel])
+			m.deps = appendLive(m.deps, ch.any)
+			if ch.unrel != ch.any {
+				m.deps = appendLive(m.deps, ch.unrel)
 			}
 		}
 	}
@@ -501,18 +512,24 @@ func (o *sendOrder) add(m *outMsg) {
 	m.track = t
 	o.fifo = append(o.fifo, t)
 	if m.tracked {
+		if o.byRef == nil {
+			o.byRef = make(map[Ref]*track)
+		}
 		o.byRef[m.ref] = t
 	}
 	d := depOn{t, m.ref}
-	if m.inOrder {
+	if ch != nil {
 		if m.reliable {
-			o.chanRel[m.channel] = d
+			ch.rel = d
 		} else {
-			o.chanUnrel[m.channel] = d
+			ch.unrel = d
 		}
-		o.chanAny[m.channel] = d
+		ch.any = d
 	}
 	if hasKey {
+		if o.latest == nil {
+			o.latest = make(map[contentKey]depOn)
+		}
 		o.latest[key] = d
 	}
 }
@@ -548,14 +565,13 @@ func (o *sendOrder) drop(t *track) {
 	if t.explicit {
 		delete(o.byRef, t.ref)
 	}
-	if o.chanRel[t.channel].t == t {
-		o.chanRel[t.channel] = depOn{}
-	}
-	if o.chanAny[t.channel].t == t {
-		o.chanAny[t.channel] = depOn{}
-	}
-	if o.chanUnrel[t.channel].t == t {
-		o.chanUnrel[t.channel] = depOn{}
+	if t.inOrder && o.chans != nil {
+		ch := &o.chans[t.channel]
+		for _, d := range [...]*depOn{&ch.rel, &ch.any, &ch.unrel} {
+			if d.t == t {
+				*d = depOn{}
+			}
+		}
 	}
 	if t.hasKey && o.latest[t.key].t == t {
 		delete(o.latest, t.key)
@@ -572,9 +588,7 @@ func (o *sendOrder) reset() {
 		}
 	}
 	o.fifo, o.fifoAt, o.free = nil, 0, nil
-	o.chanRel = [256]depOn{}
-	o.chanAny = [256]depOn{}
-	o.chanUnrel = [256]depOn{}
+	o.chans = nil
 	clear(o.byRef)
 	clear(o.latest)
 }

@@ -148,6 +148,7 @@ type session struct {
 	closeAsked    bool
 	synAckSent    time.Time
 	synSends      int
+	preIn, preOut int           // server: bytes from and to the peer before the handshake completed
 	newestAt      time.Time     // when the newest PacketID arrived
 	reorderExt    time.Duration // how late reordered datagrams came
 	reorderAt     time.Time
@@ -219,18 +220,15 @@ type lostRef struct {
 
 func newSession(cfg *config, h host, client bool, now time.Time) *session {
 	s := &session{
-		cfg:          cfg,
-		host:         h,
-		client:       client,
-		started:      now,
-		lastRecv:     now,
-		cc:           newController(cfg.initialRate, cfg.minRate),
-		latestQueued: make(map[contentKey]*outMsg),
+		cfg:      cfg,
+		host:     h,
+		client:   client,
+		started:  now,
+		lastRecv: now,
+		cc:       newController(cfg.initialRate, cfg.minRate),
 	}
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
-	s.res.init()
-	s.order.init()
 	if client {
 		s.state = stateSyn
 		s.needSyn = true
@@ -381,6 +379,9 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 	s.rmsgs = msgs
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(len(b))
+	if !s.client && !s.wasOpen {
+		s.preIn += len(b)
+	}
 
 	switch s.state {
 	case stateSyn:
@@ -889,6 +890,9 @@ func (s *session) enqueue(m *outMsg) {
 	}
 	s.order.add(m)
 	if m.contentID != 0 && !m.reliable {
+		if s.latestQueued == nil {
+			s.latestQueued = make(map[contentKey]*outMsg)
+		}
 		s.latestQueued[contentKey{m.id, m.contentID}] = m
 	}
 	s.raise(m)
@@ -1060,9 +1064,12 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	case stateSynAck:
 		if s.needSynAck {
 			s.needSynAck = false
-			s.synAckSent = now
-			s.synAckSends++
-			return s.control(buf, idConnectSynAck, s.synAck)
+			b := s.control(buf, idConnectSynAck, s.synAck)
+			if b != nil {
+				s.synAckSent = now
+				s.synAckSends++
+			}
+			return b
 		}
 		return nil
 	case stateClosing:
@@ -1111,8 +1118,42 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	h := header{packetID: s.nextPID, inOrder: s.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
+	if id == idConnectSyn {
+		b = appendPadding(b, min(synPadTo, s.cfg.maxDatagram))
+	}
+	if !s.client && !s.wasOpen {
+		// Anti-amplification: an endpoint not yet proven to be the
+		// sender gets no more bytes than it sent. A resent ConnectSyn
+		// adds credit.
+		if s.preOut+len(b) > s.preIn {
+			return nil
+		}
+		s.preOut += len(b)
+	}
 	s.sentUnreliable(b)
 	return b
+}
+
+// synPadTo is the size a client pads its ConnectSyn datagram to, so that
+// the server may answer with a ConnectSynAck of about that size at once.
+const synPadTo = 1200
+
+// idPadding is the reserved MessageID 5, which receivers ignore: the
+// ConnectSyn's padding.
+const idPadding = 5
+
+// appendPadding fills the datagram b up to size bytes with one padding
+// message, when there is room for one.
+func appendPadding(b []byte, size int) []byte {
+	room := size - len(b) - 3 // message header and the 1-byte MessageID
+	if room < 0 {
+		return b
+	}
+	room = min(room, maxContentLength-1)
+	b = appendMessage(b, &message{id: idPadding})
+	b[len(b)-3] = byte(1 + room) // ContentLength, u16 little-endian
+	b[len(b)-2] = byte((1 + room) >> 8)
+	return append(b, make([]byte, room)...)
 }
 
 func (s *session) sentUnreliable(b []byte) {

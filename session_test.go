@@ -523,3 +523,57 @@ func TestSessionStaysWithinDatagramSize(t *testing.T) {
 		require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == 300 }))
 	}
 }
+
+func TestPaddingMessage(t *testing.T) {
+	b := appendHeader(nil, &header{})
+	b = appendMessage(b, &message{id: idConnectSyn, payload: []byte("hi")})
+	b = appendPadding(b, 1200)
+	require.Len(t, b, 1200)
+	d, _, err := parseDatagram(b)
+	require.NoError(t, err)
+	require.Len(t, d.msgs, 2)
+	assert.Equal(t, uint32(idPadding), d.msgs[1].id)
+	// Too little room: no padding.
+	assert.Len(t, appendPadding(b[:20:20], 21), 20)
+}
+
+func TestServerNeverAmplifies(t *testing.T) {
+	// However large the Admit reply, a server sends an unproven endpoint
+	// no more bytes than it received from it; the client's resent
+	// ConnectSyns buy the rest.
+	for _, reply := range []int{0, 7, 1100, 1300} {
+		t.Run(fmt.Sprint(reply), func(t *testing.T) {
+			p := newSimPair(t, nil, nil, perfect, perfect)
+			p.admit = func([]byte) ([]byte, bool) { return make([]byte, reply), true }
+			in, out := 0, 0
+			p.tap = func(from int, b []byte) {
+				if from == 0 && !p.server().wasOpen {
+					in += len(b)
+				}
+				if from == 1 && !p.server().wasOpen {
+					out += len(b)
+					assert.LessOrEqual(t, out, in, "server sent %d bytes for %d received", out, in)
+				}
+			}
+			p.connect()
+			assert.Equal(t, reply, len(p.client().synAck))
+		})
+	}
+}
+
+func TestServerRefusalNeverAmplifies(t *testing.T) {
+	p := newSimPair(t, &Config{ConnectTimeout: time.Second}, nil, perfect, perfect)
+	p.admit = func([]byte) ([]byte, bool) { return nil, false }
+	in, out := 0, 0
+	p.tap = func(from int, b []byte) {
+		if from == 0 {
+			in += len(b)
+		} else {
+			out += len(b)
+		}
+	}
+	require.True(t, p.run(5*time.Second, func() bool { return p.client().state == stateDone }))
+	assert.ErrorIs(t, p.client().err, ErrRefused)
+	assert.LessOrEqual(t, out, in)
+	assert.Positive(t, out)
+}

@@ -1288,6 +1288,12 @@ func spStart(t *testing.T, start time.Time, firstPID uint32) (*spPeer, *spServer
 	// 1. Handshake: ConnectSyn with content, ConnectSynAck with the Admit
 	// hook's reply, ConnectAck in a reliable datagram.
 	p.send(false, nil, spOut{id: spConnectSyn, payload: []byte("hello")})
+	// "welcome" is longer than "hello": the server must not answer an
+	// endpoint it has not heard back from with more bytes than it received
+	// (no reflection amplification), so the answer waits for the ConnectSyn
+	// to come again, as a client resends it when no answer comes.
+	assert.False(t, p.pump(300*time.Millisecond, func() bool { return len(p.synAcks) > 0 }), "ConnectSynAck larger than the ConnectSyn")
+	p.send(false, nil, spOut{id: spConnectSyn, payload: []byte("hello")})
 	require.True(t, p.pump(2*time.Second, func() bool { return len(p.synAcks) > 0 }), "no ConnectSynAck")
 	assert.Equal(t, "welcome", p.synAcks[0], "ConnectSynAck content")
 	ackPID := p.send(true, nil, spOut{id: spConnectAck})
