@@ -283,6 +283,8 @@ func (c *Conn) finish() {
 	c.inbox = nil
 	c.inMu.Unlock()
 	close(c.done)
+	c.readDL.stop()
+	c.writeDL.stop()
 	c.ep.connDone(c)
 }
 
@@ -291,7 +293,7 @@ func (c *Conn) finish() {
 func (c *Conn) deliver(id uint32, payload []byte, reliable, inOrder bool) bool {
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
-	if !reliable && c.recvq.used() >= c.cfg.recvBuffer {
+	if !reliable && c.recvq.used()+len(payload) > c.cfg.recvBuffer {
 		return false
 	}
 	c.recvq.push(id, payload, reliable, inOrder)
@@ -669,11 +671,12 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // deadline is a settable point in time with a channel closed once it
 // passes.
 type deadline struct {
-	mu    sync.Mutex
-	timer *time.Timer
-	gen   uint64
-	ch    chan struct{}
-	done  bool // ch is closed
+	mu      sync.Mutex
+	timer   *time.Timer
+	gen     uint64
+	ch      chan struct{}
+	done    bool // ch is closed
+	stopped bool
 }
 
 func (d *deadline) init() { d.ch = make(chan struct{}) }
@@ -685,6 +688,9 @@ func (d *deadline) set(t time.Time) {
 	if d.timer != nil {
 		d.timer.Stop()
 		d.timer = nil
+	}
+	if d.stopped {
+		return // the connection is gone: no timer may outlive it
 	}
 	if t.IsZero() {
 		if d.done {
@@ -714,6 +720,17 @@ func (d *deadline) set(t time.Time) {
 			d.done = true
 		}
 	})
+}
+
+// stop stops the timer for good.
+func (d *deadline) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stopped = true
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
+	}
 }
 
 func (d *deadline) wait() <-chan struct{} {
