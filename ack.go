@@ -185,15 +185,21 @@ func (q *ackQueue) take(dst []packetAck, max int) []packetAck {
 
 // sent is a reliable datagram in flight.
 type sent struct {
-	packetID  uint32
-	b         []byte // the datagram as sent, re-sent as is
-	sentAt    time.Time
-	sends     int
-	lost      bool // queued for retransmission
-	acked     bool
-	appBytes  int    // application payload bytes carried, for send buffer accounting
-	whole0    bool   // its first block is a whole message: an anchor once acked
-	transfers []byte // TransferIDs whose fragments it carries
+	packetID uint32
+	b        []byte // the datagram as sent, re-sent as is
+	sentAt   time.Time
+	sends    int
+	lost     bool // queued for retransmission
+	acked    bool
+	appBytes int  // application payload bytes carried, for send buffer accounting
+	whole0   bool // its first block is a whole message: an anchor once acked
+	// Delivery rate estimation (draft-cheng-iccrg-delivery-rate-estimation),
+	// as of the last send.
+	delivered   int64
+	deliveredAt time.Time
+	firstSentAt time.Time
+	appLimited  bool
+	transfers   []byte // TransferIDs whose fragments it carries
 	// prev and next link the sent datagrams in order of last send.
 	prev, next *sent
 }
@@ -337,6 +343,17 @@ func (w *sentWindow) trim(release func(s *sent)) {
 		s.b = nil
 		w.free = append(w.free, s)
 	}
+}
+
+// oldestUnlost returns the unacked datagram with the oldest PacketID that
+// is not already waiting to be resent, or nil.
+func (w *sentWindow) oldestUnlost() *sent {
+	for k := range w.n {
+		if s := w.at(k); !s.acked && !s.lost {
+			return s
+		}
+	}
+	return nil
 }
 
 // firstUnacked returns the oldest-PacketID unacked datagram, or nil.

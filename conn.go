@@ -187,6 +187,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	if closing {
 		c.sess.requestClose(now)
 	}
+	c.sess.flowControl(now)
 }
 
 // admit runs the application's Admit hook on a ConnectSyn.
@@ -488,11 +489,18 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 			return net.ErrClosed
 		}
 		if c.recvq.len() > 0 {
+			before := c.recvq.used()
 			take(&c.recvq)
 			more := c.recvq.len() > 0
+			after := c.recvq.used()
 			c.recvMu.Unlock()
 			if more {
 				signal(c.recvReady)
+			}
+			// Reading freed what the peer may be waiting for: let the
+			// loop tell it (flow control) and take what it resends.
+			if q := c.cfg.recvBuffer / 4; before >= q && after < q {
+				signal(c.wake)
 			}
 			return nil
 		}

@@ -731,7 +731,7 @@ func TestConfigSimulate(t *testing.T) {
 	cli := testConfig()
 	cli.Simulate = &Simulation{Loss: 0.1, Delay: 15 * time.Millisecond, Seed: 2}
 	c := dial(t, l.Addr().String(), cli)
-	const n = 300
+	const n = 2000
 	go func() {
 		for i := range n {
 			c.Send(numbered(6, i, 100))

@@ -5,10 +5,323 @@ import (
 	"time"
 )
 
-// Rate control (spec "Flow Control", DECISIONS §7). Sends are paced to a
-// rate in datagrams per second by a token bucket; reliable datagrams in
-// flight are also capped by a window, so that a path that stops acking stops
-// us too.
+// Rate control (spec "Flow Control", DECISIONS §7).
+//
+// A congestion controller decides how fast reliable datagrams may go, from
+// what the acks say about the path. The session paces sends to its rate,
+// keeps no more than its window unacked, never goes below MinDatagramRate
+// and never above what the peer asked for with FlowControlRequest.
+
+// CongestionControl decides how fast a connection sends reliable
+// datagrams. The connection's goroutine calls its methods; an
+// implementation need not be safe for concurrent use. Config's
+// CongestionControl field plugs one in.
+type CongestionControl interface {
+	// OnAck reports the datagrams newly acked by one incoming datagram.
+	OnAck(now time.Time, a AckEvent)
+	// OnLoss reports reliable datagrams found lost because later ones
+	// were acked (fast retransmit).
+	OnLoss(now time.Time, lostBytes int)
+	// OnTimeout reports that nothing was acked for a retransmission
+	// timeout and a probe goes out.
+	OnTimeout(now time.Time)
+	// PacingRate is the rate, in bytes per second, to spread sends at.
+	PacingRate() float64
+	// Window is how many bytes of reliable datagrams may be unacked.
+	Window() int
+}
+
+// AckEvent describes the acks carried by one incoming datagram.
+type AckEvent struct {
+	AckedBytes int // bytes of reliable datagrams newly acked
+	InFlight   int // bytes still unacked afterwards
+	// DeliveryRate is the rate, in bytes per second, at which the path
+	// delivered data over the interval ending with the newest datagram
+	// acked (draft-cheng-iccrg-delivery-rate-estimation); 0 if unknown.
+	DeliveryRate float64
+	// AppLimited is set when that datagram went out while the application
+	// had too little to send to fill the window: the rate then says less
+	// than the path could do.
+	AppLimited bool
+	// RTT is the newest sample; SRTT and MinRTT its smoothed value and the
+	// lowest seen lately.
+	RTT, SRTT, MinRTT time.Duration
+}
+
+// CongestionParams are what a controller starts from.
+type CongestionParams struct {
+	InitialRate  float64 // bytes per second, from Config.InitialDatagramRate
+	MinRate      float64 // bytes per second, from Config.MinDatagramRate
+	DatagramSize int     // Config.MaxDatagramSize
+}
+
+// NewDeliveryRateControl returns the default congestion controller. It
+// estimates the path's bottleneck bandwidth as the highest delivery rate
+// of the last ten round trips (what each delivered, over how long it took),
+// and paces at it:
+//
+//   - slow start: the rate is pushed to 2.9 times the estimate, so that it
+//     doubles each round trip, until the estimate stops growing by a
+//     quarter for three round trips (the pipe is full); a round at a
+//     lowered rate then drains the queue start-up built;
+//   - then it cruises at the estimate, probing a quarter above it one round
+//     trip in eight and draining below it in the next, an additive way of
+//     finding bandwidth that appeared;
+//   - random loss does not lower the estimate, so a few percent of loss
+//     costs only the resends; a real bottleneck caps the delivery rate, and
+//     with it the rate; when even the fastest round trip of two rounds
+//     running is well above the path's minimum, a queue is standing at the
+//     bottleneck: probing stops, and one round per cycle drains below the
+//     estimate (never more, so that delay not of its making cannot talk the
+//     estimate down);
+//   - heavy loss (over a quarter of the datagrams, counted over at least
+//     sixty-four) is congestion the estimate did not see: the rate is cut
+//     multiplicatively, and recovers by a tenth per round trip without.
+//
+// The window is two bandwidth-delay products, enough for acks that come in
+// batches. Start-up also ends at a round trip losing a fifth of its
+// datagrams (over at least 32): random loss of a few percent does not do
+// that, overshooting a shallow queue does. This is the
+// controller used when Config.CongestionControl is nil.
+func NewDeliveryRateControl(p CongestionParams) CongestionControl {
+	return &deliveryRate{p: p, state: drStartup, bw: p.InitialRate, cut: 1, drainRound: -1, drainCycle: -1}
+}
+
+type drState uint8
+
+const (
+	drStartup drState = iota
+	drDrain
+	drCruise
+)
+
+const (
+	startupGain    = 2.89 // 2/ln 2: doubles the delivery rate each round trip
+	bwWindowRounds = 10
+	heavyLoss      = 0.25 // share of datagrams lost that is taken for congestion
+	startupLoss    = 0.20 // share lost in a start-up round that ends start-up (well above random loss)
+	queueDrainGain = 0.85 // pacing gain while a standing queue drains
+)
+
+// drProbeGains is the cruise cycle: probe, drain, then six rounds at the
+// estimate.
+var drProbeGains = [...]float64{1.25, 0.75, 1, 1, 1, 1, 1, 1}
+
+type deliveryRate struct {
+	p     CongestionParams
+	state drState
+	bw    float64 // bottleneck bandwidth estimate, bytes/s
+	// Max filter over rounds: the best sample of each of the last rounds.
+	rounds    [bwWindowRounds]float64
+	round     int
+	roundEnd  time.Time
+	fullBw    float64
+	fullCount int
+	cycle     int
+	cycleAt   time.Time
+	srtt      time.Duration
+	minRTT    time.Duration
+	// Heavy-loss detection, per round.
+	roundStart           time.Time
+	ackedRound           int // bytes acked this round
+	ackedLoss, lostRound int // bytes acked and lost since the last loss check
+	appLimitedRound      bool
+	roundMinRTT          time.Duration
+	queued               int     // rounds running with a standing queue
+	drainRound           int     // the round that drains it
+	drainCycle           int     // the cycle it drained last
+	cut                  float64 // 1, or less after heavy loss, back to 1 over time
+}
+
+func (c *deliveryRate) OnAck(now time.Time, a AckEvent) {
+	c.srtt, c.minRTT = a.SRTT, a.MinRTT
+	c.ackedRound += a.AckedBytes
+	c.ackedLoss += a.AckedBytes
+	c.appLimitedRound = c.appLimitedRound || a.AppLimited
+	if a.RTT > 0 && (c.roundMinRTT == 0 || a.RTT < c.roundMinRTT) {
+		c.roundMinRTT = a.RTT
+	}
+	if c.roundStart.IsZero() {
+		c.roundStart = now
+		c.roundEnd = now.Add(max(c.srtt, time.Millisecond))
+	}
+	if now.Before(c.roundEnd) {
+		return
+	}
+	// A round trip has passed: what it delivered, over how long it took,
+	// is the round's sample. Taken over the whole round rather than per
+	// ack, it is not fooled by acks that arrive bunched. A round in which
+	// the application had too little to send says only that the path can
+	// do at least that much: it counts only if it beats the estimate.
+	if dt := now.Sub(c.roundStart); dt > 0 {
+		rate := float64(c.ackedRound) / dt.Seconds()
+		if !c.appLimitedRound || rate > c.bw {
+			c.rounds[c.round%bwWindowRounds] = rate
+		}
+	}
+	c.endRound(now)
+}
+
+func (c *deliveryRate) endRound(now time.Time) {
+	c.roundStart = now
+	c.roundEnd = now.Add(max(c.srtt, time.Millisecond))
+	best := 0.0
+	for _, r := range c.rounds {
+		best = max(best, r)
+	}
+	if best > 0 {
+		c.bw = best
+	}
+	// Start-up overshooting a shallow queue: leave it at the first round
+	// losing more than startupLoss (BBRv2), before the queue overflows for
+	// long.
+	if total := c.ackedLoss + c.lostRound; c.state == drStartup && total >= 32*c.p.DatagramSize &&
+		float64(c.lostRound) > startupLoss*float64(total) {
+		c.state = drDrain
+	}
+	c.ackedRound = 0
+	// A standing queue: even the round's fastest round trip is well above
+	// the path's minimum, two rounds running. The estimate runs a little
+	// high (the best of ten noisy rounds); drain what that built.
+	if c.roundMinRTT > c.minRTT+max(c.minRTT/8, 2*time.Millisecond) {
+		c.queued++
+	} else {
+		c.queued = 0
+	}
+	c.roundMinRTT = 0
+	// At most one drain round per cycle: delay that draining does not
+	// take away is not ours (a slow receiver, a busy relay), and draining
+	// for it every round would talk the estimate down.
+	if c.state == drCruise && c.queued >= 2 && c.drainCycle != c.round/len(drProbeGains) {
+		c.drainCycle = c.round / len(drProbeGains)
+		c.drainRound = c.round + 1
+	}
+	// Heavy loss: congestion that the delivery rate missed. Judged over
+	// enough datagrams that random loss of a few percent never looks like
+	// it.
+	if total := c.ackedLoss + c.lostRound; total >= 64*c.p.DatagramSize {
+		if float64(c.lostRound) > heavyLoss*float64(total) {
+			c.cut = max(c.cut*0.7, 0.05)
+			if c.state == drStartup {
+				c.state = drCruise
+			}
+		} else if c.cut < 1 {
+			c.cut = min(1, c.cut*1.1)
+		}
+		c.ackedLoss, c.lostRound = 0, 0
+	}
+	switch c.state {
+	case drStartup:
+		if c.bw >= c.fullBw*1.25 {
+			c.fullBw = c.bw
+			c.fullCount = 0
+		} else if !c.appLimitedRound {
+			// Only rounds that had enough to send tell that the pipe
+			// is full.
+			if c.fullCount++; c.fullCount >= 3 {
+				c.state = drDrain
+			}
+		}
+	case drDrain:
+		c.state = drCruise
+		c.cycle = 2
+		c.cycleAt = now
+	case drCruise:
+		c.cycle = (c.cycle + 1) % len(drProbeGains)
+	}
+	c.round++
+	c.rounds[c.round%bwWindowRounds] = 0
+	c.appLimitedRound = false
+}
+
+func (c *deliveryRate) OnLoss(now time.Time, lostBytes int) { c.lostRound += lostBytes }
+
+// OnTimeout leaves the estimate alone: a probe timeout says a datagram or
+// its ack went missing, not that the path slowed; if it did, the delivery
+// rate shows it within ten round trips.
+func (c *deliveryRate) OnTimeout(now time.Time) {}
+
+func (c *deliveryRate) gain() float64 {
+	switch c.state {
+	case drStartup:
+		return startupGain
+	case drDrain:
+		return 1 / startupGain
+	}
+	g := drProbeGains[c.cycle]
+	switch {
+	case c.queued >= 2 && c.drainRound == c.round:
+		return queueDrainGain
+	case c.queued >= 1:
+		return min(g, 1) // no probing into a queue
+	}
+	return g
+}
+
+func (c *deliveryRate) PacingRate() float64 {
+	return max(c.gain()*c.bw*c.cut, c.p.MinRate)
+}
+
+// Window is two bandwidth-delay products, taken with the minimum round
+// trip (the smoothed one grows with the queue we build), but at least a
+// millisecond of it: on loopback the minimum is microseconds while acks
+// come in batches a scheduling quantum apart.
+func (c *deliveryRate) Window() int {
+	rtt := max(c.minRTT, min(c.srtt, time.Millisecond))
+	gain := 2.0
+	if c.state == drStartup {
+		gain = startupGain
+	}
+	w := gain * c.bw * c.cut * rtt.Seconds()
+	return int(max(w, float64(16*c.p.DatagramSize)))
+}
+
+// NewAIMDControl returns a classic controller, like the reference
+// implementation's: slow start doubling the rate each round trip until the
+// first loss, then additive increase (one datagram more each round trip)
+// and a multiplicative decrease by half on each round trip with loss or a
+// timeout. It treats any loss as congestion, so random loss holds it far
+// below what the path could carry.
+func NewAIMDControl(p CongestionParams) CongestionControl {
+	return &aimd{p: p, rate: p.InitialRate, ssthresh: math.Inf(1)}
+}
+
+type aimd struct {
+	p        CongestionParams
+	rate     float64 // bytes/s
+	ssthresh float64
+	srtt     time.Duration
+	lastCut  time.Time
+}
+
+func (c *aimd) OnAck(now time.Time, a AckEvent) {
+	c.srtt = a.SRTT
+	s := max(a.SRTT, 100*time.Microsecond).Seconds()
+	if c.rate < c.ssthresh {
+		c.rate += float64(a.AckedBytes) / s
+	} else {
+		c.rate += float64(a.AckedBytes) * float64(c.p.DatagramSize) / (c.rate * s * s)
+	}
+}
+
+func (c *aimd) OnLoss(now time.Time, lostBytes int) { c.decrease(now) }
+func (c *aimd) OnTimeout(now time.Time)             { c.decrease(now) }
+
+func (c *aimd) decrease(now time.Time) {
+	if now.Sub(c.lastCut) < c.srtt {
+		return
+	}
+	c.lastCut = now
+	c.rate = max(c.p.MinRate, c.rate/2)
+	c.ssthresh = c.rate
+}
+
+func (c *aimd) PacingRate() float64 { return max(c.rate, c.p.MinRate) }
+
+func (c *aimd) Window() int {
+	w := 2 * c.rate * max(c.srtt, time.Millisecond).Seconds()
+	return int(max(w, float64(4*c.p.DatagramSize)))
+}
 
 // pacer is a token bucket: rate tokens a second, at most burst banked.
 type pacer struct {
@@ -16,7 +329,6 @@ type pacer struct {
 	last   time.Time
 }
 
-// refill adds the tokens earned since the last call.
 func (p *pacer) refill(now time.Time, rate, burst float64) {
 	if p.last.IsZero() {
 		p.tokens = burst
@@ -29,105 +341,108 @@ func (p *pacer) refill(now time.Time, rate, burst float64) {
 	}
 }
 
-// ready reports whether a datagram may go now.
-func (p *pacer) ready() bool { return p.tokens >= 1 }
-
-func (p *pacer) spend() { p.tokens-- }
-
-// wait is how long until the next token at rate.
-func (p *pacer) wait(rate float64) time.Duration {
-	if p.tokens >= 1 || rate <= 0 {
+// wait is how long until need tokens at rate.
+func (p *pacer) wait(need, rate float64) time.Duration {
+	if p.tokens >= need || rate <= 0 {
 		return 0
 	}
-	return time.Duration((1 - p.tokens) / rate * float64(time.Second))
+	return time.Duration((need - p.tokens) / rate * float64(time.Second))
 }
 
-// controller is the default congestion controller: slow start from the
-// initial rate, doubling each round trip while acks keep coming, then
-// additive increase; on loss a multiplicative decrease, never below the
-// minimum rate and never above what the peer asked for.
-type controller struct {
-	rate     float64 // datagrams per second
-	minRate  float64
-	maxRate  float64 // the peer's FlowControlRequest, 0 if none
-	ssthresh float64
-	lastCut  time.Time
-	pace     pacer
-	peer     pacer // unreliable datagrams, against maxRate only
+// rateControl applies a congestion controller and the protocol's limits to
+// the datagrams a session sends.
+type rateControl struct {
+	cc      CongestionControl
+	minRate float64 // datagrams/s always allowed
+	maxRate float64 // datagrams/s the peer asked for, 0 if no limit
+	dgSize  int
+	bytes   pacer // the controller's pacing, in bytes
+	peer    pacer // the peer's limit, in datagrams
+	// forceRate, when set (tests), replaces the controller's pacing: so
+	// many full datagrams a second.
+	forceRate float64
 }
 
 const (
-	rateCeiling = 4e6  // no pacing above this many datagrams/s
-	minWindow   = 32   // reliable datagrams in flight, at the least
-	maxWindow   = 8192 // and at the most (the protocol allows up to 2^15)
-	minBurst    = 16   // datagrams that may always leave back to back
+	minBurstDatagrams = 16 // may always leave back to back
+	// burstTime is how much of the pacing rate may leave at once: sub-
+	// millisecond timers are not to be had.
+	burstTime = 2 * time.Millisecond
 )
 
-func newController(initial, minRate float64) controller {
-	return controller{rate: initial, minRate: minRate, ssthresh: math.Inf(1)}
-}
-
-// allowed is the rate actually used: the controller's, capped by the peer.
-func (c *controller) allowed() float64 {
-	r := c.rate
-	if c.maxRate > 0 && r > c.maxRate {
-		r = c.maxRate
+func newRateControl(cfg *config) rateControl {
+	p := CongestionParams{
+		InitialRate:  cfg.initialRate * float64(cfg.maxDatagram),
+		MinRate:      cfg.minRate * float64(cfg.maxDatagram),
+		DatagramSize: cfg.maxDatagram,
 	}
-	return math.Max(r, c.minRate)
+	mk := cfg.congestion
+	if mk == nil {
+		mk = NewDeliveryRateControl
+	}
+	return rateControl{cc: mk(p), minRate: cfg.minRate, dgSize: cfg.maxDatagram}
 }
 
-func (c *controller) burst(srtt time.Duration) float64 {
-	return math.Max(minBurst, c.allowed()*math.Max(srtt.Seconds(), 0.002))
+// byteRate is the pacing rate in bytes per second.
+func (r *rateControl) byteRate() float64 {
+	if r.forceRate > 0 {
+		return r.forceRate * float64(r.dgSize)
+	}
+	return max(r.cc.PacingRate(), r.minRate*float64(r.dgSize))
 }
 
-// canSend reports whether a paced datagram may go now.
-func (c *controller) canSend(now time.Time, srtt time.Duration) bool {
-	c.pace.refill(now, c.allowed(), c.burst(srtt))
-	return c.pace.ready()
+// canSend reports whether a datagram of size bytes may go now.
+func (r *rateControl) canSend(now time.Time, size int) bool {
+	rate := r.byteRate()
+	r.bytes.refill(now, rate, max(minBurstDatagrams*float64(r.dgSize), rate*burstTime.Seconds()))
+	if r.bytes.tokens < float64(size) {
+		return false
+	}
+	return r.peerAllows(now)
 }
-
-func (c *controller) onSent() { c.pace.spend() }
-
-// onSentUnpaced counts a datagram that did not wait for the pacer against
-// the peer's limit only.
-func (c *controller) onSentUnpaced() { c.peer.spend() }
 
 // peerAllows reports whether the peer's FlowControlRequest leaves room for
-// one more datagram now.
-func (c *controller) peerAllows(now time.Time) bool {
-	c.peer.refill(now, c.maxRate, math.Max(minBurst, c.maxRate/10))
-	return c.peer.ready()
-}
-
-// nextSend is when the next paced datagram may go.
-func (c *controller) nextSend(now time.Time) time.Time {
-	return now.Add(max(c.pace.wait(c.allowed()), 50*time.Microsecond))
-}
-
-// window is how many reliable datagrams may be unacked at once: two
-// round trips' worth at the current rate.
-func (c *controller) window(srtt, ackDelay time.Duration) int {
-	w := 2 * c.allowed() * (srtt + ackDelay).Seconds()
-	return int(math.Min(maxWindow, math.Max(minWindow, w)))
-}
-
-// onAck grows the rate for n datagrams acked.
-func (c *controller) onAck(n int, srtt time.Duration) {
-	s := math.Max(srtt.Seconds(), 1e-4)
-	if c.rate < c.ssthresh {
-		c.rate += float64(n) / s // doubles each round trip
-	} else {
-		c.rate += float64(n) / (c.rate * s * s) // one more datagram per round trip, per round trip
+// one more datagram now. MinDatagramRate is always allowed.
+func (r *rateControl) peerAllows(now time.Time) bool {
+	if r.maxRate <= 0 {
+		return true
 	}
-	c.rate = math.Min(c.rate, rateCeiling)
+	rate := max(r.maxRate, r.minRate)
+	r.peer.refill(now, rate, max(minBurstDatagrams/4, rate*burstTime.Seconds()))
+	return r.peer.tokens >= 1
 }
 
-// onLoss cuts the rate once per round trip.
-func (c *controller) onLoss(now time.Time, srtt time.Duration) {
-	if now.Sub(c.lastCut) < srtt {
-		return
+// sent spends the tokens of a paced datagram.
+func (r *rateControl) sent(size int) {
+	r.bytes.tokens -= float64(size)
+	r.peer.tokens--
+}
+
+// sentUnpaced spends against the peer's limit only.
+func (r *rateControl) sentUnpaced() { r.peer.tokens-- }
+
+// nextSend is when a datagram of size bytes may next go.
+func (r *rateControl) nextSend(now time.Time, size int) time.Time {
+	w := r.bytes.wait(float64(size), r.byteRate())
+	if r.maxRate > 0 {
+		w = max(w, r.peer.wait(1, max(r.maxRate, r.minRate)))
 	}
-	c.lastCut = now
-	c.rate = math.Max(c.minRate, c.rate*0.7)
-	c.ssthresh = c.rate
+	return now.Add(max(w, 20*time.Microsecond))
+}
+
+// window is how many bytes of reliable datagrams may be unacked.
+func (r *rateControl) window() int {
+	if r.forceRate > 0 {
+		return 1 << 30
+	}
+	return r.cc.Window()
+}
+
+// datagramRate is the rate now allowed, in datagrams per second, for Stats.
+func (r *rateControl) datagramRate() float64 {
+	d := r.byteRate() / float64(r.dgSize)
+	if r.maxRate > 0 {
+		d = min(d, max(r.maxRate, r.minRate))
+	}
+	return d
 }

@@ -136,7 +136,7 @@ func FuzzPacketAck(f *testing.F) {
 		for i := range 40 {
 			p.send(0, numbered(100, i, 1300))
 		}
-		p.client().cc.rate = 1e6
+		p.client().rc.forceRate = 1e6
 		p.run(time.Millisecond, nil)
 		c := p.client()
 		inFlight := map[uint32]int{}

@@ -100,7 +100,9 @@ func TestPeerThatNeverReads(t *testing.T) {
 	held := srv.recvUsed()
 	t.Logf("after 1s: %d messages sent, %d bytes waiting at the server, client %+v", sent.Load(), held, c.Stats())
 	assert.LessOrEqual(t, held, 256<<10+maxDatagramSizeLimit)
-	assert.Positive(t, srv.Stats().DroppedDatagrams, "the excess went unacked")
+	// The server asked the client to slow down (FlowControlRequest), or
+	// left the excess unacked.
+	assert.True(t, c.Stats().SendRate < 100 || srv.Stats().DroppedDatagrams > 0, "no backpressure: %+v", c.Stats())
 	close(stop)
 	<-done
 	// The reader wakes up: everything sent arrives, exactly once.
@@ -252,7 +254,9 @@ func roundTrips(t testing.TB, c *Conn, n int) []time.Duration {
 	for i := range n {
 		start := time.Now()
 		require.NoError(t, c.Send(numbered(6, i, 32)))
-		_, err := c.Receive(within(t, 10*time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := c.Receive(ctx)
+		cancel()
 		require.NoError(t, err)
 		rtts = append(rtts, time.Since(start))
 	}

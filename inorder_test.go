@@ -249,7 +249,7 @@ func TestPriorityLeavesFirst(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
 	// A slow sender: many datagrams queued behind the pacer.
-	p.client().cc.rate = 100
+	p.client().rc.forceRate = 100
 	for i := range 200 {
 		p.send(0, numbered(100, i, 1300))
 	}
@@ -269,7 +269,7 @@ func TestPriorityRaisesDependencies(t *testing.T) {
 	// An urgent message that depends on a queued one pulls it forward.
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
-	p.client().cc.rate = 100
+	p.client().rc.forceRate = 100
 	for i := range 100 {
 		p.send(0, numbered(100, i, 1300))
 	}
@@ -299,13 +299,11 @@ func TestPriorityRaisesDependencies(t *testing.T) {
 func TestContentIDLatestStateWins(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
-	p.client().cc.rate = 10 // almost nothing leaves: updates pile up
-	p.client().cc.pace = pacer{tokens: 0, last: p.now}
+	// Nothing leaves until the simulation runs: the updates pile up.
 	for i := range 50 {
 		p.send(0, Message{ID: 300, ContentID: 1, Payload: []byte{byte(i)}})
 		p.send(0, Message{ID: 300, ContentID: 2, Payload: []byte{100 + byte(i)}})
 	}
-	p.client().cc.rate = 1e6
 	p.run(time.Second, nil)
 	var got []byte
 	for _, m := range p.h[1].msgs {

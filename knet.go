@@ -127,6 +127,11 @@ type Config struct {
 	// Default 512.
 	AcceptBacklog int
 
+	// CongestionControl, when not nil, makes the congestion controller of
+	// each connection. Default: NewDeliveryRateControl. NewAIMDControl is
+	// the classic alternative.
+	CongestionControl func(CongestionParams) CongestionControl
+
 	// Simulate, when not nil, makes every datagram this Conn or Listener
 	// sends cross a simulated bad network first: to test a game under
 	// loss, latency, reordering and the rest without a real one. Give each
@@ -185,6 +190,7 @@ type config struct {
 	admit                                      func(net.Addr, []byte) ([]byte, error)
 	stealth                                    bool
 	simulate                                   *Simulation
+	congestion                                 func(CongestionParams) CongestionControl
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -245,6 +251,7 @@ func (c *Config) resolve() *config {
 		admit:            c.Admit,
 		stealth:          c.Stealth,
 		simulate:         c.Simulate,
+		congestion:       c.CongestionControl,
 	}
 	r.lostTimeout = pick(c.ConnectionLostTimeout, 3*r.pingInterval)
 	r.maxFragment = min(r.maxFragment, maxContentLength-8)
@@ -327,7 +334,8 @@ type Stats struct {
 	MessagesSent      uint64 // application messages
 	MessagesReceived  uint64 // application messages delivered
 	Retransmits       uint64 // reliable datagrams sent again
-	FastRetransmits   uint64 // of which before their timeout, on ack gaps
+	FastRetransmits   uint64 // datagrams taken for lost on ack gaps, before any timeout
+	SpuriousLosses    uint64 // datagrams taken for lost that were only late
 
 	InvalidDatagrams   uint64 // malformed datagrams dropped
 	DuplicateDatagrams uint64 // dropped as already received

@@ -26,7 +26,7 @@ type endpoint struct {
 	connected bool // a dialed socket: Write, not WriteTo
 	l         *Listener
 	cfg       *config
-	pool      sync.Pool
+	pool      *sync.Pool
 	sim       *netsim.Pipe // Config.Simulate, if set
 
 	mu      sync.Mutex
@@ -59,9 +59,27 @@ func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
 		pending:    make(map[*Conn]bool),
 		readerDone: make(chan struct{}),
 	}
-	size := max(cfg.maxDatagram, 2048) + 1
-	ep.pool.New = func() any { return &packet{buf: make([]byte, size)} }
+	ep.pool = packetPool(max(cfg.maxDatagram, 2048) + 1)
 	return ep
+}
+
+// Packet buffers are pooled across endpoints by size: a pool per dialed
+// connection would keep its buffers for two garbage collections after the
+// connection is gone.
+var (
+	poolsMu sync.Mutex
+	pools   = map[int]*sync.Pool{}
+)
+
+func packetPool(size int) *sync.Pool {
+	poolsMu.Lock()
+	defer poolsMu.Unlock()
+	p := pools[size]
+	if p == nil {
+		p = &sync.Pool{New: func() any { return &packet{buf: make([]byte, size)} }}
+		pools[size] = p
+	}
+	return p
 }
 
 // simulate puts the Config's simulated network on the send path. The seed
@@ -320,8 +338,12 @@ func (l *Listener) Close() error {
 // connection attempt if it is a well-formed datagram with a ConnectSyn
 // (DECISIONS §1), otherwise dropped.
 func (l *Listener) handleNew(addr netip.AddrPort, p *packet) {
-	if !isConnectSyn(p.b) {
-		l.ep.invalid.Add(1)
+	if ok, valid := isConnectSyn(p.b); !ok {
+		if valid {
+			l.ep.stray.Add(1) // say, late from a connection that ended
+		} else {
+			l.ep.invalid.Add(1)
+		}
 		l.ep.putPacket(p)
 		return
 	}
@@ -353,25 +375,24 @@ func (l *Listener) handleNew(addr netip.AddrPort, p *packet) {
 }
 
 // isConnectSyn reports whether b is a well-formed datagram holding a
-// ConnectSyn.
-func isConnectSyn(b []byte) bool {
+// ConnectSyn, and whether it is well-formed at all.
+func isConnectSyn(b []byte) (syn, valid bool) {
 	var h header
 	n, err := parseHeader(b, &h)
 	if err != nil {
-		return false
+		return false, false
 	}
-	syn := false
 	for n < len(b) {
 		m, k, err := parseMessage(b[n:])
 		if err != nil || checkOrder(&h, &m) != nil {
-			return false
+			return false, false
 		}
 		if !m.fragment && m.id == idConnectSyn {
 			syn = true
 		}
 		n += k
 	}
-	return syn
+	return syn, true
 }
 
 // refuse answers a connection attempt with a DisconnectAck. The datagram

@@ -166,22 +166,43 @@ type session struct {
 	sent         sentWindow
 	lostQ        []lostRef
 	rtt          rttEstimator
-	cc           controller
-	pings        [8]pingRecord
-	pingCount    int
-	nextPingID   uint8
-	pingReplies  []uint8
-	needSyn      bool
-	needSynAck   bool
-	needAck      bool // ConnectAck
-	needDisc     bool
-	needDiscAck  bool
-	needFlow     bool
-	flowRate     uint16
-	freeMsgs     []*outMsg
-	freeBufs     [][]byte
-	lostHead     int
-	pacedOut     bool // work waits for the pacer
+	rc           rateControl
+	// Bytes of reliable datagrams in flight, probe timer and delivery
+	// rate estimation.
+	inflight         int
+	lastReliableSend time.Time
+	ptoCount         int
+	delivered        int64
+	deliveredAt      time.Time
+	firstSentAt      time.Time
+	appLimitedUntil  int64
+	sample           rateSample
+	newlyAcked       int
+	lossReorder      time.Duration // reordering tolerated by loss detection
+	lossTime         time.Time     // the loss timer, zero if not set
+	ackNow           bool          // ack without the usual delay
+	lossReorderAt    time.Time
+	// Receive-side flow control.
+	arrivals    int
+	arrivalsAt  time.Time
+	arrivalRate float64 // datagrams/s
+	askedRate   int     // the limit we asked the peer for, 0 if none
+	askedAt     time.Time
+	pings       [8]pingRecord
+	pingCount   int
+	nextPingID  uint8
+	pingReplies []uint8
+	needSyn     bool
+	needSynAck  bool
+	needAck     bool // ConnectAck
+	needDisc    bool
+	needDiscAck bool
+	needFlow    bool
+	flowRate    uint16
+	freeMsgs    []*outMsg
+	freeBufs    [][]byte
+	lostHead    int
+	pacedOut    bool // work waits for the pacer
 	// Anchors for in-order messages that would carry no dependency, so
 	// that the receiver still sees them in order (see wireDeps): the first
 	// message of the newest datagram acked with all before it, and of the
@@ -225,7 +246,7 @@ func newSession(cfg *config, h host, client bool, now time.Time) *session {
 		client:   client,
 		started:  now,
 		lastRecv: now,
-		cc:       newController(cfg.initialRate, cfg.minRate),
+		rc:       newRateControl(cfg),
 	}
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
@@ -435,13 +456,23 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 			}
 		}
 		s.afterAcks(now)
+		s.arrivals++
+		s.flowControl(now)
 		return
 	}
 	s.lastRecv = now
 	s.noteArrival(now, h.packetID)
+	// Every datagram takes the next PacketID, so a skipped one means
+	// something went missing, and an older one arriving fills a gap:
+	// either way the sender wants to hear at once (an immediate ack speeds
+	// up its loss detection, as TCP does on out-of-order data).
+	gap := s.win.started && (h.packetID != (s.win.newest+1)&packetIDMask)
 	s.win.add(h.packetID)
 	if h.reliable {
 		s.acks.add(now, h.packetID)
+		if gap {
+			s.ackNow = true
+		}
 	}
 	acked := false
 	for i := range msgs {
@@ -456,6 +487,43 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 	}
 	if acked {
 		s.afterAcks(now)
+	}
+	s.arrivals++
+	s.flowControl(now)
+}
+
+// flowControl asks the peer to slow down when our application falls behind
+// (spec "Flow Control"): past half of ReceiveBuffer, for a rate that shrinks
+// as the buffer fills, at most once a round trip; once below a quarter, it
+// lifts the limit (65535). The buffer itself is the hard limit.
+func (s *session) flowControl(now time.Time) {
+	if s.state != stateOK {
+		return
+	}
+	fill := float64(s.host.recvUsed()+s.res.bytes) / float64(s.cfg.recvBuffer)
+	if dt := now.Sub(s.arrivalsAt); dt >= 10*time.Millisecond {
+		rate := float64(s.arrivals) / dt.Seconds()
+		s.arrivalRate = max(rate, s.arrivalRate*0.5) // quick to rise, slow to fall
+		s.arrivals = 0
+		s.arrivalsAt = now
+	}
+	switch {
+	case fill >= 0.5:
+		if s.askedRate > 0 && now.Sub(s.askedAt) < max(s.rtt.srtt, 10*time.Millisecond) {
+			return
+		}
+		// Half full: the arrival rate; full: the minimum.
+		want := int(max(s.cfg.minRate, s.arrivalRate*2*(1-min(fill, 1))))
+		if s.askedRate > 0 && want >= s.askedRate {
+			return
+		}
+		s.askedRate = max(want, 1)
+		s.askedAt = now
+		s.sendFlowControl(s.askedRate)
+	case fill < 0.25 && s.askedRate > 0:
+		s.askedRate = 0
+		s.askedAt = now
+		s.sendFlowControl(0xffff)
 	}
 }
 
@@ -544,8 +612,7 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 		}
 	case idFlowControlRequest:
 		if len(m.payload) == 2 {
-			rate := float64(uint16(m.payload[0]) | uint16(m.payload[1])<<8)
-			s.cc.maxRate = max(rate, s.cfg.minRate)
+			s.peerRateRequest(now, uint16(m.payload[0])|uint16(m.payload[1])<<8)
 		}
 	case idPacketAck:
 		s.handlePacketAck(now, m.payload)
@@ -780,11 +847,23 @@ func (s *session) ackOne(now time.Time, id uint32) {
 	if d == nil {
 		return
 	}
-	if d.sends == 1 {
-		s.rtt.sample(now.Sub(d.sentAt))
-	}
 	s.sent.ack(d)
-	s.cc.onAck(1, s.rtt.srtt)
+	if !d.lost {
+		s.inflight -= len(d.b)
+	} else {
+		// Acked while it waited to go again: it was late, not lost.
+		// Tolerate that much reordering from now on (RACK).
+		s.spuriousLoss(now)
+	}
+	s.newlyAcked += len(d.b)
+	// Delivery rate (draft-cheng-iccrg-delivery-rate-estimation): the
+	// sample comes from the most recently sent datagram acked.
+	s.delivered += int64(len(d.b))
+	s.deliveredAt = now
+	if !s.sample.ok || d.delivered >= s.sample.delivered {
+		s.sample = rateSample{ok: true, delivered: d.delivered, deliveredAt: d.deliveredAt,
+			firstSentAt: d.firstSentAt, sentAt: d.sentAt, appLimited: d.appLimited, once: d.sends == 1}
+	}
 	if d.appBytes > 0 {
 		s.host.sendDone(d.appBytes)
 	}
@@ -793,9 +872,41 @@ func (s *session) ackOne(now time.Time, id uint32) {
 	}
 }
 
-// afterAcks drops acked datagrams, finds those the acks show lost, and
-// forgets dependencies now resolved.
+// rateSample is the newest datagram acked by one incoming datagram, for the
+// RTT and delivery rate samples.
+type rateSample struct {
+	ok                               bool
+	delivered                        int64
+	deliveredAt, firstSentAt, sentAt time.Time
+	appLimited, once                 bool
+}
+
+// afterAcks takes one RTT and delivery-rate sample from what an incoming
+// datagram acked, drops acked datagrams, finds those the acks show lost,
+// and forgets dependencies now resolved.
 func (s *session) afterAcks(now time.Time) {
+	if sm := s.sample; sm.ok {
+		s.sample = rateSample{}
+		// One RTT sample per ack, from the newest datagram it names, if
+		// sent once (Karn): samples from a batch acked at once would
+		// shrink RTTVAR to nothing.
+		rtt := now.Sub(sm.sentAt)
+		if sm.once {
+			s.rtt.sample(rtt)
+		}
+		s.firstSentAt = sm.sentAt
+		var rate float64
+		if interval := max(sm.sentAt.Sub(sm.firstSentAt), now.Sub(sm.deliveredAt)); interval > 0 {
+			rate = float64(s.delivered-sm.delivered) / interval.Seconds()
+		}
+		if s.appLimitedUntil > 0 && s.delivered > s.appLimitedUntil {
+			s.appLimitedUntil = 0
+		}
+		s.ptoCount = 0
+		s.rc.cc.OnAck(now, AckEvent{AckedBytes: s.newlyAcked, InFlight: s.inflight, DeliveryRate: rate,
+			AppLimited: sm.appLimited, RTT: rtt, SRTT: s.rtt.srtt, MinRTT: s.rtt.min})
+		s.newlyAcked = 0
+	}
 	s.sent.trim(s.trimmed)
 	s.detectLoss(now)
 	s.order.forget(func(t *track) bool { return s.resolvedAtSender(now, t) })
@@ -813,24 +924,62 @@ func (s *session) trimmed(d *sent) {
 }
 
 // detectLoss marks as lost the datagrams sent before the newest one acked
-// that are three PacketIDs older, or older by more than 9/8 of a round trip
-// (RFC 9002's thresholds): fast retransmit without waiting for the timeout.
+// that are three PacketIDs older, or were sent more than 9/8 of a round
+// trip ago (RFC 9002's thresholds): fast retransmit without waiting for the
+// timeout. For the others it sets the loss timer.
 func (s *session) detectLoss(now time.Time) {
 	if !s.sent.anyAcked {
 		return
 	}
-	thresh := max(s.rtt.srtt, s.rtt.latest) * 9 / 8
+	reo := s.reorderTolerance(now)
+	thresh := max(s.rtt.srtt, s.rtt.latest)*9/8 + reo
+	lost := 0
+	s.lossTime = time.Time{}
 	for d := s.sent.oldest; d != nil && !d.sentAt.After(s.sent.largestAckedSent); {
 		next := d.next
-		if seqLess(d.packetID, s.sent.largestAcked) &&
-			(seqDiff(d.packetID, s.sent.largestAcked) >= 3 || s.sent.largestAckedSent.Sub(d.sentAt) > thresh) {
-			s.markLost(now, d, true)
-			if s.state == stateDone {
-				return
+		if seqLess(d.packetID, s.sent.largestAcked) {
+			if reo == 0 && seqDiff(d.packetID, s.sent.largestAcked) >= 3 || now.Sub(d.sentAt) >= thresh {
+				lost += len(d.b)
+				s.markLost(now, d, true)
+				if s.state == stateDone {
+					return
+				}
+			} else if at := d.sentAt.Add(thresh); s.lossTime.IsZero() || at.Before(s.lossTime) {
+				// Later datagrams got through: this one is lost if its
+				// ack does not come within the threshold (the loss timer
+				// of RFC 9002).
+				s.lossTime = at
 			}
 		}
 		d = next
 	}
+	if lost > 0 {
+		s.rc.cc.OnLoss(now, lost)
+	}
+}
+
+// spuriousLoss widens the reordering the loss detection tolerates, after a
+// datagram taken for lost turned out late: the packet threshold is dropped
+// and the time threshold extended (RACK, RFC 8985), up to a round trip.
+func (s *session) spuriousLoss(now time.Time) {
+	s.stats.SpuriousLosses++
+	reo := max(2*s.reorderTolerance(now), time.Millisecond, s.rtt.srtt/4)
+	s.lossReorder = min(reo, max(s.rtt.srtt, 4*time.Millisecond))
+	s.lossReorderAt = now
+}
+
+// reorderTolerance is the extra time the loss detection waits for a late
+// datagram: zero until reordering was seen, halving every four seconds
+// without more.
+func (s *session) reorderTolerance(now time.Time) time.Duration {
+	r := s.lossReorder
+	for t := s.lossReorderAt.Add(4 * time.Second); r > 0 && !now.Before(t); t = t.Add(4 * time.Second) {
+		r /= 2
+		if r < 100*time.Microsecond {
+			r = 0
+		}
+	}
+	return r
 }
 
 func (s *session) markLost(now time.Time, d *sent, fast bool) {
@@ -839,12 +988,12 @@ func (s *session) markLost(now time.Time, d *sent, fast bool) {
 		return
 	}
 	d.lost = true
+	s.inflight -= len(d.b)
 	s.sent.unlink(d) // no timeout runs while it waits to go again
 	s.lostQ = append(s.lostQ, lostRef{d, d.packetID})
 	if fast {
 		s.stats.FastRetransmits++
 	}
-	s.cc.onLoss(now, s.rtt.srtt)
 }
 
 // resolvedAtSender reports whether a tracked message is known to be applied
@@ -1010,6 +1159,23 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	s.state = stateSynAck
 	s.needSynAck = true
 	s.started = now
+}
+
+// peerRateRequest applies the peer's FlowControlRequest: the most datagrams
+// a second it wants to receive; 65535 lifts the limit. When the limit goes
+// up, what waited for it goes at once instead of after backed-off timeouts.
+func (s *session) peerRateRequest(now time.Time, rate uint16) {
+	old := s.rc.maxRate
+	if rate == 0xffff {
+		s.rc.maxRate = 0
+	} else {
+		s.rc.maxRate = max(float64(rate), s.cfg.minRate)
+	}
+	if old > 0 && (s.rc.maxRate == 0 || s.rc.maxRate > old) && s.ptoCount > 0 {
+		s.ptoCount = 0
+		s.onProbeTimeout(now)
+		s.ptoCount = 0
+	}
 }
 
 // sendFlowControl asks the peer to send at most rate datagrams a second.
@@ -1178,29 +1344,55 @@ func (s *session) pollReliable(now time.Time) []byte {
 			s.popLost()
 			continue
 		}
-		if !s.cc.canSend(now, s.rtt.srtt) {
+		if !s.rc.canSend(now, len(d.b)) {
 			s.pacedOut = true
 			return nil
 		}
 		s.popLost()
 		s.sent.resent(now, d)
-		s.cc.onSent()
+		s.onReliableSent(now, d)
 		s.stats.Retransmits++
 		s.stats.DatagramsSent++
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
 	if !s.needAck && !s.needFlow && s.relQ.len() == 0 {
+		if s.inflight < s.rc.window() {
+			// Nothing to send though the window has room: rate samples
+			// until this is delivered say more about us than the path.
+			s.appLimitedUntil = max(s.delivered+int64(s.inflight), 1)
+		}
 		return nil
 	}
-	if s.sent.count >= s.cc.window(s.rtt.srtt, s.ackDelay()) || s.spanFull() {
+	if s.inflight >= s.rc.window() || s.sent.count >= maxWindow || s.spanFull() {
 		return nil
 	}
-	if !s.cc.canSend(now, s.rtt.srtt) {
+	if !s.rc.canSend(now, s.cfg.maxDatagram) {
 		s.pacedOut = true
 		return nil
 	}
 	return s.buildReliable(now)
+}
+
+// maxWindow bounds the reliable datagrams in flight, well within the span
+// the protocol allows (2^15).
+const maxWindow = 8192
+
+// onReliableSent does the bookkeeping of a reliable datagram going out,
+// new or resent: pacing, bytes in flight, the probe timer and delivery rate
+// state.
+func (s *session) onReliableSent(now time.Time, d *sent) {
+	if s.inflight == 0 {
+		s.firstSentAt = now
+		s.deliveredAt = now
+	}
+	d.delivered = s.delivered
+	d.deliveredAt = s.deliveredAt
+	d.firstSentAt = s.firstSentAt
+	d.appLimited = s.appLimitedUntil > 0
+	s.inflight += len(d.b)
+	s.lastReliableSend = now
+	s.rc.sent(len(d.b))
 }
 
 func (s *session) popLost() {
@@ -1243,6 +1435,7 @@ func (s *session) buildReliable(now time.Time) []byte {
 	b = appendHeader(b, h)
 	b = append(b, p.body...)
 	d := s.sent.push(now, h.packetID, b)
+	s.onReliableSent(now, d)
 	d.appBytes = p.appBytes
 	d.whole0 = p.whole0
 	if p.whole0 {
@@ -1251,7 +1444,6 @@ func (s *session) buildReliable(now time.Time) []byte {
 	}
 	d.transfers = append(d.transfers, p.tids...)
 	s.nextPID = (s.nextPID + 1) & packetIDMask
-	s.cc.onSent()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
 	return b
@@ -1276,14 +1468,14 @@ func (s *session) appendAcks(h *header, body []byte, count int) []byte {
 // pollUnreliable builds an unreliable datagram when acks, pings or
 // unreliable messages are due.
 func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
-	acksDue := s.acks.pending() >= 2 || s.acks.pending() > 0 && now.Sub(s.acks.oldest) >= s.ackDelay()
+	acksDue := s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.ackNow || now.Sub(s.acks.oldest) >= s.ackDelay())
 	pingDue := !now.Before(s.nextPing)
 	// Unreliable messages are not held to the congestion controller's
 	// rate: nothing acks them, so it could never learn to raise it. The
 	// application sets their pace, and the peer can still cap it with a
 	// FlowControlRequest.
 	data := s.unrelQ.len() > 0
-	if data && s.cc.maxRate > 0 && !s.cc.peerAllows(now) {
+	if data && !s.rc.peerAllows(now) {
 		s.pacedOut = true
 		data = false
 	}
@@ -1313,11 +1505,12 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		p.body = s.appendAcks(h, p.body, p.count)
 		p.count += len(s.ackBuf)
 	}
+	s.ackNow = s.acks.pending() > 0 && s.ackNow
 	if data {
 		before := p.count
 		s.pack(now, h, &p, &s.unrelQ)
 		if p.count > before {
-			s.cc.onSentUnpaced()
+			s.rc.sentUnpaced()
 		}
 	}
 	s.body = p.body
@@ -1576,31 +1769,37 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef) bool {
 
 // Timers.
 
-// timeout is how long d waits for its ack: the RTO, doubled for each
-// earlier send, at most DatagramTimeout.
-func (s *session) timeout(d *sent) time.Duration {
+// probeTimeout is how long after the last reliable send, with nothing
+// acked, a probe goes out: the RTO, doubled for each probe since the last
+// ack, at most DatagramTimeout.
+func (s *session) probeTimeout() time.Duration {
 	t := s.rto()
-	for i := 1; i < d.sends && t < s.cfg.datagramTimeout; i++ {
+	for i := 0; i < s.ptoCount && t < s.cfg.datagramTimeout; i++ {
 		t *= 2
 	}
 	return min(t, s.cfg.datagramTimeout)
 }
 
-// nextTimeout is when the first datagram in flight times out. Timeouts
-// differ by backoff, so it looks past the oldest, but never past the point
-// where even the shortest timeout would be later.
+// nextTimeout is when the probe timer fires, if anything is in flight.
 func (s *session) nextTimeout() (time.Time, bool) {
-	var best time.Time
-	rto := s.rto()
-	for d := s.sent.oldest; d != nil; d = d.next {
-		if !best.IsZero() && !d.sentAt.Add(rto).Before(best) {
-			break
-		}
-		if x := d.sentAt.Add(s.timeout(d)); best.IsZero() || x.Before(best) {
-			best = x
-		}
+	if s.sent.oldest == nil {
+		return time.Time{}, false
 	}
-	return best, !best.IsZero()
+	return s.lastReliableSend.Add(s.probeTimeout()), true
+}
+
+// onProbeTimeout runs when nothing was acked for a timeout: the oldest
+// datagram in flight goes again (RFC 9002's probe, resending data rather
+// than declaring everything lost), and the timer backs off.
+func (s *session) onProbeTimeout(now time.Time) {
+	d := s.sent.oldestUnlost()
+	if d == nil {
+		return
+	}
+	s.ptoCount++
+	s.lastReliableSend = now // re-arms the timer, even while the probe waits for the pacer
+	s.markLost(now, d, false)
+	s.rc.cc.OnTimeout(now)
 }
 
 // nextDeadline is when advance must next run.
@@ -1631,6 +1830,7 @@ func (s *session) nextDeadline(now time.Time) time.Time {
 		if x, ok := s.nextTimeout(); ok {
 			at(x)
 		}
+		at(s.lossTime)
 		at(s.nextPing)
 		at(s.lastRecv.Add(s.cfg.lostTimeout))
 		if s.closeAsked {
@@ -1640,7 +1840,7 @@ func (s *session) nextDeadline(now time.Time) time.Time {
 			at(x)
 		}
 		if s.pacedOut {
-			at(s.cc.nextSend(now))
+			at(s.rc.nextSend(now, s.cfg.maxDatagram))
 		}
 	}
 	return t
@@ -1688,16 +1888,17 @@ func (s *session) advance(now time.Time) {
 			s.needDisc = true
 			return
 		}
-		rto := s.rto()
-		for d := s.sent.oldest; d != nil && now.Sub(d.sentAt) >= rto; {
-			next := d.next
-			if now.Sub(d.sentAt) >= s.timeout(d) {
-				s.markLost(now, d, false)
-				if s.state == stateDone {
-					return
-				}
+		if !s.lossTime.IsZero() && !now.Before(s.lossTime) {
+			s.detectLoss(now)
+			if s.state == stateDone {
+				return
 			}
-			d = next
+		}
+		if x, ok := s.nextTimeout(); ok && !now.Before(x) {
+			s.onProbeTimeout(now)
+			if s.state == stateDone {
+				return
+			}
 		}
 		s.expireHeld(now)
 	}
@@ -1727,7 +1928,7 @@ func (s *session) snapshot() Stats {
 	st.RTTVar = s.rtt.rttvar
 	st.MinRTT = s.rtt.min
 	st.RTO = s.rto()
-	st.SendRate = s.cc.allowed()
+	st.SendRate = s.rc.datagramRate()
 	st.InFlight = s.sent.count
 	return st
 }

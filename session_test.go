@@ -191,10 +191,11 @@ func TestSessionAcksBatch(t *testing.T) {
 	}
 	// Deliver 70 reliable datagrams at the same instant: the receiver acks
 	// them with two full PacketAcks, not seventy.
+	p.client().rc.forceRate = 1e6
+	p.client().rc.bytes = pacer{} // a full bucket at the new rate
 	for i := range 70 {
 		p.send(0, numbered(100, i, 1300))
 	}
-	p.client().cc.rate = 1e6
 	p.run(time.Second, func() bool { return len(p.h[1].msgs) == 70 })
 	p.run(100*time.Millisecond, nil)
 	assert.Equal(t, 35, maxPerAck)
