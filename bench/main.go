@@ -59,7 +59,7 @@ func main() {
 	flag.IntVar(&o.sessions, "sessions", 100, "sessions scenario: concurrent client connections")
 	flag.Float64Var(&o.loss, "loss", 0.05, "lossy scenario: drop probability each way")
 	flag.DurationVar(&o.delay, "delay", 20*time.Millisecond, "lossy scenario: one-way delay")
-	flag.IntVar(&o.pacedRate, "paced-rate", 200, "lossy scenario: messages per second of the paced (latency) stream")
+	flag.IntVar(&o.pacedRate, "paced-rate", 50, "lossy scenario: messages per second of the paced (latency) stream")
 	flag.Float64Var(&o.capRate, "cap", 10, "capped scenario: bottleneck rate, MB/s (10^6 bytes/s), each way")
 	flag.IntVar(&o.capQueue, "cap-queue", 100_000, "capped scenario: bottleneck queue, bytes (drop-tail)")
 	flag.DurationVar(&o.capDelay, "cap-delay", 10*time.Millisecond, "capped scenario: one-way delay")
@@ -69,9 +69,9 @@ func main() {
 	flag.IntVar(&o.largeSize, "large-size", 1<<20, "large scenario: message size, bytes")
 	flag.Parse()
 	if o.quick {
-		o.warmup, o.duration = 200*time.Millisecond, 500*time.Millisecond
-		o.pathWarmup, o.pathDur, o.pacedDur = 500*time.Millisecond, time.Second, time.Second
-		o.acceptDelay, o.acceptT = 500*time.Millisecond, 3*time.Second
+		o.warmup, o.duration = 200*time.Millisecond, 400*time.Millisecond
+		o.pathWarmup, o.pathDur, o.pacedDur = 400*time.Millisecond, 800*time.Millisecond, 800*time.Millisecond
+		o.acceptDelay, o.acceptT = 500*time.Millisecond, 2*time.Second
 	}
 
 	var sel map[string]bool
@@ -105,6 +105,7 @@ func main() {
 	}
 
 	start := time.Now()
+	loadBefore := loadAvg()
 	h.declare()
 	for _, name := range scenarioNames {
 		if sel != nil && !sel[name] {
@@ -118,7 +119,7 @@ func main() {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "### knet benchmark (loopback, one process)\n\n")
 	fmt.Fprintf(w, "Machine: %s/%s, %d CPUs (%s), %s. %s.  \n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), cpuModel(), runtime.Version(), depVersions())
-	fmt.Fprintf(w, "Command: `go run . %s` (%s, total %v).\n\n", strings.Join(os.Args[1:], " "), time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second))
+	fmt.Fprintf(w, "Command: `%s` (%s, total %v). Load average before/after: %s / %s.\n\n", strings.Join(append([]string{"go run ."}, os.Args[1:]...), " "), time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second), loadBefore, loadAvg())
 	h.t.write(w, sel)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, h.legend())
@@ -143,6 +144,20 @@ func cpuModel() string {
 		}
 	}
 	return "cpu model unknown"
+}
+
+// loadAvg is the 1-minute load average, a hint that something else
+// competed for the CPUs during the run.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 func depVersions() string {
@@ -177,13 +192,23 @@ type results struct {
 }
 
 func (r *results) set(id string, v float64) { r.vals[id] = v }
+
+// setRate sets a throughput, marking a zero as a stall.
+func (r *results) setRate(id string, v float64) {
+	if v == 0 {
+		r.setText(id, 0, "0 (stalled)")
+		return
+	}
+	r.set(id, v)
+}
 func (r *results) setText(id string, v float64, text string) {
 	r.vals[id] = v
 	r.texts[id] = text
 }
 
-// measure runs fn for column col with a time bound. Rows in ids that fn
-// did not set are marked n/a with the reason.
+// measure runs fn for column col with a time bound. If it fails, every
+// row in ids is marked n/a with the reason; otherwise the rows get what fn
+// set.
 func (h *harness) measure(scenario, col string, ids []string, limit time.Duration, fn func(e *env, r *results) error) {
 	fmt.Fprintf(os.Stderr, "%-10s %-8s ... ", scenario, col)
 	start := time.Now()
@@ -217,7 +242,7 @@ func (h *harness) measure(scenario, col string, ids []string, limit time.Duratio
 		hung = true
 		err = fmt.Errorf("hung: did not return within %v", limit+closeLimit+2*time.Second)
 	}
-	if !hung {
+	if !hung && err == nil {
 		for id, v := range r.vals {
 			if t, ok := r.texts[id]; ok {
 				h.t.setText(id, col, v, t)
@@ -241,7 +266,7 @@ func (h *harness) measure(scenario, col string, ids []string, limit time.Duratio
 	}
 	e.mu.Unlock()
 	runtime.GC()
-	time.Sleep(100 * time.Millisecond) // let the kernel drain what is left
+	time.Sleep(50 * time.Millisecond) // let the kernel drain what is left
 }
 
 // declare adds the table's rows in order.
@@ -328,9 +353,9 @@ func (h *harness) scenario(name string) {
 			h.measure(name+" 64B", lb.Name(), []string{"tp64", "tp64p"}, loopLimit, func(e *env, r *results) error {
 				res, err := oneWay(e, lb, oneWayOpts{size: 64, warm: o.warmup, dur: o.duration})
 				if err == nil && res.elapsed > 0 {
-					r.set("tp64", res.msgRate())
+					r.setRate("tp64", res.msgRate())
 					if lb.Name() == colKnet {
-						r.set("tp64p", res.msgRate())
+						r.setRate("tp64p", res.msgRate())
 					}
 				}
 				return err
@@ -338,8 +363,8 @@ func (h *harness) scenario(name string) {
 			h.measure(name+" 1200B", lb.Name(), []string{"tp1200", "tp1200m"}, loopLimit, func(e *env, r *results) error {
 				res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.warmup, dur: o.duration})
 				if err == nil && res.elapsed > 0 {
-					r.set("tp1200", res.byteRate())
-					r.set("tp1200m", res.msgRate())
+					r.setRate("tp1200", res.byteRate())
+					r.setRate("tp1200m", res.msgRate())
 				}
 				return err
 			})
@@ -377,8 +402,8 @@ func (h *harness) scenario(name string) {
 			h.measure(name, lb.Name(), []string{"lg", "lgb"}, loopLimit, func(e *env, r *results) error {
 				res, err := oneWay(e, lb, oneWayOpts{size: o.largeSize, warm: o.warmup, dur: o.duration})
 				if err == nil && res.elapsed > 0 {
-					r.set("lg", res.msgRate())
-					r.set("lgb", res.byteRate())
+					r.setRate("lg", res.msgRate())
+					r.setRate("lgb", res.byteRate())
 				}
 				return err
 			})
@@ -388,8 +413,8 @@ func (h *harness) scenario(name string) {
 		for _, lb := range h.libs {
 			h.measure(name, lb.Name(), []string{"ss"}, loopLimit+10*time.Second, func(e *env, r *results) error {
 				rate, err := concurrentPingPong(e, lb, o.sessions, 32, o.warmup, o.duration)
-				if err == nil && rate > 0 {
-					r.set("ss", rate)
+				if err == nil {
+					r.setRate("ss", rate)
 				}
 				return err
 			})
@@ -397,8 +422,8 @@ func (h *harness) scenario(name string) {
 		if h.udp {
 			h.measure(name, colUDP, []string{"ss"}, loopLimit, func(e *env, r *results) error {
 				rate, err := udpConcurrent(e, o.sessions, 32, o.warmup, o.duration)
-				if err == nil && rate > 0 {
-					r.set("ss", rate)
+				if err == nil {
+					r.setRate("ss", rate)
 				}
 				return err
 			})
@@ -413,7 +438,7 @@ func (h *harness) scenario(name string) {
 				if err != nil || res.elapsed == 0 {
 					return err
 				}
-				r.set("lsg", res.byteRate())
+				r.setRate("lsg", res.byteRate())
 				if len(res.lat) > 0 {
 					r.set("ls50", ms(percentile(res.lat, 0.50)))
 					r.set("ls99", ms(percentile(res.lat, 0.99)))
@@ -447,7 +472,7 @@ func (h *harness) scenario(name string) {
 				if err != nil || res.elapsed == 0 {
 					return err
 				}
-				r.set("cg", 100*res.byteRate()/o.capRate)
+				r.setRate("cg", 100*res.byteRate()/o.capRate)
 				if res.relay.Offered > 0 {
 					r.set("cl", 100*float64(res.relay.Dropped())/float64(res.relay.Offered))
 				}

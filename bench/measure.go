@@ -87,7 +87,7 @@ func pingPong(e *env, lb lib, size int, warm, dur time.Duration) ([]time.Duratio
 
 // echoServer accepts connections and echoes every message on each.
 func echoServer(e *env, l msgListener, size int) {
-	for {
+	for e.running() {
 		c, err := l.Accept(e.ctx)
 		if err != nil {
 			if e.running() {
@@ -139,7 +139,8 @@ func (r oneWayResult) byteRate() float64 { return float64(r.bytes) / r.elapsed.S
 
 // oneWay streams size-byte reliable messages from a client to a server,
 // optionally through a relay, and counts what the server receives during
-// dur after warm.
+// dur after warm. The stream starts after a hello/ready exchange, so that
+// it measures the steady state, not a race with Accept (see lateAccept).
 func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 	var res oneWayResult
 	l, err := lb.Listen(loopback)
@@ -174,6 +175,20 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 		e.add("server conn", c)
 		server.Store(&c)
 		buf := make([]byte, o.size+64)
+		// The first message is the client's hello: answer it, so that
+		// the client starts streaming only once the server is reading.
+		if _, err := c.Recv(buf); err != nil {
+			if e.running() {
+				e.fail(fmt.Errorf("server recv hello: %w", err))
+			}
+			return
+		}
+		if err := c.Send([]byte("ready")); err != nil {
+			if e.running() {
+				e.fail(fmt.Errorf("server send ready: %w", err))
+			}
+			return
+		}
 		for {
 			n, err := c.Recv(buf)
 			if err != nil {
@@ -202,6 +217,12 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 		return res, fmt.Errorf("dial: %w", err)
 	}
 	e.add("client", c)
+	if err := c.Send(make([]byte, o.size)); err != nil {
+		return res, fmt.Errorf("send hello: %w", err)
+	}
+	if _, err := c.Recv(make([]byte, 64)); err != nil {
+		return res, fmt.Errorf("recv ready: %w", err)
+	}
 	go func() {
 		msg := make([]byte, o.size)
 		next := time.Now()
@@ -256,6 +277,8 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 
 // ---------------------------------------------------------------- sessions
 
+const dialParallel = 8
+
 // concurrentPingPong runs n clients against one server, each with one
 // size-byte request in flight, and counts round trips per second.
 func concurrentPingPong(e *env, lb lib, n, size int, warm, dur time.Duration) (float64, error) {
@@ -266,11 +289,16 @@ func concurrentPingPong(e *env, lb lib, n, size int, warm, dur time.Duration) (f
 	e.add("listener", l)
 	go echoServer(e, l, size)
 
+	// Connect dialParallel clients at a time: a stampede of handshakes
+	// overflows quic-go's accept queue (32), which then refuses the rest.
 	conns := make([]msgConn, n)
 	var wg sync.WaitGroup
 	var dialErr atomic.Pointer[error]
+	slots := make(chan struct{}, dialParallel)
 	for i := range conns {
+		slots <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-slots }()
 			c, err := lb.Dial(e.ctx, l.Addr())
 			if err != nil {
 				dialErr.CompareAndSwap(nil, &err)
