@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/knet-go/knet/internal/udp"
 )
 
 // errDeadline is what a passed deadline gives: a net.Error whose Timeout
@@ -29,7 +31,6 @@ type Conn struct {
 	// Owned by loop.
 	sess     *session
 	released int // send buffer bytes to hand back
-	wbuf     []byte
 	inWork   []*packet
 
 	wake chan struct{} // capacity 1: inbox, send queue or Close
@@ -116,6 +117,23 @@ func (c *Conn) push(p *packet) bool {
 	return true
 }
 
+// pushRun hands over several datagrams at once; what does not fit the
+// inbox is dropped.
+func (c *Conn) pushRun(run []*packet) {
+	c.inMu.Lock()
+	room := max(0, maxInbox-len(c.inbox))
+	take := min(room, len(run))
+	c.inbox = append(c.inbox, run[:take]...)
+	c.inDropped += uint64(len(run) - take)
+	c.inMu.Unlock()
+	for _, p := range run[take:] {
+		c.ep.putPacket(p)
+	}
+	if take > 0 {
+		signal(c.wake)
+	}
+}
+
 // maxInbox bounds the datagrams waiting for a connection's goroutine.
 const maxInbox = 2048
 
@@ -178,7 +196,9 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	}
 	for i := range q {
 		m := c.sess.newMsg()
+		deps := m.deps[:0] // keep the recycled message's storage
 		*m = q[i]
+		m.deps = deps
 		c.sess.prepare(m)
 		c.sess.enqueue(m)
 		q[i] = outMsg{}
@@ -212,17 +232,32 @@ func (c *Conn) admit(now time.Time) {
 	s.admitted(time.Now(), reply, ok)
 }
 
-// flush sends every datagram the session has ready.
+// flush sends every datagram the session has ready, in batches of one
+// system call each.
 func (c *Conn) flush(now time.Time) {
-	if cap(c.wbuf) < c.cfg.maxDatagram {
-		c.wbuf = make([]byte, 0, c.cfg.maxDatagram)
-	}
+	var w *writeBatch
+	n := 0
 	for {
-		b := c.sess.poll(now, c.wbuf)
-		if b == nil {
-			return
+		if w == nil {
+			w = getWriteBatch(c.ep.uc, c.cfg.maxDatagram)
 		}
-		c.ep.write(b, c.raddr)
+		b := c.sess.poll(now, w.bufs[n][:0])
+		if b == nil {
+			break
+		}
+		// A reliable datagram is the session's own buffer, kept until
+		// acked; nothing is acked before the batch goes out.
+		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
+		if n++; n == len(w.ps) {
+			c.ep.writeBatch(w, w.ps[:n])
+			n = 0
+		}
+	}
+	if n > 0 {
+		c.ep.writeBatch(w, w.ps[:n])
+	}
+	if w != nil {
+		putWriteBatch(w)
 	}
 }
 
@@ -407,6 +442,7 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 			return 0, ErrBadDependency
 		}
 	}
+	pbuf := getPayload(n)
 	c.lastRef++
 	ref := Ref(c.lastRef << 1)
 	if m.Reliable {
@@ -415,7 +451,8 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	o := outMsg{
 		ref:       ref,
 		id:        m.ID,
-		payload:   append(make([]byte, 0, n), m.Payload...),
+		pbuf:      pbuf,
+		payload:   append((*pbuf)[:0], m.Payload...),
 		reliable:  m.Reliable,
 		inOrder:   m.InOrder,
 		tracked:   tracked,
@@ -830,4 +867,49 @@ func (q *recvQueue) read(p []byte) int {
 		}
 	}
 	return n
+}
+
+// Payload buffers of queued messages come from pools by size class (64
+// bytes to 64 KiB, powers of two), so that Send allocates nothing in steady
+// state; the session returns them once a message is packed or dropped.
+const (
+	minPayloadClass = 6  // 64 bytes
+	maxPayloadClass = 16 // 64 KiB
+)
+
+var payloadPools [maxPayloadClass - minPayloadClass + 1]sync.Pool
+
+func payloadClass(n int) int {
+	k := minPayloadClass
+	for 1<<k < n {
+		k++
+	}
+	return k
+}
+
+// getPayload returns a buffer of capacity at least n.
+func getPayload(n int) *[]byte {
+	k := payloadClass(n)
+	if k > maxPayloadClass {
+		b := make([]byte, 0, n)
+		return &b
+	}
+	if p, ok := payloadPools[k-minPayloadClass].Get().(*[]byte); ok {
+		return p
+	}
+	b := make([]byte, 0, 1<<k)
+	return &b
+}
+
+// putPayload returns a buffer got from getPayload.
+func putPayload(p *[]byte) {
+	if p == nil {
+		return
+	}
+	k := payloadClass(cap(*p))
+	if k > maxPayloadClass || cap(*p) != 1<<k {
+		return
+	}
+	*p = (*p)[:0]
+	payloadPools[k-minPayloadClass].Put(p)
 }

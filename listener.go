@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/knet-go/knet/internal/netsim"
+	"github.com/knet-go/knet/internal/udp"
 )
 
 // packet is a datagram read from the socket, in a pooled buffer.
@@ -23,6 +24,7 @@ type packet struct {
 // Listener's connections or owned by one dialed connection.
 type endpoint struct {
 	pc        *net.UDPConn
+	uc        *udp.Conn
 	connected bool // a dialed socket: Write, not WriteTo
 	l         *Listener
 	cfg       *config
@@ -31,6 +33,7 @@ type endpoint struct {
 
 	mu      sync.Mutex
 	conns   map[netip.AddrPort]*Conn
+	runBuf  []*packet      // the reader's, for dispatch
 	pending map[*Conn]bool // server connections not yet established
 	closing bool
 
@@ -53,6 +56,7 @@ func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
 	pc.SetWriteBuffer(socketBuffer)
 	ep := &endpoint{
 		pc:         pc,
+		uc:         udp.New(pc, connected),
 		connected:  connected,
 		cfg:        cfg,
 		conns:      make(map[netip.AddrPort]*Conn),
@@ -107,7 +111,18 @@ func unmap(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }
 
-// write sends a datagram, across the simulated network if there is one.
+// writeBatch sends datagrams, across the simulated network if there is one.
+func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) {
+	if ep.sim != nil {
+		for _, p := range ps {
+			ep.sim.Send(p.Buf, p.Addr)
+		}
+		return
+	}
+	ep.uc.WriteBatch(w.w, ps)
+}
+
+// write sends one datagram.
 func (ep *endpoint) write(b []byte, to netip.AddrPort) {
 	if ep.sim != nil {
 		ep.sim.Send(b, to)
@@ -124,16 +139,61 @@ func (ep *endpoint) writeNow(b []byte, to netip.AddrPort) {
 	ep.pc.WriteToUDPAddrPort(b, to)
 }
 
-// readLoop reads the socket and hands each datagram to its connection,
-// never waiting on one.
+// writeBatch is what a connection's goroutine needs to send a batch:
+// pooled, since few connections send at any one moment.
+type writeBatch struct {
+	w    *udp.Writer
+	ps   [udp.MaxBatch]udp.Packet
+	bufs [udp.MaxBatch][]byte // for datagrams built on the spot
+	size int
+}
+
+var writeBatches sync.Pool
+
+func getWriteBatch(c *udp.Conn, size int) *writeBatch {
+	if w, ok := writeBatches.Get().(*writeBatch); ok && w.size == size {
+		return w
+	}
+	w := &writeBatch{w: c.NewWriter(), size: size}
+	for i := range w.bufs {
+		w.bufs[i] = make([]byte, 0, size)
+	}
+	return w
+}
+
+func putWriteBatch(w *writeBatch) {
+	clear(w.ps[:])
+	writeBatches.Put(w)
+}
+
+// readLoop reads the socket, a batch at a time, and hands each datagram to
+// its connection, never waiting on one.
 func (ep *endpoint) readLoop() {
 	defer close(ep.readerDone)
+	batch := 16 // a dialed connection: each buffer held is 2 KB
+	if ep.l != nil {
+		batch = udp.MaxBatch
+	}
+	r := ep.uc.NewReader()
+	ps := make([]udp.Packet, batch)
+	pkts := make([]*packet, batch)
+	defer func() {
+		for _, p := range pkts {
+			if p != nil {
+				ep.putPacket(p)
+			}
+		}
+	}()
 	fails := 0
 	for {
-		p := ep.getPacket()
-		n, addr, err := ep.pc.ReadFromUDPAddrPort(p.buf)
+		for i := range pkts {
+			if pkts[i] == nil {
+				pkts[i] = ep.getPacket()
+			}
+			ps[i].Buf = pkts[i].buf
+		}
+		n, err := ep.uc.ReadBatch(r, ps)
 		if err != nil {
-			ep.putPacket(p)
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -145,29 +205,55 @@ func (ep *endpoint) readLoop() {
 			continue
 		}
 		fails = 0
-		if n == len(p.buf) {
+		ep.dispatch(ps[:n], pkts[:n])
+	}
+}
+
+// dispatch hands a batch of datagrams to their connections, consecutive
+// ones for the same connection together.
+func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
+	var run []*packet
+	var runConn *Conn
+	flush := func() {
+		if runConn != nil && len(run) > 0 {
+			runConn.pushRun(run)
+		}
+		run = run[:0]
+	}
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	run = ep.runBuf[:0]
+	for i := range ps {
+		p := pkts[i]
+		pkts[i] = nil
+		if ps[i].Trunc || ps[i].N >= len(p.buf) {
 			// Larger than any datagram we accept: cut short.
 			ep.invalid.Add(1)
 			ep.putPacket(p)
 			continue
 		}
-		p.b = p.buf[:n]
-		addr = unmap(addr)
-		ep.mu.Lock()
+		p.b = p.buf[:ps[i].N]
+		addr := unmap(ps[i].Addr)
 		c := ep.conns[addr]
-		ep.mu.Unlock()
+		if c != runConn {
+			flush()
+			runConn = c
+		}
 		switch {
 		case c != nil:
-			if !c.push(p) {
-				ep.putPacket(p)
-			}
+			run = append(run, p)
 		case ep.l != nil:
+			ep.mu.Unlock()
 			ep.l.handleNew(addr, p)
+			ep.mu.Lock()
+			runConn = nil
 		default:
 			ep.stray.Add(1)
 			ep.putPacket(p)
 		}
 	}
+	flush()
+	ep.runBuf = run[:0]
 }
 
 // remove forgets c's address.

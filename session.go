@@ -48,6 +48,7 @@ type outMsg struct {
 	ref       Ref
 	id        uint32
 	payload   []byte
+	pbuf      *[]byte // the pooled buffer behind payload
 	reliable  bool
 	inOrder   bool
 	tracked   bool
@@ -287,6 +288,8 @@ func (s *session) dropSending() {
 		for i := q.head; i < len(q.items); i++ {
 			if m := q.items[i]; !m.done {
 				released += s.unsentBytes(m)
+				putPayload(m.pbuf)
+				m.pbuf = nil
 			}
 		}
 		*q = sendQueue{}
@@ -1025,6 +1028,7 @@ func (s *session) enqueue(m *outMsg) {
 	if s.state == stateDone || s.state == stateLinger || s.stopAccepting {
 		s.host.sendDone(len(m.payload))
 		s.stats.DroppedMessages++
+		s.putMsg(m)
 		return
 	}
 	if m.contentID != 0 && !m.reliable {
@@ -1033,6 +1037,7 @@ func (s *session) enqueue(m *outMsg) {
 			// Latest state wins: the newer content takes the older's place.
 			s.host.sendDone(len(old.payload))
 			old.payload, m.payload = m.payload, old.payload
+			old.pbuf, m.pbuf = m.pbuf, old.pbuf
 			s.putMsg(m)
 			return
 		}
@@ -1095,6 +1100,7 @@ func (s *session) newMsg() *outMsg {
 }
 
 func (s *session) putMsg(m *outMsg) {
+	putPayload(m.pbuf)
 	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
 	if len(s.freeMsgs) < 1024 {
 		s.freeMsgs = append(s.freeMsgs, m)

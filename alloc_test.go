@@ -1,0 +1,74 @@
+package knet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Steady-state allocations per message, counted across the whole process
+// (both connections' goroutines and the socket readers). .ci/run runs these
+// without -race, under which sync.Pool drops items on purpose.
+
+func TestNoAllocsPerMessage(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
+	}
+	client, server := benchPair(t, &Config{DisconnectTimeout: time.Second})
+	ctx := context.Background()
+	buf := make([]byte, 2048)
+	small := make([]byte, 32)
+	for _, tt := range []struct {
+		name  string
+		batch int
+		m     Message
+	}{
+		{"reliable round trip", 1, Message{ID: 6, Payload: small, Reliable: true}},
+		{"unreliable round trip", 1, Message{ID: 7, Payload: small}},
+		{"reliable in-order round trip", 1, Message{ID: 8, Payload: small, Reliable: true, InOrder: true, Channel: 3}},
+		{"16 reliable coalesced", 16, Message{ID: 9, Payload: small, Reliable: true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			run := func() {
+				for range tt.batch {
+					require.NoError(t, client.Send(tt.m))
+				}
+				for range tt.batch {
+					_, _, err := server.ReceiveInto(ctx, buf)
+					require.NoError(t, err)
+				}
+			}
+			for range 2000 { // warm up pools, queues and maps
+				run()
+			}
+			allocs := testing.AllocsPerRun(2000, run)
+			assert.Zero(t, allocs, "allocations per %d message(s)", tt.batch)
+		})
+	}
+}
+
+func TestReadWriteNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
+	}
+	client, server := benchPair(t, &Config{DisconnectTimeout: time.Second})
+	out := []byte("a small chunk of a byte stream")
+	in := make([]byte, 64)
+	run := func() {
+		_, err := client.Write(out)
+		require.NoError(t, err)
+		n := 0
+		for n < len(out) {
+			k, err := server.Read(in[n:])
+			require.NoError(t, err)
+			n += k
+		}
+	}
+	for range 2000 {
+		run()
+	}
+	assert.Zero(t, testing.AllocsPerRun(2000, run))
+}

@@ -1,0 +1,89 @@
+package knet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Benchmarks over loopback: go test -run XXX -bench . -benchmem
+
+// benchPair returns a connected client and the server's side of it.
+func benchPair(tb testing.TB, cfg *Config) (client, server *Conn) {
+	l, err := Listen("udp", "127.0.0.1:0", cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { l.Close() })
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, err := l.AcceptConn(context.Background())
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	client, err = Dial(context.Background(), "udp", l.Addr().String(), cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { client.Close() })
+	require.NoError(tb, client.Send(Message{ID: 6, Reliable: true}))
+	server = <-accepted
+	_, err = server.Receive(context.Background())
+	require.NoError(tb, err)
+	return client, server
+}
+
+func benchOneWay(b *testing.B, size int) {
+	client, server := benchPair(b, &Config{DisconnectTimeout: time.Second})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, size)
+		for range b.N {
+			if _, _, err := server.ReceiveInto(context.Background(), buf); err != nil {
+				return
+			}
+		}
+	}()
+	payload := make([]byte, size)
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if err := client.Send(Message{ID: 6, Payload: payload, Reliable: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-done
+	b.StopTimer()
+	st := client.Stats()
+	b.ReportMetric(float64(st.Retransmits)/float64(max(st.DatagramsSent, 1)), "resent/dgram")
+}
+
+func BenchmarkOneWay64(b *testing.B)   { benchOneWay(b, 64) }
+func BenchmarkOneWay1200(b *testing.B) { benchOneWay(b, 1200) }
+
+func BenchmarkPingPong(b *testing.B) {
+	client, server := benchPair(b, &Config{DisconnectTimeout: time.Second})
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			m, _, err := server.ReceiveInto(context.Background(), buf)
+			if err != nil {
+				return
+			}
+			server.Send(m)
+		}
+	}()
+	payload := make([]byte, 32)
+	buf := make([]byte, 64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		client.Send(Message{ID: 6, Payload: payload, Reliable: true})
+		if _, _, err := client.ReceiveInto(context.Background(), buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(client.Stats().DatagramsSent+server.Stats().DatagramsSent)/float64(b.N), "dgrams/op")
+}

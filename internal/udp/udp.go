@@ -1,0 +1,113 @@
+// Package udp moves datagrams in batches: on Linux one sendmmsg or
+// recvmmsg system call carries many, elsewhere a loop of single calls does
+// the same job. Nothing is allocated per datagram or per call.
+package udp
+
+import (
+	"net"
+	"net/netip"
+)
+
+// Packet is one datagram in a batch.
+type Packet struct {
+	// Buf holds the datagram to write, or the buffer to read into; after
+	// a read, Buf[:N] is the datagram.
+	Buf []byte
+	N   int
+	// Addr is the peer: where to write (ignored on a connected socket),
+	// or where a read datagram came from.
+	Addr netip.AddrPort
+	// Trunc is set when a read datagram did not fit Buf.
+	Trunc bool
+}
+
+// MaxBatch is the most datagrams one call moves.
+const MaxBatch = 64
+
+// Conn batches the I/O of a UDP socket. ReadBatch may be called by one
+// goroutine at a time; WriteBatch by several at once, each with its own
+// Writer.
+type Conn struct {
+	pc        *net.UDPConn
+	connected bool
+	v6        bool // an AF_INET6 socket
+	sys       sysConn
+}
+
+// New wraps pc. A connected socket (net.DialUDP) writes without
+// addresses.
+func New(pc *net.UDPConn, connected bool) *Conn {
+	c := &Conn{pc: pc, connected: connected}
+	if a, ok := pc.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
+		c.v6 = true
+	}
+	c.sys.init(c)
+	return c
+}
+
+// Reader is the state of one reading goroutine.
+type Reader struct {
+	sys sysReader
+}
+
+// NewReader returns the state for reading batches of up to MaxBatch.
+func (c *Conn) NewReader() *Reader {
+	r := &Reader{}
+	r.sys.init(c)
+	return r
+}
+
+// Writer is the state of one writing goroutine.
+type Writer struct {
+	sys sysWriter
+}
+
+// NewWriter returns the state for writing batches of up to MaxBatch.
+func (c *Conn) NewWriter() *Writer {
+	w := &Writer{}
+	w.sys.init(c)
+	return w
+}
+
+// ReadBatch reads at least one datagram into ps, as many as are ready, and
+// returns how many.
+func (c *Conn) ReadBatch(r *Reader, ps []Packet) (int, error) {
+	return c.sys.readBatch(&r.sys, ps)
+}
+
+// WriteBatch writes every packet in ps, returning how many went out before
+// an error, if any.
+func (c *Conn) WriteBatch(w *Writer, ps []Packet) (int, error) {
+	return c.sys.writeBatch(&w.sys, ps)
+}
+
+// portable is the loop of single calls, for systems without batches and
+// as the fallback.
+func (c *Conn) readOne(p *Packet) error {
+	n, addr, err := c.pc.ReadFromUDPAddrPort(p.Buf)
+	if err != nil {
+		return err
+	}
+	p.N = n
+	p.Addr = addr
+	p.Trunc = n == len(p.Buf)
+	return nil
+}
+
+func (c *Conn) writeOne(p *Packet) error {
+	if c.connected {
+		_, err := c.pc.Write(p.Buf)
+		return err
+	}
+	_, err := c.pc.WriteToUDPAddrPort(p.Buf, p.Addr)
+	return err
+}
+
+// netInterfaceIndex resolves an IPv6 zone (rare: link-local peers).
+func netInterfaceIndex(zone string) (int, error) {
+	ifi, err := net.InterfaceByName(zone)
+	if err != nil {
+		return 0, err
+	}
+	return ifi.Index, nil
+}

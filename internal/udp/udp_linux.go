@@ -1,0 +1,190 @@
+//go:build linux
+
+package udp
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// sendmmsg and recvmmsg through the socket's RawConn, so that the runtime's
+// poller still does the waiting, with headers, iovecs and addresses
+// allocated once per Reader or Writer.
+
+type sysConn struct {
+	c  *Conn
+	rc syscall.RawConn
+}
+
+func (s *sysConn) init(c *Conn) {
+	s.c = c
+	s.rc, _ = c.pc.SyscallConn()
+}
+
+// sockaddr is room for an address of either family.
+type sockaddr [unix.SizeofSockaddrInet6]byte
+
+type sysReader struct {
+	hdrs  [MaxBatch]unix.Mmsghdr
+	iovs  [MaxBatch]unix.Iovec
+	names [MaxBatch]sockaddr
+	// The call in progress, for fn (a method value made once: a closure
+	// per call would escape and allocate).
+	n     int
+	got   int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+func (r *sysReader) init(c *Conn) { r.fn = r.recv }
+
+func (r *sysReader) recv(fd uintptr) bool {
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.n), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN {
+		return false // the poller waits for readability and calls again
+	}
+	r.got, r.errno = int(n), e
+	return true
+}
+
+func (s *sysConn) readBatch(r *sysReader, ps []Packet) (int, error) {
+	n := min(len(ps), MaxBatch)
+	for i := range n {
+		p := &ps[i]
+		r.iovs[i] = unix.Iovec{Base: unsafe.SliceData(p.Buf)}
+		r.iovs[i].SetLen(len(p.Buf))
+		r.hdrs[i] = unix.Mmsghdr{}
+		h := &r.hdrs[i].Hdr
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		h.Namelen = uint32(len(r.names[i]))
+	}
+	r.n = n
+	if err := s.rc.Read(r.fn); err != nil {
+		return 0, err
+	}
+	if r.errno != 0 {
+		return 0, r.errno
+	}
+	for i := range r.got {
+		p := &ps[i]
+		p.N = int(r.hdrs[i].Len)
+		p.Trunc = r.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0
+		p.Addr = parseSockaddr(r.names[i][:r.hdrs[i].Hdr.Namelen])
+	}
+	return r.got, nil
+}
+
+type sysWriter struct {
+	hdrs  [MaxBatch]unix.Mmsghdr
+	iovs  [MaxBatch]unix.Iovec
+	names [MaxBatch]sockaddr
+	n     int
+	sent  int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+func (w *sysWriter) init(c *Conn) { w.fn = w.send }
+
+func (w *sysWriter) send(fd uintptr) bool {
+	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&w.hdrs[w.sent])), uintptr(w.n-w.sent), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN {
+		return false // the poller waits for room and calls again
+	}
+	if e != 0 {
+		w.errno = e
+		return true
+	}
+	w.sent += int(n)
+	return w.sent == w.n
+}
+
+func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
+	if len(ps) == 1 {
+		// One datagram: the plain call is cheaper than setting up a batch.
+		if err := s.c.writeOne(&ps[0]); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	}
+	done := 0
+	for done < len(ps) {
+		n := min(len(ps)-done, MaxBatch)
+		for i := range n {
+			p := &ps[done+i]
+			w.iovs[i] = unix.Iovec{Base: unsafe.SliceData(p.Buf)}
+			w.iovs[i].SetLen(len(p.Buf))
+			w.hdrs[i] = unix.Mmsghdr{}
+			h := &w.hdrs[i].Hdr
+			h.Iov = &w.iovs[i]
+			h.SetIovlen(1)
+			if !s.c.connected {
+				l := putSockaddr(&w.names[i], p.Addr, s.c.v6)
+				h.Name = (*byte)(unsafe.Pointer(&w.names[i]))
+				h.Namelen = uint32(l)
+			}
+		}
+		w.n, w.sent, w.errno = n, 0, 0
+		err := s.rc.Write(w.fn)
+		done += w.sent
+		if err != nil {
+			return done, err
+		}
+		if w.errno != 0 {
+			// Skip the datagram the kernel refused (say, an ICMP error
+			// reported on a connected socket) and go on with the rest.
+			done++
+			if done >= len(ps) {
+				return done - 1, w.errno
+			}
+		}
+	}
+	return done, nil
+}
+
+// putSockaddr encodes a in the socket's family and returns its length.
+func putSockaddr(b *sockaddr, a netip.AddrPort, v6 bool) int {
+	*b = sockaddr{}
+	if !v6 {
+		binary.NativeEndian.PutUint16(b[0:], unix.AF_INET)
+		binary.BigEndian.PutUint16(b[2:], a.Port())
+		ip := a.Addr().Unmap().As4()
+		copy(b[4:8], ip[:])
+		return unix.SizeofSockaddrInet4
+	}
+	binary.NativeEndian.PutUint16(b[0:], unix.AF_INET6)
+	binary.BigEndian.PutUint16(b[2:], a.Port())
+	ip := a.Addr().As16() // an IPv4 address comes out v4-mapped
+	copy(b[8:24], ip[:])
+	if z := a.Addr().Zone(); z != "" {
+		if ifi, err := netInterfaceIndex(z); err == nil {
+			binary.NativeEndian.PutUint32(b[24:], uint32(ifi))
+		}
+	}
+	return unix.SizeofSockaddrInet6
+}
+
+// parseSockaddr decodes an address the kernel wrote.
+func parseSockaddr(b []byte) netip.AddrPort {
+	if len(b) < 4 {
+		return netip.AddrPort{}
+	}
+	port := binary.BigEndian.Uint16(b[2:])
+	switch binary.NativeEndian.Uint16(b[0:]) {
+	case unix.AF_INET:
+		if len(b) >= 8 {
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port)
+		}
+	case unix.AF_INET6:
+		if len(b) >= 24 {
+			return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])), port)
+		}
+	}
+	return netip.AddrPort{}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package knet
+
+const raceEnabled = false
