@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -750,4 +751,41 @@ func TestConfigSimulate(t *testing.T) {
 	t.Logf("client %+v", st)
 	assert.GreaterOrEqual(t, st.MinRTT, 35*time.Millisecond, "the delays are there")
 	assert.Positive(t, st.Retransmits+st.FastRetransmits, "and so is the loss")
+}
+
+func TestListenerSockets(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		_, err := Listen("udp", "127.0.0.1:0", &Config{Sockets: 2})
+		assert.Error(t, err)
+		return
+	}
+	cfg := testConfig()
+	cfg.Sockets = 4
+	l := listen(t, cfg)
+	serveEcho(t, l)
+	var wg sync.WaitGroup
+	for k := range 40 {
+		wg.Go(func() {
+			c := dial(t, l.Addr().String(), testConfig())
+			for i := range 20 {
+				require.NoError(t, c.Send(numbered(uint32(6+k), i, 50)))
+				m, err := c.Receive(within(t, 5*time.Second))
+				require.NoError(t, err)
+				require.Equal(t, uint32(6+k), m.ID)
+			}
+		})
+	}
+	wg.Wait()
+	st := l.Stats()
+	assert.Equal(t, 4, st.Sockets)
+	assert.Equal(t, 40, st.Connections)
+	used := 0
+	for _, ep := range l.eps {
+		ep.mu.Lock()
+		if len(ep.conns) > 0 {
+			used++
+		}
+		ep.mu.Unlock()
+	}
+	assert.Greater(t, used, 1, "the kernel spread the peers over the sockets")
 }

@@ -132,6 +132,14 @@ type Config struct {
 	// the classic alternative.
 	CongestionControl func(CongestionParams) CongestionControl
 
+	// Sockets is how many sockets a Listener opens on its address, with
+	// SO_REUSEPORT, each read by its own goroutine, so that one server uses
+	// every core: the kernel spreads peers over them by address, and a
+	// connection stays on the socket its peer reached. Linux only. Default
+	// 1: one socket, and no other program may bind the port meanwhile
+	// (with more, another SO_REUSEPORT socket of the same user could).
+	Sockets int
+
 	// Simulate, when not nil, makes every datagram this Conn or Listener
 	// sends cross a simulated bad network first: to test a game under
 	// loss, latency, reordering and the rest without a real one. Give each
@@ -185,7 +193,7 @@ type config struct {
 	maxSendCount                               int
 	maxFragment, maxDatagram, maxMessage       int
 	sendBuffer, recvBuffer, reassemblyBuffer   int
-	maxPending, backlog                        int
+	maxPending, backlog, sockets               int
 	connectPayload                             []byte
 	admit                                      func(net.Addr, []byte) ([]byte, error)
 	stealth                                    bool
@@ -247,6 +255,7 @@ func (c *Config) resolve() *config {
 		reassemblyBuffer: pick(c.ReassemblyBuffer, defaultReassemblyBuffer),
 		maxPending:       pick(c.MaxPendingConnections, defaultMaxPending),
 		backlog:          pick(c.AcceptBacklog, defaultBacklog),
+		sockets:          pick(c.Sockets, 1),
 		connectPayload:   c.ConnectPayload,
 		admit:            c.Admit,
 		stealth:          c.Stealth,

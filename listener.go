@@ -60,7 +60,6 @@ func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
 		connected:  connected,
 		cfg:        cfg,
 		conns:      make(map[netip.AddrPort]*Conn),
-		pending:    make(map[*Conn]bool),
 		readerDone: make(chan struct{}),
 	}
 	ep.pool = packetPool(max(cfg.maxDatagram, 2048) + 1)
@@ -244,7 +243,7 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			run = append(run, p)
 		case ep.l != nil:
 			ep.mu.Unlock()
-			ep.l.handleNew(addr, p)
+			ep.l.handleNew(ep, addr, p)
 			ep.mu.Lock()
 			runConn = nil
 		default:
@@ -262,8 +261,10 @@ func (ep *endpoint) remove(c *Conn) {
 	if ep.conns[c.raddr] == c {
 		delete(ep.conns, c.raddr)
 	}
-	delete(ep.pending, c)
 	ep.mu.Unlock()
+	if ep.l != nil {
+		ep.l.established(c) // no longer pending, whatever became of it
+	}
 }
 
 // connDone is called as a connection's goroutine exits.
@@ -284,32 +285,41 @@ func (ep *endpoint) close() {
 	})
 }
 
-// Listener accepts kNet connections on one UDP socket. It is a
-// net.Listener whose Accept returns *Conn values.
+// Listener accepts kNet connections on one UDP socket (or several sharing
+// its address, with Config.Sockets). It is a net.Listener whose Accept
+// returns *Conn values.
 //
 // A Listener is safe for concurrent use.
 type Listener struct {
-	ep        *endpoint
+	eps       []*endpoint
 	cfg       *config
 	acceptq   chan *Conn
 	closed    chan struct{}
 	closeOnce sync.Once
 	open      atomic.Bool
 	loops     sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[*Conn]bool // connections not yet established
+	closing bool
 }
 
 // ListenerStats are a Listener's counters.
 type ListenerStats struct {
-	Connections      int    // connections on the socket, pending ones included
+	Connections      int    // connections on the socket(s), pending ones included
 	Pending          int    // connections whose handshake is not complete
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
 	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
+	Sockets          int    // sockets sharing the address (Config.Sockets)
 }
 
 // Listen opens a UDP socket on address and accepts kNet connections on it.
-// The network is "udp", "udp4" or "udp6".
+// The network is "udp", "udp4" or "udp6". With Config.Sockets above 1 it
+// opens that many on the same address (SO_REUSEPORT, Linux), each read by
+// its own goroutine; the kernel spreads peers over them by address, and a
+// connection stays on the socket its peer reached.
 func Listen(network, address string, cfg *Config) (*Listener, error) {
 	if err := checkNetwork(network); err != nil {
 		return nil, err
@@ -318,22 +328,45 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	pc, err := net.ListenUDP(network, laddr)
-	if err != nil {
+	rc := cfg.resolve()
+	var pcs []*net.UDPConn
+	fail := func(err error) (*Listener, error) {
+		for _, pc := range pcs {
+			pc.Close()
+		}
 		return nil, err
 	}
-	rc := cfg.resolve()
-	ep := newEndpoint(pc, false, rc)
-	ep.simulate(1)
+	for i := range rc.sockets {
+		var pc *net.UDPConn
+		if rc.sockets == 1 {
+			pc, err = net.ListenUDP(network, laddr)
+		} else {
+			pc, err = listenReusePort(network, laddr)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		pcs = append(pcs, pc)
+		if i == 0 {
+			laddr = pc.LocalAddr().(*net.UDPAddr) // the others take the same port
+		}
+	}
 	l := &Listener{
-		ep:      ep,
 		cfg:     rc,
 		acceptq: make(chan *Conn, rc.backlog),
 		closed:  make(chan struct{}),
+		pending: make(map[*Conn]bool),
 	}
 	l.open.Store(true)
-	ep.l = l
-	go ep.readLoop()
+	for i, pc := range pcs {
+		ep := newEndpoint(pc, false, rc)
+		ep.simulate(1 + uint64(i)*2)
+		ep.l = l
+		l.eps = append(l.eps, ep)
+	}
+	for _, ep := range l.eps {
+		go ep.readLoop()
+	}
 	return l, nil
 }
 
@@ -346,7 +379,7 @@ func checkNetwork(network string) error {
 }
 
 // Addr returns the address of the socket.
-func (l *Listener) Addr() net.Addr { return l.ep.pc.LocalAddr() }
+func (l *Listener) Addr() net.Addr { return l.eps[0].pc.LocalAddr() }
 
 // Accept waits for the next established connection and returns it, a
 // *Conn, as a net.Conn.
@@ -384,80 +417,98 @@ func (l *Listener) SetListenOpen(open bool) { l.open.Store(open) }
 
 // Stats returns the listener's counters.
 func (l *Listener) Stats() ListenerStats {
-	l.ep.mu.Lock()
-	n, p := len(l.ep.conns), len(l.ep.pending)
-	l.ep.mu.Unlock()
-	return ListenerStats{
-		Connections:      n,
-		Pending:          p,
-		InvalidDatagrams: l.ep.invalid.Load(),
-		StrayDatagrams:   l.ep.stray.Load(),
-		IgnoredAttempts:  l.ep.ignored.Load(),
-		RefusedAttempts:  l.ep.refused.Load(),
+	st := ListenerStats{Sockets: len(l.eps)}
+	for _, ep := range l.eps {
+		ep.mu.Lock()
+		st.Connections += len(ep.conns)
+		ep.mu.Unlock()
+		st.InvalidDatagrams += ep.invalid.Load()
+		st.StrayDatagrams += ep.stray.Load()
+		st.IgnoredAttempts += ep.ignored.Load()
+		st.RefusedAttempts += ep.refused.Load()
 	}
+	l.mu.Lock()
+	st.Pending = len(l.pending)
+	l.mu.Unlock()
+	return st
 }
 
 // Close stops accepting, closes every connection gracefully (in parallel,
-// within DisconnectTimeout) and then the socket. It is idempotent.
+// within DisconnectTimeout) and then the sockets. It is idempotent.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
-		l.ep.mu.Lock()
-		l.ep.closing = true
-		conns := make([]*Conn, 0, len(l.ep.conns))
-		for _, c := range l.ep.conns {
-			conns = append(conns, c)
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
+		var conns []*Conn
+		for _, ep := range l.eps {
+			ep.mu.Lock()
+			for _, c := range ep.conns {
+				conns = append(conns, c)
+			}
+			ep.mu.Unlock()
 		}
-		l.ep.mu.Unlock()
 		var wg sync.WaitGroup
 		for _, c := range conns {
 			wg.Go(func() { c.Close() })
 		}
 		wg.Wait()
 		l.loops.Wait()
-		l.ep.close()
+		for _, ep := range l.eps {
+			ep.close()
+		}
 	})
 	return nil
 }
 
-// handleNew handles a datagram from an address with no connection: a
+// handleNew handles a datagram from an address with no connection on ep: a
 // connection attempt if it is a well-formed datagram with a ConnectSyn
 // (DECISIONS §1), otherwise dropped.
-func (l *Listener) handleNew(addr netip.AddrPort, p *packet) {
+func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	if ok, valid := isConnectSyn(p.b); !ok {
 		if valid {
-			l.ep.stray.Add(1) // say, late from a connection that ended
+			ep.stray.Add(1) // say, late from a connection that ended
 		} else {
-			l.ep.invalid.Add(1)
+			ep.invalid.Add(1)
 		}
-		l.ep.putPacket(p)
+		ep.putPacket(p)
 		return
 	}
 	if !l.open.Load() {
-		l.ep.refused.Add(1)
+		ep.refused.Add(1)
 		if !l.cfg.stealth {
-			l.refuse(addr)
+			refuse(ep, addr)
 		}
-		l.ep.putPacket(p)
+		ep.putPacket(p)
 		return
 	}
-	l.ep.mu.Lock()
-	if l.ep.closing || len(l.ep.pending) >= l.cfg.maxPending {
-		l.ep.mu.Unlock()
-		l.ep.ignored.Add(1)
-		l.ep.putPacket(p)
+	l.mu.Lock()
+	if l.closing || len(l.pending) >= l.cfg.maxPending {
+		l.mu.Unlock()
+		ep.ignored.Add(1)
+		ep.putPacket(p)
 		return
 	}
-	c := newConn(l.ep, addr, l.cfg, false)
-	l.ep.conns[addr] = c
-	l.ep.pending[c] = true
+	c := newConn(ep, addr, l.cfg, false)
+	l.pending[c] = true
 	l.loops.Add(1)
-	l.ep.mu.Unlock()
+	l.mu.Unlock()
+	ep.mu.Lock()
+	ep.conns[addr] = c
+	ep.mu.Unlock()
 	c.push(p)
 	go func() {
 		defer l.loops.Done()
 		c.loop()
 	}()
+}
+
+// established forgets c from the pending connections.
+func (l *Listener) established(c *Conn) {
+	l.mu.Lock()
+	delete(l.pending, c)
+	l.mu.Unlock()
 }
 
 // isConnectSyn reports whether b is a well-formed datagram holding a
@@ -483,11 +534,11 @@ func isConnectSyn(b []byte) (syn, valid bool) {
 
 // refuse answers a connection attempt with a DisconnectAck. The datagram
 // (nine bytes) is never larger than the ConnectSyn's.
-func (l *Listener) refuse(addr netip.AddrPort) {
+func refuse(ep *endpoint, addr netip.AddrPort) {
 	var b [16]byte
 	d := appendHeader(b[:0], &header{})
 	d = appendMessage(d, &message{id: idDisconnectAck})
-	l.ep.write(d, addr)
+	ep.write(d, addr)
 }
 
 // roomToAccept reports whether the accept backlog has room.
@@ -495,14 +546,12 @@ func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) 
 
 // offer queues an established connection for Accept.
 func (l *Listener) offer(c *Conn) bool {
-	l.ep.mu.Lock()
-	delete(l.ep.pending, c)
-	l.ep.mu.Unlock()
+	l.established(c)
 	select {
 	case l.acceptq <- c:
 		return true
 	default:
-		l.ep.refused.Add(1)
+		c.ep.refused.Add(1)
 		return false
 	}
 }
