@@ -126,10 +126,49 @@ func (w *recvWindow) grow() {
 }
 
 // ackQueue holds the PacketIDs of reliable datagrams received and not yet
-// acked, and when the oldest of them arrived.
+// acked, and when the oldest of them arrived. It also remembers the
+// PacketAcks sent lately, to send them again while there is room: a lost
+// ack would otherwise make the peer resend what arrived.
 type ackQueue struct {
 	ids    []uint32
 	oldest time.Time
+	recent []sentAck // ring, up to maxRecentAcks
+	next   int
+}
+
+// maxRecentAcks bounds the PacketAcks remembered for sending again.
+const maxRecentAcks = 256
+
+type sentAck struct {
+	a  packetAck
+	at time.Time
+}
+
+// remember records PacketAcks just sent.
+func (q *ackQueue) remember(now time.Time, acks []packetAck) {
+	for _, a := range acks {
+		if len(q.recent) < maxRecentAcks {
+			q.recent = append(q.recent, sentAck{a, now})
+		} else {
+			q.recent[q.next%maxRecentAcks] = sentAck{a, now}
+		}
+		q.next++
+	}
+}
+
+// repeats appends, newest first, up to room PacketAcks sent since
+// notBefore.
+func (q *ackQueue) repeats(dst []packetAck, notBefore time.Time, room int) []packetAck {
+	n := len(q.recent)
+	for k := 1; k <= n && room > 0; k++ {
+		r := q.recent[(q.next-k)%n]
+		if r.at.Before(notBefore) {
+			break
+		}
+		dst = append(dst, r.a)
+		room--
+	}
+	return dst
 }
 
 func (q *ackQueue) add(now time.Time, id uint32) {

@@ -71,9 +71,9 @@ type CongestionParams struct {
 //     costs only the resends; a real bottleneck caps the delivery rate, and
 //     with it the rate; when even the fastest round trip of two rounds
 //     running is well above the path's minimum, a queue is standing at the
-//     bottleneck: probing stops, and one round per cycle drains below the
-//     estimate (never more, so that delay not of its making cannot talk the
-//     estimate down);
+//     bottleneck: probing is gentler and the window shrinks to 1.25
+//     bandwidth-delay products, which bounds that queue without lowering
+//     the rate (so delay not of its making cannot talk the estimate down);
 //   - heavy loss (over a quarter of the datagrams, counted over at least
 //     sixty-four) is congestion the estimate did not see: the rate is cut
 //     multiplicatively, and recovers by a tenth per round trip without.
@@ -84,7 +84,7 @@ type CongestionParams struct {
 // that, overshooting a shallow queue does. This is the
 // controller used when Config.CongestionControl is nil.
 func NewDeliveryRateControl(p CongestionParams) CongestionControl {
-	return &deliveryRate{p: p, state: drStartup, bw: p.InitialRate, cut: 1, drainRound: -1, drainCycle: -1}
+	return &deliveryRate{p: p, state: drStartup, bw: p.InitialRate, cut: 1}
 }
 
 type drState uint8
@@ -96,11 +96,12 @@ const (
 )
 
 const (
-	startupGain    = 2.89 // 2/ln 2: doubles the delivery rate each round trip
-	bwWindowRounds = 10
-	heavyLoss      = 0.25 // share of datagrams lost that is taken for congestion
-	startupLoss    = 0.20 // share lost in a start-up round that ends start-up (well above random loss)
-	queueDrainGain = 0.85 // pacing gain while a standing queue drains
+	startupGain      = 2.89 // 2/ln 2: doubles the delivery rate each round trip
+	bwWindowRounds   = 10
+	heavyLoss        = 0.25 // share of datagrams lost that is taken for congestion
+	startupLoss      = 0.20 // share lost in a start-up round that ends start-up (well above random loss)
+	gentleProbeGain  = 1.1  // probing gain while a queue stands
+	queuedWindowGain = 1.25 // window, in bandwidth-delay products, while a queue stands
 )
 
 // drProbeGains is the cruise cycle: probe, drain, then six rounds at the
@@ -128,7 +129,6 @@ type deliveryRate struct {
 	appLimitedRound      bool
 	roundMinRTT          time.Duration
 	queued               int     // rounds running with a standing queue
-	drainRound           int     // the round that drains it
 	drainCycle           int     // the cycle it drained last
 	cut                  float64 // 1, or less after heavy loss, back to 1 over time
 }
@@ -182,20 +182,14 @@ func (c *deliveryRate) endRound(now time.Time) {
 	c.ackedRound = 0
 	// A standing queue: even the round's fastest round trip is well above
 	// the path's minimum, two rounds running. The estimate runs a little
-	// high (the best of ten noisy rounds); drain what that built.
+	// high (the best of ten noisy rounds; acks come bunched); the window
+	// then bounds what that builds.
 	if c.roundMinRTT > c.minRTT+max(c.minRTT/8, 2*time.Millisecond) {
 		c.queued++
 	} else {
 		c.queued = 0
 	}
 	c.roundMinRTT = 0
-	// At most one drain round per cycle: delay that draining does not
-	// take away is not ours (a slow receiver, a busy relay), and draining
-	// for it every round would talk the estimate down.
-	if c.state == drCruise && c.queued >= 2 && c.drainCycle != c.round/len(drProbeGains) {
-		c.drainCycle = c.round / len(drProbeGains)
-		c.drainRound = c.round + 1
-	}
 	// Heavy loss: congestion that the delivery rate missed. Judged over
 	// enough datagrams that random loss of a few percent never looks like
 	// it.
@@ -249,11 +243,10 @@ func (c *deliveryRate) gain() float64 {
 		return 1 / startupGain
 	}
 	g := drProbeGains[c.cycle]
-	switch {
-	case c.queued >= 2 && c.drainRound == c.round:
-		return queueDrainGain
-	case c.queued >= 1:
-		return min(g, 1) // no probing into a queue
+	if c.queued >= 1 && g > 1 {
+		// A queue stands: probe gently. Not at all would trap the rate
+		// when the delay is not ours.
+		return gentleProbeGain
 	}
 	return g
 }
@@ -269,8 +262,13 @@ func (c *deliveryRate) PacingRate() float64 {
 func (c *deliveryRate) Window() int {
 	rtt := max(c.minRTT, min(c.srtt, time.Millisecond))
 	gain := 2.0
-	if c.state == drStartup {
+	switch {
+	case c.state == drStartup:
 		gain = startupGain
+	case c.queued >= 2:
+		// A queue stands at the bottleneck: keep at most a quarter of a
+		// bandwidth-delay product in it, whatever the estimate says.
+		gain = queuedWindowGain
 	}
 	w := gain * c.bw * c.cut * rtt.Seconds()
 	return int(max(w, float64(16*c.p.DatagramSize)))

@@ -1435,7 +1435,7 @@ func (s *session) buildReliable(now time.Time) []byte {
 	if p.count == 0 {
 		return nil
 	}
-	p.body = s.appendAcks(h, p.body, p.count)
+	p.body = s.appendAcks(now, h, p.body, p.count, false)
 	s.body = p.body
 	b := s.getBuf()
 	b = appendHeader(b, h)
@@ -1457,13 +1457,21 @@ func (s *session) buildReliable(now time.Time) []byte {
 
 // appendAcks adds PacketAcks for as many pending acks as fit. count is the
 // number of message blocks already in the datagram.
-func (s *session) appendAcks(h *header, body []byte, count int) []byte {
+func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, repeat bool) []byte {
 	const ackBlock = 2 + 1 + packetAckSize
 	room := s.cfg.maxDatagram - sizeHeader(h) - len(body)
 	if s.acks.pending() == 0 || room < ackBlock {
 		return body
 	}
 	s.ackBuf = s.acks.take(s.ackBuf[:0], room/ackBlock)
+	fresh := len(s.ackBuf)
+	if repeat {
+		// Acks sent in the last half round trip go again in the room
+		// left, so that a lost ack does not cost the peer a needless
+		// resend. (Not in reliable datagrams: those are kept and resent.)
+		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-max(s.rtt.srtt/2, time.Millisecond)), room/ackBlock-fresh)
+	}
+	s.acks.remember(now, s.ackBuf[:fresh])
 	var p [packetAckSize]byte
 	for _, a := range s.ackBuf {
 		body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
@@ -1508,7 +1516,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.nextPing = now.Add(s.cfg.keepalive())
 	}
 	if s.acks.pending() > 0 {
-		p.body = s.appendAcks(h, p.body, p.count)
+		p.body = s.appendAcks(now, h, p.body, p.count, true)
 		p.count += len(s.ackBuf)
 	}
 	s.ackNow = s.acks.pending() > 0 && s.ackNow
