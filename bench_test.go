@@ -2,6 +2,7 @@ package knet
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,4 +87,60 @@ func BenchmarkPingPong(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(client.Stats().DatagramsSent+server.Stats().DatagramsSent)/float64(b.N), "dgrams/op")
+}
+
+// BenchmarkSessions: 100 clients doing ping-pong with one server at once;
+// one op is one round trip.
+func BenchmarkSessions(b *testing.B) {
+	l, err := Listen("udp", "127.0.0.1:0", &Config{DisconnectTimeout: time.Second})
+	require.NoError(b, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.AcceptConn(context.Background())
+			if err != nil {
+				return
+			}
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					m, _, err := c.ReceiveInto(context.Background(), buf)
+					if err != nil {
+						return
+					}
+					c.Send(m)
+				}
+			}()
+		}
+	}()
+	const sessions = 100
+	clients := make([]*Conn, sessions)
+	for i := range clients {
+		clients[i], err = Dial(context.Background(), "udp", l.Addr().String(), &Config{DisconnectTimeout: time.Second})
+		require.NoError(b, err)
+		defer clients[i].Close()
+	}
+	payload := make([]byte, 32)
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	per := b.N/sessions + 1
+	for _, c := range clients {
+		wg.Go(func() {
+			buf := make([]byte, 64)
+			for range per {
+				c.Send(Message{ID: 6, Payload: payload, Reliable: true})
+				if _, _, err := c.ReceiveInto(context.Background(), buf); err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	var sent uint64
+	for _, c := range clients {
+		sent += c.Stats().DatagramsSent
+	}
+	b.ReportMetric(float64(sent)/float64(b.N), "client-dgrams/op")
 }
