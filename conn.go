@@ -89,8 +89,8 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool) *Conn
 		closed:    make(chan struct{}),
 		done:      make(chan struct{}),
 	}
-	c.readDL.init()
-	c.writeDL.init()
+	c.readDL.init(c.recvReady)
+	c.writeDL.init(c.sendSpace)
 	c.sess = newSession(cfg, c, client, time.Now())
 	return c
 }
@@ -140,7 +140,10 @@ const maxInbox = 2048
 // loop is the connection's goroutine: it owns the session.
 func (c *Conn) loop() {
 	defer c.finish()
-	timer := time.NewTimer(time.Hour)
+	// The timer only wakes the loop, so that waiting is one channel
+	// receive; it is moved only when the next deadline changes.
+	var armed time.Time
+	timer := time.AfterFunc(time.Hour, func() { signal(c.wake) })
 	defer timer.Stop()
 	s := c.sess
 	for {
@@ -156,16 +159,18 @@ func (c *Conn) loop() {
 			return
 		}
 		now = time.Now()
-		d := s.nextDeadline(now).Sub(now)
-		if d <= 0 {
+		next := s.nextDeadline(now)
+		if !next.After(now) {
 			s.advance(now)
 			continue
 		}
-		timer.Reset(d)
-		select {
-		case <-c.wake:
-		case <-timer.C:
-			s.advance(time.Now())
+		if next != armed {
+			timer.Reset(next.Sub(now))
+			armed = next
+		}
+		<-c.wake
+		if now := time.Now(); !now.Before(next) {
+			s.advance(now)
 		}
 	}
 }
@@ -319,6 +324,8 @@ func (c *Conn) finish() {
 	c.inbox = nil
 	c.inMu.Unlock()
 	close(c.done)
+	signal(c.recvReady)
+	signal(c.sendSpace)
 	c.readDL.stop()
 	c.writeDL.stop()
 	c.ep.connDone(c)
@@ -411,6 +418,7 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	for {
 		if err := c.sendErrLocked(); err != nil {
 			c.sendMu.Unlock()
+			signal(c.sendSpace) // pass the news to the next waiting sender
 			return 0, err
 		}
 		if c.writeDL.passed() {
@@ -426,13 +434,8 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 			return 0, nil
 		}
 		c.sendMu.Unlock()
-		select {
-		case <-c.sendSpace:
-		case <-c.writeDL.wait():
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-c.closed:
-		case <-c.done:
+		if err := waitSignal(ctx, c.sendSpace, c.writeDL.wait()); err != nil {
+			return 0, err
 		}
 		c.sendMu.Lock()
 	}
@@ -523,6 +526,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		c.recvMu.Lock()
 		if c.isClosed() {
 			c.recvMu.Unlock()
+			signal(c.recvReady) // pass the news to the next waiting reader
 			return net.ErrClosed
 		}
 		if c.recvq.len() > 0 {
@@ -544,6 +548,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		eof := c.recvEOF
 		c.recvMu.Unlock()
 		if eof {
+			signal(c.recvReady)
 			return io.EOF
 		}
 		select {
@@ -554,6 +559,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 			if n > 0 {
 				continue
 			}
+			signal(c.recvReady)
 			if eof {
 				return io.EOF
 			}
@@ -563,15 +569,28 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		if c.readDL.passed() {
 			return errDeadline
 		}
-		select {
-		case <-c.recvReady:
-		case <-c.readDL.wait():
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-c.closed:
-		case <-c.done:
+		if err := waitSignal(ctx, c.recvReady, c.readDL.wait()); err != nil {
+			return err
 		}
 	}
+}
+
+// waitSignal waits for ch, a deadline channel (nil if none is set) or
+// ctx. Close, the end of the connection and a deadline being set all
+// signal ch, so that the common case is a plain receive.
+func waitSignal(ctx context.Context, ch, deadline <-chan struct{}) error {
+	done := ctx.Done()
+	if deadline == nil && done == nil {
+		<-ch
+		return nil
+	}
+	select {
+	case <-ch:
+	case <-deadline:
+	case <-done:
+		return ctx.Err()
+	}
+	return nil
 }
 
 func (c *Conn) isClosed() bool {
@@ -638,6 +657,8 @@ func (c *Conn) Close() error {
 		c.sendMu.Unlock()
 		close(c.closed)
 		signal(c.wake)
+		signal(c.recvReady)
+		signal(c.sendSpace)
 	})
 	<-c.done
 	return nil
@@ -722,13 +743,18 @@ type deadline struct {
 	ch      chan struct{}
 	done    bool // ch is closed
 	stopped bool
+	notify  chan struct{} // signalled on every change, for waiters to look again
 }
 
-func (d *deadline) init() { d.ch = make(chan struct{}) }
+func (d *deadline) init(notify chan struct{}) {
+	d.ch = make(chan struct{})
+	d.notify = notify
+}
 
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	defer signal(d.notify)
 	d.gen++
 	if d.timer != nil {
 		d.timer.Stop()
@@ -778,9 +804,14 @@ func (d *deadline) stop() {
 	}
 }
 
+// wait returns a channel closed when the deadline passes, or nil if none
+// is set.
 func (d *deadline) wait() <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.timer == nil && !d.done {
+		return nil
+	}
 	return d.ch
 }
 

@@ -490,6 +490,42 @@ func TestReadWriteDeadlines(t *testing.T) {
 	assert.Equal(t, before+1, c.Stats().DroppedMessages)
 }
 
+// A deadline set while a Read or a Write is already waiting applies to it,
+// as net.Conn requires of pending I/O.
+func TestDeadlineSetWhileWaiting(t *testing.T) {
+	l := listen(t, &Config{ReceiveBuffer: 16 << 10, DisconnectTimeout: 500 * time.Millisecond})
+	c := dial(t, l.Addr().String(), &Config{SendBuffer: 32 << 10, DisconnectTimeout: 500 * time.Millisecond})
+
+	readErr := make(chan error, 1)
+	go func() { _, err := c.Read(make([]byte, 10)); readErr <- err }()
+	time.Sleep(20 * time.Millisecond) // Read is waiting, with no deadline
+	c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	select {
+	case err := <-readErr:
+		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a deadline set during Read did not end it")
+	}
+
+	// The server never reads: Write ends up waiting for room.
+	writeErr := make(chan error, 1)
+	go func() {
+		var err error
+		for err == nil {
+			_, err = c.Write(make([]byte, 1000))
+		}
+		writeErr <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	c.SetWriteDeadline(time.Now().Add(30 * time.Millisecond))
+	select {
+	case err := <-writeErr:
+		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a deadline set during Write did not end it")
+	}
+}
+
 func TestCloseUnblocksWaiters(t *testing.T) {
 	l := listen(t, testConfig())
 	c := dial(t, l.Addr().String(), testConfig())
