@@ -253,6 +253,7 @@ func (c *Conn) flush(now time.Time) {
 		// A reliable datagram is the session's own buffer, kept until
 		// acked; nothing is acked before the batch goes out.
 		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
+		w.used = max(w.used, n+1)
 		if n++; n == len(w.ps) {
 			c.ep.writeBatch(w, w.ps[:n])
 			n = 0

@@ -145,6 +145,7 @@ type writeBatch struct {
 	ps   [udp.MaxBatch]udp.Packet
 	bufs [udp.MaxBatch][]byte // for datagrams built on the spot
 	size int
+	used int // entries of ps that may hold references
 }
 
 var writeBatches sync.Pool
@@ -161,7 +162,8 @@ func getWriteBatch(c *udp.Conn, size int) *writeBatch {
 }
 
 func putWriteBatch(w *writeBatch) {
-	clear(w.ps[:])
+	clear(w.ps[:w.used])
+	w.used = 0
 	writeBatches.Put(w)
 }
 
