@@ -526,6 +526,51 @@ func TestDeadlineSetWhileWaiting(t *testing.T) {
 	}
 }
 
+// A client that streams before the server accepts does not stall: what
+// the server's connection could not buffer before Accept flows as soon as
+// the application reads, with no backed-off retransmission timer to sit
+// out (kcp-go stalls about 7 s in this situation).
+func TestLateAcceptDoesNotStall(t *testing.T) {
+	cfg := testConfig()
+	cfg.ReceiveBuffer = 128 << 10 // the stream overflows it before Accept
+	l := listen(t, cfg)
+	c := dial(t, l.Addr().String(), testConfig())
+	const total, chunk = 2 << 20, 1000
+	sent := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < total/chunk && err == nil; i++ {
+			b := bytes.Repeat([]byte{byte(i)}, chunk)
+			_, err = c.Write(b)
+		}
+		sent <- err
+	}()
+	time.Sleep(time.Second) // the client keeps sending
+	s, err := l.AcceptConn(within(t, 5*time.Second))
+	require.NoError(t, err)
+	defer s.Close()
+	accepted := time.Now()
+	buf := make([]byte, chunk)
+	last, maxGap := accepted, time.Duration(0)
+	for i := 0; i < total/chunk; i++ {
+		s.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadFull(s, buf)
+		if err != nil {
+			t.Logf("client %+v", c.Stats())
+			t.Logf("server %+v", s.Stats())
+		}
+		require.NoError(t, err, "message %d", i)
+		require.Equal(t, bytes.Repeat([]byte{byte(i)}, chunk), buf, "message %d", i)
+		now := time.Now()
+		maxGap = max(maxGap, now.Sub(last))
+		last = now
+	}
+	require.NoError(t, <-sent)
+	t.Logf("2 MiB read in %v after Accept; longest wait between messages %v", last.Sub(accepted), maxGap)
+	assert.Less(t, maxGap, 500*time.Millisecond, "a stall after Accept")
+	assert.Less(t, last.Sub(accepted), 3*time.Second)
+}
+
 func TestCloseUnblocksWaiters(t *testing.T) {
 	l := listen(t, testConfig())
 	c := dial(t, l.Addr().String(), testConfig())

@@ -76,7 +76,8 @@ type CongestionParams struct {
 //     the rate (so delay not of its making cannot talk the estimate down);
 //   - heavy loss (over a quarter of the datagrams, counted over at least
 //     sixty-four) is congestion the estimate did not see: the rate is cut
-//     multiplicatively, and recovers by a tenth per round trip without.
+//     multiplicatively, and recovers by a tenth per round trip without loss
+//     and per sixty-four datagrams without heavy loss.
 //
 // The window is two bandwidth-delay products, enough for acks that come in
 // batches. Start-up also ends at a round trip losing a fifth of its
@@ -131,6 +132,7 @@ type deliveryRate struct {
 	queued               int     // rounds running with a standing queue
 	drainCycle           int     // the cycle it drained last
 	cut                  float64 // 1, or less after heavy loss, back to 1 over time
+	lostNow              int     // bytes lost this round
 }
 
 func (c *deliveryRate) OnAck(now time.Time, a AckEvent) {
@@ -179,6 +181,7 @@ func (c *deliveryRate) endRound(now time.Time) {
 		float64(c.lostRound) > startupLoss*float64(total) {
 		c.state = drDrain
 	}
+	delivered := c.ackedRound > 0
 	c.ackedRound = 0
 	// A standing queue: even the round's fastest round trip is well above
 	// the path's minimum, two rounds running. The estimate runs a little
@@ -193,17 +196,27 @@ func (c *deliveryRate) endRound(now time.Time) {
 	// Heavy loss: congestion that the delivery rate missed. Judged over
 	// enough datagrams that random loss of a few percent never looks like
 	// it.
+	// Recovery is per round trip without loss as well as per window
+	// without heavy loss: after a deep cut the rate may be so low that
+	// sixty-four datagrams take many seconds, and a receiver refusing what
+	// its buffer cannot hold looks like loss until the rate is down.
+	recover := c.lostNow == 0 && delivered
 	if total := c.ackedLoss + c.lostRound; total >= 64*c.p.DatagramSize {
 		if float64(c.lostRound) > heavyLoss*float64(total) {
 			c.cut = max(c.cut*0.7, 0.05)
+			recover = false
 			if c.state == drStartup {
 				c.state = drCruise
 			}
-		} else if c.cut < 1 {
-			c.cut = min(1, c.cut*1.1)
+		} else {
+			recover = true
 		}
 		c.ackedLoss, c.lostRound = 0, 0
 	}
+	if recover && c.cut < 1 {
+		c.cut = min(1, c.cut*1.1)
+	}
+	c.lostNow = 0
 	switch c.state {
 	case drStartup:
 		if c.bw >= c.fullBw*1.25 {
@@ -228,7 +241,10 @@ func (c *deliveryRate) endRound(now time.Time) {
 	c.appLimitedRound = false
 }
 
-func (c *deliveryRate) OnLoss(now time.Time, lostBytes int) { c.lostRound += lostBytes }
+func (c *deliveryRate) OnLoss(now time.Time, lostBytes int) {
+	c.lostRound += lostBytes
+	c.lostNow += lostBytes
+}
 
 // OnTimeout leaves the estimate alone: a probe timeout says a datagram or
 // its ack went missing, not that the path slowed; if it did, the delivery

@@ -499,11 +499,15 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 // (spec "Flow Control"): past half of ReceiveBuffer, for a rate that shrinks
 // as the buffer fills, at most once a round trip; once below a quarter, it
 // lifts the limit (65535). The buffer itself is the hard limit.
+//
+// Only what the application has yet to read counts: messages held for a
+// lost predecessor wait on the network, and slowing the peer down would
+// only delay the retransmission they need (admits bounds them).
 func (s *session) flowControl(now time.Time) {
 	if s.state != stateOK {
 		return
 	}
-	fill := float64(s.host.recvUsed()+s.res.bytes) / float64(s.cfg.recvBuffer)
+	fill := float64(s.host.recvUsed()) / float64(s.cfg.recvBuffer)
 	if dt := now.Sub(s.arrivalsAt); dt >= 10*time.Millisecond {
 		rate := float64(s.arrivals) / dt.Seconds()
 		s.arrivalRate = max(rate, s.arrivalRate*0.5) // quick to rise, slow to fall
@@ -563,10 +567,16 @@ func (s *session) handleConnecting(now time.Time, msgs []message) bool {
 }
 
 // admits reports whether a reliable datagram fits our buffers, or makes
-// progress that frees them: it carries something held messages wait for
-// that can be applied now, or a fragment the reassembly takes.
+// progress: it carries a message that can be applied now and either held
+// messages wait for it or the application has room for it, or a fragment
+// the reassembly takes.
+//
+// Held messages alone may fill the buffer while the application has read
+// everything; what fills the hole they wait behind must still get in, even
+// when it is several datagrams back from the first held one.
 func (s *session) admits(msgs []message) bool {
-	over := s.host.recvUsed()+s.res.bytes >= s.cfg.recvBuffer
+	used := s.host.recvUsed()
+	over := used+s.res.bytes >= s.cfg.recvBuffer
 	appContent := false
 	for i := range msgs {
 		m := &msgs[i]
@@ -585,9 +595,10 @@ func (s *session) admits(msgs []message) bool {
 		return true
 	}
 	h := &s.rh
+	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		ref := msgRef{h.packetID, uint16(i)}
-		if !s.res.waitedOn(ref) {
+		if !appRoom && !s.res.waitedOn(ref) {
 			continue
 		}
 		deps := appendDeps(s.deps[:0], h, &msgs[i])
