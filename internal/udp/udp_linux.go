@@ -5,6 +5,7 @@ package udp
 import (
 	"encoding/binary"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -18,12 +19,29 @@ import (
 type sysConn struct {
 	c  *Conn
 	rc syscall.RawConn
+	// gso is set while the kernel takes UDP_SEGMENT: a run of datagrams
+	// of one size to one peer goes down the stack as one (the last may be
+	// shorter), and the receiving side splits it, or hands it whole to a
+	// socket with UDP_GRO. It is cleared for good at the first send the
+	// kernel refuses with it (a device without checksum offload).
+	gso atomic.Bool
 }
 
 func (s *sysConn) init(c *Conn) {
 	s.c = c
 	s.rc, _ = c.pc.SyscallConn()
+	s.rc.Control(func(fd uintptr) {
+		_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
+		s.gso.Store(err == nil)
+	})
 }
+
+// A GSO run: at most maxSegments datagrams and maxRunBytes in all (the
+// kernel's limits: UDP_MAX_SEGMENTS, and an IP packet's 64 KiB).
+const (
+	maxSegments = 64
+	maxRunBytes = 65000
+)
 
 // sockaddr is room for an address of either family.
 type sockaddr [unix.SizeofSockaddrInet6]byte
@@ -113,11 +131,17 @@ type sysWriter struct {
 	hdrs  [MaxBatch]unix.Mmsghdr
 	iovs  [MaxBatch]unix.Iovec
 	names [MaxBatch]sockaddr
+	oobs  [MaxBatch][cmsgSegmentSpace]byte
+	runs  [MaxBatch]int // datagrams in each message
 	n     int
 	sent  int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool
 }
+
+// cmsgSegmentSpace is room for a UDP_SEGMENT control message (a uint16):
+// unix.CmsgSpace(2) is 24 on 64-bit systems, 16 on 32-bit ones.
+const cmsgSegmentSpace = 24
 
 func (w *sysWriter) init(c *Conn) { w.fn = w.send }
 
@@ -134,6 +158,28 @@ func (w *sysWriter) send(fd uintptr) bool {
 	return w.sent == w.n
 }
 
+// run returns how many datagrams from the start of ps go out as one GSO
+// message: datagrams of one size to one peer, the last possibly shorter.
+func run(ps []Packet, gso bool) int {
+	if !gso || len(ps) < 2 {
+		return 1
+	}
+	size := len(ps[0].Buf)
+	total, k := size, 1
+	for k < len(ps) && k < maxSegments {
+		p := &ps[k]
+		if len(p.Buf) > size || len(p.Buf) == 0 || p.Addr != ps[0].Addr || total+len(p.Buf) > maxRunBytes {
+			break
+		}
+		total += len(p.Buf)
+		k++
+		if len(p.Buf) < size {
+			break // a shorter one ends the run
+		}
+	}
+	return k
+}
+
 func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 	if len(ps) == 1 {
 		// One datagram: the plain call is cheaper than setting up a batch.
@@ -144,31 +190,57 @@ func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 	}
 	done := 0
 	for done < len(ps) {
-		n := min(len(ps)-done, MaxBatch)
-		for i := range n {
-			p := &ps[done+i]
-			w.iovs[i] = unix.Iovec{Base: unsafe.SliceData(p.Buf)}
-			w.iovs[i].SetLen(len(p.Buf))
-			w.hdrs[i] = unix.Mmsghdr{}
-			h := &w.hdrs[i].Hdr
-			h.Iov = &w.iovs[i]
-			h.SetIovlen(1)
+		gso := s.gso.Load()
+		n, used := 0, 0 // messages, datagrams
+		for used < len(ps)-done && used < MaxBatch {
+			k := run(ps[done+used:done+min(len(ps)-done, MaxBatch)], gso)
+			p0 := &ps[done+used]
+			for i := range k {
+				p := &ps[done+used+i]
+				w.iovs[used+i] = unix.Iovec{Base: unsafe.SliceData(p.Buf)}
+				w.iovs[used+i].SetLen(len(p.Buf))
+			}
+			w.hdrs[n] = unix.Mmsghdr{}
+			h := &w.hdrs[n].Hdr
+			h.Iov = &w.iovs[used]
+			h.SetIovlen(k)
 			if !s.c.connected {
-				l := putSockaddr(&w.names[i], p.Addr, s.c.v6)
-				h.Name = (*byte)(unsafe.Pointer(&w.names[i]))
+				l := putSockaddr(&w.names[n], p0.Addr, s.c.v6)
+				h.Name = (*byte)(unsafe.Pointer(&w.names[n]))
 				h.Namelen = uint32(l)
 			}
+			if k > 1 {
+				oob := w.oobs[n][:]
+				c := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+				c.Level = unix.IPPROTO_UDP
+				c.Type = unix.UDP_SEGMENT
+				c.SetLen(unix.CmsgLen(2))
+				binary.NativeEndian.PutUint16(oob[unix.CmsgLen(0):], uint16(len(p0.Buf)))
+				h.Control = &oob[0]
+				h.SetControllen(unix.CmsgSpace(2))
+			}
+			w.runs[n] = k
+			n++
+			used += k
 		}
 		w.n, w.sent, w.errno = n, 0, 0
 		err := s.rc.Write(w.fn)
-		done += w.sent
+		for i := range w.sent {
+			done += w.runs[i]
+		}
 		if err != nil {
 			return done, err
 		}
 		if w.errno != 0 {
+			if w.runs[w.sent] > 1 && (w.errno == unix.EIO || w.errno == unix.EINVAL || w.errno == unix.EOPNOTSUPP) {
+				// The kernel or the device refuses segmentation: send
+				// the rest one datagram a message, from now on.
+				s.gso.Store(false)
+				continue
+			}
 			// Skip the datagram the kernel refused (say, an ICMP error
 			// reported on a connected socket) and go on with the rest.
-			done++
+			done += w.runs[w.sent]
 			if done >= len(ps) {
 				return done - 1, w.errno
 			}

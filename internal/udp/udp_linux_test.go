@@ -4,6 +4,7 @@ package udp
 
 import (
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,4 +53,89 @@ func TestReadsBatchOnlyUnderBacklog(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, k)
 	assert.False(t, r.sys.batching)
+}
+
+func TestRuns(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:1")
+	b := netip.MustParseAddrPort("127.0.0.1:2")
+	pk := func(size int, to netip.AddrPort) Packet { return Packet{Buf: make([]byte, size), Addr: to} }
+	many := make([]Packet, 100)
+	for i := range many {
+		many[i] = pk(1000, a)
+	}
+	for _, tt := range []struct {
+		name string
+		ps   []Packet
+		gso  bool
+		want int
+	}{
+		{"no gso", []Packet{pk(100, a), pk(100, a)}, false, 1},
+		{"one", []Packet{pk(100, a)}, true, 1},
+		{"equal sizes", []Packet{pk(100, a), pk(100, a), pk(100, a)}, true, 3},
+		{"a shorter one ends the run", []Packet{pk(100, a), pk(100, a), pk(50, a), pk(50, a)}, true, 3},
+		{"a longer one starts a new run", []Packet{pk(100, a), pk(100, a), pk(200, a)}, true, 2},
+		{"another peer starts a new run", []Packet{pk(100, a), pk(100, b)}, true, 1},
+		{"an empty datagram goes alone", []Packet{pk(100, a), pk(0, a)}, true, 1},
+		{"at most 64 segments", many, true, maxSegments},
+		{"at most 65000 bytes", []Packet{pk(30000, a), pk(30000, a), pk(30000, a)}, true, 2},
+	} {
+		assert.Equal(t, tt.want, run(tt.ps, tt.gso), tt.name)
+	}
+}
+
+// Runs of equal datagrams go out as GSO messages where the kernel takes
+// them, and arrive as the datagrams they were, boundaries and order kept.
+func TestSegmentedWrites(t *testing.T) {
+	a, b := pair(t, "udp4", "127.0.0.1")
+	_, c := pair(t, "udp4", "127.0.0.1")
+	for _, pc := range []*net.UDPConn{b, c} {
+		require.NoError(t, pc.SetReadBuffer(4<<20))
+	}
+	ca, cb, cc := New(a, false), New(b, false), New(c, false)
+	t.Logf("UDP_SEGMENT supported: %v", ca.sys.gso.Load())
+	w := ca.NewWriter()
+	toB := b.LocalAddr().(*net.UDPAddr).AddrPort()
+	toC := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	sizes := []int{1200, 1200, 1200, 700, 1200, 1200, 1300, 1, 1, 1}
+	var out []Packet
+	for round := range 10 { // 100 datagrams: two batches
+		for i, n := range sizes {
+			buf := make([]byte, n)
+			buf[0] = byte(round*len(sizes) + i)
+			to := toB
+			if i == 5 {
+				to = toC
+			}
+			out = append(out, Packet{Buf: buf, Addr: to})
+		}
+	}
+	sent, err := ca.WriteBatch(w, out)
+	require.NoError(t, err)
+	require.Equal(t, len(out), sent)
+	read := func(conn *Conn, want []Packet) {
+		r := conn.NewReader()
+		in := make([]Packet, 16)
+		for i := range in {
+			in[i].Buf = make([]byte, 2048)
+		}
+		for got := 0; got < len(want); {
+			k, err := conn.ReadBatch(r, in)
+			require.NoError(t, err)
+			for _, p := range in[:k] {
+				require.Equal(t, len(want[got].Buf), p.N, "datagram %d", got)
+				require.Equal(t, want[got].Buf[0], p.Buf[0], "datagram %d", got)
+				got++
+			}
+		}
+	}
+	var forB, forC []Packet
+	for _, p := range out {
+		if p.Addr == toC {
+			forC = append(forC, p)
+		} else {
+			forB = append(forB, p)
+		}
+	}
+	read(cb, forB)
+	read(cc, forC)
 }
