@@ -1,8 +1,9 @@
 // Package udp moves datagrams in batches: on Linux one sendmmsg or
-// recvmmsg system call carries many, and runs of equal-sized datagrams to
-// one peer go down the stack as one UDP_SEGMENT (GSO) message; elsewhere a
-// loop of single calls does the same job. Nothing is allocated per
-// datagram or per call.
+// recvmmsg system call carries many, runs of equal-sized datagrams to one
+// peer go down the stack as one UDP_SEGMENT (GSO) message, and a socket
+// receiving a bulk stream takes UDP_GRO so that such runs arrive whole;
+// elsewhere a loop of single calls does the same job. Nothing is allocated
+// per datagram or per call.
 package udp
 
 import (

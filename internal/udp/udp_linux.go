@@ -67,17 +67,65 @@ type sysReader struct {
 	// fills batches and keeps them.
 	batching bool
 	streak   int
+
+	// GRO: once a bulk stream arrives, the socket takes UDP_GRO and reads
+	// go into big buffers, each of which may hold a run of datagrams the
+	// kernel kept together (a GSO run from a peer on this machine, or one
+	// the NIC coalesced); they are split into the caller's packets, what
+	// does not fit kept for the next call. It stays on: with it off, runs
+	// still queued would come out with no word of where their datagrams
+	// end.
+	big   *groBuffers // while GRO is on
+	bulk  int         // full batches in a row mostly from one peer in one size
+	noGRO bool        // the kernel refused UDP_GRO
+	runs  int         // reads that returned a run (for tests)
+	msgs  [groBufs]groMsg
+	nmsg  int // messages read into big
+	cur   int // message being handed out, and where in it
+	off   int
+}
+
+// GRO costs groBufs big buffers a socket, and reads of at most groBufs
+// messages; a batch of small datagrams from many peers then takes several
+// reads. So it waits for a stream that can gain from it.
+const (
+	groBufs    = 4
+	groBufSize = 1 << 16
+	bulkToGRO  = 4 // bulk batches in a row that turn GRO on
+)
+
+type groBuffers struct {
+	bufs  [groBufs][groBufSize]byte
+	oobs  [groBufs][cmsgGROSpace]byte
+	hdrs  [groBufs]unix.Mmsghdr
+	iovs  [groBufs]unix.Iovec
+	names [groBufs]sockaddr
+}
+
+// cmsgGROSpace is room for a UDP_GRO control message (an int).
+const cmsgGROSpace = 24
+
+type groMsg struct {
+	n, seg int // bytes, and the size of each datagram in them (0: one)
+	addr   netip.AddrPort
+	trunc  bool
 }
 
 // backlogStreak is how many reads in a row must find a datagram waiting
 // before reads go by batches.
 const backlogStreak = 8
 
-func (r *sysReader) init(c *Conn) { r.fn = r.recv }
+func (r *sysReader) init(c *Conn) {
+	r.fn = r.recv
+}
 
 func (r *sysReader) recv(fd uintptr) bool {
 	r.tries++
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.n), unix.MSG_DONTWAIT, 0, 0)
+	hdrs := &r.hdrs[0]
+	if r.big != nil {
+		hdrs = &r.big.hdrs[0]
+	}
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(hdrs)), uintptr(r.n), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN {
 		return false // the poller waits for readability and calls again
 	}
@@ -86,6 +134,9 @@ func (r *sysReader) recv(fd uintptr) bool {
 }
 
 func (s *sysConn) readBatch(r *sysReader, ps []Packet) (int, error) {
+	if r.big != nil {
+		return s.readBig(r, ps)
+	}
 	n := min(len(ps), MaxBatch)
 	if !r.batching {
 		n = min(n, 1)
@@ -124,7 +175,118 @@ func (s *sysConn) readBatch(r *sysReader, ps []Packet) (int, error) {
 		p.Trunc = r.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0
 		p.Addr = parseSockaddr(r.names[i][:r.hdrs[i].Hdr.Namelen])
 	}
+	if r.batching && r.got == n && n > 1 {
+		// A bulk stream: most of a full batch from one peer, in one size.
+		same := 0
+		for i := range r.got {
+			if ps[i].Addr == ps[0].Addr && ps[i].N == ps[0].N {
+				same++
+			}
+		}
+		if 2*same < n {
+			r.bulk = 0
+		} else if r.bulk++; r.bulk >= bulkToGRO && !r.noGRO {
+			s.startGRO(r)
+		}
+	} else {
+		r.bulk = 0
+	}
 	return r.got, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// startGRO turns UDP_GRO on.
+func (s *sysConn) startGRO(r *sysReader) {
+	var err error
+	s.rc.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1)
+	})
+	if err != nil {
+		r.noGRO = true
+		return
+	}
+	r.big = new(groBuffers)
+}
+
+// readBig hands out what the last read into the big buffers holds, or
+// reads them again.
+func (s *sysConn) readBig(r *sysReader, ps []Packet) (int, error) {
+	if r.cur >= r.nmsg {
+		b := r.big
+		for i := range groBufs {
+			b.iovs[i] = unix.Iovec{Base: &b.bufs[i][0]}
+			b.iovs[i].SetLen(groBufSize)
+			b.hdrs[i] = unix.Mmsghdr{}
+			h := &b.hdrs[i].Hdr
+			h.Iov = &b.iovs[i]
+			h.SetIovlen(1)
+			h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
+			h.Namelen = uint32(len(b.names[i]))
+			h.Control = &b.oobs[i][0]
+			h.SetControllen(cmsgGROSpace)
+		}
+		r.n, r.tries = groBufs, 0
+		if err := s.rc.Read(r.fn); err != nil {
+			return 0, err
+		}
+		if r.errno != 0 {
+			return 0, r.errno
+		}
+		for i := range r.got {
+			h := &b.hdrs[i]
+			m := &r.msgs[i]
+			*m = groMsg{n: int(h.Len), addr: parseSockaddr(b.names[i][:h.Hdr.Namelen]), trunc: h.Hdr.Flags&unix.MSG_TRUNC != 0}
+			m.seg = groSegment(b.oobs[i][:h.Hdr.Controllen])
+			if m.seg >= m.n {
+				m.seg = 0
+			}
+			if m.seg > 0 {
+				r.runs++
+			}
+		}
+		r.nmsg, r.cur, r.off = r.got, 0, 0
+	}
+	k := 0
+	for k < len(ps) && r.cur < r.nmsg {
+		m := &r.msgs[r.cur]
+		end := m.n
+		if m.seg > 0 {
+			end = min(r.off+m.seg, m.n)
+		}
+		d := r.big.bufs[r.cur][r.off:end]
+		p := &ps[k]
+		p.N = copy(p.Buf, d)
+		p.Trunc = len(d) > len(p.Buf) || m.trunc && end == m.n
+		p.Addr = m.addr
+		k++
+		if r.off = end; r.off >= m.n {
+			r.cur, r.off = r.cur+1, 0
+		}
+	}
+	return k, nil
+}
+
+// groSegment finds the UDP_GRO control message: the size of the datagrams
+// a read returned together.
+func groSegment(oob []byte) int {
+	for len(oob) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		l := int(h.Len)
+		if l < unix.SizeofCmsghdr || l > len(oob) {
+			return 0
+		}
+		if h.Level == unix.IPPROTO_UDP && h.Type == unix.UDP_GRO && l >= unix.CmsgLen(4) {
+			return int(binary.NativeEndian.Uint32(oob[unix.CmsgLen(0):]))
+		}
+		oob = oob[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(oob)):]
+	}
+	return 0
 }
 
 type sysWriter struct {

@@ -3,9 +3,11 @@
 package udp
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,7 +22,9 @@ func TestReadsBatchOnlyUnderBacklog(t *testing.T) {
 	to := b.LocalAddr().(*net.UDPAddr).AddrPort()
 	out := make([]Packet, 100) // well within the socket buffer
 	for i := range out {
-		out[i] = Packet{Buf: []byte{byte(i)}, Addr: to}
+		// Sizes vary: not a bulk stream, which would turn GRO on.
+		out[i] = Packet{Buf: make([]byte, 1+i%3), Addr: to}
+		out[i].Buf[0] = byte(i)
 	}
 	sent, err := ca.WriteBatch(w, out)
 	require.NoError(t, err)
@@ -138,4 +142,86 @@ func TestSegmentedWrites(t *testing.T) {
 	}
 	read(cb, forB)
 	read(cc, forC)
+}
+
+// A bulk stream of runs turns GRO on: the runs arrive whole and are split
+// into the datagrams they were, in order.
+func TestGRO(t *testing.T) {
+	a, b := pair(t, "udp4", "127.0.0.1")
+	ca, cb := New(a, false), New(b, false)
+	if !ca.sys.gso.Load() {
+		t.Skip("no UDP_SEGMENT on this kernel")
+	}
+	w, r := ca.NewWriter(), cb.NewReader()
+	to := b.LocalAddr().(*net.UDPAddr).AddrPort()
+	const total, size = 20000, 1000
+	stop := make(chan struct{})
+	sent := make(chan int)
+	go func() {
+		out := make([]Packet, MaxBatch)
+		seq := 0
+		defer func() { sent <- seq }()
+		for seq < total {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i := range out {
+				out[i] = Packet{Buf: make([]byte, size), Addr: to}
+				binary.BigEndian.PutUint32(out[i].Buf, uint32(seq+i))
+			}
+			if _, err := ca.WriteBatch(w, out); err != nil {
+				return
+			}
+			seq += len(out)
+		}
+	}()
+	in := make([]Packet, MaxBatch)
+	for i := range in {
+		in[i].Buf = make([]byte, 1500)
+	}
+	last, got, wasOn := -1, 0, false
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(3*time.Second)))
+	for last < total-1 {
+		k, err := cb.ReadBatch(r, in)
+		if err != nil {
+			break // the rest was dropped by the kernel: the deadline ends it
+		}
+		wasOn = wasOn || r.sys.big != nil
+		for _, p := range in[:k] {
+			require.Equal(t, size, p.N)
+			require.False(t, p.Trunc)
+			seq := int(binary.BigEndian.Uint32(p.Buf))
+			require.Greater(t, seq, last, "in order, none twice")
+			last = seq
+			got++
+		}
+		if r.sys.runs > 10 {
+			break
+		}
+	}
+	close(stop)
+	<-sent
+	t.Logf("%d of %d datagrams read; %d reads returned runs", got, total, r.sys.runs)
+	assert.True(t, wasOn, "GRO turned on")
+	assert.Positive(t, r.sys.runs, "runs arrived whole")
+
+	// A peer without runs now: single datagrams still come through.
+	require.NoError(t, b.SetReadDeadline(time.Time{}))
+	for i := range 10 {
+		_, err := ca.WriteBatch(w, []Packet{{Buf: []byte{byte(i), 2, 3}, Addr: to}})
+		require.NoError(t, err)
+	}
+	for got := 0; got < 10; {
+		k, err := cb.ReadBatch(r, in)
+		require.NoError(t, err)
+		for _, p := range in[:k] {
+			if p.N == size {
+				continue // the tail of the stream
+			}
+			require.Equal(t, []byte{byte(got), 2, 3}, p.Buf[:p.N])
+			got++
+		}
+	}
 }
