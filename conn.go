@@ -146,8 +146,8 @@ func (c *Conn) loop() {
 	timer := time.AfterFunc(time.Hour, func() { signal(c.wake) })
 	defer timer.Stop()
 	s := c.sess
+	now := time.Now()
 	for {
-		now := time.Now()
 		c.drainInbox(now)
 		c.drainSendQueue(now)
 		if s.state == stateAdmit && s.admitWaiting {
@@ -162,6 +162,7 @@ func (c *Conn) loop() {
 		next := s.nextDeadline(now)
 		if !next.After(now) {
 			s.advance(now)
+			now = time.Now()
 			continue
 		}
 		if next != armed {
@@ -169,7 +170,8 @@ func (c *Conn) loop() {
 			armed = next
 		}
 		<-c.wake
-		if now := time.Now(); !now.Before(next) {
+		// The clock read on waking serves the next round's work too.
+		if now = time.Now(); !now.Before(next) {
 			s.advance(now)
 		}
 	}
