@@ -144,15 +144,28 @@ type sentAck struct {
 	at time.Time
 }
 
-// remember records PacketAcks just sent.
-func (q *ackQueue) remember(now time.Time, acks []packetAck) {
+// remember records PacketAcks just sent. Only those sent in the last keep
+// are wanted again, so the ring grows only while its oldest entry is
+// younger than that: its size follows the acks sent in keep, up to
+// maxRecentAcks, instead of filling up on any long-lived connection.
+func (q *ackQueue) remember(now time.Time, acks []packetAck, keep time.Duration) {
 	for _, a := range acks {
-		if len(q.recent) < maxRecentAcks {
-			q.recent = append(q.recent, sentAck{a, now})
-		} else {
-			q.recent[q.next%maxRecentAcks] = sentAck{a, now}
+		n := len(q.recent)
+		i := 0
+		if n > 0 {
+			i = q.next % n // the oldest
 		}
-		q.next++
+		if n == maxRecentAcks || n > 0 && now.Sub(q.recent[i].at) > keep {
+			q.recent[i] = sentAck{a, now}
+			q.next++
+			continue
+		}
+		// Grow: put the ring in order, oldest first, and add at the end.
+		slices.Reverse(q.recent[:i])
+		slices.Reverse(q.recent[i:])
+		slices.Reverse(q.recent)
+		q.recent = append(q.recent, sentAck{a, now})
+		q.next = len(q.recent)
 	}
 }
 

@@ -118,6 +118,51 @@ func TestAckQueueTakeSplits(t *testing.T) {
 	assert.Equal(t, 3, q.pending(), "what did not fit stays queued")
 }
 
+// Acks sent again are those of the last keep, newest first, whatever the
+// ring did meanwhile; and the ring holds about what keep needs, not
+// maxRecentAcks on every connection.
+func TestAckQueueRepeatsMatchModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, keep := range []time.Duration{time.Millisecond, 5 * time.Millisecond, time.Second} {
+		var q ackQueue
+		type sent struct {
+			a  packetAck
+			at time.Time
+		}
+		var model []sent
+		now := timeZero
+		base := uint32(0)
+		for step := range 5000 {
+			now = now.Add(time.Duration(rng.IntN(3000)) * time.Microsecond)
+			var acks []packetAck
+			for range rng.IntN(4) {
+				base++
+				acks = append(acks, packetAck{base: base})
+				model = append(model, sent{packetAck{base: base}, now})
+			}
+			q.remember(now, acks, keep)
+			back := time.Duration(rng.Int64N(int64(keep) + 1))
+			room := 1 + rng.IntN(20)
+			var want []packetAck
+			for k := len(model) - 1; k >= 0 && len(want) < room && len(model)-k <= maxRecentAcks; k-- {
+				if model[k].at.Before(now.Add(-back)) {
+					break
+				}
+				want = append(want, model[k].a)
+			}
+			got := q.repeats(nil, now.Add(-back), room)
+			require.Equal(t, want, got, "keep %v, step %d", keep, step)
+		}
+		t.Logf("keep %v: ring of %d", keep, len(q.recent))
+		if keep < time.Second {
+			// Up to 3 acks every 0-3 ms: a short keep needs few.
+			assert.Less(t, len(q.recent), maxRecentAcks/4)
+		} else {
+			assert.Equal(t, maxRecentAcks, len(q.recent))
+		}
+	}
+}
+
 func TestSentWindow(t *testing.T) {
 	var w sentWindow
 	now := timeZero

@@ -185,15 +185,25 @@ func (ep *endpoint) readLoop() {
 			}
 		}
 	}()
-	fails := 0
+	fails, held := 0, 0
 	for {
-		for i := range pkts {
+		// Buffers only for what the read may fill: one, unless a
+		// backlog has the reader taking batches.
+		want := r.Want(batch)
+		for i := want; i < held; i++ {
+			if pkts[i] != nil {
+				ep.putPacket(pkts[i])
+				pkts[i] = nil
+			}
+		}
+		held = want
+		for i := range want {
 			if pkts[i] == nil {
 				pkts[i] = ep.getPacket()
 			}
 			ps[i].Buf = pkts[i].buf
 		}
-		n, err := ep.uc.ReadBatch(r, ps)
+		n, err := ep.uc.ReadBatch(r, ps[:want])
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return

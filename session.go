@@ -1480,15 +1480,18 @@ func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, r
 		// Acks sent in the last half round trip go again in the room
 		// left, so that a lost ack does not cost the peer a needless
 		// resend. (Not in reliable datagrams: those are kept and resent.)
-		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-max(s.rtt.srtt/2, time.Millisecond)), room/ackBlock-fresh)
+		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
 	}
-	s.acks.remember(now, s.ackBuf[:fresh])
+	s.acks.remember(now, s.ackBuf[:fresh], s.ackRepeatWindow())
 	var p [packetAckSize]byte
 	for _, a := range s.ackBuf {
 		body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
 	}
 	return body
 }
+
+// ackRepeatWindow is how far back acks are sent again.
+func (s *session) ackRepeatWindow() time.Duration { return max(s.rtt.srtt/2, time.Millisecond) }
 
 // pollUnreliable builds an unreliable datagram when acks, pings or
 // unreliable messages are due.

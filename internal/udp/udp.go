@@ -72,6 +72,11 @@ func (c *Conn) NewWriter() *Writer {
 	return w
 }
 
+// Want is how many of max packets the next ReadBatch may fill: 1 while
+// the reader takes datagrams one at a time, so that a quiet socket need
+// not hold a batch of buffers.
+func (r *Reader) Want(max int) int { return r.sys.want(max) }
+
 // ReadBatch reads at least one datagram into ps, as many as are ready, and
 // returns how many.
 func (c *Conn) ReadBatch(r *Reader, ps []Packet) (int, error) {

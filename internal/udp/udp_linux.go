@@ -119,6 +119,13 @@ func (r *sysReader) init(c *Conn) {
 	r.fn = r.recv
 }
 
+func (r *sysReader) want(max int) int {
+	if r.batching || r.big != nil {
+		return max
+	}
+	return min(max, 1)
+}
+
 func (r *sysReader) recv(fd uintptr) bool {
 	r.tries++
 	hdrs := &r.hdrs[0]

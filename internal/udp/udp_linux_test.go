@@ -36,7 +36,9 @@ func TestReadsBatchOnlyUnderBacklog(t *testing.T) {
 	}
 	var sizes []int
 	for got := 0; got < len(out); {
+		want := r.Want(len(in))
 		k, err := cb.ReadBatch(r, in)
+		assert.LessOrEqual(t, k, want, "Want tells how many buffers a read may fill")
 		require.NoError(t, err)
 		for i := range k {
 			require.Equal(t, byte(got+i), in[i].Buf[0], "in order, none lost")
@@ -57,6 +59,7 @@ func TestReadsBatchOnlyUnderBacklog(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, k)
 	assert.False(t, r.sys.batching)
+	assert.Equal(t, 1, r.Want(len(in)), "a quiet reader needs one buffer")
 }
 
 func TestRuns(t *testing.T) {

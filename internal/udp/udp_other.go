@@ -10,6 +10,8 @@ type sysReader struct{}
 
 func (r *sysReader) init(c *Conn) {}
 
+func (r *sysReader) want(max int) int { return min(max, 1) }
+
 type sysWriter struct{}
 
 func (w *sysWriter) init(c *Conn) {}
