@@ -356,7 +356,11 @@ func TestConnectSynFlood(t *testing.T) {
 	var calm, flooded []time.Duration
 	var heap []uint64
 	floodTime := time.Duration(0)
-	rounds := 3
+	// Five rounds: on this 2-core VM a thread preempted inside a send
+	// system call loses a 4 ms scheduler tick, calm or flooded (seen in
+	// execution traces), and one such stall sets a phase's p99; the
+	// median of five phases is rarely decided by it.
+	rounds := 5
 	if testing.Short() {
 		rounds = 1
 	}
@@ -385,6 +389,7 @@ func TestConnectSynFlood(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&m)
 	assert.Less(t, int64(m.HeapInuse)-int64(heap[0]), int64(16<<20), "memory flat once the flood is steady")
+	t.Logf("median p99: calm %v, flooded %v (%.2fx)", median(calm), median(flooded), float64(median(flooded))/float64(median(calm)))
 	if testing.Short() {
 		return // the timing comparison needs the longer run and a quiet machine
 	}
