@@ -201,13 +201,6 @@ func (s *sysConn) readBatch(r *sysReader, ps []Packet) (int, error) {
 	return r.got, nil
 }
 
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // startGRO turns UDP_GRO on.
 func (s *sysConn) startGRO(r *sysReader) {
 	var err error
@@ -407,11 +400,11 @@ func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 				s.gso.Store(false)
 				continue
 			}
-			// Skip the datagram the kernel refused (say, an ICMP error
-			// reported on a connected socket) and go on with the rest.
-			done += w.runs[w.sent]
-			if done >= len(ps) {
-				return done - 1, w.errno
+			// Skip what the kernel refused (say, an ICMP error reported
+			// on a connected socket) and go on with the rest.
+			skipped := w.runs[w.sent]
+			if done += skipped; done >= len(ps) {
+				return done - skipped, w.errno
 			}
 		}
 	}
