@@ -2,6 +2,7 @@ package knet
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 )
 
@@ -26,20 +27,38 @@ func refFromEntry(h *header, x int) msgRef {
 	return msgRef{pid: (h.packetID - uint32(h.deltas[x]) - 1) & packetIDMask, idx: h.indices[x]}
 }
 
-// appendDeps appends the messages m depends on, per its InOrder code.
+// appendDeps appends the messages m depends on, per its InOrder code, each
+// once: two entries, or one entry listed twice, may name the same message.
 func appendDeps(dst []msgRef, h *header, m *message) []msgRef {
 	switch m.order {
 	case orderNone:
 	case orderSingle:
 		dst = append(dst, refFromEntry(h, int(m.orderIndex)))
 	case orderMulti:
+		start := len(dst)
 		for _, x := range m.orderMulti {
-			dst = append(dst, refFromEntry(h, int(x)))
+			if r := refFromEntry(h, int(x)); !slices.Contains(dst[start:], r) {
+				dst = append(dst, r)
+			}
 		}
 	default:
 		dst = append(dst, refFromEntry(h, int(m.order)-1))
 	}
 	return dst
+}
+
+// Latest-state marker. A message that supersedes the ones it names (a
+// ContentID update naming earlier versions of its state) lists its entries
+// with InOrder code 7 and repeats the first entry at the end. A receiver
+// that reads the spec alone sees the same dependencies; ours applies such
+// a message at once and drops the named ones if they arrive later
+// (latest state wins), instead of waiting for them. Our encoder never
+// repeats an entry otherwise.
+
+// supersedes reports whether m carries the latest-state marker.
+func supersedes(m *message) bool {
+	k := len(m.orderMulti)
+	return m.order == orderMulti && k >= 2 && m.orderMulti[0] == m.orderMulti[k-1]
 }
 
 // Receiver.
@@ -358,6 +377,28 @@ func (r *resolver) declareMissing(d msgRef) {
 	r.missQ = append(r.missQ, d)
 }
 
+// supersede gives up on deps, the unresolved dependencies of an unreliable
+// message applied without them, because it replaces them (latest state) or
+// because it was itself dropped as overtaken: an older message must not
+// come after a newer one. Those not arrived are declared missing, so that
+// they are dropped if they come; unreliable application messages still
+// held are released and returned, for the caller to drop.
+func (r *resolver) supersede(w *recvWindow, deps []msgRef, dropped []*held) []*held {
+	for _, d := range deps {
+		if h, ok := r.held[d]; ok {
+			if !h.reliable && h.kind == heldApp {
+				r.release(h)
+				dropped = append(dropped, h)
+			}
+			continue
+		}
+		if !w.contains(d.pid) {
+			r.declareMissing(d)
+		}
+	}
+	return dropped
+}
+
 // nextDeadline is when the first unreliable message gives up waiting.
 func (r *resolver) nextDeadline() (time.Time, bool) {
 	if r.timed.Len() == 0 {
@@ -424,12 +465,22 @@ type track struct {
 	fragmented bool
 	dropped    bool // superseded or dropped before sending
 	sentAt     time.Time
+	// deps are the messages it waits for at the receiver, as of its
+	// packing; resolved records that it and all of them are known applied.
+	deps     []depOn
+	resolved bool
+	prev     depOn // the previous version of its state (ContentID)
 }
 
 // depOn is a dependency of a queued message on a tracked one.
 type depOn struct {
 	t   *track
 	ref Ref
+	// hard marks an unreliable message's explicit dependency on a
+	// reliable one: it is sent only once that one is known applied, so
+	// that it never arrives first (a receiver gives up on a missing
+	// dependency of an unreliable message after its reorder window).
+	hard bool
 }
 
 // live returns the track if it still follows the message depended on.
@@ -439,6 +490,10 @@ func (d depOn) live() *track {
 	}
 	return nil
 }
+
+// contentBackRefs is how many earlier versions of its state a latest-state
+// message names.
+const contentBackRefs = 3
 
 type contentKey struct {
 	id, content uint32
@@ -487,14 +542,27 @@ func (o *sendOrder) add(m *outMsg) {
 	}
 	for _, r := range m.after {
 		if t := o.byRef[r]; t != nil && (t.reliable || !m.reliable) {
-			m.deps = append(m.deps, depOn{t, r})
+			m.deps = append(m.deps, depOn{t: t, ref: r, hard: !m.reliable && t.reliable})
 		}
 	}
 	hasKey := m.contentID != 0 && !m.reliable
 	var key contentKey
+	var prev depOn
 	if hasKey {
+		// Latest state: name the last few versions, so that the
+		// receiver knows an older one for older even when the one just
+		// before was lost, and marks it as replacing them.
 		key = contentKey{m.id, m.contentID}
-		m.deps = appendLive(m.deps, o.latest[key])
+		prev = o.latest[key]
+		for d, k := prev, 0; k < contentBackRefs; k++ {
+			t := d.live()
+			if t == nil {
+				break
+			}
+			m.deps = append(m.deps, d)
+			d = t.prev
+		}
+		m.latest = !m.inOrder && len(m.after) == 0 && !m.frag
 	}
 	if !m.tracked && !m.inOrder && !hasKey {
 		m.track = nil
@@ -508,7 +576,7 @@ func (o *sendOrder) add(m *outMsg) {
 		t = new(track)
 	}
 	*t = track{ref: m.ref, reliable: m.reliable, inOrder: m.inOrder, channel: m.channel,
-		hasKey: hasKey, key: key, explicit: m.tracked, wire: t.wire[:0]}
+		hasKey: hasKey, key: key, explicit: m.tracked, wire: t.wire[:0], deps: t.deps[:0], prev: prev}
 	m.track = t
 	o.fifo = append(o.fifo, t)
 	if m.tracked {
@@ -517,7 +585,7 @@ func (o *sendOrder) add(m *outMsg) {
 		}
 		o.byRef[m.ref] = t
 	}
-	d := depOn{t, m.ref}
+	d := depOn{t: t, ref: m.ref}
 	if ch != nil {
 		if m.reliable {
 			ch.rel = d

@@ -36,6 +36,7 @@ package knet
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"time"
 
@@ -100,10 +101,19 @@ type Config struct {
 	// transfers a peer may make us hold, beyond the one oldest transfer,
 	// which may always grow to MaxMessageSize. Default 4 MiB.
 	ReassemblyBuffer int
-	// ReorderWindow is how long an unreliable in-order message waits for
-	// a missing predecessor before it is delivered without it. Default:
-	// derived from the measured round trip variation, between 2ms and 250ms.
+	// ReorderWindow is how long a received unreliable in-order message
+	// waits for a missing predecessor before it is delivered without it
+	// (the predecessor is then dropped if it comes). Default: derived from
+	// the measured round trip variation, between 2ms and 250ms. Negative
+	// means no wait: each message is delivered as it arrives, and an older
+	// one arriving after a newer one is dropped.
 	ReorderWindow time.Duration
+	// ReorderWindows sets the wait by message ID, for a receiver whose
+	// streams want different ones: say none for snapshots, where the
+	// newest should go at once, and 30ms for inputs, where each counts.
+	// An entry of 0 or less means no wait; IDs without an entry use
+	// ReorderWindow. Latest-state messages (Message.ContentID) never wait.
+	ReorderWindows map[uint32]time.Duration
 
 	// ConnectPayload is the content of the client's ConnectSyn: up to
 	// about 1300 bytes of application data for the server's Admit hook.
@@ -189,6 +199,7 @@ type config struct {
 	pingInterval, maxAckDelay, datagramTimeout time.Duration
 	lostTimeout, connectTimeout, disconnect    time.Duration
 	reorderWindow                              time.Duration
+	reorderWindows                             map[uint32]time.Duration
 	initialRate, minRate                       float64
 	maxSendCount                               int
 	maxFragment, maxDatagram, maxMessage       int
@@ -244,6 +255,7 @@ func (c *Config) resolve() *config {
 		connectTimeout:   pick(c.ConnectTimeout, defaultConnectTimeout),
 		disconnect:       pick(c.DisconnectTimeout, defaultDisconnectTimeout),
 		reorderWindow:    c.ReorderWindow,
+		reorderWindows:   maps.Clone(c.ReorderWindows),
 		initialRate:      float64(pick(c.InitialDatagramRate, defaultInitialDatagramRate)),
 		minRate:          float64(pick(c.MinDatagramRate, defaultMinDatagramRate)),
 		maxSendCount:     pick(c.MaxMessageSendCount, defaultMaxMessageSendCount),
@@ -303,15 +315,20 @@ type Message struct {
 	// sent on the wire.
 	Priority int8
 	// ContentID, when not zero on an unreliable message, marks it as an
-	// update of the state named by (ID, ContentID): it replaces a queued,
-	// unsent message with the same pair, and the receiver drops an older
-	// one that arrives after it ("latest state wins"). Not sent on the
-	// wire.
+	// update of the state named by (ID, ContentID): latest state wins. It
+	// replaces a queued, unsent message with the same pair; the receiver
+	// delivers it as soon as it arrives, without waiting for an earlier
+	// version still missing, and drops an earlier version that arrives
+	// after it. Not sent on the wire as such: each update names the few
+	// before it (a few bytes).
 	ContentID uint32
 	// DependsOn lists earlier messages, sent with SendRef on the same
 	// Conn, that must be applied before this one: a dependency graph
 	// beyond channels. At most MaxDependencies entries. A reliable
-	// message may not depend on an unreliable one.
+	// message may not depend on an unreliable one. An unreliable message
+	// that names a reliable one leaves once that one is acked, so that it
+	// never arrives first (it may still be lost); one that names an
+	// unreliable one arrives after it, or without it if that one is lost.
 	DependsOn []Ref
 }
 

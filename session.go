@@ -57,6 +57,7 @@ type outMsg struct {
 	contentID uint32
 	after     []Ref
 	deps      []depOn
+	latest    bool // replaces what it depends on (ContentID)
 	track     *track
 	done      bool // fully packed
 	off       int  // payload bytes packed so far
@@ -205,9 +206,11 @@ type session struct {
 	lostHead    int
 	pacedOut    bool // work waits for the pacer
 	// Anchors for in-order messages that would carry no dependency, so
-	// that the receiver still sees them in order (see wireDeps): the first
-	// message of the newest datagram acked with all before it, and of the
-	// newest reliable datagram sent.
+	// that the receiver still sees them in order (see wireDeps): the newest
+	// reliable message known applied (the first of a datagram acked with
+	// all before it, if it named nothing; or a tracked one resolved), and
+	// the first message, naming nothing, of the newest reliable datagram
+	// sent.
 	anchor, lastWhole       msgRef
 	hasAnchor, hasLastWhole bool
 	tidBuf                  []byte
@@ -333,11 +336,21 @@ func (s *session) ackDelay() time.Duration {
 	return min(max(s.rtt.srtt/4, time.Millisecond), s.cfg.maxAckDelay)
 }
 
+// reorderWindowFor is how long an unreliable message with the given ID
+// waits for a missing dependency: Config.ReorderWindows, else
+// ReorderWindow. Zero means it does not wait.
+func (s *session) reorderWindowFor(id uint32) time.Duration {
+	if w, ok := s.cfg.reorderWindows[id]; ok {
+		return max(w, 0)
+	}
+	return s.reorderWindow()
+}
+
 // reorderWindow is how long an unreliable in-order message waits for a
-// missing predecessor.
+// missing predecessor, unless its ID has a window of its own.
 func (s *session) reorderWindow() time.Duration {
-	if s.cfg.reorderWindow > 0 {
-		return s.cfg.reorderWindow
+	if s.cfg.reorderWindow != 0 {
+		return max(s.cfg.reorderWindow, 0)
 	}
 	w := 20 * time.Millisecond
 	if s.rtt.samples > 0 {
@@ -641,13 +654,19 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 		s.establishServer(now)
 	case idDisconnect, idDisconnectAck:
 		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
+		return
 	default:
-		if m.id < MinMessageID || m.id > MaxMessageID {
-			return // reserved and unknown: ignore
+		if m.id >= MinMessageID && m.id <= MaxMessageID {
+			s.establishServer(now)
+			s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
+			return
 		}
-		s.establishServer(now)
-		s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
+		// Reserved and unknown: ignored, which applies it.
 	}
+	// A connection control message is applied as it arrives, and may be
+	// named by later messages (the first in-order message of a connection
+	// names the ConnectAck): release what waits for it.
+	s.cascade(now, ref)
 }
 
 func heldKindOf(id uint32) heldKind {
@@ -681,16 +700,29 @@ func (s *session) establishServer(now time.Time) {
 func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
 	m := &s.rmsgs[ref.idx]
 	s.deps = appendDeps(s.deps[:0], h, m)
-	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, s.deps)
+	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.deps)
 }
 
-func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder bool, deps []msgRef) {
+// handleOrderedDeps applies a message whose dependencies are deps, or holds
+// it. An unreliable message marked latest (see supersedes), or whose ID has
+// no reorder window, does not wait: it replaces what it names.
+func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder, latest bool, deps []msgRef) {
 	if s.res.lateDrop(ref, reliable) || !reliable && len(deps) > 0 && s.res.overtaken(ref, s.win.newest) {
 		s.stats.DroppedMessages++
+		// What it waited for is older still: drop that too if it comes.
+		s.supersede(now, s.res.pendingDeps(&s.win, deps, false))
 		s.cascade(now, ref)
 		return
 	}
 	deps = s.res.pendingDeps(&s.win, deps, reliable)
+	var wait time.Duration
+	if len(deps) > 0 && !reliable {
+		wait = s.reorderWindowFor(id)
+		if kind == heldApp && (latest || wait == 0) {
+			s.supersede(now, deps)
+			deps = deps[:0]
+		}
+	}
 	if len(deps) == 0 {
 		s.apply(now, kind, id, payload, reliable, inOrder)
 		s.cascade(now, ref)
@@ -704,7 +736,23 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 	hm.reliable = reliable
 	hm.inOrder = inOrder
 	hm.deps = append(hm.deps[:0], deps...)
-	s.res.hold(hm, now.Add(s.reorderWindow()))
+	s.res.hold(hm, now.Add(wait))
+}
+
+// supersede gives up on deps (see resolver.supersede), dropping the held
+// messages among them.
+func (s *session) supersede(now time.Time, deps []msgRef) {
+	if len(deps) == 0 {
+		return
+	}
+	s.dropped = s.res.supersede(&s.win, deps, s.dropped[:0])
+	for i, hm := range s.dropped {
+		s.stats.DroppedMessages++
+		s.wake(hm.ref)
+		s.res.recycle(hm)
+		s.dropped[i] = nil
+	}
+	s.dropped = s.dropped[:0]
 }
 
 // cascade applies the held messages that ref's application released, and
@@ -824,7 +872,7 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	s.wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
 	s.reasm.finish(t)
-	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, deps)
+	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
 }
 
 func (s *session) protocolError(err error) {
@@ -923,18 +971,36 @@ func (s *session) afterAcks(now time.Time) {
 	}
 	s.sent.trim(s.trimmed)
 	s.detectLoss(now)
-	s.order.forget(func(t *track) bool { return s.resolvedAtSender(now, t) })
+	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+}
+
+// forgettable reports whether a tracked message can be forgotten: later
+// messages need not name it. A reliable one that is becomes an anchor.
+func (s *session) forgettable(now time.Time, t *track) bool {
+	if !s.resolvedAtSender(now, t) {
+		return false
+	}
+	if t.reliable && t.packed {
+		s.newAnchor(t.at)
+	}
+	return true
 }
 
 // trimmed takes a datagram acked along with every one before it: its
-// first message is resolved at the receiver, an anchor for in-order
-// messages with nothing else to depend on.
+// first message, if it named nothing, is applied at the receiver, an anchor
+// for in-order messages with nothing else to depend on.
 func (s *session) trimmed(d *sent) {
 	if d.whole0 {
-		s.anchor = msgRef{d.packetID, 0}
-		s.hasAnchor = true
+		s.newAnchor(msgRef{d.packetID, 0})
 	}
 	s.putBuf(d.b)
+}
+
+func (s *session) newAnchor(r msgRef) {
+	if !s.hasAnchor || refLess(s.anchor, r) {
+		s.anchor = r
+		s.hasAnchor = true
+	}
 }
 
 // detectLoss marks as lost the datagrams sent before the newest one acked
@@ -1012,23 +1078,49 @@ func (s *session) markLost(now time.Time, d *sent, fast bool) {
 
 // resolvedAtSender reports whether a tracked message is known to be applied
 // at the receiver, so that dependencies on it can be left out (DECISIONS
-// §5): a reliable one once every datagram up to its last fragment is acked;
-// an unreliable one once it is older than any reorder window could be.
+// §5): a reliable one once every datagram up to its last fragment is acked
+// and the same holds for everything it waits for (arrived is not applied: a
+// message may wait at the receiver for a fragmented one still coming); an
+// unreliable one once it is older than any reorder window could be.
 func (s *session) resolvedAtSender(now time.Time, t *track) bool {
-	if t.dropped {
+	return s.resolvedWithin(now, t, 0)
+}
+
+// maxResolveDepth bounds the walk through unresolved dependencies; past it
+// a message counts as unresolved for now, which only costs a dependency
+// named without need.
+const maxResolveDepth = 32
+
+func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
+	if t.dropped || t.resolved {
 		return true
 	}
 	if !t.packed || !t.complete {
 		return false
 	}
-	if t.reliable {
-		first := s.sent.firstUnacked()
-		if first == nil {
-			return true
-		}
-		return seqLess(t.lastPID, first.packetID)
+	if !t.reliable {
+		return now.Sub(t.sentAt) > max(250*time.Millisecond, 4*s.rtt.srtt)
 	}
-	return now.Sub(t.sentAt) > max(250*time.Millisecond, 4*s.rtt.srtt)
+	// Every datagram up to its last one sent (not the one being built)
+	// and acked.
+	if !seqLess(t.lastPID, s.nextPID) {
+		return false
+	}
+	if first := s.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
+		return false
+	}
+	if depth == maxResolveDepth {
+		return false
+	}
+	for _, d := range t.deps {
+		if dt := d.live(); dt != nil && !s.resolvedWithin(now, dt, depth+1) {
+			return false
+		}
+	}
+	t.resolved = true
+	clear(t.deps)
+	t.deps = t.deps[:0]
+	return true
 }
 
 // Queueing.
@@ -1610,7 +1702,7 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 	mark := len(h.deltas)
 	wasInOrder := h.inOrder
 	msg := message{id: m.id}
-	if !s.encodeDeps(h, &msg, refs) {
+	if !s.encodeDeps(h, &msg, refs, m.latest) {
 		return false
 	}
 	if m.frag {
@@ -1640,8 +1732,8 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 	}
 	p.body = appendMessage(p.body, &msg)
 	at := msgRef{h.packetID, uint16(p.count)}
-	if p.count == 0 && !m.frag {
-		p.whole0 = true
+	if p.count == 0 && !m.frag && len(refs) == 0 {
+		p.whole0 = true // applied as it arrives: an anchor
 	}
 	p.count++
 	p.appBytes += len(msg.payload)
@@ -1650,6 +1742,9 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 		t.packed = true
 		t.at = at
 		t.wire = append(t.wire[:0], refs...)
+		if len(refs) > 0 {
+			t.deps = append(t.deps[:0], m.deps...)
+		}
 		t.lastPID = h.packetID
 		t.complete = !m.frag
 		t.fragmented = m.frag
@@ -1709,6 +1804,9 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 		if s.resolvedAtSender(now, t) {
 			continue
 		}
+		if d.hard {
+			return nil, false // goes once t is applied: see depOn
+		}
 		if t.at.pid == pid {
 			// A message in this datagram: processed before m, so m
 			// waits for what it waits for (DECISIONS §5).
@@ -1754,9 +1852,10 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 }
 
 // encodeDeps adds the entries refs need to the datagram header and sets
-// msg's InOrder code. It reports false if the header would need more than
-// maxDeps entries.
-func (s *session) encodeDeps(h *header, msg *message, refs []msgRef) bool {
+// msg's InOrder code, with the latest-state marker if latest (see
+// supersedes). It reports false if the header would need more than maxDeps
+// entries.
+func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool) bool {
 	if len(refs) == 0 {
 		return true
 	}
@@ -1779,6 +1878,9 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef) bool {
 			h.indices = append(h.indices, r.idx)
 		}
 		idx = append(idx, byte(e))
+	}
+	if latest {
+		idx = append(idx, idx[0])
 	}
 	s.entries = idx
 	h.inOrder = true
