@@ -1272,7 +1272,9 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 
 // peerRateRequest applies the peer's FlowControlRequest: the most datagrams
 // a second it wants to receive; 65535 lifts the limit. When the limit goes
-// up, what waited for it goes at once instead of after backed-off timeouts.
+// up, what waited for it goes at once instead of after backed-off timeouts:
+// the oldest datagram unacked is resent and the probe timer starts afresh.
+// That says nothing about congestion, so the controller hears nothing.
 func (s *session) peerRateRequest(now time.Time, rate uint16) {
 	old := s.rc.maxRate
 	if rate == 0xffff {
@@ -1282,8 +1284,10 @@ func (s *session) peerRateRequest(now time.Time, rate uint16) {
 	}
 	if old > 0 && (s.rc.maxRate == 0 || s.rc.maxRate > old) && s.ptoCount > 0 {
 		s.ptoCount = 0
-		s.onProbeTimeout(now)
-		s.ptoCount = 0
+		if d := s.sent.oldestUnlost(); d != nil {
+			s.lastReliableSend = now
+			s.markLost(now, d, false)
+		}
 	}
 }
 
