@@ -244,6 +244,7 @@ type sent struct {
 	lost     bool // queued for retransmission
 	acked    bool
 	appBytes int  // application payload bytes carried, for send buffer accounting
+	hold     int  // of which the receiver may have to hold (see session.holdLimit)
 	whole0   bool // its first block is a whole message: an anchor once acked
 	// Delivery rate estimation (draft-cheng-iccrg-delivery-rate-estimation),
 	// as of the last send.
@@ -266,10 +267,21 @@ type sentWindow struct {
 	newest *sent
 	count  int // unacked
 	free   []*sent
-	// largestAcked is the newest PacketID acked so far, for loss detection.
-	largestAcked     uint32
-	largestAckedSent time.Time
-	anyAcked         bool
+	// largestAcked is the newest PacketID acked so far, and lastAckedSent
+	// the latest send time of a datagram acked, for loss detection: a
+	// resent datagram keeps its PacketID, so only send times tell which
+	// datagrams went out before one that arrived.
+	largestAcked  uint32
+	lastAckedSent time.Time
+	lastAckedPID  uint32 // of the datagram sent at lastAckedSent
+	anyAcked      bool
+}
+
+// sentBefore reports whether d went out before the latest sent datagram
+// acked: at an earlier time, or at the same time (a batch) with an older
+// PacketID.
+func (w *sentWindow) sentBefore(d *sent) bool {
+	return d.sentAt.Before(w.lastAckedSent) || d.sentAt.Equal(w.lastAckedSent) && seqLess(d.packetID, w.lastAckedPID)
 }
 
 func (w *sentWindow) at(k int) *sent { return w.byID[(w.head+k)&(len(w.byID)-1)] }
@@ -373,9 +385,12 @@ func (w *sentWindow) ack(s *sent) {
 	w.count--
 	if !w.anyAcked || seqLess(w.largestAcked, s.packetID) {
 		w.largestAcked = s.packetID
-		w.largestAckedSent = s.sentAt
-		w.anyAcked = true
 	}
+	if !w.anyAcked || s.sentAt.After(w.lastAckedSent) || s.sentAt.Equal(w.lastAckedSent) && seqLess(w.lastAckedPID, s.packetID) {
+		w.lastAckedSent = s.sentAt
+		w.lastAckedPID = s.packetID
+	}
+	w.anyAcked = true
 }
 
 // trim drops acked datagrams from the front, every one before them acked

@@ -95,7 +95,11 @@ type Config struct {
 	// ReceiveBuffer is how many payload bytes may wait for the
 	// application to read them, or for the messages they depend on. Past
 	// it, reliable datagrams go unacked until there is room, so the peer
-	// sends them again later. Default 4 MiB.
+	// sends them again later. A sender keeps what its peer may have to
+	// hold behind a loss within three quarters of its own ReceiveBuffer,
+	// taken for the peer's: ordered streams need some round trips' worth
+	// of data, so the same value on both ends serves best. It is a limit,
+	// not an allocation. Default 16 MiB.
 	ReceiveBuffer int
 	// ReassemblyBuffer is how many bytes of unfinished fragmented
 	// transfers a peer may make us hold, beyond the one oldest transfer,
@@ -106,7 +110,9 @@ type Config struct {
 	// (the predecessor is then dropped if it comes). Default: derived from
 	// the measured round trip variation, between 2ms and 250ms. Negative
 	// means no wait: each message is delivered as it arrives, and an older
-	// one arriving after a newer one is dropped.
+	// one arriving after a newer one is dropped. A sender takes its peer's
+	// window for at most 250ms or its own, whichever is longer: set the
+	// same on both ends when setting one longer than that.
 	ReorderWindow time.Duration
 	// ReorderWindows sets the wait by message ID, for a receiver whose
 	// streams want different ones: say none for snapshots, where the
@@ -226,7 +232,7 @@ const (
 	defaultMaxDatagramSize     = 1400
 	defaultMaxMessageSize      = 16 << 20
 	defaultSendBuffer          = 4 << 20
-	defaultReceiveBuffer       = 4 << 20
+	defaultReceiveBuffer       = 16 << 20
 	defaultReassemblyBuffer    = 4 << 20
 	defaultMaxPending          = 1024
 	defaultBacklog             = 512
@@ -277,6 +283,15 @@ func (c *Config) resolve() *config {
 	r.lostTimeout = pick(c.ConnectionLostTimeout, 3*r.pingInterval)
 	r.maxFragment = min(r.maxFragment, maxContentLength-8)
 	return r
+}
+
+// longestReorderWindow is the longest reorder window configured.
+func (c *config) longestReorderWindow() time.Duration {
+	w := c.reorderWindow
+	for _, v := range c.reorderWindows {
+		w = max(w, v)
+	}
+	return w
 }
 
 // keepalive is how often a PingRequest goes out: PingInterval, or more often

@@ -172,6 +172,7 @@ type session struct {
 	// Bytes of reliable datagrams in flight, probe timer and delivery
 	// rate estimation.
 	inflight         int
+	spanHold         int // see holdLimit
 	lastReliableSend time.Time
 	ptoCount         int
 	delivered        int64
@@ -304,6 +305,7 @@ func (s *session) dropSending() {
 		}
 	}
 	s.sent.clear(nil)
+	s.spanHold = 0
 	s.hasAnchor, s.hasLastWhole = false, false
 	s.lostQ = nil
 	s.order.reset()
@@ -356,8 +358,11 @@ func (s *session) reorderWindow() time.Duration {
 	if s.rtt.samples > 0 {
 		w = s.rtt.srtt/4 + 2*s.rtt.rttvar
 	}
-	return min(max(w, s.reorderSeen(), 2*time.Millisecond), 250*time.Millisecond)
+	return min(max(w, s.reorderSeen(), 2*time.Millisecond), maxDerivedReorderWindow)
 }
+
+// maxDerivedReorderWindow caps the reorder window derived from the path.
+const maxDerivedReorderWindow = 250 * time.Millisecond
 
 // reorderSeen is how late out-of-order datagrams have been arriving
 // lately, with a margin: the extent halves every five seconds.
@@ -990,6 +995,7 @@ func (s *session) forgettable(now time.Time, t *track) bool {
 // first message, if it named nothing, is applied at the receiver, an anchor
 // for in-order messages with nothing else to depend on.
 func (s *session) trimmed(d *sent) {
+	s.spanHold -= d.hold
 	if d.whole0 {
 		s.newAnchor(msgRef{d.packetID, 0})
 	}
@@ -1003,10 +1009,12 @@ func (s *session) newAnchor(r msgRef) {
 	}
 }
 
-// detectLoss marks as lost the datagrams sent before the newest one acked
-// that are three PacketIDs older, or were sent more than 9/8 of a round
-// trip ago (RFC 9002's thresholds): fast retransmit without waiting for the
-// timeout. For the others it sets the loss timer.
+// detectLoss marks as lost the datagrams sent before one acked that are
+// three PacketIDs older than the newest acked, or were sent more than 9/8
+// of a round trip ago (RFC 9002's thresholds; the time one by send time, as
+// RACK does, RFC 8985, since a resent datagram keeps its PacketID): fast
+// retransmit without waiting for the timeout. For the others it sets the
+// loss timer.
 func (s *session) detectLoss(now time.Time) {
 	if !s.sent.anyAcked {
 		return
@@ -1015,21 +1023,20 @@ func (s *session) detectLoss(now time.Time) {
 	thresh := max(s.rtt.srtt, s.rtt.latest)*9/8 + reo
 	lost := 0
 	s.lossTime = time.Time{}
-	for d := s.sent.oldest; d != nil && !d.sentAt.After(s.sent.largestAckedSent); {
+	for d := s.sent.oldest; d != nil && s.sent.sentBefore(d); {
 		next := d.next
-		if seqLess(d.packetID, s.sent.largestAcked) {
-			if reo == 0 && seqDiff(d.packetID, s.sent.largestAcked) >= 3 || now.Sub(d.sentAt) >= thresh {
-				lost += len(d.b)
-				s.markLost(now, d, true)
-				if s.state == stateDone {
-					return
-				}
-			} else if at := d.sentAt.Add(thresh); s.lossTime.IsZero() || at.Before(s.lossTime) {
-				// Later datagrams got through: this one is lost if its
-				// ack does not come within the threshold (the loss timer
-				// of RFC 9002).
-				s.lossTime = at
+		if reo == 0 && d.sends == 1 && seqLess(d.packetID, s.sent.largestAcked) && seqDiff(d.packetID, s.sent.largestAcked) >= 3 ||
+			now.Sub(d.sentAt) >= thresh {
+			lost += len(d.b)
+			s.markLost(now, d, true)
+			if s.state == stateDone {
+				return
 			}
+		} else if at := d.sentAt.Add(thresh); s.lossTime.IsZero() || at.Before(s.lossTime) {
+			// Later datagrams got through: this one is lost if its ack
+			// does not come within the threshold (the loss timer of RFC
+			// 9002).
+			s.lossTime = at
 		}
 		d = next
 	}
@@ -1086,6 +1093,14 @@ func (s *session) resolvedAtSender(now time.Time, t *track) bool {
 	return s.resolvedWithin(now, t, 0)
 }
 
+// unreliableHorizon is how long after it was sent an unreliable message
+// may still wait at the receiver for what it depends on: a one-way trip,
+// within a retransmission timeout, then the receiver's reorder window, at
+// most 250ms unless configured longer (ours is taken for the peer's).
+func (s *session) unreliableHorizon() time.Duration {
+	return max(maxDerivedReorderWindow, s.cfg.longestReorderWindow()) + s.rto()
+}
+
 // maxResolveDepth bounds the walk through unresolved dependencies; past it
 // a message counts as unresolved for now, which only costs a dependency
 // named without need.
@@ -1099,7 +1114,7 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 		return false
 	}
 	if !t.reliable {
-		return now.Sub(t.sentAt) > max(250*time.Millisecond, 4*s.rtt.srtt)
+		return now.Sub(t.sentAt) > s.unreliableHorizon()
 	}
 	// Every datagram up to its last one sent (not the one being built)
 	// and acked.
@@ -1480,12 +1495,26 @@ func (s *session) pollReliable(now time.Time) []byte {
 	if s.inflight >= s.rc.window() || s.sent.count >= maxWindow || s.spanFull() {
 		return nil
 	}
+	if s.spanHold >= s.holdLimit() {
+		// Held back by the receiver's room, not by the path: rate samples
+		// until this is delivered say little about the path.
+		s.appLimitedUntil = max(s.delivered+int64(s.inflight), 1)
+		return nil
+	}
 	if !s.rc.canSend(now, s.cfg.maxDatagram) {
 		s.pacedOut = true
 		return nil
 	}
 	return s.buildReliable(now)
 }
+
+// holdLimit bounds spanHold: the payload bytes sent, since the oldest
+// datagram unacked, that the receiver may have to hold until it arrives
+// (messages that wait for others, and fragments). A receiver holds them
+// within its ReceiveBuffer and refuses what does not fit, which costs
+// resends; so ordered data runs ahead of a loss by at most three quarters
+// of the buffer, ours taken for the peer's.
+func (s *session) holdLimit() int { return s.cfg.recvBuffer * 3 / 4 }
 
 // maxWindow bounds the reliable datagrams in flight, well within the span
 // the protocol allows (2^15).
@@ -1550,6 +1579,10 @@ func (s *session) buildReliable(now time.Time) []byte {
 	d := s.sent.push(now, h.packetID, b)
 	s.onReliableSent(now, d)
 	d.appBytes = p.appBytes
+	if p.holds {
+		d.hold = p.appBytes
+		s.spanHold += d.hold
+	}
 	d.whole0 = p.whole0
 	if p.whole0 {
 		s.lastWhole = msgRef{h.packetID, 0}
@@ -1656,6 +1689,7 @@ type packing struct {
 	limit    int
 	count    int    // message blocks so far
 	appBytes int    // application payload bytes
+	holds    bool   // a message in it may wait at the receiver
 	tids     []byte // TransferIDs of the fragments in it
 	skipped  int
 	whole0   bool // the first block is a whole message
@@ -1735,6 +1769,7 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 		s.bulk = m
 	}
 	p.body = appendMessage(p.body, &msg)
+	p.holds = p.holds || len(refs) > 0 || m.frag
 	at := msgRef{h.packetID, uint16(p.count)}
 	if p.count == 0 && !m.frag && len(refs) == 0 {
 		p.whole0 = true // applied as it arrives: an anchor
@@ -1771,6 +1806,7 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 	p.body = appendMessage(p.body, &msg)
 	p.count++
 	p.appBytes += len(msg.payload)
+	p.holds = true
 	if !slices.Contains(p.tids, m.tid) {
 		s.tids.carried(m.tid)
 		p.tids = append(p.tids, m.tid)
