@@ -563,6 +563,16 @@ func (r *chaosRecv) check(all bool) {
 	}
 }
 
+// summary counts the problems by class.
+func (r *chaosRecv) summary() string {
+	var classes []string
+	for c, n := range r.classes {
+		classes = append(classes, fmt.Sprintf("%s %d", c, n))
+	}
+	slices.Sort(classes)
+	return strings.Join(classes, ", ")
+}
+
 // behind names, for diagnosis, the fragmented message that j's reliable
 // channel had last before j, which j waits for at the receiver.
 func (r *chaosRecv) behind(j int) string {
@@ -753,12 +763,7 @@ func runChaosCell(t *testing.T, mode chaosMode, cond chaosCond, seed uint64, set
 			problems = append(problems, fmt.Sprintf("%s still holds %d messages and %d transfers", side, s.res.count(), s.reasm.active))
 		}
 		if len(recv[i].errs) > 0 {
-			var classes []string
-			for c, n := range recv[i].classes {
-				classes = append(classes, fmt.Sprintf("%s %d", c, n))
-			}
-			slices.Sort(classes)
-			problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, strings.Join(classes, ", ")))
+			problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, recv[i].summary()))
 		}
 	}
 	if len(problems) > 0 {
@@ -875,7 +880,7 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64) {
 		// Only a prefix was read: the reliable messages are all in,
 		// unreliable ones still on their way are not counted.
 		if len(recv[i].errs) > 0 {
-			problems = append(problems, fmt.Sprintf("%s received wrongly: %d problems", side, len(recv[i].errs)))
+			problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, recv[i].summary()))
 		}
 	}
 	if len(problems) == 0 {
@@ -890,4 +895,89 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64) {
 		}
 	}
 	t.Error(b.String())
+}
+
+// TestChaosCheckerCatches makes sure the matrix's checker sees each kind of
+// wrong delivery, so that a green cell means something.
+func TestChaosCheckerCatches(t *testing.T) {
+	plan := chaosPlan(chaosModes[len(chaosModes)-1], 1, 0, false)
+	deliver := func(order []int, edit func(i int, m *Message)) *chaosRecv {
+		r := newChaosRecv(0, plan)
+		refs := make([]Ref, len(plan))
+		for _, i := range order {
+			m := chaosMessage(nil, 0, &plan[i], refs)
+			m.Channel = 0 // not on the wire
+			if edit != nil {
+				edit(i, &m)
+			}
+			r.add(m)
+		}
+		r.check(true)
+		return r
+	}
+	all := make([]int, len(plan))
+	for i := range all {
+		all[i] = i
+	}
+	r := deliver(all, nil)
+	if len(r.errs) != 0 {
+		t.Fatalf("everything in order: %v", r.errs)
+	}
+	// first returns the first plan index from i on that f accepts.
+	first := func(from int, f func(m *chaosMsg) bool) int {
+		for i := from; i < len(plan); i++ {
+			if f(&plan[i]) {
+				return i
+			}
+		}
+		t.Fatal("no such message in the plan")
+		return -1
+	}
+	ordered := func(m *chaosMsg) bool { return m.kind == chaosOrdered && m.channel == 0 }
+	a := first(0, ordered)
+	b := first(a+1, ordered)
+	swapped := slices.Clone(all)
+	swapped[a], swapped[b] = swapped[b], swapped[a]
+	withDep := first(0, func(m *chaosMsg) bool { return m.kind == chaosDeps && len(m.deps) > 0 })
+	dep := plan[withDep].deps[0]
+	early := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return i == withDep })
+	early = slices.Insert(early, slices.Index(early, dep), withDep)
+	plain := first(0, func(m *chaosMsg) bool { return m.kind == chaosPlain })
+	content := func(m *chaosMsg) bool { return m.kind == chaosContent && m.channel == 0 }
+	c1 := first(0, content)
+	c2 := first(c1+1, content)
+	contentSwapped := slices.Clone(all)
+	contentSwapped[c1], contentSwapped[c2] = contentSwapped[c2], contentSwapped[c1]
+	for _, tt := range []struct {
+		name  string
+		r     *chaosRecv
+		class string
+	}{
+		{"swapped in a channel", deliver(swapped, nil), "order"},
+		{"duplicated", deliver(append(slices.Clone(all), a), nil), "duplicate"},
+		{"reliable lost", deliver(slices.Delete(slices.Clone(all), b, b+1), nil), "lost"},
+		{"gap in a channel", deliver(slices.Delete(slices.Clone(all), a, a+1), nil), "order"},
+		{"unreliable lost on a clean path", deliver(slices.Delete(slices.Clone(all), plain, plain+1), nil), "lost-clean"},
+		{"before its dependency", deliver(early, nil), "deps"},
+		{"older state after newer", deliver(contentSwapped, nil), "order"},
+		{"corrupted", deliver(all, func(i int, m *Message) {
+			if i == a {
+				m.Payload[len(m.Payload)-1] ^= 1
+			}
+		}), "integrity"},
+		{"reliability changed", deliver(all, func(i int, m *Message) {
+			if i == plain {
+				m.Reliable = true
+			}
+		}), "integrity"},
+		{"InOrder not reported", deliver(all, func(i int, m *Message) {
+			if i == a {
+				m.InOrder = false
+			}
+		}), "inorder-flag"},
+	} {
+		if tt.r.classes[tt.class] == 0 {
+			t.Errorf("%s: no %s problem found; found %v", tt.name, tt.class, tt.r.errs)
+		}
+	}
 }
