@@ -18,7 +18,7 @@ import (
 	"github.com/knet-go/knet/internal/netsim"
 )
 
-// The chaos matrix: every delivery mode × network conditions × seeds, over
+// The chaos matrix: every delivery mode × network condition × seed, over
 // the simPair fake clock, so that a cell runs in simulated time and replays
 // exactly. Each cell sends a stream (a few messages every few ms, and some
 // bursts) both ways over a path with the cell's condition in both
@@ -35,7 +35,11 @@ import (
 //
 // More seeds: -knet.chaos.seeds=20. The default is 3 with -short and 6
 // without; 1 MB transfers are in every fragmented cell, and in -short only
-// in the client's direction.
+// in the client's direction. A failing cell's report starts with its
+// problems by class (stall, lost, duplicate, integrity, order, deps,
+// lost-clean, inorder-flag), then per-channel counts, both sides' Stats and
+// what they hold. TestChaosConn is the same idea end to end over loopback
+// Conns, in real time.
 
 var chaosSeeds = flag.Int("knet.chaos.seeds", 0, "seeds per cell of TestChaos (default 3 with -short, 6 without)")
 
@@ -230,7 +234,7 @@ func (g *chaosGen) largeContent() chaosMsg {
 // big is a fragmented message, half of them in order on channel 0 among
 // the small ordered ones.
 func (g *chaosGen) big(size int) chaosMsg {
-	return chaosMsg{kind: chaosBig, id: 105, reliable: true, inOrder: g.rng.IntN(2) == 0, size: size}
+	return chaosMsg{kind: chaosBig, id: 105, reliable: true, inOrder: g.rng.IntN(2) == 0, channel: 0, size: size}
 }
 
 // chaosFragmented is a size that never fits a datagram with the default
@@ -409,7 +413,11 @@ func (r *chaosRecv) describe(i int) string {
 		s += fmt.Sprintf(", %v seq %d", g, m.seq)
 	}
 	if m.kind == chaosDeps || m.kind == chaosBig {
-		s += map[bool]string{true: ", reliable", false: ", unreliable"}[m.reliable]
+		if m.reliable {
+			s += ", reliable"
+		} else {
+			s += ", unreliable"
+		}
 	}
 	if m.kind == chaosBig {
 		s += fmt.Sprintf(", %d bytes", m.size)
