@@ -168,13 +168,24 @@ type Config struct {
 // replayed.
 type Simulation struct {
 	// Loss is the probability that a datagram is lost. With BurstLen
-	// above 1, losses come in bursts of that mean length (a
+	// above 1, losses come in bursts of that mean length in datagrams (a
 	// Gilbert-Elliott chain) and Loss is the long-run average.
 	Loss     float64
 	BurstLen float64
-	// Delay is the one-way latency, plus a uniform random 0..Jitter.
-	// Jitter alone never reorders.
+	// BurstDuration, when above 0, makes losses come in bursts of this
+	// mean length in time instead, as on a real link: the path drops
+	// everything during a burst, however many datagrams it catches, and
+	// Loss is the long-run fraction of time in bursts. It takes
+	// precedence over BurstLen.
+	BurstDuration time.Duration
+	// Delay is the one-way latency, plus a uniform random 0..Jitter drawn
+	// for each datagram on its own, so that jitter reorders datagrams
+	// sent closer together than it, as real paths do.
 	Delay, Jitter time.Duration
+	// JitterKeepsOrder makes jitter keep the send order, as one queue
+	// would: a datagram then never arrives before the one sent before
+	// it unless Reorder says so.
+	JitterKeepsOrder bool
 	// Duplicate is the probability that a datagram arrives twice.
 	Duplicate float64
 	// Reorder is the probability that a datagram is held back by
@@ -193,10 +204,11 @@ type Simulation struct {
 
 func (s *Simulation) params() netsim.Params {
 	return netsim.Params{
-		Loss: s.Loss, BurstLen: s.BurstLen, Duplicate: s.Duplicate,
-		Reorder: s.Reorder, ReorderDelay: s.ReorderDelay,
-		Delay: s.Delay, Jitter: s.Jitter, Corrupt: s.Corrupt,
-		Bandwidth: s.Bandwidth, QueueBytes: s.QueueBytes, Seed: s.Seed,
+		Loss: s.Loss, BurstLen: s.BurstLen, BurstDuration: s.BurstDuration,
+		Duplicate: s.Duplicate, Reorder: s.Reorder, ReorderDelay: s.ReorderDelay,
+		Delay: s.Delay, Jitter: s.Jitter, JitterKeepsOrder: s.JitterKeepsOrder,
+		Corrupt: s.Corrupt, Bandwidth: s.Bandwidth, QueueBytes: s.QueueBytes,
+		Seed: s.Seed,
 	}
 }
 

@@ -8,6 +8,7 @@ package netsim
 
 import (
 	"container/heap"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
@@ -18,11 +19,19 @@ import (
 // path.
 type Params struct {
 	// Loss is the probability that a datagram is dropped. With BurstLen,
-	// it is the long-run average.
+	// it is the long-run average; with BurstDuration, the long-run
+	// fraction of time the path drops everything.
 	Loss float64
 	// BurstLen, when above 1, makes losses come in bursts of this mean
-	// length (a Gilbert-Elliott chain whose bad state drops everything).
+	// length in datagrams (a Gilbert-Elliott chain whose bad state drops
+	// everything, stepped once per datagram).
 	BurstLen float64
+	// BurstDuration, when above 0, makes losses come in bursts of this
+	// mean length in time instead: the Gilbert-Elliott chain runs in
+	// continuous time, whatever the traffic, so a burst lasts about
+	// BurstDuration whether it catches one datagram or a hundred, as
+	// on a real link. It takes precedence over BurstLen.
+	BurstDuration time.Duration
 	// Duplicate is the probability that a datagram is delivered twice.
 	Duplicate float64
 	// Reorder is the probability that a datagram is held back by
@@ -31,10 +40,15 @@ type Params struct {
 	Reorder      float64
 	ReorderDelay time.Duration
 	// Delay is the one-way latency; Jitter adds a uniform random 0..Jitter
-	// to it. Jitter alone does not reorder: a datagram never leaves
-	// before the one sent before it unless Reorder says so.
+	// to it, drawn for each datagram on its own, so that jitter reorders
+	// datagrams sent closer together than it, as a real path with several
+	// routes or queues does.
 	Delay  time.Duration
 	Jitter time.Duration
+	// JitterKeepsOrder makes jitter keep the send order, as a single
+	// queue would: a datagram is never delivered before the one sent
+	// before it unless Reorder says so.
+	JitterKeepsOrder bool
 	// Corrupt is the probability that one byte of a datagram is flipped.
 	Corrupt float64
 	// Bandwidth caps the path in bytes per second (0: no cap). Datagrams
@@ -65,8 +79,10 @@ type Link struct {
 	p        Params
 	rng      *rand.Rand
 	bad      bool      // Gilbert-Elliott state
+	badAt    time.Time // when bad was last drawn, with BurstDuration
+	badDrawn bool      // bad has been drawn, with BurstDuration
 	busy     time.Time // when the bottleneck is free again
-	lastOut  time.Time // latest delivery time handed out, for jitter without reordering
+	lastOut  time.Time // latest delivery time handed out, for JitterKeepsOrder
 	stats    Stats
 	queueCap int
 }
@@ -96,11 +112,17 @@ func (l *Link) Stats() Stats {
 	return l.stats
 }
 
-// lost draws whether the next datagram is lost.
-func (l *Link) lost() bool {
+// lost draws whether the next datagram, sent at now, is lost.
+func (l *Link) lost(now time.Time) bool {
 	p := l.p.Loss
 	if p <= 0 {
 		return false
+	}
+	if p >= 1 {
+		return true
+	}
+	if l.p.BurstDuration > 0 {
+		return l.lostInTime(now)
 	}
 	if l.p.BurstLen <= 1 {
 		return l.rng.Float64() < p
@@ -119,13 +141,39 @@ func (l *Link) lost() bool {
 	return l.bad
 }
 
+// lostInTime steps the continuous-time Gilbert-Elliott chain to now and
+// reports whether it is in the bad state. The bad state lasts
+// BurstDuration on average (B) and the good state B(1-p)/p, so that the
+// bad state's share of time is p. The chain is memoryless, so it is drawn
+// only when a datagram asks: the chance of being bad a time t after being
+// in state s (1 bad, 0 good) is p + (s-p)·exp(-t/(B(1-p))). A chain never
+// asked before starts from its long-run distribution.
+func (l *Link) lostInTime(now time.Time) bool {
+	p := l.p.Loss
+	pBad := p
+	if l.badDrawn {
+		t := max(now.Sub(l.badAt), 0)
+		s := 0.0
+		if l.bad {
+			s = 1
+		}
+		pBad = p + (s-p)*math.Exp(-t.Seconds()/(l.p.BurstDuration.Seconds()*(1-p)))
+	}
+	l.bad = l.rng.Float64() < pBad
+	if !l.badDrawn || now.After(l.badAt) {
+		l.badDrawn = true
+		l.badAt = now
+	}
+	return l.bad
+}
+
 // Decide returns the fate of a datagram of size bytes sent at now.
 func (l *Link) Decide(now time.Time, size int) Fate {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stats.Sent++
 	f := Fate{Flip: -1}
-	if l.lost() {
+	if l.lost(now) {
 		l.stats.Lost++
 		return f
 	}
@@ -148,9 +196,10 @@ func (l *Link) Decide(now time.Time, size int) Fate {
 	d := wait + l.p.Delay
 	if l.p.Jitter > 0 {
 		d += time.Duration(l.rng.Int64N(int64(l.p.Jitter) + 1))
-		// Jitter must not reorder on its own.
-		if at := now.Add(d); at.Before(l.lastOut) {
-			d = l.lastOut.Sub(now)
+		if l.p.JitterKeepsOrder {
+			if at := now.Add(d); at.Before(l.lastOut) {
+				d = l.lastOut.Sub(now)
+			}
 		}
 	}
 	if l.p.Reorder > 0 && l.rng.Float64() < l.p.Reorder {

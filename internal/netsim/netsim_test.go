@@ -1,6 +1,7 @@
 package netsim
 
 import (
+	"math"
 	"net/netip"
 	"sync"
 	"testing"
@@ -53,17 +54,42 @@ func TestBurstLoss(t *testing.T) {
 }
 
 func TestSeedReplays(t *testing.T) {
-	p := Params{Loss: 0.2, Duplicate: 0.1, Reorder: 0.1, Jitter: time.Millisecond, Corrupt: 0.05, Seed: 9}
-	a, _ := run(p, 5000, 100, time.Millisecond)
-	b, _ := run(p, 5000, 100, time.Millisecond)
-	assert.Equal(t, a, b)
-	p.Seed = 10
-	c, _ := run(p, 5000, 100, time.Millisecond)
-	assert.NotEqual(t, a, c)
+	for _, p := range []Params{
+		{Loss: 0.2, Duplicate: 0.1, Reorder: 0.1, Jitter: time.Millisecond, Corrupt: 0.05, Seed: 9},
+		{Loss: 0.2, BurstDuration: 5 * time.Millisecond, Jitter: time.Millisecond, Seed: 9},
+	} {
+		a, _ := run(p, 5000, 100, time.Millisecond)
+		b, _ := run(p, 5000, 100, time.Millisecond)
+		assert.Equal(t, a, b)
+		p.Seed = 10
+		c, _ := run(p, 5000, 100, time.Millisecond)
+		assert.NotEqual(t, a, c)
+	}
 }
 
-func TestJitterDoesNotReorder(t *testing.T) {
-	fates, _ := run(Params{Delay: 10 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 3}, 10000, 100, 100*time.Microsecond)
+func TestJitterReorders(t *testing.T) {
+	// Each datagram draws its own delay, so one sent gap after another
+	// arrives first with probability (1-gap/Jitter)²/2.
+	const gap, jitter = time.Millisecond, 5 * time.Millisecond
+	fates, _ := run(Params{Delay: 10 * time.Millisecond, Jitter: jitter, Seed: 3}, 100000, 100, gap)
+	overtook := 0
+	var lo, hi time.Duration = time.Hour, 0
+	for i, f := range fates {
+		require.Len(t, f.After, 1)
+		lo, hi = min(lo, f.After[0]), max(hi, f.After[0])
+		if i > 0 && time.Duration(i)*gap+f.After[0] < time.Duration(i-1)*gap+fates[i-1].After[0] {
+			overtook++
+		}
+	}
+	want := (1 - float64(gap)/float64(jitter)) * (1 - float64(gap)/float64(jitter)) / 2
+	assert.InDelta(t, want, float64(overtook)/float64(len(fates)-1), 0.01, "share overtaking the one before")
+	assert.GreaterOrEqual(t, lo, 10*time.Millisecond)
+	assert.LessOrEqual(t, hi, 15*time.Millisecond)
+	assert.Greater(t, hi-lo, 4*time.Millisecond, "jitter is there")
+}
+
+func TestJitterKeepsOrder(t *testing.T) {
+	fates, _ := run(Params{Delay: 10 * time.Millisecond, Jitter: 5 * time.Millisecond, JitterKeepsOrder: true, Seed: 3}, 10000, 100, 100*time.Microsecond)
 	last := t0
 	spread := time.Duration(0)
 	for i, f := range fates {
@@ -73,6 +99,85 @@ func TestJitterDoesNotReorder(t *testing.T) {
 		spread = max(spread, f.After[0]-10*time.Millisecond)
 	}
 	assert.Greater(t, spread, 4*time.Millisecond, "jitter is there")
+}
+
+func TestBurstDurationDense(t *testing.T) {
+	// A datagram every 200µs: the chain is seen almost continuously, so
+	// the bad state's share of time and its mean length show directly.
+	const gap, burst = 200 * time.Microsecond, 20 * time.Millisecond
+	const n = 1000000
+	fates, st := run(Params{Loss: 0.1, BurstDuration: burst, Seed: 11}, n, 100, gap)
+	assert.InDelta(t, 0.1, float64(st.Lost)/n, 0.015, "long-run fraction of time lost")
+	// A burst lasts from its first lost datagram to the next delivered
+	// one: both ends are late by the same U(0, gap) on average.
+	var bursts int
+	var total time.Duration
+	start := -1
+	for i, f := range fates {
+		switch {
+		case len(f.After) == 0 && start < 0:
+			start = i
+		case len(f.After) > 0 && start >= 0:
+			bursts++
+			total += time.Duration(i-start) * gap
+			start = -1
+		}
+	}
+	require.Greater(t, bursts, 300)
+	assert.InDelta(t, float64(burst), float64(total)/float64(bursts), float64(2*time.Millisecond), "mean burst duration")
+}
+
+func TestBurstDurationSparse(t *testing.T) {
+	// Datagrams further apart than a burst: the chance that one is lost
+	// after a lost one follows the chain's time, not a datagram count,
+	// P(bad after t | bad) = p + (1-p)·exp(-t/(B(1-p))). With BurstLen
+	// instead, a burst would swallow BurstLen datagrams however spaced.
+	const p, burst = 0.2, 20 * time.Millisecond
+	for _, gap := range []time.Duration{10 * time.Millisecond, 500 * time.Millisecond} {
+		const n = 40000
+		fates, st := run(Params{Loss: p, BurstDuration: burst, Seed: 12}, n, 100, gap)
+		assert.InDelta(t, p, float64(st.Lost)/n, 0.02, "gap %v: long-run loss", gap)
+		after, again := 0, 0
+		for i := 1; i < n; i++ {
+			if len(fates[i-1].After) == 0 {
+				after++
+				if len(fates[i].After) == 0 {
+					again++
+				}
+			}
+		}
+		want := p + (1-p)*math.Exp(-gap.Seconds()/(burst.Seconds()*(1-p)))
+		assert.InDelta(t, want, float64(again)/float64(after), 0.03, "gap %v: loss after a loss", gap)
+	}
+	// The per-datagram chain, for contrast, keeps its bursts.
+	fates, _ := run(Params{Loss: p, BurstLen: 5, Seed: 12}, 40000, 100, 500*time.Millisecond)
+	after, again := 0, 0
+	for i := 1; i < len(fates); i++ {
+		if len(fates[i-1].After) == 0 {
+			after++
+			if len(fates[i].After) == 0 {
+				again++
+			}
+		}
+	}
+	assert.InDelta(t, 0.8, float64(again)/float64(after), 0.03)
+}
+
+func TestBurstDurationSameInstant(t *testing.T) {
+	// Datagrams sent at the same instant share the chain's state.
+	l := NewLink(Params{Loss: 0.3, BurstDuration: 10 * time.Millisecond, Seed: 13})
+	lost := 0
+	for i := range 2000 {
+		now := t0.Add(time.Duration(i) * 7 * time.Millisecond)
+		first := len(l.Decide(now, 100).After) == 0
+		for range 5 {
+			require.Equal(t, first, len(l.Decide(now, 100).After) == 0, "instant %d", i)
+		}
+		if first {
+			lost++
+		}
+	}
+	assert.InDelta(t, 0.3, float64(lost)/2000, 0.05)
 }
 
 func TestReorderAndDuplicate(t *testing.T) {
@@ -116,7 +221,7 @@ func TestPipeDeliversInOrderWithDelay(t *testing.T) {
 	var mu sync.Mutex
 	var got []byte
 	to := netip.MustParseAddrPort("127.0.0.1:9")
-	p := NewPipe(NewLink(Params{Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond, Seed: 1}), func(b []byte, dst netip.AddrPort) {
+	p := NewPipe(NewLink(Params{Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond, JitterKeepsOrder: true, Seed: 1}), func(b []byte, dst netip.AddrPort) {
 		mu.Lock()
 		defer mu.Unlock()
 		if dst == to {
