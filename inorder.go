@@ -491,9 +491,14 @@ func (d depOn) live() *track {
 	return nil
 }
 
-// contentBackRefs is how many earlier versions of its state a latest-state
-// message names.
-const contentBackRefs = 3
+// contentBackRefs is how many earlier versions of its state, sent in one
+// datagram each, a latest-state message may name (the sender leaves out
+// those sent too long ago to be overtaken); maxContentWalk bounds the
+// versions looked at for them.
+const (
+	contentBackRefs = 8
+	maxContentWalk  = 16
+)
 
 type contentKey struct {
 	id, content uint32
@@ -519,16 +524,23 @@ type chanTails struct {
 
 // add registers a newly queued message, in send order, and fills m.deps with
 // what it depends on: its channel predecessor, the messages it names, and the
-// previous unreliable message with its ID and ContentID.
+// previous unreliable messages with its ID and ContentID.
+//
+// A message too large for one datagram travels reliably (spec "Fragmented
+// Transfers", 3) and is ordered as a reliable one: on the wire a reliable
+// message cannot depend on an unreliable one, which may never arrive, so
+// it does not name unreliable messages, and those naming it wait at the
+// sender until it is applied.
 func (o *sendOrder) add(m *outMsg) {
 	m.deps = m.deps[:0]
+	reliable := m.reliable || m.frag
 	var ch *chanTails
 	if m.inOrder {
 		if o.chans == nil {
 			o.chans = new([256]chanTails)
 		}
 		ch = &o.chans[m.channel]
-		if m.reliable {
+		if reliable {
 			m.deps = appendLive(m.deps, ch.rel)
 		} else {
 			// After the channel's last message of either kind, and its
@@ -541,8 +553,8 @@ func (o *sendOrder) add(m *outMsg) {
 		}
 	}
 	for _, r := range m.after {
-		if t := o.byRef[r]; t != nil && (t.reliable || !m.reliable) {
-			m.deps = append(m.deps, depOn{t: t, ref: r, hard: !m.reliable && t.reliable})
+		if t := o.byRef[r]; t != nil && (t.reliable || !reliable) {
+			m.deps = append(m.deps, depOn{t: t, ref: r, hard: !reliable && t.reliable})
 		}
 	}
 	hasKey := m.contentID != 0 && !m.reliable
@@ -551,18 +563,36 @@ func (o *sendOrder) add(m *outMsg) {
 	if hasKey {
 		// Latest state: name the last few versions, so that the
 		// receiver knows an older one for older even when the one just
-		// before was lost, and marks it as replacing them.
+		// before was lost, and marks it as replacing them. One that
+		// travelled reliably (fragmented) must be applied first.
 		key = contentKey{m.id, m.contentID}
 		prev = o.latest[key]
-		for d, k := prev, 0; k < contentBackRefs; k++ {
+		for t := prev.live(); t != nil && t.dropped; t = prev.live() {
+			prev = t.prev // replaced before it went: not a version sent
+		}
+		// The newest version that travelled reliably, and unless this
+		// one does too, the last few that did not.
+		named, seenReliable := 0, false
+		for d, k := prev, 0; k < maxContentWalk && named < contentBackRefs; k++ {
 			t := d.live()
 			if t == nil {
 				break
 			}
-			m.deps = append(m.deps, d)
+			switch {
+			case t.reliable && !seenReliable:
+				seenReliable = true
+				d.hard = !reliable
+				m.deps = append(m.deps, d)
+			case !t.reliable && !reliable:
+				m.deps = append(m.deps, d)
+				named++
+			}
+			if reliable && seenReliable {
+				break
+			}
 			d = t.prev
 		}
-		m.latest = !m.inOrder && len(m.after) == 0 && !m.frag
+		m.latest = !m.inOrder && len(m.after) == 0 && !reliable
 	}
 	if !m.tracked && !m.inOrder && !hasKey {
 		m.track = nil
@@ -575,7 +605,7 @@ func (o *sendOrder) add(m *outMsg) {
 	} else {
 		t = new(track)
 	}
-	*t = track{ref: m.ref, reliable: m.reliable, inOrder: m.inOrder, channel: m.channel,
+	*t = track{ref: m.ref, reliable: reliable, inOrder: m.inOrder, channel: m.channel,
 		hasKey: hasKey, key: key, explicit: m.tracked, wire: t.wire[:0], deps: t.deps[:0], prev: prev}
 	m.track = t
 	o.fifo = append(o.fifo, t)
@@ -587,7 +617,7 @@ func (o *sendOrder) add(m *outMsg) {
 	}
 	d := depOn{t: t, ref: m.ref}
 	if ch != nil {
-		if m.reliable {
+		if reliable {
 			ch.rel = d
 		} else {
 			ch.unrel = d

@@ -1093,6 +1093,13 @@ func (s *session) resolvedAtSender(now time.Time, t *track) bool {
 	return s.resolvedWithin(now, t, 0)
 }
 
+// reorderHorizon is how much earlier a datagram may have been sent and
+// still arrive after one sent now: half a round trip and four times its
+// variation, at least 5ms.
+func (s *session) reorderHorizon() time.Duration {
+	return max(s.rtt.srtt/2+4*s.rtt.rttvar, 5*time.Millisecond)
+}
+
 // unreliableHorizon is how long after it was sent an unreliable message
 // may still wait at the receiver for what it depends on: a one-way trip,
 // within a retransmission timeout, then the receiver's reorder window, at
@@ -1152,12 +1159,22 @@ func (s *session) enqueue(m *outMsg) {
 	if m.contentID != 0 && !m.reliable {
 		k := contentKey{m.id, m.contentID}
 		if old := s.latestQueued[k]; old != nil && !old.track.packed {
-			// Latest state wins: the newer content takes the older's place.
+			// Latest state wins: the newer content replaces the older
+			// one still queued.
 			s.host.sendDone(len(old.payload))
-			old.payload, m.payload = m.payload, old.payload
-			old.pbuf, m.pbuf = m.pbuf, old.pbuf
-			s.putMsg(m)
-			return
+			if !old.frag && !m.frag && !m.tracked {
+				old.payload, m.payload = m.payload, old.payload
+				old.pbuf, m.pbuf = m.pbuf, old.pbuf
+				s.putMsg(m)
+				return
+			}
+			// A fragmented transfer, sized for its payload and perhaps in
+			// the other queue, or a message later ones may name by its
+			// Ref: the older one goes, the newer one queues.
+			s.queueFor(old).remove(old)
+			old.track.dropped = true
+			delete(s.latestQueued, k)
+			s.putMsg(old)
 		}
 	}
 	s.order.add(m)
@@ -1833,6 +1850,7 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 // fragmented message in this same datagram.
 func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool) {
 	refs := s.wdeps[:0]
+	versions := 0
 	for _, d := range m.deps {
 		t := d.live()
 		if t == nil || t.dropped {
@@ -1843,6 +1861,13 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 		}
 		if s.resolvedAtSender(now, t) {
 			continue
+		}
+		if m.latest {
+			// Earlier versions of its state: the last two, and those
+			// recent enough to be overtaken on the path.
+			if versions++; versions > 2 && now.Sub(t.sentAt) > s.reorderHorizon() {
+				continue
+			}
 		}
 		if d.hard {
 			return nil, false // goes once t is applied: see depOn
