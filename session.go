@@ -198,6 +198,7 @@ type session struct {
 	needSyn     bool
 	needSynAck  bool
 	needAck     bool // ConnectAck
+	needAnchor  bool // an in-order message has nothing applied to name
 	needDisc    bool
 	needDiscAck bool
 	needFlow    bool
@@ -1409,6 +1410,12 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	if b := s.pollUnreliable(now, buf); b != nil {
 		return b
 	}
+	if s.needAnchor {
+		// An unreliable in-order message waits for one.
+		if b := s.pollReliable(now); b != nil {
+			return b
+		}
+	}
 	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
@@ -1501,7 +1508,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.needAck && !s.needFlow && s.relQ.len() == 0 {
+	if !s.needAck && !s.needFlow && !s.needAnchor && s.relQ.len() == 0 {
 		if s.inflight < s.rc.window() {
 			// Nothing to send though the window has room: rate samples
 			// until this is delivered say more about us than the path.
@@ -1574,7 +1581,14 @@ func (s *session) buildReliable(now time.Time) []byte {
 		p.count++
 		p.whole0 = true
 		s.needAck = false
+	} else if s.needAnchor {
+		// An empty reserved message, applied as it arrives (a receiver
+		// ignores it), for in-order messages to name: see wireDeps.
+		p.body = appendMessage(p.body, &message{id: idPadding})
+		p.count++
+		p.whole0 = true
 	}
+	s.needAnchor = false
 	if s.needFlow {
 		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
 		if p.count == 0 {
@@ -1892,16 +1906,25 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 	if m.inOrder && len(refs) == 0 {
 		// Nothing left to name, yet the receiver should see that the
 		// message was sent in order (an application that forwards what it
-		// receives keeps the order): depend on a message known applied,
-		// or failing that (at the start) the newest reliable one sent.
+		// receives keeps the order), and a sequenced one must be
+		// droppable when it comes late: depend on a message known
+		// applied, or the first, naming nothing, of the newest reliable
+		// datagram sent. With neither (at the start, or after long
+		// silence), wait for a datagram that starts with one.
+		found := false
 		for _, a := range [...]struct {
 			ref msgRef
 			ok  bool
 		}{{s.anchor, s.hasAnchor}, {s.lastWhole, s.hasLastWhole}} {
 			if a.ok && a.ref.pid != pid && seqDiff(a.ref.pid, pid)-1 <= maxDepDelta && seqLess(a.ref.pid, pid) {
 				refs = append(refs, a.ref)
+				found = true
 				break
 			}
+		}
+		if !found {
+			s.needAnchor = true
+			return nil, false
 		}
 	}
 	// Few entries: drop repeats in place.
