@@ -601,3 +601,37 @@ func TestServerRefusalNeverAmplifies(t *testing.T) {
 	assert.LessOrEqual(t, out, in)
 	assert.Positive(t, out)
 }
+
+func TestNoSpuriousResendsWhenThePeerStalls(t *testing.T) {
+	// A loaded host deschedules a connection's goroutine for 10-20ms now
+	// and then: its acks leave late, all at once, over a clean path. A
+	// probe timeout under that resends what arrived. Every 200ms the
+	// server stalls for 20ms (what it sends is held, then goes in order).
+	p := newSimPair(t, nil, nil, netsim.Params{Delay: 50 * time.Microsecond}, netsim.Params{Delay: 50 * time.Microsecond})
+	p.connect()
+	var held [][]byte
+	stalled := false
+	p.tap = func(from int, b []byte) {
+		p.cut[1] = from == 1 && stalled
+		if p.cut[1] {
+			held = append(held, append([]byte(nil), b...))
+		}
+	}
+	for i := range 250 {
+		if i%25 == 0 {
+			stalled = true
+		}
+		if i%25 == 2 {
+			stalled = false
+			for _, b := range held {
+				p.inject(0, b)
+			}
+			held = held[:0]
+		}
+		p.send(0, numbered(100, i, 40))
+		p.run(10*time.Millisecond, nil)
+	}
+	require.True(t, p.run(time.Second, func() bool { return len(p.h[1].msgs) == 250 }))
+	assert.Zero(t, p.client().stats.Retransmits, "resent what the stalled peer had")
+	assert.Zero(t, p.client().stats.SpuriousLosses)
+}
