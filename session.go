@@ -1995,10 +1995,11 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 // ack, at most DatagramTimeout.
 func (s *session) probeTimeout() time.Duration {
 	t := s.rto()
-	for i := 0; i < s.ptoCount && t < s.cfg.datagramTimeout; i++ {
+	limit := min(s.cfg.datagramTimeout, max(4*t, 500*time.Millisecond))
+	for i := 0; i < s.ptoCount && t < limit; i++ {
 		t *= 2
 	}
-	return min(t, s.cfg.datagramTimeout)
+	return min(t, limit)
 }
 
 // nextTimeout is when the probe timer fires, if anything is in flight.
@@ -2009,9 +2010,10 @@ func (s *session) nextTimeout() (time.Time, bool) {
 	return s.lastReliableSend.Add(s.probeTimeout()), true
 }
 
-// onProbeTimeout runs when nothing was acked for a timeout: the oldest
-// datagram in flight goes again (RFC 9002's probe, resending data rather
-// than declaring everything lost), and the timer backs off.
+// onProbeTimeout runs when nothing was acked for a timeout: the two oldest
+// datagrams in flight go again (RFC 9002's probes, resending data rather
+// than declaring everything lost; two, so that one lost probe does not cost
+// another timeout), and the timer backs off.
 func (s *session) onProbeTimeout(now time.Time) {
 	d := s.sent.oldestUnlost()
 	if d == nil {
@@ -2020,6 +2022,11 @@ func (s *session) onProbeTimeout(now time.Time) {
 	s.ptoCount++
 	s.lastReliableSend = now // re-arms the timer, even while the probe waits for the pacer
 	s.markLost(now, d, false)
+	if s.state != stateDone {
+		if d := s.sent.oldestUnlost(); d != nil {
+			s.markLost(now, d, false)
+		}
+	}
 	s.rc.cc.OnTimeout(now)
 }
 
