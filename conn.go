@@ -227,14 +227,17 @@ func (c *Conn) admit(now time.Time) {
 		reply, err = c.cfg.admit(c.remote, append([]byte(nil), s.syn...))
 		ok = err == nil
 	}
+	if ok && len(reply) > c.cfg.handshakeLimit() {
+		// Cutting it would hand the client something the server never
+		// meant to say: refuse, and let the server's stats show why.
+		ok, reply = false, nil
+		c.ep.oversized.Add(1)
+	}
 	if ok && c.ep.l != nil && !c.ep.l.roomToAccept() {
 		ok = false
 	}
 	if !ok && c.ep.l != nil {
 		c.ep.refused.Add(1)
-	}
-	if len(reply) > c.cfg.wholeLimit()-8 {
-		reply = reply[:c.cfg.wholeLimit()-8]
 	}
 	s.admitted(time.Now(), reply, ok)
 }
@@ -396,6 +399,9 @@ func (c *Conn) Send(m Message) error {
 
 // SendContext is Send that also gives up when ctx is done.
 func (c *Conn) SendContext(ctx context.Context, m Message) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	_, err := c.send(ctx, &m, false)
 	return err
 }
@@ -443,7 +449,7 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 		c.sendMu.Lock()
 	}
 	for _, r := range m.DependsOn {
-		if r == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
+		if r>>1 == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
 			c.sendMu.Unlock()
 			return 0, ErrBadDependency
 		}
@@ -502,6 +508,9 @@ func (c *Conn) sendErrLocked() error {
 // earlier message has been received, it returns io.EOF.
 func (c *Conn) Receive(ctx context.Context) (Message, error) {
 	var m Message
+	if ctx == nil {
+		return m, errNilContext
+	}
 	err := c.waitRecv(ctx, func(q *recvQueue) {
 		e := q.peek()
 		m = Message{ID: e.id, Payload: q.take(e), Reliable: e.reliable, InOrder: e.inOrder}
@@ -513,6 +522,9 @@ func (c *Conn) Receive(ctx context.Context) (Message, error) {
 // buf and returns the message with Payload aliasing buf. If buf is too
 // short the payload is cut to fit and n reports the full length.
 func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, err error) {
+	if ctx == nil {
+		return m, 0, errNilContext
+	}
 	err = c.waitRecv(ctx, func(q *recvQueue) {
 		e := q.peek()
 		n = e.n

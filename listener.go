@@ -45,6 +45,8 @@ type endpoint struct {
 	stray   atomic.Uint64 // datagrams for no connection
 	ignored atomic.Uint64 // connection attempts ignored: too many pending, or closed
 	refused atomic.Uint64 // connection attempts refused
+	// Admit replies too long for a ConnectSynAck
+	oversized atomic.Uint64
 }
 
 // socketBuffer is the kernel buffer size asked for, each way; the kernel
@@ -324,6 +326,7 @@ type ListenerStats struct {
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
 	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
+	OversizedReplies uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
 	Sockets          int    // sockets sharing the address (Config.Sockets)
 }
 
@@ -406,6 +409,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 // AcceptConn waits for the next established connection, until ctx is done
 // or the listener is closed.
 func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	select {
 	case c := <-l.acceptq:
 		return c, nil
@@ -438,6 +444,7 @@ func (l *Listener) Stats() ListenerStats {
 		st.StrayDatagrams += ep.stray.Load()
 		st.IgnoredAttempts += ep.ignored.Load()
 		st.RefusedAttempts += ep.refused.Load()
+		st.OversizedReplies += ep.oversized.Load()
 	}
 	l.mu.Lock()
 	st.Pending = len(l.pending)
@@ -573,18 +580,28 @@ func (l *Listener) offer(c *Conn) bool {
 // complete, or fails with ErrRefused, a *TimeoutError after
 // ConnectTimeout, or ctx's error.
 func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	if err := checkNetwork(network); err != nil {
 		return nil, err
+	}
+	rc := cfg.resolve()
+	if n := len(rc.connectPayload); n > rc.handshakeLimit() {
+		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.handshakeLimit())
 	}
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
 		return nil, err
 	}
+	if raddr.Port == 0 {
+		// The system would take it, and the attempt would only time out.
+		return nil, fmt.Errorf("knet: dial %s %q: no port to connect to", network, address)
+	}
 	pc, err := net.DialUDP(network, nil, raddr)
 	if err != nil {
 		return nil, err
 	}
-	rc := cfg.resolve()
 	ep := newEndpoint(pc, true, rc)
 	ep.simulate(2)
 	c := newConn(ep, unmap(raddr.AddrPort()), rc, true)
