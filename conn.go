@@ -365,9 +365,11 @@ func (c *Conn) established() {
 	c.synAck = c.sess.synAck
 	c.stateMu.Unlock()
 	if c.ep.l != nil && !c.ep.l.offer(c) {
-		// The backlog filled up since admission: refuse after all.
+		// The backlog filled up since admission: refuse after all, with
+		// a DisconnectAck unless the listener is stealthy (DECISIONS §1:
+		// a rejected attempt gets no answer).
 		c.sess.fail(ErrRefused)
-		c.sess.needDiscAck = true
+		c.sess.needDiscAck = !c.cfg.stealth
 		return
 	}
 	c.estOnce.Do(func() { close(c.estab) })
