@@ -2,11 +2,14 @@ package knet
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/knet-go/knet/internal/udp"
@@ -32,6 +35,16 @@ type Conn struct {
 	sess     *session
 	released int // send buffer bytes to hand back
 	inWork   []*packet
+	// Datagrams the system refused to send, and their bytes (counted
+	// sent by the session, taken off in the Stats).
+	sendErrs, unsentBytes uint64
+	// Reports in a row that the peer cannot be reached (see strike), the
+	// latest one's error, and DatagramsReceived when they started.
+	strikes   int
+	strikeErr error
+	heard     uint64
+
+	refusals atomic.Uint32 // port unreachable reports, from the reader
 
 	wake chan struct{} // capacity 1: inbox, send queue or Close
 
@@ -154,6 +167,7 @@ func (c *Conn) loop() {
 			c.admit(now)
 		}
 		c.flush(now)
+		c.checkStrikes()
 		c.publish()
 		if s.done() {
 			return
@@ -260,16 +274,101 @@ func (c *Conn) flush(now time.Time) {
 		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
 		w.used = max(w.used, n+1)
 		if n++; n == len(w.ps) {
-			c.ep.writeBatch(w, w.ps[:n])
+			c.write(w, w.ps[:n])
 			n = 0
 		}
 	}
 	if n > 0 {
-		c.ep.writeBatch(w, w.ps[:n])
+		c.write(w, w.ps[:n])
 	}
 	if w != nil {
 		putWriteBatch(w)
 	}
+}
+
+// write sends a batch and takes note of what the system refused: a
+// reliable datagram among them goes again as if lost on the way.
+func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
+	if c.ep.writeBatch(w, ps) == nil {
+		return
+	}
+	for i := range ps {
+		if err := ps[i].Err; err != nil {
+			c.sendErrs++
+			c.unsentBytes += uint64(len(ps[i].Buf))
+			c.strike(err)
+		}
+	}
+}
+
+// refusal is the socket reader's report of an ICMP port unreachable. It
+// never blocks.
+func (c *Conn) refusal() {
+	c.refusals.Add(1)
+	signal(c.wake)
+}
+
+// Fail-fast rules. One error must not end a connection (a full buffer, a
+// route flapping), but a client whose server is gone should learn it as
+// fast as TCP would tell it, not after a timeout.
+const (
+	// handshakeStrikes failed ConnectSyn attempts in a row fail Dial: each
+	// a send error or an ICMP port unreachable. With the ConnectSyn resent
+	// after 200ms, Dial to a port where nothing listens fails in about
+	// that time.
+	handshakeStrikes = 2
+	// openStrikes port unreachable reports in a row, with nothing heard
+	// from the peer in between, end an established connection.
+	openStrikes = 3
+)
+
+// strike counts one report that the peer cannot be reached: every send
+// error while handshaking, only port unreachable once open (other send
+// errors are counted in Stats.SendErrors and left to the timeouts).
+func (c *Conn) strike(err error) {
+	if isRefusal(err) || c.sess.state == stateSyn {
+		c.strikes++
+		c.strikeErr = err
+	}
+}
+
+// checkStrikes ends the connection when the reports are many enough.
+func (c *Conn) checkStrikes() {
+	s := c.sess
+	if got := s.stats.DatagramsReceived; got != c.heard {
+		c.heard, c.strikes = got, 0 // the peer is there after all
+	}
+	if n := c.refusals.Swap(0); n > 0 {
+		c.strikes += int(n)
+		c.strikeErr = errConnRefused
+	}
+	switch {
+	case s.state == stateSyn && c.strikes >= handshakeStrikes:
+		if isRefusal(c.strikeErr) {
+			s.fail(ErrPortUnreachable)
+		} else {
+			s.fail(fmt.Errorf("knet: cannot send to %v: %w", c.remote, c.strikeErr))
+		}
+	case (s.state == stateOK || s.state == stateClosing) && c.strikes >= openStrikes:
+		s.fail(errUnreachableClosed)
+	}
+}
+
+// isRefusal reports whether err is the system's word that nothing listens
+// at the peer's port.
+func isRefusal(err error) bool { return errors.Is(err, errConnRefused) }
+
+// snapshot is the session's counters with the connection's corrections:
+// what the session built but the system did not send was not sent.
+func (c *Conn) snapshot() Stats {
+	st := c.sess.snapshot()
+	st.DatagramsSent -= c.sendErrs
+	st.BytesSent -= c.unsentBytes
+	st.SendErrors = c.sendErrs
+	if c.ep.l == nil {
+		st.SendErrors += c.ep.sendErrs.Load() // the socket is ours alone
+	}
+	return st
 }
 
 // publish hands the round's results to the application side.
@@ -285,7 +384,7 @@ func (c *Conn) publish() {
 		c.delivered = false
 		signal(c.recvReady)
 	}
-	st := c.sess.snapshot()
+	st := c.snapshot()
 	c.stateMu.Lock()
 	st.DroppedDatagrams += c.inDroppedLocked()
 	c.stats = st
@@ -320,7 +419,8 @@ func (c *Conn) finish() {
 	}
 	c.stateMu.Lock()
 	c.err = err
-	c.stats = s.snapshot()
+	c.stats = c.snapshot()
+	c.stats.DroppedDatagrams += c.inDroppedLocked()
 	c.stateMu.Unlock()
 	c.ep.remove(c)
 	c.inMu.Lock()

@@ -386,7 +386,7 @@ type Stats struct {
 	MinRTT time.Duration // the lowest seen
 	RTO    time.Duration // the current retransmission timeout
 
-	DatagramsSent     uint64
+	DatagramsSent     uint64 // as the system took them: retransmissions included
 	DatagramsReceived uint64 // valid datagrams, duplicates included
 	BytesSent         uint64 // UDP payload bytes
 	BytesReceived     uint64
@@ -401,6 +401,12 @@ type Stats struct {
 	DroppedDatagrams   uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
 	DroppedMessages    uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
 	ProtocolErrors     uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	// SendErrors counts datagrams the system refused to send (a full
+	// buffer, no route, a port unreachable report...): they are not in
+	// DatagramsSent and BytesSent, and a reliable one goes again later.
+	// With Config.Simulate, a datagram is sent once it enters the
+	// simulated network; failures to deliver it from there count here.
+	SendErrors uint64
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked
@@ -428,10 +434,23 @@ var (
 	// (MaxDatagramSize-104 bytes, at most 2035). A server whose Admit
 	// replies with that much refuses the attempt instead.
 	ErrHandshakeTooLarge = errors.New("knet: handshake payload too large")
+	// ErrPortUnreachable fails Dial, and ends a dialed connection, when
+	// the system keeps reporting that nothing listens at the peer's
+	// address: an ICMP port unreachable, which a connected UDP socket
+	// reads as ECONNREFUSED. errors.Is(err, syscall.ECONNREFUSED) holds
+	// as well. Dial fails with it after two refused ConnectSyns in a row
+	// (about 200ms) instead of waiting out ConnectTimeout; an open
+	// connection ends after three reports with nothing heard from the
+	// peer in between, and then also matches net.ErrClosed. Systems that
+	// do not report it (Windows) leave it to the timeouts.
+	ErrPortUnreachable = fmt.Errorf("knet: nothing listening at the peer's port: %w", errConnRefused)
 	// ErrRetransmitLimit ends a connection whose reliable datagram went
 	// unacked after MaxMessageSendCount sends.
 	ErrRetransmitLimit = fmt.Errorf("knet: reliable datagram unacked after MaxMessageSendCount sends: %w", net.ErrClosed)
 )
+
+// errUnreachableClosed ends an open connection for ErrPortUnreachable.
+var errUnreachableClosed = fmt.Errorf("%w: %w", ErrPortUnreachable, net.ErrClosed)
 
 // errNilContext is what the methods taking a context return for a nil one.
 var errNilContext = errors.New("knet: nil context")
