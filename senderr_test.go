@@ -172,3 +172,19 @@ func TestStatsMatchWhatCrossedTheSocket(t *testing.T) {
 	up, down := r.Stats()
 	t.Logf("client sent %d datagrams, %d bytes; server %d, %d; send errors %d, %d", up.Sent, up.Bytes, down.Sent, down.Bytes, c.Stats().SendErrors, sc.Stats().SendErrors)
 }
+
+func TestPingPongDatagramsStaySmall(t *testing.T) {
+	// The echo example's pattern: one 64-byte message at a time. Each
+	// datagram carries the message and the acks it owes; acks repeated for
+	// safety must not add a block each (they made the datagrams twice as
+	// large as the message and its headers).
+	r, c, _ := relayed(t, testConfig())
+	pingPong(t, c, 2000, 64)
+	up, _ := r.Stats()
+	st := c.Stats()
+	avg := float64(up.Bytes) / float64(up.Sent)
+	t.Logf("client: %d datagrams, %d bytes on the wire, %.1f a datagram; stats say %d, %d", up.Sent, up.Bytes, avg, st.DatagramsSent, st.BytesSent)
+	// 64 bytes of payload, 3 of datagram header, 3 of message header,
+	// a PacketAck block (10) and room for a second and a ping.
+	assert.Less(t, avg, 100.0)
+}
