@@ -73,11 +73,12 @@ type Conn struct {
 
 	readDL, writeDL deadline
 
-	estOnce   sync.Once
-	estab     chan struct{}
-	closeOnce sync.Once
-	closed    chan struct{} // Close was called
-	done      chan struct{} // loop has exited
+	estOnce    sync.Once
+	estab      chan struct{}
+	userClosed atomic.Bool // Close was called (not only the Listener's)
+	closeOnce  sync.Once
+	closed     chan struct{} // Close was called
+	done       chan struct{} // loop has exited
 
 	// Guarded by stateMu.
 	stateMu   sync.Mutex
@@ -349,8 +350,12 @@ func (c *Conn) checkStrikes() {
 		} else {
 			s.fail(fmt.Errorf("knet: cannot send to %v: %w", c.remote, c.strikeErr))
 		}
-	case (s.state == stateOK || s.state == stateClosing) && c.strikes >= openStrikes:
+	case s.state == stateOK && c.strikes >= openStrikes:
 		s.fail(errUnreachableClosed)
+	case s.state == stateClosing && c.strikes >= openStrikes:
+		// Closing, only the DisconnectAck was missing: with the peer
+		// gone, waiting for it is pointless, and nothing was lost.
+		s.fail(net.ErrClosed)
 	}
 }
 
@@ -765,9 +770,35 @@ func (c *Conn) FlowControl(rate int) {
 // Close ends the connection gracefully: what was sent is delivered and
 // acked, then the Disconnect/DisconnectAck exchange runs, all within
 // DisconnectTimeout, after which Close returns. Receive and Send fail from
-// the moment Close is called. Close is idempotent and safe from any
-// goroutine.
+// the moment Close is called. Close is safe from any goroutine, and every
+// call waits for the end.
+//
+// Close returns nil when the connection ended gracefully (this close, or
+// the peer's), and otherwise the reason it ended, before Close or during
+// it, as Err reports it: a *TimeoutError when the peer fell silent,
+// ErrPortUnreachable, ErrRetransmitLimit, a *ProtocolError. As with a
+// net.Conn, only the first call says so: later ones return an error
+// wrapping net.ErrClosed. (A Listener's Close, which closes its
+// connections, does not count as a call.)
 func (c *Conn) Close() error {
+	if c.userClosed.Swap(true) {
+		<-c.done
+		return c.opError("close", net.ErrClosed)
+	}
+	c.shutdown()
+	<-c.done
+	c.stateMu.Lock()
+	err := c.err
+	c.stateMu.Unlock()
+	if err == net.ErrClosed || err == ErrPeerClosed {
+		return nil // the graceful ends
+	}
+	return err
+}
+
+// shutdown starts the graceful close and releases every waiter. It does
+// not wait for the end.
+func (c *Conn) shutdown() {
 	c.closeOnce.Do(func() {
 		c.sendMu.Lock()
 		c.closing = true
@@ -777,8 +808,6 @@ func (c *Conn) Close() error {
 		signal(c.recvReady)
 		signal(c.sendSpace)
 	})
-	<-c.done
-	return nil
 }
 
 // net.Conn.

@@ -505,7 +505,10 @@ func (l *Listener) Close() error {
 		}
 		var wg sync.WaitGroup
 		for _, c := range conns {
-			wg.Go(func() { c.Close() })
+			wg.Go(func() {
+				c.shutdown()
+				<-c.done
+			})
 		}
 		wg.Wait()
 		l.loops.Wait()
@@ -649,7 +652,8 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	case <-c.done:
 		return nil, c.Err()
 	case <-ctx.Done():
-		c.Close()
+		c.shutdown()
+		<-c.done
 		return nil, ctx.Err()
 	}
 }

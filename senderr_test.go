@@ -3,6 +3,7 @@ package knet
 import (
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -187,4 +188,63 @@ func TestPingPongDatagramsStaySmall(t *testing.T) {
 	// 64 bytes of payload, 3 of datagram header, 3 of message header,
 	// a PacketAck block (10) and room for a second and a ping.
 	assert.Less(t, avg, 100.0)
+}
+
+func TestCloseReportsHowItEnded(t *testing.T) {
+	closedAgain := func(t *testing.T, c *Conn) {
+		t.Helper()
+		err := c.Close()
+		assert.ErrorIs(t, err, net.ErrClosed, "a second Close, as net.Conn's")
+		var op *net.OpError
+		assert.ErrorAs(t, err, &op)
+	}
+	t.Run("graceful", func(t *testing.T) {
+		l := listen(t, testConfig())
+		serveEcho(t, l)
+		c := dial(t, l.Addr().String(), testConfig())
+		pingPong(t, c, 4, 16)
+		assert.NoError(t, c.Close())
+		closedAgain(t, c)
+	})
+	t.Run("peer closed first", func(t *testing.T) {
+		l := listen(t, testConfig())
+		c := dial(t, l.Addr().String(), testConfig())
+		require.NoError(t, c.Send(Message{ID: 6, Reliable: true}))
+		sc := serverConn(t, l)
+		assert.NoError(t, sc.Close())
+		_, err := c.Receive(within(t, 5*time.Second))
+		require.ErrorIs(t, err, io.EOF)
+		assert.NoError(t, c.Close())
+		closedAgain(t, c)
+	})
+	t.Run("closed by the listener", func(t *testing.T) {
+		l := listen(t, testConfig())
+		c := dial(t, l.Addr().String(), testConfig())
+		require.NoError(t, c.Send(Message{ID: 6, Reliable: true}))
+		sc := serverConn(t, l)
+		require.NoError(t, l.Close())
+		assert.NoError(t, sc.Close(), "the application's first Close")
+		closedAgain(t, sc)
+	})
+	t.Run("server vanished", func(t *testing.T) {
+		srv := serveHalfway(t)
+		c := dial(t, srv.LocalAddr().String(), testConfig())
+		srv.Close()
+		require.NoError(t, c.Send(Message{ID: 6, Reliable: true}))
+		waitDone(t, c, 5*time.Second)
+		assert.ErrorIs(t, c.Close(), ErrPortUnreachable, "why it ended, before Close")
+		closedAgain(t, c)
+	})
+	t.Run("peer fell silent", func(t *testing.T) {
+		cfg := testConfig()
+		cfg.ConnectionLostTimeout = 300 * time.Millisecond
+		cfg.DisconnectTimeout = 200 * time.Millisecond
+		r, c, _ := relayed(t, cfg)
+		pingPong(t, c, 4, 16)
+		r.Blackhole(true)
+		waitDone(t, c, 5*time.Second)
+		var te *TimeoutError
+		assert.ErrorAs(t, c.Close(), &te)
+		closedAgain(t, c)
+	})
 }
