@@ -141,8 +141,7 @@ type Config struct {
 	MaxPendingConnections int
 	// AcceptBacklog bounds the established connections waiting for
 	// Accept; attempts beyond it are refused (ignored, with Stealth) until
-	// Accept catches up.
-	// Default 512, at most 65536.
+	// Accept catches up. Default 512, at most 65536.
 	AcceptBacklog int
 
 	// CongestionControl, when not nil, makes the congestion controller of
