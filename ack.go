@@ -134,6 +134,8 @@ type ackQueue struct {
 	oldest time.Time
 	recent []sentAck // ring, up to maxRecentAcks
 	next   int
+	// scratch holds the PacketIDs merge works on.
+	scratch []uint32
 }
 
 // maxRecentAcks bounds the PacketAcks remembered for sending again.
@@ -200,8 +202,45 @@ func (q *ackQueue) take(dst []packetAck, max int) []packetAck {
 	if len(q.ids) == 0 || max <= 0 {
 		return dst
 	}
-	ids := q.ids
-	// Usually already in order; sort by serial distance from the first.
+	sortSerial(q.ids)
+	dst, i := packAcks(dst, q.ids, max)
+	n := copy(q.ids, q.ids[i:])
+	q.ids = q.ids[:n]
+	return dst
+}
+
+// merge rewrites acks (fresh ones, then repeats of those sent lately) as
+// the fewest PacketAcks covering the same PacketIDs, oldest first. Repeats
+// mostly name PacketIDs close to the fresh ones, which one PacketAck
+// covers 35 of: sent one block each, they made a ping-pong's datagrams
+// twice the size of their payload.
+func (q *ackQueue) merge(acks []packetAck) []packetAck {
+	if len(acks) < 2 {
+		return acks
+	}
+	ids := q.scratch[:0]
+	for _, a := range acks {
+		ids = append(ids, a.base)
+		for m, d := a.more, uint32(1); m != 0; m, d = m>>1, d+1 {
+			if m&1 != 0 {
+				ids = append(ids, (a.base+d)&packetIDMask)
+			}
+		}
+	}
+	sortSerial(ids)
+	// Never more blocks than given: covering sorted PacketIDs greedily
+	// takes the fewest windows of 35.
+	acks, _ = packAcks(acks[:0], ids, len(acks))
+	q.scratch = ids[:0]
+	return acks
+}
+
+// sortSerial sorts PacketIDs, all within recvSpan of each other, by serial
+// distance from the oldest. They are usually in order already.
+func sortSerial(ids []uint32) {
+	if len(ids) == 0 {
+		return
+	}
 	first := ids[0]
 	for _, id := range ids {
 		if seqLess(id, first) {
@@ -211,6 +250,11 @@ func (q *ackQueue) take(dst []packetAck, max int) []packetAck {
 	slices.SortFunc(ids, func(a, b uint32) int {
 		return int(seqDiff(first, a)) - int(seqDiff(first, b))
 	})
+}
+
+// packAcks appends up to max PacketAcks covering ids, sorted by sortSerial,
+// from the oldest, and returns how many of ids they cover.
+func packAcks(dst []packetAck, ids []uint32, max int) ([]packetAck, int) {
 	i := 0
 	for i < len(ids) && max > 0 {
 		a := packetAck{base: ids[i]}
@@ -230,9 +274,7 @@ func (q *ackQueue) take(dst []packetAck, max int) []packetAck {
 		dst = append(dst, a)
 		max--
 	}
-	n := copy(q.ids, q.ids[i:])
-	q.ids = q.ids[:n]
-	return dst
+	return dst, i
 }
 
 // sent is a reliable datagram in flight.

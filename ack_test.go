@@ -2,6 +2,7 @@ package knet
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -116,6 +117,38 @@ func TestAckQueueTakeSplits(t *testing.T) {
 	acks = q.take(nil, 1)
 	require.Len(t, acks, 1)
 	assert.Equal(t, 3, q.pending(), "what did not fit stays queued")
+}
+
+// Repeated acks merge with the fresh ones into the fewest PacketAcks that
+// cover the same PacketIDs, across the PacketID wrap too.
+func TestAckQueueMerge(t *testing.T) {
+	ids := func(acks []packetAck) []uint32 {
+		var got []uint32
+		for _, a := range acks {
+			a.each(func(id uint32) { got = append(got, id) })
+		}
+		return got
+	}
+	var q ackQueue
+	// The echo pattern: a fresh ack, then the repeats, newest first.
+	in := []packetAck{{base: 1010}, {base: 1008}, {base: 1006, more: 1}, {base: 1004}, {base: 1002}, {base: 1000}}
+	got := q.merge(slices.Clone(in))
+	require.Len(t, got, 1)
+	assert.Equal(t, []uint32{1000, 1002, 1004, 1006, 1007, 1008, 1010}, ids(got))
+
+	// More than one PacketAck spans, and duplicates.
+	in = []packetAck{{base: 100, more: 1 << 33}, {base: 10}, {base: 100}, {base: 60, more: 3}}
+	got = q.merge(slices.Clone(in))
+	assert.Equal(t, []uint32{10, 60, 61, 62, 100, 134}, ids(got))
+	assert.Len(t, got, 3, "10, 60-62 and 100-134 need a window of 35 each")
+
+	// Around the wrap.
+	in = []packetAck{{base: 1}, {base: packetIDMask}, {base: packetIDMask - 1}}
+	got = q.merge(slices.Clone(in))
+	require.Len(t, got, 1)
+	assert.Equal(t, []uint32{packetIDMask - 1, packetIDMask, 1}, ids(got))
+
+	assert.Zero(t, testing.AllocsPerRun(100, func() { q.merge(in) }))
 }
 
 // Acks sent again are those of the last keep, newest first, whatever the

@@ -2,11 +2,14 @@ package knet
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/knet-go/knet/internal/udp"
@@ -32,6 +35,16 @@ type Conn struct {
 	sess     *session
 	released int // send buffer bytes to hand back
 	inWork   []*packet
+	// Datagrams the system refused to send, and their bytes (counted
+	// sent by the session, taken off in the Stats).
+	sendErrs, unsentBytes uint64
+	// Reports in a row that the peer cannot be reached (see strike), the
+	// latest one's error, and DatagramsReceived when they started.
+	strikes   int
+	strikeErr error
+	heard     uint64
+
+	refusals atomic.Uint32 // port unreachable reports, from the reader
 
 	wake chan struct{} // capacity 1: inbox, send queue or Close
 
@@ -60,11 +73,12 @@ type Conn struct {
 
 	readDL, writeDL deadline
 
-	estOnce   sync.Once
-	estab     chan struct{}
-	closeOnce sync.Once
-	closed    chan struct{} // Close was called
-	done      chan struct{} // loop has exited
+	estOnce    sync.Once
+	estab      chan struct{}
+	userClosed atomic.Bool // Close was called (not only the Listener's)
+	closeOnce  sync.Once
+	closed     chan struct{} // Close was called
+	done       chan struct{} // loop has exited
 
 	// Guarded by stateMu.
 	stateMu   sync.Mutex
@@ -154,6 +168,7 @@ func (c *Conn) loop() {
 			c.admit(now)
 		}
 		c.flush(now)
+		c.checkStrikes()
 		c.publish()
 		if s.done() {
 			return
@@ -227,14 +242,17 @@ func (c *Conn) admit(now time.Time) {
 		reply, err = c.cfg.admit(c.remote, append([]byte(nil), s.syn...))
 		ok = err == nil
 	}
+	if ok && len(reply) > c.cfg.handshakeLimit() {
+		// Cutting it would hand the client something the server never
+		// meant to say: refuse, and let the server's stats show why.
+		ok, reply = false, nil
+		c.ep.oversized.Add(1)
+	}
 	if ok && c.ep.l != nil && !c.ep.l.roomToAccept() {
 		ok = false
 	}
 	if !ok && c.ep.l != nil {
 		c.ep.refused.Add(1)
-	}
-	if len(reply) > c.cfg.wholeLimit()-8 {
-		reply = reply[:c.cfg.wholeLimit()-8]
 	}
 	s.admitted(time.Now(), reply, ok)
 }
@@ -257,16 +275,105 @@ func (c *Conn) flush(now time.Time) {
 		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
 		w.used = max(w.used, n+1)
 		if n++; n == len(w.ps) {
-			c.ep.writeBatch(w, w.ps[:n])
+			c.write(w, w.ps[:n])
 			n = 0
 		}
 	}
 	if n > 0 {
-		c.ep.writeBatch(w, w.ps[:n])
+		c.write(w, w.ps[:n])
 	}
 	if w != nil {
 		putWriteBatch(w)
 	}
+}
+
+// write sends a batch and takes note of what the system refused: a
+// reliable datagram among them goes again as if lost on the way.
+func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
+	if c.ep.writeBatch(w, ps) == nil {
+		return
+	}
+	for i := range ps {
+		if err := ps[i].Err; err != nil {
+			c.sendErrs++
+			c.unsentBytes += uint64(len(ps[i].Buf))
+			c.strike(err)
+		}
+	}
+}
+
+// refusal is the socket reader's report of an ICMP port unreachable. It
+// never blocks.
+func (c *Conn) refusal() {
+	c.refusals.Add(1)
+	signal(c.wake)
+}
+
+// Fail-fast rules. One error must not end a connection (a full buffer, a
+// route flapping), but a client whose server is gone should learn it as
+// fast as TCP would tell it, not after a timeout.
+const (
+	// handshakeStrikes failed ConnectSyn attempts in a row fail Dial: each
+	// a send error or an ICMP port unreachable. With the ConnectSyn resent
+	// after 200ms, Dial to a port where nothing listens fails in about
+	// that time.
+	handshakeStrikes = 2
+	// openStrikes port unreachable reports in a row, with nothing heard
+	// from the peer in between, end an established connection.
+	openStrikes = 3
+)
+
+// strike counts one report that the peer cannot be reached: every send
+// error while handshaking, only port unreachable once open (other send
+// errors are counted in Stats.SendErrors and left to the timeouts).
+func (c *Conn) strike(err error) {
+	if isRefusal(err) || c.sess.state == stateSyn {
+		c.strikes++
+		c.strikeErr = err
+	}
+}
+
+// checkStrikes ends the connection when the reports are many enough.
+func (c *Conn) checkStrikes() {
+	s := c.sess
+	if got := s.stats.DatagramsReceived; got != c.heard {
+		c.heard, c.strikes = got, 0 // the peer is there after all
+	}
+	if n := c.refusals.Swap(0); n > 0 {
+		c.strikes += int(n)
+		c.strikeErr = errConnRefused
+	}
+	switch {
+	case s.state == stateSyn && c.strikes >= handshakeStrikes:
+		if isRefusal(c.strikeErr) {
+			s.fail(ErrPortUnreachable)
+		} else {
+			s.fail(fmt.Errorf("knet: cannot send to %v: %w", c.remote, c.strikeErr))
+		}
+	case s.state == stateOK && c.strikes >= openStrikes:
+		s.fail(errUnreachableClosed)
+	case s.state == stateClosing && c.strikes >= openStrikes:
+		// Closing, only the DisconnectAck was missing: with the peer
+		// gone, waiting for it is pointless, and nothing was lost.
+		s.fail(net.ErrClosed)
+	}
+}
+
+// isRefusal reports whether err is the system's word that nothing listens
+// at the peer's port.
+func isRefusal(err error) bool { return errors.Is(err, errConnRefused) }
+
+// snapshot is the session's counters with the connection's corrections:
+// what the session built but the system did not send was not sent.
+func (c *Conn) snapshot() Stats {
+	st := c.sess.snapshot()
+	st.DatagramsSent -= c.sendErrs
+	st.BytesSent -= c.unsentBytes
+	st.SendErrors = c.sendErrs
+	if c.ep.l == nil {
+		st.SendErrors += c.ep.sendErrs.Load() // the socket is ours alone
+	}
+	return st
 }
 
 // publish hands the round's results to the application side.
@@ -282,7 +389,7 @@ func (c *Conn) publish() {
 		c.delivered = false
 		signal(c.recvReady)
 	}
-	st := c.sess.snapshot()
+	st := c.snapshot()
 	c.stateMu.Lock()
 	st.DroppedDatagrams += c.inDroppedLocked()
 	c.stats = st
@@ -317,7 +424,8 @@ func (c *Conn) finish() {
 	}
 	c.stateMu.Lock()
 	c.err = err
-	c.stats = s.snapshot()
+	c.stats = c.snapshot()
+	c.stats.DroppedDatagrams += c.inDroppedLocked()
 	c.stateMu.Unlock()
 	c.ep.remove(c)
 	c.inMu.Lock()
@@ -362,9 +470,11 @@ func (c *Conn) established() {
 	c.synAck = c.sess.synAck
 	c.stateMu.Unlock()
 	if c.ep.l != nil && !c.ep.l.offer(c) {
-		// The backlog filled up since admission: refuse after all.
+		// The backlog filled up since admission: refuse after all, with
+		// a DisconnectAck unless the listener is stealthy (DECISIONS §1:
+		// a rejected attempt gets no answer).
 		c.sess.fail(ErrRefused)
-		c.sess.needDiscAck = true
+		c.sess.needDiscAck = !c.cfg.stealth
 		return
 	}
 	c.estOnce.Do(func() { close(c.estab) })
@@ -396,6 +506,9 @@ func (c *Conn) Send(m Message) error {
 
 // SendContext is Send that also gives up when ctx is done.
 func (c *Conn) SendContext(ctx context.Context, m Message) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	_, err := c.send(ctx, &m, false)
 	return err
 }
@@ -443,7 +556,7 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 		c.sendMu.Lock()
 	}
 	for _, r := range m.DependsOn {
-		if r == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
+		if r>>1 == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
 			c.sendMu.Unlock()
 			return 0, ErrBadDependency
 		}
@@ -502,6 +615,9 @@ func (c *Conn) sendErrLocked() error {
 // earlier message has been received, it returns io.EOF.
 func (c *Conn) Receive(ctx context.Context) (Message, error) {
 	var m Message
+	if ctx == nil {
+		return m, errNilContext
+	}
 	err := c.waitRecv(ctx, func(q *recvQueue) {
 		e := q.peek()
 		m = Message{ID: e.id, Payload: q.take(e), Reliable: e.reliable, InOrder: e.inOrder}
@@ -513,6 +629,9 @@ func (c *Conn) Receive(ctx context.Context) (Message, error) {
 // buf and returns the message with Payload aliasing buf. If buf is too
 // short the payload is cut to fit and n reports the full length.
 func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, err error) {
+	if ctx == nil {
+		return m, 0, errNilContext
+	}
 	err = c.waitRecv(ctx, func(q *recvQueue) {
 		e := q.peek()
 		n = e.n
@@ -651,9 +770,35 @@ func (c *Conn) FlowControl(rate int) {
 // Close ends the connection gracefully: what was sent is delivered and
 // acked, then the Disconnect/DisconnectAck exchange runs, all within
 // DisconnectTimeout, after which Close returns. Receive and Send fail from
-// the moment Close is called. Close is idempotent and safe from any
-// goroutine.
+// the moment Close is called. Close is safe from any goroutine, and every
+// call waits for the end.
+//
+// Close returns nil when the connection ended gracefully (this close, or
+// the peer's), and otherwise the reason it ended, before Close or during
+// it, as Err reports it: a *TimeoutError when the peer fell silent,
+// ErrPortUnreachable, ErrRetransmitLimit, a *ProtocolError. As with a
+// net.Conn, only the first call says so: later ones return an error
+// wrapping net.ErrClosed. (A Listener's Close, which closes its
+// connections, does not count as a call.)
 func (c *Conn) Close() error {
+	if c.userClosed.Swap(true) {
+		<-c.done
+		return c.opError("close", net.ErrClosed)
+	}
+	c.shutdown()
+	<-c.done
+	c.stateMu.Lock()
+	err := c.err
+	c.stateMu.Unlock()
+	if err == net.ErrClosed || err == ErrPeerClosed {
+		return nil // the graceful ends
+	}
+	return err
+}
+
+// shutdown starts the graceful close and releases every waiter. It does
+// not wait for the end.
+func (c *Conn) shutdown() {
 	c.closeOnce.Do(func() {
 		c.sendMu.Lock()
 		c.closing = true
@@ -663,8 +808,6 @@ func (c *Conn) Close() error {
 		signal(c.recvReady)
 		signal(c.sendSpace)
 	})
-	<-c.done
-	return nil
 }
 
 // net.Conn.

@@ -422,7 +422,11 @@ func newRateControl(cfg *config) rateControl {
 	if mk == nil {
 		mk = NewDeliveryRateControl
 	}
-	return rateControl{cc: mk(p), minRate: cfg.minRate, dgSize: cfg.maxDatagram}
+	cc := mk(p)
+	if cc == nil {
+		cc = NewDeliveryRateControl(p) // a nil controller would crash the connection
+	}
+	return rateControl{cc: cc, minRate: cfg.minRate, dgSize: cfg.maxDatagram}
 }
 
 // byteRate is the pacing rate in bytes per second.

@@ -3,6 +3,7 @@ package knet
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -208,4 +209,15 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	write("FuzzPacketAck", "seed-runs", bytesLit(append(appendPacketAck(nil, packetAck{base: 1000, more: 0x3ffffffff}), appendPacketAck(nil, packetAck{base: 1010, more: 5})...)))
 	write("FuzzReassembly", "seed-clean", bytesLit(nil), "uint16(5000)", "uint16(470)")
 	write("FuzzInOrder", "seed-mixed", "uint64(5)", "byte('d')", "byte('\\n')", "byte('\\x14')")
+	for i, c := range fuzzConfigSeeds {
+		f := fmt.Sprintf("float64(%v)", c.loss)
+		if math.IsNaN(c.loss) {
+			f = fmt.Sprintf("math.Float64frombits(%#x)", math.Float64bits(c.loss))
+		}
+		write("FuzzConfig", fmt.Sprintf("seed-%02d", i),
+			fmt.Sprintf("int(%d)", c.datagram), fmt.Sprintf("int(%d)", c.fragment), fmt.Sprintf("int(%d)", c.message),
+			fmt.Sprintf("int(%d)", c.buffer), fmt.Sprintf("int(%d)", c.rate), fmt.Sprintf("int64(%d)", c.ping),
+			fmt.Sprintf("int64(%d)", c.timeout), fmt.Sprintf("int64(%d)", c.window), f, fmt.Sprintf("int64(%d)", c.jitter),
+			fmt.Sprintf("uint16(%d)", c.synLen), fmt.Sprintf("uint32(%d)", c.payload))
+	}
 }

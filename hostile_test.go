@@ -2,6 +2,7 @@ package knet
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -401,13 +402,27 @@ func TestCloseFromManyGoroutines(t *testing.T) {
 	serveEcho(t, l)
 	c := dial(t, l.Addr().String(), testConfig())
 	var wg sync.WaitGroup
+	var first, again atomic.Int32
 	for range 20 {
-		wg.Go(func() { assert.NoError(t, c.Close()) })
+		wg.Go(func() {
+			// The first Close says how it ended (nil, or why not: a Send
+			// racing the listener's close may find the server gone); the
+			// others that it was closed already.
+			var op *net.OpError
+			if err := c.Close(); errors.As(err, &op) && op.Op == "close" {
+				assert.ErrorIs(t, err, net.ErrClosed)
+				again.Add(1)
+			} else {
+				first.Add(1)
+			}
+		})
 		wg.Go(func() { l.Close() })
 		wg.Go(func() { c.Send(Message{ID: 6, Reliable: true}) })
 		wg.Go(func() { c.SetDeadline(time.Now().Add(time.Hour)) })
 	}
 	wg.Wait()
+	assert.Equal(t, int32(1), first.Load())
+	assert.Equal(t, int32(19), again.Load())
 	assert.ErrorIs(t, c.Send(Message{ID: 6}), net.ErrClosed)
 }
 
@@ -453,4 +468,67 @@ func TestNoGoroutinesLeftAfterClose(t *testing.T) {
 	}
 	assert.LessOrEqual(t, runtime.NumGoroutine(), base, "goroutines left behind")
 	assert.Empty(t, packageGoroutines())
+}
+
+// synRaw opens a socket to addr and runs the handshake up to the server's
+// ConnectSynAck, leaving the ConnectAck to the caller.
+func synRaw(t testing.TB, addr net.Addr) *rawPeer {
+	t.Helper()
+	c, err := net.DialUDP("udp", nil, addr.(*net.UDPAddr))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	p := &rawPeer{t: t, c: c, next: 1, buf: make([]byte, 65536)}
+	for range 25 {
+		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
+		if d, ok := p.recv(200 * time.Millisecond); ok && len(d.msgs) > 0 && d.msgs[0].id == idConnectSynAck {
+			return p
+		}
+	}
+	t.Fatal("no ConnectSynAck")
+	return nil
+}
+
+func TestStealthNeverAnswersBacklogRefusal(t *testing.T) {
+	// Two attempts are admitted while the accept backlog (one) is empty;
+	// when both complete, the backlog takes one and the other is refused
+	// after all. Responsive, that one hears a DisconnectAck; with Stealth,
+	// neither hears anything.
+	for _, stealth := range []bool{false, true} {
+		t.Run(map[bool]string{false: "responsive", true: "stealth"}[stealth], func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Stealth = stealth
+			cfg.AcceptBacklog = 1
+			cfg.DisconnectTimeout = 200 * time.Millisecond // the raw peer never answers
+			l := listen(t, cfg)
+			peers := []*rawPeer{synRaw(t, l.Addr()), synRaw(t, l.Addr())}
+			for _, p := range peers {
+				p.send(true, message{id: idConnectAck})
+			}
+			// The refused connection's goroutine has ended: anything it
+			// had to send is on the loopback already.
+			require.Eventually(t, func() bool {
+				st := l.Stats()
+				return st.RefusedAttempts == 1 && st.Connections == 1
+			}, 5*time.Second, time.Millisecond)
+			answers := 0
+			for _, p := range peers {
+				for {
+					d, ok := p.recv(50 * time.Millisecond)
+					if !ok {
+						break
+					}
+					for _, m := range d.msgs {
+						if !m.fragment && m.id == idDisconnectAck {
+							answers++
+						}
+					}
+				}
+			}
+			if stealth {
+				assert.Zero(t, answers, "a stealth server answered a refused attempt")
+			} else {
+				assert.Equal(t, 1, answers)
+			}
+		})
+	}
 }

@@ -46,21 +46,26 @@ import (
 // Config holds the characteristic values of the protocol and the
 // connection's limits. A nil *Config, and any zero field, means the default
 // named in the field's comment (the spec's "Characteristic Values" where it
-// has one). A Config may be shared; it must not change after use.
+// has one); so does a negative one. A value outside a field's range is taken
+// as the nearest bound: durations are at most 24h, and the comments name the
+// other bounds. A Config may be shared; it must not change after use.
 type Config struct {
 	// PingInterval is how often a PingRequest goes out to measure the
-	// round trip and keep the connection alive. Default 5s. It is
-	// shortened to a third of ConnectionLostTimeout if that is smaller.
+	// round trip and keep the connection alive. Default 5s, at least 1ms.
+	// It is shortened to a third of ConnectionLostTimeout if that is
+	// smaller.
 	PingInterval time.Duration
 	// MaxAckDelay is the longest a received reliable datagram waits for
 	// its PacketAck. Default 33ms.
 	MaxAckDelay time.Duration
 	// DatagramTimeout is the longest a reliable datagram waits for its
 	// ack before it is sent again; the timeout actually used follows the
-	// measured round trip (RFC 6298) and is never longer. Default 2s.
+	// measured round trip (RFC 6298) and is never longer. Default 2s, at
+	// least 10ms.
 	DatagramTimeout time.Duration
 	// ConnectionLostTimeout is how long the peer may stay silent before
-	// the connection is declared lost. Default 3*PingInterval.
+	// the connection is declared lost. Default 3*PingInterval, at least
+	// 10ms.
 	ConnectionLostTimeout time.Duration
 	// ConnectTimeout bounds the handshake, on both sides. Default 10s.
 	ConnectTimeout time.Duration
@@ -79,9 +84,12 @@ type Config struct {
 	// without an ack before the connection is declared lost. Default 50.
 	MaxMessageSendCount int
 	// MaxFragmentSize is the largest fragment of a fragmented transfer,
-	// in bytes. Default 470 (the spec's MaxUDPMessageFragmentSize).
+	// in bytes. Default 470 (the spec's MaxUDPMessageFragmentSize). It is
+	// taken within 64..2039 (what one message block carries), and
+	// fragments are never larger than a datagram allows.
 	MaxFragmentSize int
 	// MaxDatagramSize is the largest datagram sent, in bytes. Default 1400.
+	// It is taken within 256..65507 (one UDP payload).
 	MaxDatagramSize int
 	// MaxMessageSize is the largest message, in bytes, that Send accepts
 	// and that a peer may make us reassemble. Default 16 MiB.
@@ -121,14 +129,23 @@ type Config struct {
 	// ReorderWindow. Latest-state messages (Message.ContentID) never wait.
 	ReorderWindows map[uint32]time.Duration
 
-	// ConnectPayload is the content of the client's ConnectSyn: up to
-	// about 1300 bytes of application data for the server's Admit hook.
+	// ConnectPayload is the content of the client's ConnectSyn:
+	// application data for the server's Admit hook, at most
+	// MaxDatagramSize-104 bytes (1296 by default, never more than 2035).
+	// Dial refuses a longer one with ErrHandshakeTooLarge.
 	ConnectPayload []byte
 	// Admit decides, on the server, whether to accept a connection
 	// attempt: it gets the client's ConnectPayload and returns the content
 	// of the ConnectSynAck, or an error to refuse. Nil admits everyone
 	// with an empty reply. It runs on the new connection's goroutine and
 	// may block it, up to ConnectTimeout.
+	//
+	// The reply has the ConnectPayload's limit (MaxDatagramSize-104
+	// bytes). A longer one cannot be sent whole and is never cut: the
+	// attempt is refused as if Admit had returned ErrHandshakeTooLarge
+	// (the client gets ErrRefused, or no answer with Stealth), and
+	// ListenerStats.OversizedReplies counts it, so that the mistake shows
+	// on the server rather than as a client that cannot connect.
 	Admit func(remote net.Addr, payload []byte) ([]byte, error)
 	// Stealth makes a server ignore refused and malformed connection
 	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one
@@ -139,13 +156,13 @@ type Config struct {
 	// Default 1024.
 	MaxPendingConnections int
 	// AcceptBacklog bounds the established connections waiting for
-	// Accept; attempts beyond it are ignored until Accept catches up.
-	// Default 512.
+	// Accept; attempts beyond it are refused (ignored, with Stealth) until
+	// Accept catches up. Default 512, at most 65536.
 	AcceptBacklog int
 
 	// CongestionControl, when not nil, makes the congestion controller of
-	// each connection. Default: NewDeliveryRateControl. NewAIMDControl is
-	// the classic alternative.
+	// each connection. Default: NewDeliveryRateControl, also used when
+	// the function returns nil. NewAIMDControl is the classic alternative.
 	CongestionControl func(CongestionParams) CongestionControl
 
 	// Sockets is how many sockets a Listener opens on its address, with
@@ -154,6 +171,7 @@ type Config struct {
 	// connection stays on the socket its peer reached. Linux only. Default
 	// 1: one socket, and no other program may bind the port meanwhile
 	// (with more, another SO_REUSEPORT socket of the same user could).
+	// At most 256.
 	Sockets int
 
 	// Simulate, when not nil, makes every datagram this Conn or Listener
@@ -165,7 +183,8 @@ type Config struct {
 
 // Simulation describes a bad network for Config.Simulate. The zero value
 // is a perfect network; every choice is drawn from Seed, so a run can be
-// replayed.
+// replayed. Out-of-range values are clamped: probabilities to 0..1 (NaN is
+// 0), durations to 0..1h, negative sizes to 0.
 type Simulation struct {
 	// Loss is the probability that a datagram is lost. With BurstLen
 	// above 1, losses come in bursts of that mean length in datagrams (a
@@ -203,11 +222,22 @@ type Simulation struct {
 }
 
 func (s *Simulation) params() netsim.Params {
+	prob := func(p float64) float64 {
+		if !(p > 0) { // NaN too
+			return 0
+		}
+		return min(p, 1)
+	}
+	dur := func(d time.Duration) time.Duration { return min(max(d, 0), time.Hour) }
+	burst := s.BurstLen
+	if !(burst > 1) {
+		burst = 0
+	}
 	return netsim.Params{
-		Loss: s.Loss, BurstLen: s.BurstLen, BurstDuration: s.BurstDuration,
-		Duplicate: s.Duplicate, Reorder: s.Reorder, ReorderDelay: s.ReorderDelay,
-		Delay: s.Delay, Jitter: s.Jitter, JitterKeepsOrder: s.JitterKeepsOrder,
-		Corrupt: s.Corrupt, Bandwidth: s.Bandwidth, QueueBytes: s.QueueBytes,
+		Loss: prob(s.Loss), BurstLen: burst, BurstDuration: dur(s.BurstDuration),
+		Duplicate: prob(s.Duplicate), Reorder: prob(s.Reorder), ReorderDelay: dur(s.ReorderDelay),
+		Delay: dur(s.Delay), Jitter: dur(s.Jitter), JitterKeepsOrder: s.JitterKeepsOrder,
+		Corrupt: prob(s.Corrupt), Bandwidth: max(s.Bandwidth, 0), QueueBytes: max(s.QueueBytes, 0),
 		Seed: s.Seed,
 	}
 }
@@ -249,6 +279,16 @@ const (
 	defaultMaxPending          = 1024
 	defaultBacklog             = 512
 
+	// Bounds of the Config's values (see Config). Durations stay far from
+	// overflowing when added to a time or multiplied.
+	minTimeout  = 10 * time.Millisecond
+	maxDuration = 24 * time.Hour
+	maxBacklog  = 1 << 16
+	maxSockets  = 256
+
+	// minFragmentSize keeps fragments well above the 16-byte average a
+	// receiver takes for an attack (minFragAverage).
+	minFragmentSize = 64
 	// minDatagramSize leaves room for the largest headers.
 	minDatagramSize = 256
 	// maxDatagramSizeLimit keeps a datagram within one UDP payload.
@@ -262,17 +302,20 @@ func pick[T int | time.Duration](v, def T) T {
 	return def
 }
 
+// clampDur keeps a duration between lo and maxDuration.
+func clampDur(d, lo time.Duration) time.Duration { return min(max(d, lo), maxDuration) }
+
 func (c *Config) resolve() *config {
 	if c == nil {
 		c = &Config{}
 	}
 	r := &config{
-		pingInterval:     pick(c.PingInterval, defaultPingInterval),
-		maxAckDelay:      pick(c.MaxAckDelay, defaultMaxAckDelay),
-		datagramTimeout:  pick(c.DatagramTimeout, defaultDatagramTimeout),
-		connectTimeout:   pick(c.ConnectTimeout, defaultConnectTimeout),
-		disconnect:       pick(c.DisconnectTimeout, defaultDisconnectTimeout),
-		reorderWindow:    c.ReorderWindow,
+		pingInterval:     clampDur(pick(c.PingInterval, defaultPingInterval), time.Millisecond),
+		maxAckDelay:      clampDur(pick(c.MaxAckDelay, defaultMaxAckDelay), 0),
+		datagramTimeout:  clampDur(pick(c.DatagramTimeout, defaultDatagramTimeout), minTimeout),
+		connectTimeout:   clampDur(pick(c.ConnectTimeout, defaultConnectTimeout), 0),
+		disconnect:       clampDur(pick(c.DisconnectTimeout, defaultDisconnectTimeout), 0),
+		reorderWindow:    max(min(c.ReorderWindow, maxDuration), -1), // negative: no wait
 		reorderWindows:   maps.Clone(c.ReorderWindows),
 		initialRate:      float64(pick(c.InitialDatagramRate, defaultInitialDatagramRate)),
 		minRate:          float64(pick(c.MinDatagramRate, defaultMinDatagramRate)),
@@ -284,16 +327,19 @@ func (c *Config) resolve() *config {
 		recvBuffer:       pick(c.ReceiveBuffer, defaultReceiveBuffer),
 		reassemblyBuffer: pick(c.ReassemblyBuffer, defaultReassemblyBuffer),
 		maxPending:       pick(c.MaxPendingConnections, defaultMaxPending),
-		backlog:          pick(c.AcceptBacklog, defaultBacklog),
-		sockets:          pick(c.Sockets, 1),
+		backlog:          min(pick(c.AcceptBacklog, defaultBacklog), maxBacklog),
+		sockets:          min(pick(c.Sockets, 1), maxSockets),
 		connectPayload:   c.ConnectPayload,
 		admit:            c.Admit,
 		stealth:          c.Stealth,
 		simulate:         c.Simulate,
 		congestion:       c.CongestionControl,
 	}
-	r.lostTimeout = pick(c.ConnectionLostTimeout, 3*r.pingInterval)
-	r.maxFragment = min(r.maxFragment, maxContentLength-8)
+	for id, w := range r.reorderWindows {
+		r.reorderWindows[id] = clampDur(w, 0)
+	}
+	r.lostTimeout = clampDur(pick(c.ConnectionLostTimeout, 3*r.pingInterval), minTimeout)
+	r.maxFragment = min(max(r.maxFragment, minFragmentSize), maxContentLength-8)
 	return r
 }
 
@@ -305,6 +351,12 @@ func (c *config) longestReorderWindow() time.Duration {
 	}
 	return w
 }
+
+// handshakeLimit is the most bytes of application data a ConnectSyn or
+// ConnectSynAck carries: one message block (no fragmented transfer before
+// the connection is open), in a datagram of at most MaxDatagramSize, and
+// below the 2048 bytes a peer with the default MaxDatagramSize reads.
+func (c *config) handshakeLimit() int { return c.wholeLimit() - 8 }
 
 // keepalive is how often a PingRequest goes out: PingInterval, or more often
 // if ConnectionLostTimeout would otherwise expire between two pings.
@@ -384,7 +436,7 @@ type Stats struct {
 	MinRTT time.Duration // the lowest seen
 	RTO    time.Duration // the current retransmission timeout
 
-	DatagramsSent     uint64
+	DatagramsSent     uint64 // as the system took them: retransmissions included
 	DatagramsReceived uint64 // valid datagrams, duplicates included
 	BytesSent         uint64 // UDP payload bytes
 	BytesReceived     uint64
@@ -399,6 +451,12 @@ type Stats struct {
 	DroppedDatagrams   uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
 	DroppedMessages    uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
 	ProtocolErrors     uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	// SendErrors counts datagrams the system refused to send (a full
+	// buffer, no route, a port unreachable report...): they are not in
+	// DatagramsSent and BytesSent, and a reliable one goes again later.
+	// With Config.Simulate, a datagram is sent once it enters the
+	// simulated network; failures to deliver it from there count here.
+	SendErrors uint64
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked
@@ -421,10 +479,31 @@ var (
 	// message not sent before on this Conn, names an unreliable message
 	// from a reliable one, or has more than MaxDependencies entries.
 	ErrBadDependency = errors.New("knet: bad message dependency")
+	// ErrHandshakeTooLarge is returned by Dial for a
+	// Config.ConnectPayload longer than a ConnectSyn carries
+	// (MaxDatagramSize-104 bytes, at most 2035). A server whose Admit
+	// replies with that much refuses the attempt instead.
+	ErrHandshakeTooLarge = errors.New("knet: handshake payload too large")
+	// ErrPortUnreachable fails Dial, and ends a dialed connection, when
+	// the system keeps reporting that nothing listens at the peer's
+	// address: an ICMP port unreachable, which a connected UDP socket
+	// reads as ECONNREFUSED. errors.Is(err, syscall.ECONNREFUSED) holds
+	// as well. Dial fails with it after two refused ConnectSyns in a row
+	// (about 200ms) instead of waiting out ConnectTimeout; an open
+	// connection ends after three reports with nothing heard from the
+	// peer in between, and then also matches net.ErrClosed. Systems that
+	// do not report it (Windows) leave it to the timeouts.
+	ErrPortUnreachable = fmt.Errorf("knet: nothing listening at the peer's port: %w", errConnRefused)
 	// ErrRetransmitLimit ends a connection whose reliable datagram went
 	// unacked after MaxMessageSendCount sends.
 	ErrRetransmitLimit = fmt.Errorf("knet: reliable datagram unacked after MaxMessageSendCount sends: %w", net.ErrClosed)
 )
+
+// errUnreachableClosed ends an open connection for ErrPortUnreachable.
+var errUnreachableClosed = fmt.Errorf("%w: %w", ErrPortUnreachable, net.ErrClosed)
+
+// errNilContext is what the methods taking a context return for a nil one.
+var errNilContext = errors.New("knet: nil context")
 
 // TimeoutError ends a connection whose peer stayed silent for
 // ConnectionLostTimeout, or a handshake that took longer than

@@ -45,6 +45,11 @@ type endpoint struct {
 	stray   atomic.Uint64 // datagrams for no connection
 	ignored atomic.Uint64 // connection attempts ignored: too many pending, or closed
 	refused atomic.Uint64 // connection attempts refused
+	// Admit replies too long for a ConnectSynAck
+	oversized atomic.Uint64
+	// Datagrams the system refused to send, outside a connection's own
+	// batches: refusals, and what left a simulated network.
+	sendErrs atomic.Uint64
 }
 
 // socketBuffer is the kernel buffer size asked for, each way; the kernel
@@ -111,14 +116,18 @@ func unmap(a netip.AddrPort) netip.AddrPort {
 }
 
 // writeBatch sends datagrams, across the simulated network if there is one.
-func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) {
+// It returns the first error the system gave, each packet's Err saying
+// which did not go; with a simulated network, a datagram has gone once it
+// is in it (errors of its delivery are the endpoint's, see writeNow).
+func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) error {
 	if ep.sim != nil {
 		for _, p := range ps {
 			ep.sim.Send(p.Buf, p.Addr)
 		}
-		return
+		return nil
 	}
-	ep.uc.WriteBatch(w.w, ps)
+	_, err := ep.uc.WriteBatch(w.w, ps)
+	return err
 }
 
 // write sends one datagram.
@@ -130,12 +139,34 @@ func (ep *endpoint) write(b []byte, to netip.AddrPort) {
 	ep.writeNow(b, to)
 }
 
+// writeNow sends one datagram, counting a failure as the endpoint's.
 func (ep *endpoint) writeNow(b []byte, to netip.AddrPort) {
+	var err error
 	if ep.connected {
-		ep.pc.Write(b)
+		_, err = ep.pc.Write(b)
+	} else {
+		_, err = ep.pc.WriteToUDPAddrPort(b, to)
+	}
+	if err != nil {
+		ep.sendErrs.Add(1)
+		if isRefusal(err) {
+			ep.reportRefusal()
+		}
+	}
+}
+
+// reportRefusal passes on the system's report that nothing listens at the
+// peer's port to the connection of a dialed socket (only a connected
+// socket gets such reports).
+func (ep *endpoint) reportRefusal() {
+	if !ep.connected {
 		return
 	}
-	ep.pc.WriteToUDPAddrPort(b, to)
+	ep.mu.Lock()
+	for _, c := range ep.conns {
+		c.refusal()
+	}
+	ep.mu.Unlock()
 }
 
 // writeBatch is what a connection's goroutine needs to send a batch:
@@ -208,8 +239,12 @@ func (ep *endpoint) readLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// ICMP errors surface here on a dialed socket; keep
+			// ICMP errors surface here on a dialed socket: the
+			// connection decides what a port unreachable means. Keep
 			// reading, but do not spin on a socket that keeps failing.
+			if isRefusal(err) {
+				ep.reportRefusal()
+			}
 			if fails++; fails > 8 {
 				time.Sleep(time.Millisecond)
 			}
@@ -324,6 +359,8 @@ type ListenerStats struct {
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
 	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
+	SendErrors       uint64 // datagrams the system refused to send that were no connection's: refusals, and deliveries of Config.Simulate
+	OversizedReplies uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
 	Sockets          int    // sockets sharing the address (Config.Sockets)
 }
 
@@ -406,6 +443,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 // AcceptConn waits for the next established connection, until ctx is done
 // or the listener is closed.
 func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	select {
 	case c := <-l.acceptq:
 		return c, nil
@@ -438,6 +478,8 @@ func (l *Listener) Stats() ListenerStats {
 		st.StrayDatagrams += ep.stray.Load()
 		st.IgnoredAttempts += ep.ignored.Load()
 		st.RefusedAttempts += ep.refused.Load()
+		st.SendErrors += ep.sendErrs.Load()
+		st.OversizedReplies += ep.oversized.Load()
 	}
 	l.mu.Lock()
 	st.Pending = len(l.pending)
@@ -463,7 +505,10 @@ func (l *Listener) Close() error {
 		}
 		var wg sync.WaitGroup
 		for _, c := range conns {
-			wg.Go(func() { c.Close() })
+			wg.Go(func() {
+				c.shutdown()
+				<-c.done
+			})
 		}
 		wg.Wait()
 		l.loops.Wait()
@@ -573,18 +618,28 @@ func (l *Listener) offer(c *Conn) bool {
 // complete, or fails with ErrRefused, a *TimeoutError after
 // ConnectTimeout, or ctx's error.
 func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	if err := checkNetwork(network); err != nil {
 		return nil, err
+	}
+	rc := cfg.resolve()
+	if n := len(rc.connectPayload); n > rc.handshakeLimit() {
+		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.handshakeLimit())
 	}
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
 		return nil, err
 	}
+	if raddr.Port == 0 {
+		// The system would take it, and the attempt would only time out.
+		return nil, fmt.Errorf("knet: dial %s %q: no port to connect to", network, address)
+	}
 	pc, err := net.DialUDP(network, nil, raddr)
 	if err != nil {
 		return nil, err
 	}
-	rc := cfg.resolve()
 	ep := newEndpoint(pc, true, rc)
 	ep.simulate(2)
 	c := newConn(ep, unmap(raddr.AddrPort()), rc, true)
@@ -597,7 +652,8 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	case <-c.done:
 		return nil, c.Err()
 	case <-ctx.Done():
-		c.Close()
+		c.shutdown()
+		<-c.done
 		return nil, ctx.Err()
 	}
 }

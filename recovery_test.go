@@ -48,13 +48,14 @@ func TestEchoThroughBurstyLoss(t *testing.T) {
 	// once a direction carries only spaced probes: one seed in eight went
 	// 5-12s without an echo. Real links lose for a time (BurstDuration).
 	// The probe timeout now backs off to at most max(4 RTO, 500ms) and
-	// resends two datagrams.
+	// resends two datagrams: the longest wait is 3.3s (an RTO grown to
+	// 1.2s by acks lost in a burst).
 	for _, tc := range []struct {
 		name    string
 		burst   func(*netsim.Params)
 		maxStop time.Duration
 	}{
-		{"per datagram", func(p *netsim.Params) { p.BurstLen = 3 }, 3 * time.Second},
+		{"per datagram", func(p *netsim.Params) { p.BurstLen = 3 }, 4 * time.Second},
 		{"in time", func(p *netsim.Params) { p.BurstDuration = 20 * time.Millisecond }, 1500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1646,6 +1646,9 @@ func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, r
 		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
 	}
 	s.acks.remember(now, s.ackBuf[:fresh], s.ackRepeatWindow())
+	if repeat {
+		s.ackBuf = s.acks.merge(s.ackBuf)
+	}
 	var p [packetAckSize]byte
 	for _, a := range s.ackBuf {
 		body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})

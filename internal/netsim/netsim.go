@@ -70,6 +70,8 @@ type Fate struct {
 // Stats count what a Link did.
 type Stats struct {
 	Sent, Delivered, Lost, QueueDrops, Duplicated, Reordered, Corrupted uint64
+	// Bytes counts the bytes of the datagrams sent.
+	Bytes uint64
 }
 
 // Link decides the fate of datagrams on one direction of a path. It is
@@ -172,6 +174,7 @@ func (l *Link) Decide(now time.Time, size int) Fate {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stats.Sent++
+	l.stats.Bytes += uint64(size)
 	f := Fate{Flip: -1}
 	if l.lost(now) {
 		l.stats.Lost++

@@ -8,6 +8,11 @@ import (
 	"sync/atomic"
 )
 
+// socketBuffer is the kernel buffer the relay's sockets ask for, so that a
+// burst is not dropped before its link decides its fate (the kernel may
+// grant less).
+const socketBuffer = 4 << 20
+
 // Relay is a UDP proxy between clients and one server, with a Pipe for each
 // direction of each client. Clients send to Addr; each gets its own socket
 // towards the server.
@@ -49,6 +54,7 @@ func NewRelay(server string, up, down Params) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	pc.SetReadBuffer(socketBuffer)
 	r := &Relay{pc: pc, server: sa, up: up, down: down, clients: make(map[netip.AddrPort]*relayClient)}
 	r.wg.Add(1)
 	go r.readClients()
@@ -78,6 +84,7 @@ func addStats(a, b Stats) Stats {
 	a.Duplicated += b.Duplicated
 	a.Reordered += b.Reordered
 	a.Corrupted += b.Corrupted
+	a.Bytes += b.Bytes
 	return a
 }
 
@@ -115,6 +122,7 @@ func (r *Relay) client(from netip.AddrPort) *relayClient {
 	if err != nil {
 		return nil
 	}
+	sock.SetReadBuffer(socketBuffer)
 	r.seed++
 	up, down := r.up, r.down
 	up.Seed += r.seed

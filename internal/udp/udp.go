@@ -22,6 +22,9 @@ type Packet struct {
 	Addr netip.AddrPort
 	// Trunc is set when a read datagram did not fit Buf.
 	Trunc bool
+	// Err is set by WriteBatch: why this datagram did not go out, or nil
+	// if it did.
+	Err error
 }
 
 // MaxBatch is the most datagrams one call moves.
@@ -83,9 +86,14 @@ func (c *Conn) ReadBatch(r *Reader, ps []Packet) (int, error) {
 	return c.sys.readBatch(&r.sys, ps)
 }
 
-// WriteBatch writes every packet in ps, returning how many went out before
-// an error, if any.
+// WriteBatch writes every packet in ps. A datagram the system refuses (an
+// ICMP error reported on a connected socket, no route, a full buffer) does
+// not keep the others from going out: it returns how many went out and the
+// first error met, and each packet's Err says what became of it.
 func (c *Conn) WriteBatch(w *Writer, ps []Packet) (int, error) {
+	for i := range ps {
+		ps[i].Err = nil
+	}
 	return c.sys.writeBatch(&w.sys, ps)
 }
 

@@ -346,11 +346,13 @@ func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 	if len(ps) == 1 {
 		// One datagram: the plain call is cheaper than setting up a batch.
 		if err := s.c.writeOne(&ps[0]); err != nil {
+			ps[0].Err = err
 			return 0, err
 		}
 		return 1, nil
 	}
-	done := 0
+	done, sent := 0, 0 // datagrams dealt with, and sent
+	var first error
 	for done < len(ps) {
 		gso := s.gso.Load()
 		n, used := 0, 0 // messages, datagrams
@@ -389,9 +391,17 @@ func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 		err := s.rc.Write(w.fn)
 		for i := range w.sent {
 			done += w.runs[i]
+			sent += w.runs[i]
 		}
 		if err != nil {
-			return done, err
+			// The socket itself failed (closed): nothing more goes.
+			for i := done; i < len(ps); i++ {
+				ps[i].Err = err
+			}
+			if first == nil {
+				first = err
+			}
+			return sent, first
 		}
 		if w.errno != 0 {
 			if w.runs[w.sent] > 1 && (w.errno == unix.EIO || w.errno == unix.EINVAL || w.errno == unix.EOPNOTSUPP) {
@@ -402,13 +412,16 @@ func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 			}
 			// Skip what the kernel refused (say, an ICMP error reported
 			// on a connected socket) and go on with the rest.
-			skipped := w.runs[w.sent]
-			if done += skipped; done >= len(ps) {
-				return done - skipped, w.errno
+			for i := done; i < done+w.runs[w.sent]; i++ {
+				ps[i].Err = w.errno
+			}
+			done += w.runs[w.sent]
+			if first == nil {
+				first = w.errno
 			}
 		}
 	}
-	return done, nil
+	return sent, first
 }
 
 // putSockaddr encodes a in the socket's family and returns its length.

@@ -26,10 +26,17 @@ func (s *sysConn) readBatch(r *sysReader, ps []Packet) (int, error) {
 }
 
 func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
+	sent := 0
+	var first error
 	for i := range ps {
 		if err := s.c.writeOne(&ps[i]); err != nil {
-			return i, err
+			ps[i].Err = err
+			if first == nil {
+				first = err
+			}
+			continue
 		}
+		sent++
 	}
-	return len(ps), nil
+	return sent, first
 }

@@ -2,9 +2,11 @@ package udp
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -99,4 +101,70 @@ func TestNoAllocations(t *testing.T) {
 		}
 	})
 	assert.Zero(t, allocs)
+}
+
+// A datagram the system refuses does not keep the rest of the batch from
+// going out, and says why.
+func TestWriteErrorsPerPacket(t *testing.T) {
+	a, b := pair(t, "udp4", "127.0.0.1")
+	ca, cb := New(a, false), New(b, false)
+	to := b.LocalAddr().(*net.UDPAddr).AddrPort()
+	port0 := netip.MustParseAddrPort("127.0.0.1:0") // EINVAL: no port to send to
+	out := []Packet{{Buf: []byte("a"), Addr: to}, {Buf: []byte("no"), Addr: port0}, {Buf: []byte("b"), Addr: to}, {Buf: []byte("c"), Addr: to}}
+	out[1].Err = errors.New("stale")
+	sent, err := ca.WriteBatch(ca.NewWriter(), out)
+	require.Error(t, err)
+	assert.Equal(t, 3, sent)
+	for i, p := range out {
+		if i == 1 {
+			assert.Equal(t, err, p.Err)
+		} else {
+			assert.NoError(t, p.Err, "datagram %d", i)
+		}
+	}
+	r := cb.NewReader()
+	in := []Packet{{Buf: make([]byte, 8)}}
+	var got []string
+	for len(got) < 3 {
+		k, err := cb.ReadBatch(r, in)
+		require.NoError(t, err)
+		if k > 0 {
+			got = append(got, string(in[0].Buf[:in[0].N]))
+		}
+	}
+	assert.Equal(t, []string{"a", "b", "c"}, got)
+}
+
+// On a connected socket the ICMP port unreachable a datagram drew comes back
+// as ECONNREFUSED on a later write, for the datagram it stopped (on loopback
+// the reports may keep coming: each datagram sent draws one).
+func TestWriteRefusedOnConnectedSocket(t *testing.T) {
+	gone, _ := pair(t, "udp4", "127.0.0.1")
+	addr := gone.LocalAddr().(*net.UDPAddr)
+	gone.Close()
+	c, err := net.DialUDP("udp4", nil, addr)
+	require.NoError(t, err)
+	defer c.Close()
+	cc := New(c, true)
+	w := cc.NewWriter()
+	out := []Packet{{Buf: []byte("x")}, {Buf: []byte("y")}, {Buf: []byte("z")}}
+	for range 1000 { // each write draws a report; one soon comes back
+		sent, err := cc.WriteBatch(w, out)
+		if err == nil {
+			require.Equal(t, 3, sent)
+			continue
+		}
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+		failed := 0
+		for _, p := range out {
+			if p.Err != nil {
+				assert.ErrorIs(t, p.Err, syscall.ECONNREFUSED)
+				failed++
+			}
+		}
+		assert.Positive(t, failed)
+		assert.Equal(t, len(out), sent+failed)
+		return
+	}
+	t.Fatal("no ECONNREFUSED reported")
 }
