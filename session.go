@@ -1099,8 +1099,11 @@ func (s *session) resolvedAtSender(now time.Time, t *track) bool {
 
 // reorderHorizon is how much earlier a datagram may have been sent and
 // still arrive after one sent now: half a round trip and four times its
-// variation, at least 5ms.
+// variation, at least 5ms; 50ms before the round trip is measured.
 func (s *session) reorderHorizon() time.Duration {
+	if s.rtt.samples == 0 {
+		return 50 * time.Millisecond
+	}
 	return max(s.rtt.srtt/2+4*s.rtt.rttvar, 5*time.Millisecond)
 }
 
