@@ -476,10 +476,11 @@ type track struct {
 type depOn struct {
 	t   *track
 	ref Ref
-	// hard marks an unreliable message's explicit dependency on a
-	// reliable one: it is sent only once that one is known applied, so
-	// that it never arrives first (a receiver gives up on a missing
-	// dependency of an unreliable message after its reorder window).
+	// hard marks an unreliable message's dependency on a reliable one
+	// that it must never arrive before (one it names in DependsOn, or an
+	// earlier version of its state sent fragmented): it is sent only once
+	// that one is known applied, since a receiver gives up on a missing
+	// dependency of an unreliable message after its reorder window.
 	hard bool
 }
 
