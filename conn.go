@@ -650,9 +650,9 @@ func (c *Conn) FlowControl(rate int) {
 
 // Close ends the connection gracefully: what was sent is delivered and
 // acked, then the Disconnect/DisconnectAck exchange runs, all within
-// DisconnectTimeout, after which Close returns. Receive and Send fail from
-// the moment Close is called. Close is idempotent and safe from any
-// goroutine.
+// DisconnectTimeout, after which Close returns. If the peer did not answer
+// in time, Err then reports a *TimeoutError. Receive and Send fail from the
+// moment Close is called. Close is idempotent and safe from any goroutine.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.sendMu.Lock()

@@ -379,16 +379,20 @@ var (
 )
 
 // TimeoutError ends a connection whose peer stayed silent for
-// ConnectionLostTimeout, or a handshake that took longer than
-// ConnectTimeout.
+// ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
+// or a graceful close that got no DisconnectAck within DisconnectTimeout
+// (Close still returns nil; Err says so).
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect" or "" for an established connection
+	Op     string // "connect", "disconnect" or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
-	if e.Op == "connect" {
+	switch e.Op {
+	case "connect":
 		return "knet: no answer to the connection attempt within " + e.Silent.String()
+	case "disconnect":
+		return "knet: no DisconnectAck within " + e.Silent.String()
 	}
 	return "knet: peer silent for " + e.Silent.String()
 }

@@ -1898,7 +1898,9 @@ func (s *session) advance(now time.Time) {
 			return // goes out before the end
 		}
 		if !now.Before(s.closeBy) {
-			s.state = stateDone
+			// No DisconnectAck: the peer is declared lost (spec
+			// "DisconnectTimeOut").
+			s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
 		} else if !now.Before(s.discResend) {
 			s.needDisc = true
 			s.discResend = now.Add(s.rto())

@@ -406,6 +406,10 @@ func TestSessionCloseGivesUpAfterDisconnectTimeout(t *testing.T) {
 	start := p.now
 	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
 	assert.Equal(t, 2*time.Second, p.now.Sub(start))
+	var te *TimeoutError
+	require.ErrorAs(t, p.client().err, &te, "the close ended unanswered")
+	assert.Equal(t, "disconnect", te.Op)
+	assert.ErrorIs(t, p.client().err, net.ErrClosed)
 }
 
 func TestSessionSimultaneousClose(t *testing.T) {
