@@ -64,7 +64,8 @@ type Config struct {
 	// ConnectTimeout bounds the handshake, on both sides. Default 10s.
 	ConnectTimeout time.Duration
 	// DisconnectTimeout bounds a graceful close: delivering what is
-	// queued, then the Disconnect/DisconnectAck exchange. Default 5s.
+	// queued, then the Disconnect/DisconnectAck exchange, whose
+	// Disconnect is resent with backoff. Default 5s.
 	DisconnectTimeout time.Duration
 
 	// InitialDatagramRate is the send rate, in datagrams per second, that

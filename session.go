@@ -145,6 +145,7 @@ type session struct {
 	synBackoff    time.Duration
 	closeBy       time.Time
 	discResend    time.Time
+	discBackoff   time.Duration // between Disconnects, doubling
 	lingerUntil   time.Time
 	closeAsked    bool
 	synAckSent    time.Time
@@ -1161,6 +1162,18 @@ func (s *session) requestClose(now time.Time) {
 	}
 }
 
+// A Disconnect goes again after the RTO, but no later than
+// firstDiscResend (as the ConnectSyn: before the first RTT sample the RTO
+// is a full second, a long wait for a lost 10-byte datagram when the whole
+// close has DisconnectTimeout), then at doubling intervals up to
+// maxDiscBackoff: a peer that forgot us and answers statelessly gets many
+// chances within DisconnectTimeout, one that is gone a few datagrams a
+// second at most.
+const (
+	firstDiscResend = 200 * time.Millisecond
+	maxDiscBackoff  = 250 * time.Millisecond
+)
+
 // admitted records the application's decision on the ConnectSyn.
 func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if s.state != stateAdmit {
@@ -1285,7 +1298,8 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
-		s.discResend = now.Add(s.rto())
+		s.discBackoff = min(s.rto(), firstDiscResend)
+		s.discResend = now.Add(s.discBackoff)
 		return s.control(buf, idDisconnect, nil)
 	}
 	return nil
@@ -1902,8 +1916,11 @@ func (s *session) advance(now time.Time) {
 			// "DisconnectTimeOut").
 			s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
 		} else if !now.Before(s.discResend) {
+			// Resent with backoff: a peer that does not answer is gone
+			// or far, and DisconnectTimeout bounds the wait anyway.
 			s.needDisc = true
-			s.discResend = now.Add(s.rto())
+			s.discBackoff = min(2*max(s.discBackoff, s.minRTO()), maxDiscBackoff)
+			s.discResend = now.Add(s.discBackoff)
 		}
 	case stateOK:
 		if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {

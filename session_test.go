@@ -412,6 +412,57 @@ func TestSessionCloseGivesUpAfterDisconnectTimeout(t *testing.T) {
 	assert.ErrorIs(t, p.client().err, net.ErrClosed)
 }
 
+// countSent counts, from side from, the datagrams holding message id.
+func countSent(p *simPair, from int, id uint32) *int {
+	n := new(int)
+	p.tap = func(i int, b []byte) {
+		d, _, err := parseDatagram(b)
+		if err != nil || i != from {
+			return
+		}
+		for _, m := range d.msgs {
+			if !m.fragment && m.id == id {
+				*n++
+			}
+		}
+	}
+	return n
+}
+
+func TestSessionDisconnectResentWithBackoff(t *testing.T) {
+	// A peer that never answers gets a few Disconnects a second over the
+	// DisconnectTimeout, not one every minimum RTO (was 243 in 2s).
+	cfg := &Config{DisconnectTimeout: 2 * time.Second, ConnectionLostTimeout: time.Minute}
+	p := newSimPair(t, cfg, nil, perfect, perfect)
+	p.connect()
+	require.True(t, p.run(time.Second, func() bool { return p.client().sent.count == 0 && p.client().acks.pending() == 0 }))
+	discs := countSent(p, 0, idDisconnect)
+	var at []time.Duration
+	tap := p.tap
+	p.tap = func(i int, b []byte) {
+		before := *discs
+		tap(i, b)
+		if *discs > before {
+			at = append(at, p.now.Sub(timeZero))
+		}
+	}
+	p.cut[1] = true
+	p.client().requestClose(p.now)
+	start := p.now
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	assert.Equal(t, 2*time.Second, p.now.Sub(start), "still bounded by DisconnectTimeout")
+	assert.GreaterOrEqual(t, *discs, 4, "resent")
+	// Doubling from the RTO (8ms here) to maxDiscBackoff: six, then four
+	// a second.
+	assert.LessOrEqual(t, *discs, 6+int(2*time.Second/maxDiscBackoff), "backed off: sent at %v", at)
+	doubling := true
+	for i := 2; i < len(at); i++ {
+		gap, prev := at[i]-at[i-1], at[i-1]-at[i-2]
+		doubling = doubling && (gap >= 2*prev-time.Millisecond || gap >= maxDiscBackoff-time.Millisecond)
+	}
+	assert.True(t, doubling, "gaps double up to %v: sent at %v", maxDiscBackoff, at)
+}
+
 func TestSessionSimultaneousClose(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
