@@ -117,7 +117,10 @@ type Config struct {
 	Admit func(remote net.Addr, payload []byte) ([]byte, error)
 	// Stealth makes a server ignore refused and malformed connection
 	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one
-	// DisconnectAck, which the client reports as ErrRefused.
+	// DisconnectAck, which the client reports as ErrRefused, and so does a
+	// Disconnect from an endpoint with no connection (one that closed and
+	// was forgotten while its peer, not having heard our DisconnectAck,
+	// still asks).
 	Stealth bool
 	// MaxPendingConnections bounds the connection attempts a Listener
 	// holds before their handshake completes; more are ignored.

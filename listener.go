@@ -321,7 +321,7 @@ type ListenerStats struct {
 	Connections      int    // connections on the socket(s), pending ones included
 	Pending          int    // connections whose handshake is not complete
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
-	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts
+	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
 	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
 	Sockets          int    // sockets sharing the address (Config.Sockets)
@@ -481,6 +481,9 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	if ok, valid := isConnectSyn(p.b); !ok {
 		if valid {
 			ep.stray.Add(1) // say, late from a connection that ended
+			if !l.cfg.stealth {
+				ep.answerDisconnect(addr, p.b)
+			}
 		} else {
 			ep.invalid.Add(1)
 		}
@@ -551,6 +554,59 @@ func refuse(ep *endpoint, addr netip.AddrPort) {
 	d := appendHeader(b[:0], &header{})
 	d = appendMessage(d, &message{id: idDisconnectAck})
 	ep.write(d, addr)
+}
+
+// disconnectAnswer returns, built in buf, the DisconnectAck answering b
+// when b is a well-formed datagram holding a Disconnect, and nil otherwise.
+// It answers for a connection already forgotten: one that finished the
+// exchange but whose DisconnectAck was lost, so that the peer, resending its
+// Disconnect, need not wait out its DisconnectTimeout. (DECISIONS §1 drops
+// what an unknown endpoint sends, bar a ConnectSyn; a Disconnect is the
+// other exception, answered as a refused ConnectSyn is.)
+//
+// The answer keeps no state: PacketID 0 (a closing session takes a
+// DisconnectAck whatever its PacketID), no dependency, and b's InOrder flag
+// (both messages are in-order, spec "Disconnect"; control sets the flag on
+// ours once the connection was open). So it is never larger than b: 9 or
+// 10 bytes, and a datagram holding a Disconnect is at least that, 10 with
+// the flag (anti-amplification, as for refusals). Only a Disconnect is
+// answered, never a DisconnectAck, so two endpoints cannot keep each other
+// talking.
+func disconnectAnswer(buf, b []byte) []byte {
+	var h header
+	n, err := parseHeader(b, &h)
+	if err != nil {
+		return nil
+	}
+	disc := false
+	for n < len(b) {
+		m, k, err := parseMessage(b[n:])
+		if err != nil || checkOrder(&h, &m) != nil {
+			return nil
+		}
+		if !m.fragment && m.id == idDisconnect {
+			disc = true
+		}
+		n += k
+	}
+	if !disc {
+		return nil
+	}
+	d := appendHeader(buf[:0], &header{inOrder: h.inOrder})
+	d = appendMessage(d, &message{id: idDisconnectAck})
+	if len(d) > len(b) {
+		return nil // cannot happen; the rule is worth the check
+	}
+	return d
+}
+
+// answerDisconnect sends addr the DisconnectAck answering b, if b is a
+// Disconnect (see disconnectAnswer).
+func (ep *endpoint) answerDisconnect(addr netip.AddrPort, b []byte) {
+	var buf [16]byte
+	if d := disconnectAnswer(buf[:0], b); d != nil {
+		ep.write(d, addr)
+	}
 }
 
 // roomToAccept reports whether the accept backlog has room.

@@ -435,6 +435,17 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 			}
 		}
 		return
+	case stateClosing:
+		// The answer may come from a peer that has already forgotten us
+		// (the listener answers statelessly, PacketID 0, when our first
+		// DisconnectAck was lost): it ends the close whatever its
+		// PacketID. Nothing the peer sends after it matters any more.
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idDisconnectAck {
+				s.state = stateDone
+				return
+			}
+		}
 	}
 
 	if !s.win.plausible(h.packetID) {

@@ -463,6 +463,41 @@ func TestSessionDisconnectResentWithBackoff(t *testing.T) {
 	assert.True(t, doubling, "gaps double up to %v: sent at %v", maxDiscBackoff, at)
 }
 
+func TestSessionLostDisconnectAckAnsweredStatelessly(t *testing.T) {
+	// The server answers the client's Disconnect, but the DisconnectAck is
+	// lost and the server's application closes at once (on io.EOF), so the
+	// server forgets the connection. The client's next Disconnect reaches
+	// the listener, whose stateless DisconnectAck ends the close: no wait
+	// for the DisconnectTimeout.
+	cfg := &Config{DisconnectTimeout: 3 * time.Second}
+	link := netsim.Params{Delay: time.Millisecond}
+	p := newSimPair(t, cfg, cfg, link, link)
+	p.connect()
+	p.send(0, numbered(100, 1, 10))
+	p.endpoints = true
+	lost := 0
+	p.drop = func(from int, b []byte) bool {
+		d, _, err := parseDatagram(b)
+		if err == nil && from == 1 && len(d.msgs) == 1 && d.msgs[0].id == idDisconnectAck && lost == 0 {
+			lost++
+			return true
+		}
+		return false
+	}
+	discs := countSent(p, 0, idDisconnect)
+	p.client().requestClose(p.now)
+	start := p.now
+	require.True(t, p.run(time.Second, func() bool { return p.h[1].eof }))
+	p.server().requestClose(p.now) // the application closes on io.EOF
+	require.True(t, p.server().done(), "the server forgot the connection")
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	assert.Equal(t, 1, lost)
+	assert.NoError(t, p.client().err, "ended by a DisconnectAck, not by the timeout")
+	assert.Less(t, p.now.Sub(start), 100*time.Millisecond)
+	assert.LessOrEqual(t, *discs, 3)
+	assert.Equal(t, []Message{numbered(100, 1, 10)}, p.h[1].msgs)
+}
+
 func TestSessionSimultaneousClose(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
