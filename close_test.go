@@ -78,6 +78,41 @@ func TestCloseAgainstLossyServerEndsByDisconnectAck(t *testing.T) {
 	t.Logf("close times: %v; listener %+v", took, l.Stats())
 }
 
+func TestSimultaneousCloseOverSimulatedDelay(t *testing.T) {
+	// Both ends close at the same moment, each with 1ms of simulated
+	// delay. The side that answers first used to close its socket, and its
+	// simulated network dropped the DisconnectAck in flight; the other
+	// side then waited out the whole DisconnectTimeout (5s, every time).
+	for round := range 5 {
+		cfg := func() *Config {
+			c := testConfig()
+			c.Simulate = &Simulation{Delay: time.Millisecond, Seed: uint64(round)}
+			return c
+		}
+		l := listen(t, cfg())
+		accepted := make(chan *Conn, 1)
+		go func() {
+			c, err := l.AcceptConn(within(t, 10*time.Second))
+			if err == nil {
+				accepted <- c
+			}
+			close(accepted)
+		}()
+		c := dial(t, l.Addr().String(), cfg())
+		s, ok := <-accepted
+		require.True(t, ok, "no connection accepted")
+		var wg sync.WaitGroup
+		start := time.Now()
+		wg.Go(func() { c.Close() })
+		wg.Go(func() { s.Close() })
+		wg.Wait()
+		t.Logf("round %d: both closed in %v", round, time.Since(start))
+		endedByExchange(t, c, "client")
+		endedByExchange(t, s, "server")
+		l.Close()
+	}
+}
+
 // rawSocket is a plain UDP socket towards addr.
 func rawSocket(t testing.TB, addr net.Addr) *net.UDPConn {
 	t.Helper()

@@ -259,7 +259,10 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			ep.mu.Lock()
 			runConn = nil
 		default:
+			// A dialed socket outliving its connection (connDone):
+			// the peer may still wait for our DisconnectAck.
 			ep.stray.Add(1)
+			ep.answerDisconnect(addr, p.b)
 			ep.putPacket(p)
 		}
 	}
@@ -279,17 +282,28 @@ func (ep *endpoint) remove(c *Conn) {
 	}
 }
 
-// connDone is called as a connection's goroutine exits.
+// connDone is called as a connection's goroutine exits. A dialed socket
+// goes with its connection, but if the connection ended by answering the
+// peer's Disconnect, only after a moment in which it answers the peer's
+// resent Disconnects (dispatch): the DisconnectAck may have been lost, and
+// the peer would otherwise wait out its DisconnectTimeout.
 func (ep *endpoint) connDone(c *Conn) {
-	if ep.l == nil {
-		ep.close()
+	if ep.l != nil {
+		return
 	}
+	if d := c.sess.socketLinger(time.Now()); d > 0 {
+		time.Sleep(d)
+	}
+	ep.close()
 }
 
 // close closes the socket and waits for the reader to stop.
 func (ep *endpoint) close() {
 	ep.closeOnce.Do(func() {
 		if ep.sim != nil {
+			// What is in flight still lands, as on a real network: a
+			// last DisconnectAck, say.
+			ep.sim.Drain(ep.cfg.disconnect)
 			ep.sim.Close()
 		}
 		ep.pc.Close()

@@ -146,6 +146,7 @@ type session struct {
 	closeBy       time.Time
 	discResend    time.Time
 	discBackoff   time.Duration // between Disconnects, doubling
+	discAckedAt   time.Time     // when we answered the peer's Disconnect
 	lingerUntil   time.Time
 	closeAsked    bool
 	synAckSent    time.Time
@@ -781,7 +782,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.host.peerClosed()
 			s.dropSending()
 			s.state = stateLinger
-			s.lingerUntil = now.Add(min(max(4*s.rto(), 50*time.Millisecond), s.cfg.disconnect))
+			s.lingerUntil = now.Add(s.lingerTime())
 		case stateClosing:
 			s.state = stateDone
 		}
@@ -1173,6 +1174,24 @@ func (s *session) requestClose(now time.Time) {
 	}
 }
 
+// lingerTime is how long a connection that answered its peer's Disconnect
+// stays to answer it again, in case the DisconnectAck was lost: a few of
+// the peer's backed-off resends.
+func (s *session) lingerTime() time.Duration {
+	return min(max(4*s.rto(), 50*time.Millisecond), s.cfg.disconnect)
+}
+
+// socketLinger is how much longer, at now, the socket of a dialed
+// connection that has ended should stay open to answer its peer's resent
+// Disconnects statelessly (see disconnectAnswer): the rest of the linger
+// time after our DisconnectAck, or zero if we sent none.
+func (s *session) socketLinger(now time.Time) time.Duration {
+	if s.discAckedAt.IsZero() {
+		return 0
+	}
+	return max(s.discAckedAt.Add(s.lingerTime()).Sub(now), 0)
+}
+
 // A Disconnect goes again after the RTO, but no later than
 // firstDiscResend (as the ConnectSyn: before the first RTT sample the RTO
 // is a full second, a long wait for a lost 10-byte datagram when the whole
@@ -1288,6 +1307,9 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	case stateLinger, stateDone:
 		if s.needDiscAck {
 			s.needDiscAck = false
+			if s.wasOpen {
+				s.discAckedAt = now
+			}
 			return s.control(buf, idDisconnectAck, nil)
 		}
 		return nil
@@ -1297,6 +1319,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	}
 	if s.needDiscAck {
 		s.needDiscAck = false
+		s.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
 	if b := s.pollReliable(now); b != nil {

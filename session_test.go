@@ -498,6 +498,43 @@ func TestSessionLostDisconnectAckAnsweredStatelessly(t *testing.T) {
 	assert.Equal(t, []Message{numbered(100, 1, 10)}, p.h[1].msgs)
 }
 
+func TestSessionSimultaneousCloseLostDisconnectAck(t *testing.T) {
+	// Both sides close within half a millisecond, over 1ms links, right
+	// after the handshake. The side that ends by answering the other's
+	// Disconnect loses that DisconnectAck (as when a dialed socket closed
+	// at once and its simulated network dropped what was in flight); it
+	// still answers the resent Disconnect, from its socket that lingers
+	// (client) or statelessly (listener), so neither side waits for the
+	// DisconnectTimeout.
+	for _, first := range []int{0, 1} {
+		t.Run(fmt.Sprint("closing first: ", first), func(t *testing.T) {
+			cfg := &Config{DisconnectTimeout: 5 * time.Second}
+			link := netsim.Params{Delay: time.Millisecond}
+			p := newSimPair(t, cfg, cfg, link, link)
+			p.connect()
+			p.endpoints = true
+			lost := [2]int{}
+			p.drop = func(from int, b []byte) bool {
+				d, _, err := parseDatagram(b)
+				if err == nil && len(d.msgs) == 1 && d.msgs[0].id == idDisconnectAck && lost[from] == 0 {
+					lost[from]++
+					return true
+				}
+				return false
+			}
+			p.s[first].requestClose(p.now)
+			p.run(500*time.Microsecond, nil)
+			p.s[1-first].requestClose(p.now)
+			start := p.now
+			require.True(t, p.run(10*time.Second, func() bool { return p.client().done() && p.server().done() }))
+			assert.Less(t, p.now.Sub(start), 100*time.Millisecond)
+			assert.NoError(t, p.client().err)
+			assert.NoError(t, p.server().err)
+			assert.Positive(t, lost[0]+lost[1], "a DisconnectAck was lost")
+		})
+	}
+}
+
 func TestSessionSimultaneousClose(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()

@@ -75,8 +75,9 @@ type simPair struct {
 	cut [2]bool
 	// drop, if set, drops the datagrams it picks, after tap.
 	drop func(from int, b []byte) bool
-	// endpoints makes the server, once its session is done, answer as a
-	// listener would: a Disconnect statelessly.
+	// endpoints makes a side whose session is done answer as its socket
+	// would: the server's, a listener's, answers a Disconnect
+	// statelessly; the client's, a dialed one, only while it lingers.
 	endpoints bool
 	refs      [2]uint64
 }
@@ -159,7 +160,7 @@ func (p *simPair) receive(to int, b []byte) {
 		s.handleDatagram(p.now, b)
 		return
 	}
-	if to == 0 {
+	if to == 0 && s.socketLinger(p.now) == 0 {
 		return // the dialed socket is closed
 	}
 	if a := disconnectAnswer(nil, b); a != nil {
