@@ -31,15 +31,8 @@ func TestCloseAgainstLossyServerEndsByDisconnectAck(t *testing.T) {
 	// off) and the listener answers statelessly: every Close ends by the
 	// exchange, none by the DisconnectTimeout (before: 8-16 of 30, each
 	// resending ~110 Disconnects a second for the whole 3s).
-	//
-	// DatagramTimeout is short so that what comes before the exchange,
-	// getting everything acked by the lossy server, cannot take the
-	// timeout itself: a client whose ConnectSyn went twice may have no RTT
-	// sample, hence probes 1s then 2s apart, and two lost acks would cost
-	// it the whole 3s.
 	const timeout = 3 * time.Second
-	srv := &Config{DisconnectTimeout: timeout, DatagramTimeout: 100 * time.Millisecond,
-		Simulate: &Simulation{Loss: 0.3, Seed: 9}}
+	srv := &Config{DisconnectTimeout: timeout, Simulate: &Simulation{Loss: 0.3, Seed: 9}}
 	l := listen(t, srv)
 	serveEcho(t, l)
 	var mu sync.Mutex
@@ -47,10 +40,9 @@ func TestCloseAgainstLossyServerEndsByDisconnectAck(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 30 {
 		wg.Go(func() {
-			c := dial(t, l.Addr().String(), &Config{DisconnectTimeout: timeout, ConnectTimeout: 10 * time.Second,
-				DatagramTimeout: 100 * time.Millisecond})
-			// One echo first: the handshake and the path settled,
-			// only the close is left to the loss.
+			c := dial(t, l.Addr().String(), &Config{DisconnectTimeout: timeout, ConnectTimeout: 10 * time.Second})
+			// One echo first, so that the close has data to get
+			// acked before its Disconnect.
 			if err := c.Send(numbered(7, i, 10)); err != nil {
 				t.Error(err)
 				return
@@ -65,8 +57,8 @@ func TestCloseAgainstLossyServerEndsByDisconnectAck(t *testing.T) {
 			d := time.Since(start)
 			endedByExchange(t, c, "client")
 			sent := c.Stats().DatagramsSent - before
-			// A close that timed out used to send ~330; now a few probes
-			// and a few backed-off Disconnects at most.
+			// A close that timed out used to send ~330; now a few
+			// probes and backed-off Disconnects at most.
 			assert.LessOrEqual(t, sent, uint64(40), "datagrams sent while closing, in %v", d)
 			mu.Lock()
 			took = append(took, d)

@@ -1847,13 +1847,20 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef) bool {
 
 // probeTimeout is how long after the last reliable send, with nothing
 // acked, a probe goes out: the RTO, doubled for each probe since the last
-// ack, at most DatagramTimeout.
+// ack, at most DatagramTimeout. While closing, at most an eighth of
+// DisconnectTimeout: what is left has to be acked within it, and a lost
+// ack or two must not take all of it (before the first RTT sample the RTO
+// is a full second, and doubles).
 func (s *session) probeTimeout() time.Duration {
 	t := s.rto()
 	for i := 0; i < s.ptoCount && t < s.cfg.datagramTimeout; i++ {
 		t *= 2
 	}
-	return min(t, s.cfg.datagramTimeout)
+	t = min(t, s.cfg.datagramTimeout)
+	if s.closeAsked {
+		t = min(t, max(s.cfg.disconnect/8, s.minRTO()))
+	}
+	return t
 }
 
 // nextTimeout is when the probe timer fires, if anything is in flight.

@@ -463,6 +463,45 @@ func TestSessionDisconnectResentWithBackoff(t *testing.T) {
 	assert.True(t, doubling, "gaps double up to %v: sent at %v", maxDiscBackoff, at)
 }
 
+func TestSessionCloseWithoutRTTSampleProbesWithinTimeout(t *testing.T) {
+	// The first ConnectSynAck is lost, so the client has no RTT sample
+	// (Karn) and an RTO of a full second; then the acks of its ConnectAck
+	// are lost twice. Close waits for that ack before its Disconnect, and
+	// probes backing off from 1s (1s, then 2s) took the whole 3s
+	// DisconnectTimeout: the close ended unanswered, though the path
+	// works. Probes during a close back off no further than an eighth of
+	// the timeout.
+	cfg := &Config{DisconnectTimeout: 3 * time.Second}
+	link := netsim.Params{Delay: time.Millisecond}
+	p := newSimPair(t, cfg, cfg, link, link)
+	var synAcks, acks int
+	p.drop = func(from int, b []byte) bool {
+		d, _, err := parseDatagram(b)
+		if err != nil || from != 1 {
+			return false
+		}
+		for _, m := range d.msgs {
+			switch {
+			case m.id == idConnectSynAck && synAcks == 0:
+				synAcks++
+				return true
+			case m.id == idPacketAck && acks < 2 && p.client().open():
+				acks++
+				return true
+			}
+		}
+		return false
+	}
+	p.connect()
+	require.Zero(t, p.client().rtt.samples, "no RTT sample: the RTO is the initial one")
+	p.client().requestClose(p.now)
+	start := p.now
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	assert.Equal(t, 2, acks)
+	assert.NoError(t, p.client().err, "ended by a DisconnectAck, not by the timeout")
+	assert.Less(t, p.now.Sub(start), 1500*time.Millisecond)
+}
+
 func TestSessionLostDisconnectAckAnsweredStatelessly(t *testing.T) {
 	// The server answers the client's Disconnect, but the DisconnectAck is
 	// lost and the server's application closes at once (on io.EOF), so the
