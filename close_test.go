@@ -40,7 +40,13 @@ func TestCloseAgainstLossyServerEndsByDisconnectAck(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 30 {
 		wg.Go(func() {
-			c := dial(t, l.Addr().String(), &Config{DisconnectTimeout: timeout, ConnectTimeout: 10 * time.Second})
+			c, err := Dial(within(t, 20*time.Second), "udp", l.Addr().String(),
+				&Config{DisconnectTimeout: timeout, ConnectTimeout: 10 * time.Second})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
 			// One echo first, so that the close has data to get
 			// acked before its Disconnect.
 			if err := c.Send(numbered(7, i, 10)); err != nil {
@@ -74,7 +80,7 @@ func TestSimultaneousCloseOverSimulatedDelay(t *testing.T) {
 	// Both ends close at the same moment, each with 1ms of simulated
 	// delay. The side that answers first used to close its socket, and its
 	// simulated network dropped the DisconnectAck in flight; the other
-	// side then waited out the whole DisconnectTimeout (5s, every time).
+	// side then waited out the whole DisconnectTimeout, every time.
 	for round := range 5 {
 		cfg := func() *Config {
 			c := testConfig()
