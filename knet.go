@@ -70,7 +70,8 @@ type Config struct {
 	// ConnectTimeout bounds the handshake, on both sides. Default 10s.
 	ConnectTimeout time.Duration
 	// DisconnectTimeout bounds a graceful close: delivering what is
-	// queued, then the Disconnect/DisconnectAck exchange. Default 5s.
+	// queued, then the Disconnect/DisconnectAck exchange, whose
+	// Disconnect is resent with backoff. Default 5s.
 	DisconnectTimeout time.Duration
 
 	// InitialDatagramRate is the send rate, in datagrams per second, that
@@ -149,7 +150,10 @@ type Config struct {
 	Admit func(remote net.Addr, payload []byte) ([]byte, error)
 	// Stealth makes a server ignore refused and malformed connection
 	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one
-	// DisconnectAck, which the client reports as ErrRefused.
+	// DisconnectAck, which the client reports as ErrRefused, and so does a
+	// Disconnect from an endpoint with no connection (one that closed and
+	// was forgotten while its peer, not having heard our DisconnectAck,
+	// still asks).
 	Stealth bool
 	// MaxPendingConnections bounds the connection attempts a Listener
 	// holds before their handshake completes; more are ignored.
@@ -506,16 +510,20 @@ var errUnreachableClosed = fmt.Errorf("%w: %w", ErrPortUnreachable, net.ErrClose
 var errNilContext = errors.New("knet: nil context")
 
 // TimeoutError ends a connection whose peer stayed silent for
-// ConnectionLostTimeout, or a handshake that took longer than
-// ConnectTimeout.
+// ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
+// or a graceful close that got no DisconnectAck within DisconnectTimeout
+// (Close still returns nil; Err says so).
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect" or "" for an established connection
+	Op     string // "connect", "disconnect" or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
-	if e.Op == "connect" {
+	switch e.Op {
+	case "connect":
 		return "knet: no answer to the connection attempt within " + e.Silent.String()
+	case "disconnect":
+		return "knet: no DisconnectAck within " + e.Silent.String()
 	}
 	return "knet: peer silent for " + e.Silent.String()
 }

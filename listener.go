@@ -294,7 +294,10 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			ep.mu.Lock()
 			runConn = nil
 		default:
+			// A dialed socket outliving its connection (connDone):
+			// the peer may still wait for our DisconnectAck.
 			ep.stray.Add(1)
+			ep.answerDisconnect(addr, p.b)
 			ep.putPacket(p)
 		}
 	}
@@ -314,17 +317,28 @@ func (ep *endpoint) remove(c *Conn) {
 	}
 }
 
-// connDone is called as a connection's goroutine exits.
+// connDone is called as a connection's goroutine exits. A dialed socket
+// goes with its connection, but if the connection ended by answering the
+// peer's Disconnect, only after a moment in which it answers the peer's
+// resent Disconnects (dispatch): the DisconnectAck may have been lost, and
+// the peer would otherwise wait out its DisconnectTimeout.
 func (ep *endpoint) connDone(c *Conn) {
-	if ep.l == nil {
-		ep.close()
+	if ep.l != nil {
+		return
 	}
+	if d := c.sess.socketLinger(time.Now()); d > 0 {
+		time.Sleep(d)
+	}
+	ep.close()
 }
 
 // close closes the socket and waits for the reader to stop.
 func (ep *endpoint) close() {
 	ep.closeOnce.Do(func() {
 		if ep.sim != nil {
+			// What is in flight still lands, as on a real network: a
+			// last DisconnectAck, say.
+			ep.sim.Drain(ep.cfg.disconnect)
 			ep.sim.Close()
 		}
 		ep.pc.Close()
@@ -356,7 +370,7 @@ type ListenerStats struct {
 	Connections      int    // connections on the socket(s), pending ones included
 	Pending          int    // connections whose handshake is not complete
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
-	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts
+	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
 	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
 	SendErrors       uint64 // datagrams the system refused to send that were no connection's: refusals, and deliveries of Config.Simulate
@@ -526,6 +540,9 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	if ok, valid := isConnectSyn(p.b); !ok {
 		if valid {
 			ep.stray.Add(1) // say, late from a connection that ended
+			if !l.cfg.stealth {
+				ep.answerDisconnect(addr, p.b)
+			}
 		} else {
 			ep.invalid.Add(1)
 		}
@@ -596,6 +613,59 @@ func refuse(ep *endpoint, addr netip.AddrPort) {
 	d := appendHeader(b[:0], &header{})
 	d = appendMessage(d, &message{id: idDisconnectAck})
 	ep.write(d, addr)
+}
+
+// disconnectAnswer returns, built in buf, the DisconnectAck answering b
+// when b is a well-formed datagram holding a Disconnect, and nil otherwise.
+// It answers for a connection already forgotten: one that finished the
+// exchange but whose DisconnectAck was lost, so that the peer, resending its
+// Disconnect, need not wait out its DisconnectTimeout. (DECISIONS §1 drops
+// what an unknown endpoint sends, bar a ConnectSyn; a Disconnect is the
+// other exception, answered as a refused ConnectSyn is.)
+//
+// The answer keeps no state: PacketID 0 (a closing session takes a
+// DisconnectAck whatever its PacketID), no dependency, and b's InOrder flag
+// (both messages are in-order, spec "Disconnect"; control sets the flag on
+// ours once the connection was open). So it is never larger than b: 9 or
+// 10 bytes, and a datagram holding a Disconnect is at least that, 10 with
+// the flag (anti-amplification, as for refusals). Only a Disconnect is
+// answered, never a DisconnectAck, so two endpoints cannot keep each other
+// talking.
+func disconnectAnswer(buf, b []byte) []byte {
+	var h header
+	n, err := parseHeader(b, &h)
+	if err != nil {
+		return nil
+	}
+	disc := false
+	for n < len(b) {
+		m, k, err := parseMessage(b[n:])
+		if err != nil || checkOrder(&h, &m) != nil {
+			return nil
+		}
+		if !m.fragment && m.id == idDisconnect {
+			disc = true
+		}
+		n += k
+	}
+	if !disc {
+		return nil
+	}
+	d := appendHeader(buf[:0], &header{inOrder: h.inOrder})
+	d = appendMessage(d, &message{id: idDisconnectAck})
+	if len(d) > len(b) {
+		return nil // cannot happen; the rule is worth the check
+	}
+	return d
+}
+
+// answerDisconnect sends addr the DisconnectAck answering b, if b is a
+// Disconnect (see disconnectAnswer).
+func (ep *endpoint) answerDisconnect(addr netip.AddrPort, b []byte) {
+	var buf [16]byte
+	if d := disconnectAnswer(buf[:0], b); d != nil {
+		ep.write(d, addr)
+	}
 }
 
 // roomToAccept reports whether the accept backlog has room.

@@ -146,6 +146,8 @@ type session struct {
 	synBackoff    time.Duration
 	closeBy       time.Time
 	discResend    time.Time
+	discBackoff   time.Duration // between Disconnects, doubling
+	discAckedAt   time.Time     // when we answered the peer's Disconnect
 	lingerUntil   time.Time
 	closeAsked    bool
 	synAckSent    time.Time
@@ -456,6 +458,17 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 			}
 		}
 		return
+	case stateClosing:
+		// The answer may come from a peer that has already forgotten us
+		// (the listener answers statelessly, PacketID 0, when our first
+		// DisconnectAck was lost): it ends the close whatever its
+		// PacketID. Nothing the peer sends after it matters any more.
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idDisconnectAck {
+				s.state = stateDone
+				return
+			}
+		}
 	}
 
 	if !s.win.plausible(h.packetID) {
@@ -826,7 +839,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.host.peerClosed()
 			s.dropSending()
 			s.state = stateLinger
-			s.lingerUntil = now.Add(min(max(4*s.rto(), 50*time.Millisecond), s.cfg.disconnect))
+			s.lingerUntil = now.Add(s.lingerTime())
 		case stateClosing:
 			s.state = stateDone
 		}
@@ -1292,6 +1305,36 @@ func (s *session) requestClose(now time.Time) {
 	}
 }
 
+// lingerTime is how long a connection that answered its peer's Disconnect
+// stays to answer it again, in case the DisconnectAck was lost: a few of
+// the peer's backed-off resends.
+func (s *session) lingerTime() time.Duration {
+	return min(max(4*s.rto(), 50*time.Millisecond), s.cfg.disconnect)
+}
+
+// socketLinger is how much longer, at now, the socket of a dialed
+// connection that has ended should stay open to answer its peer's resent
+// Disconnects statelessly (see disconnectAnswer): the rest of the linger
+// time after our DisconnectAck, or zero if we sent none.
+func (s *session) socketLinger(now time.Time) time.Duration {
+	if s.discAckedAt.IsZero() {
+		return 0
+	}
+	return max(s.discAckedAt.Add(s.lingerTime()).Sub(now), 0)
+}
+
+// A Disconnect goes again after the RTO, but no later than
+// firstDiscResend (as the ConnectSyn: before the first RTT sample the RTO
+// is a full second, a long wait for a lost 10-byte datagram when the whole
+// close has DisconnectTimeout), then at doubling intervals up to
+// maxDiscBackoff: a peer that forgot us and answers statelessly gets many
+// chances within DisconnectTimeout, one that is gone a few datagrams a
+// second at most.
+const (
+	firstDiscResend = 200 * time.Millisecond
+	maxDiscBackoff  = 250 * time.Millisecond
+)
+
 // admitted records the application's decision on the ConnectSyn.
 func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if s.state != stateAdmit {
@@ -1399,6 +1442,9 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	case stateLinger, stateDone:
 		if s.needDiscAck {
 			s.needDiscAck = false
+			if s.wasOpen {
+				s.discAckedAt = now
+			}
 			return s.control(buf, idDisconnectAck, nil)
 		}
 		return nil
@@ -1408,6 +1454,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	}
 	if s.needDiscAck {
 		s.needDiscAck = false
+		s.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
 	if b := s.pollReliable(now); b != nil {
@@ -1426,7 +1473,8 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
-		s.discResend = now.Add(s.rto())
+		s.discBackoff = min(s.rto(), firstDiscResend)
+		s.discResend = now.Add(s.discBackoff)
 		return s.control(buf, idDisconnect, nil)
 	}
 	return nil
@@ -1998,14 +2046,21 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 
 // probeTimeout is how long after the last reliable send, with nothing
 // acked, a probe goes out: the RTO, doubled for each probe since the last
-// ack, at most DatagramTimeout.
+// ack, at most DatagramTimeout. While closing, at most an eighth of
+// DisconnectTimeout: what is left has to be acked within it, and a lost
+// ack or two must not take all of it (before the first RTT sample the RTO
+// is a full second, and doubles).
 func (s *session) probeTimeout() time.Duration {
 	t := s.rto()
 	limit := min(s.cfg.datagramTimeout, max(4*t, 500*time.Millisecond))
 	for i := 0; i < s.ptoCount && t < limit; i++ {
 		t *= 2
 	}
-	return min(t, limit)
+	t = min(t, limit)
+	if s.closeAsked {
+		t = min(t, max(s.cfg.disconnect/8, s.minRTO()))
+	}
+	return t
 }
 
 // nextTimeout is when the probe timer fires, if anything is in flight.
@@ -2104,10 +2159,15 @@ func (s *session) advance(now time.Time) {
 			return // goes out before the end
 		}
 		if !now.Before(s.closeBy) {
-			s.state = stateDone
+			// No DisconnectAck: the peer is declared lost (spec
+			// "DisconnectTimeOut").
+			s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
 		} else if !now.Before(s.discResend) {
+			// Resent with backoff: a peer that does not answer is gone
+			// or far, and DisconnectTimeout bounds the wait anyway.
 			s.needDisc = true
-			s.discResend = now.Add(s.rto())
+			s.discBackoff = min(2*max(s.discBackoff, s.minRTO()), maxDiscBackoff)
+			s.discResend = now.Add(s.discBackoff)
 		}
 	case stateOK:
 		if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {

@@ -406,6 +406,172 @@ func TestSessionCloseGivesUpAfterDisconnectTimeout(t *testing.T) {
 	start := p.now
 	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
 	assert.Equal(t, 2*time.Second, p.now.Sub(start))
+	var te *TimeoutError
+	require.ErrorAs(t, p.client().err, &te, "the close ended unanswered")
+	assert.Equal(t, "disconnect", te.Op)
+	assert.ErrorIs(t, p.client().err, net.ErrClosed)
+}
+
+// countSent counts, from side from, the datagrams holding message id.
+func countSent(p *simPair, from int, id uint32) *int {
+	n := new(int)
+	p.tap = func(i int, b []byte) {
+		d, _, err := parseDatagram(b)
+		if err != nil || i != from {
+			return
+		}
+		for _, m := range d.msgs {
+			if !m.fragment && m.id == id {
+				*n++
+			}
+		}
+	}
+	return n
+}
+
+func TestSessionDisconnectResentWithBackoff(t *testing.T) {
+	// A peer that never answers gets a few Disconnects a second over the
+	// DisconnectTimeout, not one every minimum RTO (was 243 in 2s).
+	cfg := &Config{DisconnectTimeout: 2 * time.Second, ConnectionLostTimeout: time.Minute}
+	p := newSimPair(t, cfg, nil, perfect, perfect)
+	p.connect()
+	require.True(t, p.run(time.Second, func() bool { return p.client().sent.count == 0 && p.client().acks.pending() == 0 }))
+	discs := countSent(p, 0, idDisconnect)
+	var at []time.Duration
+	tap := p.tap
+	p.tap = func(i int, b []byte) {
+		before := *discs
+		tap(i, b)
+		if *discs > before {
+			at = append(at, p.now.Sub(timeZero))
+		}
+	}
+	p.cut[1] = true
+	p.client().requestClose(p.now)
+	start := p.now
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	assert.Equal(t, 2*time.Second, p.now.Sub(start), "still bounded by DisconnectTimeout")
+	assert.GreaterOrEqual(t, *discs, 4, "resent")
+	// Doubling from the RTO (8ms here) to maxDiscBackoff: six, then four
+	// a second.
+	assert.LessOrEqual(t, *discs, 6+int(2*time.Second/maxDiscBackoff), "backed off: sent at %v", at)
+	doubling := true
+	for i := 2; i < len(at); i++ {
+		gap, prev := at[i]-at[i-1], at[i-1]-at[i-2]
+		doubling = doubling && (gap >= 2*prev-time.Millisecond || gap >= maxDiscBackoff-time.Millisecond)
+	}
+	assert.True(t, doubling, "gaps double up to %v: sent at %v", maxDiscBackoff, at)
+}
+
+func TestSessionCloseWithoutRTTSampleProbesWithinTimeout(t *testing.T) {
+	// The first ConnectSynAck is lost, so the client has no RTT sample
+	// (Karn) and an RTO of a full second; then the acks of its ConnectAck
+	// are lost twice. Close waits for that ack before its Disconnect, and
+	// probes backing off from 1s (1s, then 2s) took the whole 3s
+	// DisconnectTimeout: the close ended unanswered, though the path
+	// works. Probes during a close back off no further than an eighth of
+	// the timeout.
+	cfg := &Config{DisconnectTimeout: 3 * time.Second}
+	link := netsim.Params{Delay: time.Millisecond}
+	p := newSimPair(t, cfg, cfg, link, link)
+	var synAcks, acks int
+	p.drop = func(from int, b []byte) bool {
+		d, _, err := parseDatagram(b)
+		if err != nil || from != 1 {
+			return false
+		}
+		for _, m := range d.msgs {
+			switch {
+			case m.id == idConnectSynAck && synAcks == 0:
+				synAcks++
+				return true
+			case m.id == idPacketAck && acks < 2 && p.client().open():
+				acks++
+				return true
+			}
+		}
+		return false
+	}
+	p.connect()
+	require.Zero(t, p.client().rtt.samples, "no RTT sample: the RTO is the initial one")
+	p.client().requestClose(p.now)
+	start := p.now
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	assert.Equal(t, 2, acks)
+	assert.NoError(t, p.client().err, "ended by a DisconnectAck, not by the timeout")
+	assert.Less(t, p.now.Sub(start), 1500*time.Millisecond)
+}
+
+func TestSessionLostDisconnectAckAnsweredStatelessly(t *testing.T) {
+	// The server answers the client's Disconnect, but the DisconnectAck is
+	// lost and the server's application closes at once (on io.EOF), so the
+	// server forgets the connection. The client's next Disconnect reaches
+	// the listener, whose stateless DisconnectAck ends the close: no wait
+	// for the DisconnectTimeout.
+	cfg := &Config{DisconnectTimeout: 3 * time.Second}
+	link := netsim.Params{Delay: time.Millisecond}
+	p := newSimPair(t, cfg, cfg, link, link)
+	p.connect()
+	p.send(0, numbered(100, 1, 10))
+	p.endpoints = true
+	lost := 0
+	p.drop = func(from int, b []byte) bool {
+		d, _, err := parseDatagram(b)
+		if err == nil && from == 1 && len(d.msgs) == 1 && d.msgs[0].id == idDisconnectAck && lost == 0 {
+			lost++
+			return true
+		}
+		return false
+	}
+	discs := countSent(p, 0, idDisconnect)
+	p.client().requestClose(p.now)
+	start := p.now
+	require.True(t, p.run(time.Second, func() bool { return p.h[1].eof }))
+	p.server().requestClose(p.now) // the application closes on io.EOF
+	require.True(t, p.server().done(), "the server forgot the connection")
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	assert.Equal(t, 1, lost)
+	assert.NoError(t, p.client().err, "ended by a DisconnectAck, not by the timeout")
+	assert.Less(t, p.now.Sub(start), 100*time.Millisecond)
+	assert.LessOrEqual(t, *discs, 3)
+	assert.Equal(t, []Message{numbered(100, 1, 10)}, p.h[1].msgs)
+}
+
+func TestSessionSimultaneousCloseLostDisconnectAck(t *testing.T) {
+	// Both sides close within half a millisecond, over 1ms links, right
+	// after the handshake. The side that ends by answering the other's
+	// Disconnect loses that DisconnectAck (as when a dialed socket closed
+	// at once and its simulated network dropped what was in flight); it
+	// still answers the resent Disconnect, from its socket that lingers
+	// (client) or statelessly (listener), so neither side waits for the
+	// DisconnectTimeout.
+	for _, first := range []int{0, 1} {
+		t.Run(fmt.Sprint("closing first: ", first), func(t *testing.T) {
+			cfg := &Config{DisconnectTimeout: 5 * time.Second}
+			link := netsim.Params{Delay: time.Millisecond}
+			p := newSimPair(t, cfg, cfg, link, link)
+			p.connect()
+			p.endpoints = true
+			lost := [2]int{}
+			p.drop = func(from int, b []byte) bool {
+				d, _, err := parseDatagram(b)
+				if err == nil && len(d.msgs) == 1 && d.msgs[0].id == idDisconnectAck && lost[from] == 0 {
+					lost[from]++
+					return true
+				}
+				return false
+			}
+			p.s[first].requestClose(p.now)
+			p.run(500*time.Microsecond, nil)
+			p.s[1-first].requestClose(p.now)
+			start := p.now
+			require.True(t, p.run(10*time.Second, func() bool { return p.client().done() && p.server().done() }))
+			assert.Less(t, p.now.Sub(start), 100*time.Millisecond)
+			assert.NoError(t, p.client().err)
+			assert.NoError(t, p.server().err)
+			assert.Positive(t, lost[0]+lost[1], "a DisconnectAck was lost")
+		})
+	}
 }
 
 func TestSessionSimultaneousClose(t *testing.T) {

@@ -72,8 +72,14 @@ type simPair struct {
 	// tap sees every datagram sent, before the link.
 	tap func(from int, b []byte)
 	// cut drops everything from a side while set.
-	cut  [2]bool
-	refs [2]uint64
+	cut [2]bool
+	// drop, if set, drops the datagrams it picks, after tap.
+	drop func(from int, b []byte) bool
+	// endpoints makes a side whose session is done answer as its socket
+	// would: the server's, a listener's, answers a Disconnect
+	// statelessly; the client's, a dialed one, only while it lingers.
+	endpoints bool
+	refs      [2]uint64
 }
 
 func newSimPair(t testing.TB, client, server *Config, up, down netsim.Params) *simPair {
@@ -122,22 +128,43 @@ func (p *simPair) flush() {
 			if b == nil {
 				break
 			}
-			if p.tap != nil {
-				p.tap(i, b)
-			}
-			if p.cut[i] {
-				continue
-			}
-			f := p.links[i].Decide(p.now, len(b))
-			for _, d := range f.After {
-				c := append([]byte(nil), b...)
-				if f.Flip >= 0 {
-					c[f.Flip] ^= 0xff
-				}
-				p.seq++
-				heap.Push(&p.q, simPkt{at: p.now.Add(d), seq: p.seq, to: 1 - i, b: c})
-			}
+			p.transmit(i, b)
 		}
+	}
+}
+
+// transmit puts b, sent by side from, on the link to the other side.
+func (p *simPair) transmit(from int, b []byte) {
+	if p.tap != nil {
+		p.tap(from, b)
+	}
+	if p.cut[from] || p.drop != nil && p.drop(from, b) {
+		return
+	}
+	f := p.links[from].Decide(p.now, len(b))
+	for _, d := range f.After {
+		c := append([]byte(nil), b...)
+		if f.Flip >= 0 {
+			c[f.Flip] ^= 0xff
+		}
+		p.seq++
+		heap.Push(&p.q, simPkt{at: p.now.Add(d), seq: p.seq, to: 1 - from, b: c})
+	}
+}
+
+// receive hands a datagram to side to: its session, or once that is done
+// and endpoints is set, its socket.
+func (p *simPair) receive(to int, b []byte) {
+	s := p.s[to]
+	if !p.endpoints || !s.done() {
+		s.handleDatagram(p.now, b)
+		return
+	}
+	if to == 0 && s.socketLinger(p.now) == 0 {
+		return // the dialed socket is closed
+	}
+	if a := disconnectAnswer(nil, b); a != nil {
+		p.transmit(to, a)
 	}
 }
 
@@ -178,7 +205,7 @@ func (p *simPair) run(d time.Duration, cond func() bool) bool {
 		}
 		for p.q.Len() > 0 && !p.q[0].at.After(p.now) {
 			pk := heap.Pop(&p.q).(simPkt)
-			p.s[pk.to].handleDatagram(p.now, pk.b)
+			p.receive(pk.to, pk.b)
 		}
 		for _, s := range p.s {
 			if !s.done() && !s.nextDeadline(p.now).After(p.now) {

@@ -230,13 +230,15 @@ type Pipe struct {
 	link *Link
 	out  func(b []byte, to netip.AddrPort)
 
-	mu    sync.Mutex
-	q     pending
-	seq   uint64
-	kick  chan struct{}
-	shut  chan struct{}
-	done  chan struct{}
-	close sync.Once
+	mu      sync.Mutex
+	q       pending
+	seq     uint64
+	drainAt time.Time     // Drain waits for what is due by then
+	drained chan struct{} // closed once it is delivered
+	kick    chan struct{}
+	shut    chan struct{}
+	done    chan struct{}
+	close   sync.Once
 }
 
 // NewPipe returns a Pipe that hands delivered datagrams to out, which must
@@ -289,9 +291,18 @@ func (p *Pipe) run() {
 		if p.q.Len() > 0 {
 			wait = p.q[0].at.Sub(now)
 		}
+		drained := p.drained
+		if drained != nil && (p.q.Len() == 0 || p.q[0].at.After(p.drainAt)) {
+			p.drained = nil
+		} else {
+			drained = nil
+		}
 		p.mu.Unlock()
 		for _, it := range due {
 			p.out(it.b, it.to)
+		}
+		if drained != nil {
+			close(drained) // what was due by drainAt is out
 		}
 		if len(due) > 0 {
 			continue
@@ -303,6 +314,38 @@ func (p *Pipe) run() {
 		case <-p.shut:
 			return
 		}
+	}
+}
+
+// Drain waits until every datagram sent before the call has been handed to
+// out, as a real path still delivers what is in flight once its sender is
+// done, or until max has passed. It is not for concurrent use.
+func (p *Pipe) Drain(max time.Duration) {
+	p.mu.Lock()
+	var last time.Time
+	for _, it := range p.q {
+		if it.at.After(last) {
+			last = it.at
+		}
+	}
+	if last.IsZero() {
+		p.mu.Unlock()
+		return
+	}
+	p.drainAt = last
+	p.drained = make(chan struct{})
+	drained := p.drained
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-drained:
+	case <-t.C:
+	case <-p.done:
 	}
 }
 

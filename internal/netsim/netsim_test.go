@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,4 +251,27 @@ func TestPipeCloseDropsInFlight(t *testing.T) {
 	p.Send([]byte{1}, netip.AddrPort{})
 	p.Close()
 	assert.Zero(t, delivered)
+}
+
+func TestPipeDrainDeliversInFlight(t *testing.T) {
+	var delivered atomic.Int64
+	p := NewPipe(NewLink(Params{Delay: 20 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 7}), func([]byte, netip.AddrPort) { delivered.Add(1) })
+	for range 10 {
+		p.Send([]byte{1}, netip.AddrPort{})
+	}
+	p.Drain(time.Minute)
+	assert.Equal(t, int64(10), delivered.Load(), "everything in flight landed")
+	p.Close()
+
+	// The bound holds however long the path.
+	slow := NewPipe(NewLink(Params{Delay: time.Hour}), func([]byte, netip.AddrPort) { delivered.Add(1) })
+	slow.Send([]byte{1}, netip.AddrPort{})
+	slow.Drain(time.Millisecond)
+	slow.Close()
+	assert.Equal(t, int64(10), delivered.Load())
+
+	// Nothing in flight: nothing to wait for.
+	idle := NewPipe(NewLink(Params{}), func([]byte, netip.AddrPort) {})
+	idle.Drain(time.Hour)
+	idle.Close()
 }
