@@ -37,6 +37,7 @@ type options struct {
 	capDelay              time.Duration
 	pacedRates            []int // msg/s of each paced stream
 	runs                  int
+	trace                 time.Duration
 	acceptDelay, acceptT  time.Duration
 	seed                  uint64
 	largeSize             int
@@ -71,6 +72,7 @@ func main() {
 	flag.DurationVar(&o.acceptT, "accept-limit", 15*time.Second, "late scenario: how long to wait for data after Accept")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the relay's random drops")
 	flag.IntVar(&o.largeSize, "large-size", 1<<20, "large scenario: message size, bytes")
+	flag.DurationVar(&o.trace, "trace", 0, "relay scenarios: print knet's counters on both ends to stderr at this interval (e.g. 100ms)")
 	flag.Parse()
 	o.runs = *runs
 	explicit := map[string]bool{}
@@ -544,7 +546,8 @@ func (h *harness) scenario(name string) []job {
 		for _, lb := range h.libs {
 			add(lb.Name(), func() {
 				h.measure(name, lb.Name(), []string{"lsg", "ls50", "ls99", "lsst"}, limit, func(e *env, r *results) error {
-					res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pathDur, stamped: true, path: &[2]pathConfig{path, path}})
+					res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pathDur, stamped: true, path: &[2]pathConfig{path, path},
+						trace: o.trace, label: fmt.Sprintf("run %d %s %s", h.run+1, name, lb.Name())})
 					if err != nil || res.elapsed == 0 {
 						return err
 					}
@@ -564,7 +567,8 @@ func (h *harness) scenario(name string) []job {
 					ids := []string{pacedID("lp50", i), pacedID("lp99", i)}
 					h.measure(fmt.Sprintf("%s paced %d", name, rate), lb.Name(), ids, o.pacedWarmup+o.pacedDur+20*time.Second, func(e *env, r *results) error {
 						res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pacedWarmup, dur: o.pacedDur, stamped: true,
-							interval: time.Second / time.Duration(rate), path: &[2]pathConfig{path, path}})
+							interval: time.Second / time.Duration(rate), path: &[2]pathConfig{path, path},
+							trace: o.trace, label: fmt.Sprintf("run %d %s paced %d %s", h.run+1, name, rate, lb.Name())})
 						if err != nil || res.elapsed == 0 {
 							return err
 						}
@@ -592,7 +596,8 @@ func (h *harness) scenario(name string) []job {
 		for _, lb := range h.libs {
 			add(lb.Name(), func() {
 				h.measure(name, lb.Name(), []string{"cg", "cl"}, limit, func(e *env, r *results) error {
-					res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pathDur, path: &[2]pathConfig{path, path}})
+					res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.pathWarmup, dur: o.pathDur, path: &[2]pathConfig{path, path},
+						trace: o.trace, label: fmt.Sprintf("run %d %s %s", h.run+1, name, lb.Name())})
 					if err != nil || res.elapsed == 0 {
 						return err
 					}

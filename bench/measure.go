@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -123,7 +124,8 @@ type oneWayOpts struct {
 	interval time.Duration // 0: send as fast as the transport takes; else one message per interval
 	stamped  bool          // carry send timestamps and collect latencies
 	path     *[2]pathConfig
-	window   func(begin bool) // called as the measurement window opens and closes
+	trace    time.Duration // > 0: print a timeline of knet's counters at this interval
+	label    string        // names the timeline
 }
 
 type oneWayResult struct {
@@ -227,6 +229,10 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 	}
 	if _, err := c.Recv(make([]byte, 64)); err != nil {
 		return res, fmt.Errorf("recv ready: %w", err)
+	}
+	if o.trace > 0 {
+		t := &tracer{w: os.Stderr, label: o.label, every: o.trace, client: c, server: &server, msgs: &msgs, size: o.size, started: time.Now()}
+		go t.run(e.ctx.Done())
 	}
 	go func() {
 		msg := make([]byte, o.size)
