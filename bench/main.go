@@ -18,6 +18,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +73,7 @@ func main() {
 	flag.DurationVar(&o.acceptT, "accept-limit", 15*time.Second, "late scenario: how long to wait for data after Accept")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the relay's random drops")
 	flag.IntVar(&o.largeSize, "large-size", 1<<20, "large scenario: message size, bytes")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.DurationVar(&o.trace, "trace", 0, "relay scenarios: print knet's counters on both ends to stderr at this interval (e.g. 100ms)")
 	flag.Parse()
 	o.runs = *runs
@@ -131,6 +133,17 @@ func main() {
 		}
 	}
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cpuprofile:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	loadBefore := loadAvg()
 	h.declare()
