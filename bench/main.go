@@ -1,12 +1,15 @@
 // Command bench compares knet with kcp-go, quic-go and raw UDP on loopback.
 //
-//	go run .                 # full run, about 3 minutes
-//	go run . -quick          # smoke run, about 30 seconds
+//	go run .                 # full run: 3 runs of everything, about 8 minutes
+//	go run . -quick          # smoke run: 1 short run, about 1 minute
 //	go run . -only=pingpong,lossy -libs=knet,kcp-go
 //
 // Every scenario runs for every library in the same process, one after
-// the other, and the results are printed as one Markdown table with
-// knet/peer ratios. See README.md for what each scenario measures.
+// the other in an order rotated each run, and the medians are printed as
+// one Markdown table with knet/peer ratios. knet's main column sends
+// reliable messages in order, like the peers' streams; "knet (unordered)"
+// is the same without the order. See README.md for what each scenario
+// measures.
 package main
 
 import (
@@ -54,7 +57,7 @@ func main() {
 	var o options
 	only := flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(scenarioNames, ","))
 	libsFlag := flag.String("libs", "knet,knet-unordered,kcp-go,quic-go,udp", "comma-separated libraries: knet (in order), knet-unordered, kcp-go, quic-go, udp")
-	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 30 s: short windows (overrides the duration flags)")
+	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 1 minute: one run of short windows (overrides the duration flags)")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "loopback scenarios: warm-up before each measurement window")
 	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "loopback scenarios: measurement window")
 	flag.DurationVar(&o.pathWarmup, "path-warmup", 2*time.Second, "relay scenarios (lossy, capped): warm-up")
