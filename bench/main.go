@@ -598,8 +598,9 @@ func (h *harness) scenario(name string) []job {
 								r.mark(id, fmt.Sprintf("paced %d msg/s: in some run, less than 90%% of the offered rate was delivered (see the notes), so the latency grew with queueing in the sender", rate))
 							}
 						}
-						e.note("paced %d msg/s: %d msgs delivered in %v (%.0f msg/s), longest gap between deliveries %v",
-							rate, res.msgs, res.elapsed.Round(time.Millisecond), res.msgRate(), res.maxGap.Round(time.Millisecond))
+						e.note("paced %d msg/s: %d msgs delivered in %v (%.0f msg/s), longest gap between deliveries %v; latency p90 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms",
+							rate, res.msgs, res.elapsed.Round(time.Millisecond), res.msgRate(), res.maxGap.Round(time.Millisecond),
+							ms(percentile(res.lat, 0.90)), ms(percentile(res.lat, 0.95)), ms(percentile(res.lat, 0.99)), ms(res.lat[len(res.lat)-1]))
 						return nil
 					})
 				}
