@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -123,13 +124,17 @@ type oneWayOpts struct {
 	interval time.Duration // 0: send as fast as the transport takes; else one message per interval
 	stamped  bool          // carry send timestamps and collect latencies
 	path     *[2]pathConfig
-	window   func(begin bool) // called as the measurement window opens and closes
+	trace    time.Duration // > 0: print a timeline of knet's counters at this interval
+	label    string        // names the timeline
 }
 
 type oneWayResult struct {
 	msgs, bytes uint64
 	elapsed     time.Duration
 	lat         []time.Duration // sorted; stamped only
+	maxGap      time.Duration   // longest time without a delivery; stamped only
+	stalls      int             // gaps of at least stallGap; stamped only
+	stalled     time.Duration   // their total
 	relay       linkStats       // client→server direction, over the window
 	relayDown   linkStats
 }
@@ -164,6 +169,7 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 	var server atomic.Pointer[msgConn]
 	var latMu sync.Mutex
 	var lat []time.Duration
+	var gaps gapCounter
 	go func() {
 		c, err := l.Accept(e.ctx)
 		if err != nil {
@@ -202,9 +208,10 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 				return
 			}
 			if o.stamped && measuring.Load() {
-				d := time.Since(epoch) - stampOf(buf)
+				now := time.Since(epoch)
 				latMu.Lock()
-				lat = append(lat, d)
+				lat = append(lat, now-stampOf(buf))
+				gaps.add(now)
 				latMu.Unlock()
 			}
 			msgs.Add(1)
@@ -222,6 +229,10 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 	}
 	if _, err := c.Recv(make([]byte, 64)); err != nil {
 		return res, fmt.Errorf("recv ready: %w", err)
+	}
+	if o.trace > 0 {
+		t := &tracer{w: os.Stderr, label: o.label, every: o.trace, client: c, server: &server, msgs: &msgs, size: o.size, started: time.Now()}
+		go t.run(e.ctx.Done())
 	}
 	go func() {
 		msg := make([]byte, o.size)
@@ -252,6 +263,9 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 	if rl != nil {
 		up0, down0 = rl.up.stats(), rl.down.stats()
 	}
+	latMu.Lock()
+	gaps = gapCounter{last: time.Since(epoch)}
+	latMu.Unlock()
 	m0, b0, t0 := msgs.Load(), bytes.Load(), time.Now()
 	measuring.Store(true)
 	if !e.sleep(o.dur) {
@@ -266,6 +280,8 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 	res.msgs, res.bytes, res.elapsed = m1-m0, b1-b0, t1.Sub(t0)
 	latMu.Lock()
 	res.lat = slices.Clone(lat)
+	gaps.add(time.Since(epoch)) // the silence up to the window's end
+	res.maxGap, res.stalls, res.stalled = gaps.max, gaps.n, gaps.total
 	latMu.Unlock()
 	slices.Sort(res.lat)
 	addNote(e, "sender", c)
@@ -273,6 +289,25 @@ func oneWay(e *env, lb lib, o oneWayOpts) (oneWayResult, error) {
 		addNote(e, "receiver", *p)
 	}
 	return res, nil
+}
+
+// gapCounter follows the gaps between deliveries: the longest, and those
+// of at least stallGap.
+type gapCounter struct {
+	last  time.Duration // since epoch
+	max   time.Duration
+	n     int
+	total time.Duration
+}
+
+func (g *gapCounter) add(now time.Duration) {
+	d := now - g.last
+	g.last = now
+	g.max = max(g.max, d)
+	if d >= stallGap {
+		g.n++
+		g.total += d
+	}
 }
 
 // ---------------------------------------------------------------- sessions

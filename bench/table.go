@@ -1,28 +1,83 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
-// Column names, in table order. knet is compared with every other column.
+// Column names, in table order. knet (reliable, in order on one channel)
+// is compared with every other column.
 const (
-	colKnet = "knet"
-	colKCP  = "kcp-go"
-	colQUIC = "quic-go"
-	colUDP  = "raw UDP"
+	colKnet  = "knet"
+	colKnetU = "knet (unordered)"
+	colKCP   = "kcp-go"
+	colQUIC  = "quic-go"
+	colUDP   = "raw UDP"
 )
 
-var columns = []string{colKnet, colKCP, colQUIC, colUDP}
+var columns = []string{colKnet, colKnetU, colKCP, colQUIC, colUDP}
 
-// cell is one measurement: a value, or why there is none.
-type cell struct {
-	set  bool
+// heads are the column headings where they say more than the name.
+var heads = map[string]string{colQUIC: "quic-go (TLS 1.3)"}
+
+// ratioCols are the ratio columns: num's median divided by den's.
+var ratioCols = []struct{ num, den, head string }{
+	{colKnet, colKCP, "knet/kcp-go"},
+	{colKnet, colQUIC, "knet/quic-go"},
+	{colKnet, colUDP, "knet/raw UDP"},
+	{colKnet, colKnetU, "ordered/unordered"},
+}
+
+// sample is one run's measurement.
+type sample struct {
 	v    float64
-	na   string // reason for n/a
-	text string // display instead of the formatted value (e.g. ">15s")
+	text string // display instead of the formatted value (e.g. "> 15s")
+}
+
+// cell is one library's measurements of one row, one sample per run
+// that produced a value; the others left their reasons.
+type cell struct {
+	samples []sample
+	failed  []string // why runs gave no value
+	marks   []string // caveats on values that were measured
+}
+
+// median is the middle sample (the mean of the two middle ones for an
+// even count; a text survives only if both carry one).
+func (c *cell) median() (sample, bool) {
+	n := len(c.samples)
+	if n == 0 {
+		return sample{}, false
+	}
+	s := slices.Clone(c.samples)
+	slices.SortStableFunc(s, func(a, b sample) int { return cmp.Compare(a.v, b.v) })
+	if n%2 == 1 {
+		return s[n/2], true
+	}
+	a, b := s[n/2-1], s[n/2]
+	m := sample{v: (a.v + b.v) / 2}
+	if a.text != "" && b.text != "" {
+		m.text = b.text
+	}
+	return m, true
+}
+
+// spread is the lowest and highest sample.
+func (c *cell) spread() (lo, hi sample) {
+	lo, hi = c.samples[0], c.samples[0]
+	for _, s := range c.samples[1:] {
+		if s.v < lo.v {
+			lo = s
+		}
+		if s.v > hi.v {
+			hi = s
+		}
+	}
+	return lo, hi
 }
 
 // row is one line of the table.
@@ -70,20 +125,25 @@ func (t *table) cell(id, col string) *cell {
 
 func (t *table) set(id, col string, v float64) {
 	c := t.cell(id, col)
-	c.set, c.v, c.na = true, v, ""
+	c.samples = append(c.samples, sample{v: v})
 }
 
 func (t *table) setText(id, col string, v float64, text string) {
 	c := t.cell(id, col)
-	c.set, c.v, c.text, c.na = true, v, text, ""
+	c.samples = append(c.samples, sample{v: v, text: text})
 }
 
 func (t *table) setNA(id, col, reason string) {
 	c := t.cell(id, col)
-	if c.set {
-		return
+	c.failed = append(c.failed, reason)
+}
+
+// mark attaches a caveat to a measured value; it prints as a footnote.
+func (t *table) mark(id, col, reason string) {
+	c := t.cell(id, col)
+	if !slices.Contains(c.marks, reason) {
+		c.marks = append(c.marks, reason)
 	}
-	c.na = reason
 }
 
 func (t *table) note(format string, args ...any) {
@@ -133,6 +193,26 @@ func formatValue(v float64, unit string) string {
 	}
 }
 
+// formatSample prints a sample's value, or its text.
+func formatSample(s sample, unit string) string {
+	if s.text != "" {
+		return s.text
+	}
+	return formatValue(s.v, unit)
+}
+
+// formatRange prints "lo–hi" after a median printed with unit; the ends
+// drop the unit when they share it.
+func formatRange(lo, hi sample, unit string) string {
+	a, b := formatSample(lo, unit), formatSample(hi, unit)
+	an, au, okA := strings.Cut(a, " ")
+	bn, bu, okB := strings.Cut(b, " ")
+	if okA && okB && au == bu && lo.text == "" && hi.text == "" {
+		a, b = an, bn
+	}
+	return a + "–" + b
+}
+
 // write prints the table as Markdown, followed by the n/a reasons and
 // notes as footnotes.
 func (t *table) write(w io.Writer, only map[string]bool) {
@@ -145,12 +225,14 @@ func (t *table) write(w io.Writer, only map[string]bool) {
 			i = len(reasons)
 			reasonIndex[reason] = i
 		}
-		return fmt.Sprintf("n/a [%d]", i)
+		return fmt.Sprintf("[%d]", i)
 	}
 	head := []string{"Scenario"}
-	head = append(head, columns...)
-	for _, c := range columns[1:] {
-		head = append(head, "knet/"+c)
+	for _, c := range columns {
+		head = append(head, cmp.Or(heads[c], c))
+	}
+	for _, rc := range ratioCols {
+		head = append(head, rc.head)
 	}
 	head = append(head, "better")
 	fmt.Fprintln(w, "| "+strings.Join(head, " | ")+" |")
@@ -170,40 +252,36 @@ func (t *table) write(w io.Writer, only map[string]bool) {
 		line := []string{r.label}
 		for _, col := range columns {
 			c := r.cells[col]
-			switch {
-			case r.skip[col]:
+			if r.skip[col] || c == nil {
 				line = append(line, "–")
-			case c == nil:
-				line = append(line, "–")
-			case c.set && c.text != "":
-				line = append(line, c.text)
-			case c.set:
-				line = append(line, formatValue(c.v, r.unit))
-			case c.na != "":
-				line = append(line, foot(col+": "+c.na))
-			default:
-				line = append(line, "–")
+				continue
 			}
+			m, ok := c.median()
+			var parts []string
+			if ok {
+				parts = append(parts, formatSample(m, r.unit))
+				if lo, hi := c.spread(); len(c.samples) > 1 && formatSample(lo, r.unit) != formatSample(hi, r.unit) {
+					parts = append(parts, "("+formatRange(lo, hi, r.unit)+")")
+				}
+			} else if len(c.failed) > 0 {
+				parts = append(parts, "n/a")
+			} else {
+				parts = append(parts, "–")
+			}
+			if len(c.failed) > 0 {
+				reason := col + ": " + c.failed[0]
+				if ok || len(c.failed) > 1 {
+					reason = fmt.Sprintf("%s: failed in %d of %d runs; first: %s", col, len(c.failed), len(c.failed)+len(c.samples), c.failed[0])
+				}
+				parts = append(parts, foot(reason))
+			}
+			for _, mk := range c.marks {
+				parts = append(parts, foot(col+": "+mk))
+			}
+			line = append(line, strings.Join(parts, " "))
 		}
-		k := r.cells[colKnet]
-		for _, col := range columns[1:] {
-			c := r.cells[col]
-			if !r.ratios || r.skip[col] || k == nil || !k.set || c == nil || !c.set || c.v == 0 || math.IsInf(k.v/c.v, 0) {
-				line = append(line, "")
-				continue
-			}
-			ratio := k.v / c.v
-			prefix := ""
-			switch {
-			case k.text != "" && c.text != "":
-				line = append(line, "")
-				continue
-			case c.text != "": // the peer's value is a bound it did not reach
-				prefix = map[bool]string{true: "< ", false: "> "}[r.lower]
-			case k.text != "":
-				prefix = map[bool]string{true: "> ", false: "< "}[r.lower]
-			}
-			line = append(line, prefix+formatRatio(ratio))
+		for _, rc := range ratioCols {
+			line = append(line, ratioText(r, rc.num, rc.den))
 		}
 		if r.lower {
 			line = append(line, "lower")
@@ -218,6 +296,28 @@ func (t *table) write(w io.Writer, only map[string]bool) {
 			fmt.Fprintf(w, "[%d] %s  \n", i+1, r)
 		}
 	}
+}
+
+// ratioText is num's median over den's, or "" when either is missing.
+func ratioText(r *row, num, den string) string {
+	if !r.ratios || r.skip[num] || r.skip[den] || r.cells[num] == nil || r.cells[den] == nil {
+		return ""
+	}
+	k, okK := r.cells[num].median()
+	c, okC := r.cells[den].median()
+	if !okK || !okC || c.v == 0 || math.IsInf(k.v/c.v, 0) {
+		return ""
+	}
+	prefix := ""
+	switch {
+	case k.text != "" && c.text != "":
+		return ""
+	case c.text != "": // den's value is a bound it did not reach
+		prefix = map[bool]string{true: "< ", false: "> "}[r.lower]
+	case k.text != "":
+		prefix = map[bool]string{true: "> ", false: "< "}[r.lower]
+	}
+	return prefix + formatRatio(k.v/c.v)
 }
 
 func formatRatio(r float64) string {

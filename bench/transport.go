@@ -59,9 +59,18 @@ var errTooLarge = errors.New("message larger than receive buffer")
 // benchMsgID is the application message ID knet messages are sent with.
 const benchMsgID = 100
 
-type knetLib struct{}
+// knetLib is knet with reliable messages on one channel: InOrder (knet's
+// main column, the same service as a kcp-go session or a QUIC stream) or
+// unordered (an extra column: what the application gets when it does not
+// need the order).
+type knetLib struct{ unordered bool }
 
-func (knetLib) Name() string { return "knet" }
+func (k knetLib) Name() string {
+	if k.unordered {
+		return colKnetU
+	}
+	return colKnet
+}
 
 // knetConfig is knet's default configuration, except for a short
 // DisconnectTimeout so that teardown between scenarios stays quick (it
@@ -70,23 +79,26 @@ func knetConfig() *knet.Config {
 	return &knet.Config{DisconnectTimeout: time.Second}
 }
 
-func (knetLib) Listen(addr string) (msgListener, error) {
+func (k knetLib) Listen(addr string) (msgListener, error) {
 	l, err := knet.Listen("udp", addr, knetConfig())
 	if err != nil {
 		return nil, err
 	}
-	return &knetListener{l: l}, nil
+	return &knetListener{l: l, inOrder: !k.unordered}, nil
 }
 
-func (knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
+func (k knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
 	c, err := knet.Dial(ctx, "udp", addr, knetConfig())
 	if err != nil {
 		return nil, err
 	}
-	return newKnetConn(c), nil
+	return newKnetConn(c, !k.unordered), nil
 }
 
-type knetListener struct{ l *knet.Listener }
+type knetListener struct {
+	l       *knet.Listener
+	inOrder bool
+}
 
 func (k *knetListener) Addr() string { return k.l.Addr().String() }
 func (k *knetListener) Close() error { return k.l.Close() }
@@ -96,22 +108,24 @@ func (k *knetListener) Accept(ctx context.Context) (msgConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newKnetConn(c), nil
+	return newKnetConn(c, k.inOrder), nil
 }
 
 type knetConn struct {
-	c      *knet.Conn
-	ctx    context.Context
-	cancel context.CancelFunc
+	c       *knet.Conn
+	inOrder bool
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
-func newKnetConn(c *knet.Conn) *knetConn {
+func newKnetConn(c *knet.Conn, inOrder bool) *knetConn {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &knetConn{c: c, ctx: ctx, cancel: cancel}
+	return &knetConn{c: c, inOrder: inOrder, ctx: ctx, cancel: cancel}
 }
 
+// Send sends p as one reliable message, on channel 0 when in order.
 func (k *knetConn) Send(p []byte) error {
-	return k.c.SendContext(k.ctx, knet.Message{ID: benchMsgID, Payload: p, Reliable: true})
+	return k.c.SendContext(k.ctx, knet.Message{ID: benchMsgID, Payload: p, Reliable: true, InOrder: k.inOrder})
 }
 
 func (k *knetConn) Recv(buf []byte) (int, error) {
@@ -132,9 +146,9 @@ func (k *knetConn) Close() error {
 
 func (k *knetConn) Note() string {
 	s := k.c.Stats()
-	return fmt.Sprintf("rtt %v, dgrams sent %d / recv %d, retransmits %d (fast %d), duplicates recv %d, dropped dgrams %d, rate %.0f dgram/s, in flight %d",
-		s.RTT.Round(time.Microsecond), s.DatagramsSent, s.DatagramsReceived, s.Retransmits, s.FastRetransmits,
-		s.DuplicateDatagrams, s.DroppedDatagrams, s.SendRate, s.InFlight)
+	return fmt.Sprintf("rtt %v (min %v, rto %v), dgrams sent %d / recv %d, retransmits %d (fast %d, spurious %d), duplicates recv %d, dropped dgrams %d, rate %.0f dgram/s, in flight %d",
+		s.RTT.Round(time.Microsecond), s.MinRTT.Round(time.Microsecond), s.RTO.Round(time.Millisecond), s.DatagramsSent, s.DatagramsReceived,
+		s.Retransmits, s.FastRetransmits, s.SpuriousLosses, s.DuplicateDatagrams, s.DroppedDatagrams, s.SendRate, s.InFlight)
 }
 
 // ---------------------------------------------------------------- kcp-go
