@@ -421,18 +421,27 @@ func (w *sentWindow) find(id uint32) *sent {
 
 // ack marks s acked and unlinks it from the send-time order. The caller
 // reads what it needs from s, then calls trim.
-func (w *sentWindow) ack(s *sent) {
+//
+// A resent datagram acked sooner after its last send than any round trip
+// took was acked for an earlier send: its last send time says nothing
+// about what arrived (RFC 8985 skips it too), so ambiguous leaves
+// lastAckedSent alone.
+func (w *sentWindow) ack(s *sent, ambiguous bool) {
 	s.acked = true
 	w.unlink(s)
 	w.count--
-	if !w.anyAcked || seqLess(w.largestAcked, s.packetID) {
+	first := !w.anyAcked
+	w.anyAcked = true
+	if first || seqLess(w.largestAcked, s.packetID) {
 		w.largestAcked = s.packetID
 	}
-	if !w.anyAcked || s.sentAt.After(w.lastAckedSent) || s.sentAt.Equal(w.lastAckedSent) && seqLess(w.lastAckedPID, s.packetID) {
+	if ambiguous && !first {
+		return
+	}
+	if first || s.sentAt.After(w.lastAckedSent) || s.sentAt.Equal(w.lastAckedSent) && seqLess(w.lastAckedPID, s.packetID) {
 		w.lastAckedSent = s.sentAt
 		w.lastAckedPID = s.packetID
 	}
-	w.anyAcked = true
 }
 
 // trim drops acked datagrams from the front, every one before them acked

@@ -208,11 +208,11 @@ func TestSentWindow(t *testing.T) {
 	d := w.find(packetIDMask - 10 + 2*5)
 	require.NotNil(t, d)
 	assert.Equal(t, []byte{5}, d.b)
-	w.ack(d)
+	w.ack(d, false)
 	assert.Nil(t, w.find(d.packetID), "acked")
 	assert.Equal(t, 39, w.count)
 	first := w.firstUnacked()
-	w.ack(first)
+	w.ack(first, false)
 	var released int
 	w.trim(func(*sent) { released++ })
 	assert.Equal(t, 1, released, "only the front is trimmed; the middle waits")

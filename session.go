@@ -931,7 +931,7 @@ func (s *session) ackOne(now time.Time, id uint32) {
 	if d == nil {
 		return
 	}
-	s.sent.ack(d)
+	s.sent.ack(d, d.sends > 1 && now.Sub(d.sentAt) < s.rtt.min)
 	if !d.lost {
 		s.inflight -= len(d.b)
 	} else {
