@@ -462,7 +462,7 @@ func TestGarbageSprayLeavesSessionsUnharmed(t *testing.T) {
 			spray.Write(b[:n])
 			sprayed.Add(1)
 			if sprayed.Load()%64 == 0 {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // a spray, not a flood
 			}
 		}
 	}()
@@ -898,7 +898,7 @@ func TestUnreliableSequencedOverRelay(t *testing.T) {
 	for i := range n {
 		require.NoError(t, c.Send(chanMsg(0, i, false, 40)))
 		if i%50 == 0 {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a stream, not one burst
 		}
 	}
 	c.Close()
