@@ -187,6 +187,10 @@ func (c *Conn) loop() {
 		<-c.wake
 		// The clock read on waking serves the next round's work too.
 		if now = time.Now(); !now.Before(next) {
+			// What arrived while we waited goes before the timers: a
+			// held message must not outlive its reorder window because
+			// the datagram that completes it sat in the inbox.
+			c.drainInbox(now)
 			s.advance(now)
 		}
 	}

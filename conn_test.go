@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -74,12 +75,22 @@ func serveEcho(t testing.TB, l *Listener) *sync.WaitGroup {
 
 func dial(t testing.TB, addr string, cfg *Config) *Conn {
 	t.Helper()
+	c, err := dialErr(t, addr, cfg)
+	require.NoError(t, err)
+	return c
+}
+
+// dialErr is dial for goroutines other than the test's, which may not
+// call t.FailNow: it returns the error instead.
+func dialErr(t testing.TB, addr string, cfg *Config) (*Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, "udp", addr, cfg)
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
 	t.Cleanup(func() { c.Close() })
-	return c
+	return c, nil
 }
 
 func within(t testing.TB, d time.Duration) context.Context {
@@ -88,24 +99,63 @@ func within(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
+// parked counts the goroutines blocked in the Conn method fn (say
+// "(*Conn).Read"), inside waitSignal: calls that found nothing to do and
+// wait for a signal, their deadline or their ctx.
+func parked(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	k := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		head, _, _ := strings.Cut(g, "\n")
+		blocked := strings.Contains(head, "[chan receive") || strings.Contains(head, "[select")
+		if blocked && strings.Contains(g, "knet.waitSignal(") && strings.Contains(g, "knet."+fn+"(") {
+			k++
+		}
+	}
+	return k
+}
+
+// waitParked waits until a call to fn is blocked waiting (see parked). A
+// test that then does what should end the wait knows that it ends a wait
+// in progress: without this, a goroutine that had not reached its wait yet
+// would see the change on entry, and the test would pass whether or not
+// waiters are woken.
+func waitParked(t testing.TB, fn string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return parked(fn) > 0 }, 10*time.Second, time.Millisecond,
+		"no goroutine waiting in %s", fn)
+}
+
 func TestEchoFiftyClients(t *testing.T) {
 	l := listen(t, testConfig())
 	serveEcho(t, l)
 	const clients, msgs = 50, 100
 	var wg sync.WaitGroup
-	errs := make(chan error, clients)
+	errs := make(chan error, 2*clients)
 	for k := range clients {
 		wg.Go(func() {
-			c := dial(t, l.Addr().String(), testConfig())
+			c, err := dialErr(t, l.Addr().String(), testConfig())
+			if err != nil {
+				errs <- fmt.Errorf("client %d: %w", k, err)
+				return
+			}
 			ctx := within(t, 30*time.Second)
-			go func() {
+			wg.Go(func() {
 				for i := range msgs {
 					if err := c.Send(numbered(uint32(10+k), i, 8+i%100)); err != nil {
 						errs <- err
 						return
 					}
 				}
-			}()
+			})
 			seen := make([]bool, msgs)
 			for range msgs {
 				m, err := c.Receive(ctx)
@@ -218,11 +268,16 @@ func TestDialTimeout(t *testing.T) {
 
 	start := time.Now()
 	_, err = Dial(context.Background(), "udp", silent.LocalAddr().String(), &Config{ConnectTimeout: 300 * time.Millisecond})
+	took := time.Since(start)
 	var ne net.Error
 	require.ErrorAs(t, err, &ne)
 	assert.True(t, ne.Timeout())
 	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	assert.Less(t, time.Since(start), 2*time.Second)
+	var te *TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, 300*time.Millisecond, te.Silent, "the configured ConnectTimeout, not the default")
+	assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+	assert.Less(t, took, 5*time.Second, "far from the 10s default") // a bound against hanging only
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -326,36 +381,60 @@ func TestSilentPeerDetectedIdlePeerStays(t *testing.T) {
 			accepted <- c
 		}
 	}()
+	accept := func() *Conn {
+		t.Helper()
+		select {
+		case c := <-accepted:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatal("connection not accepted")
+			return nil
+		}
+	}
 	r, err := netsim.NewRelay(l.Addr().String(), netsim.Params{}, netsim.Params{})
 	require.NoError(t, err)
 	defer r.Close()
 	idle := dial(t, l.Addr().String(), cfg)
-	srvIdle := <-accepted
+	srvIdle := accept()
 	silent := dial(t, r.Addr().String(), cfg)
-	srvSilent := <-accepted
-	cut := time.Now()
+	srvSilent := accept()
+	idleUntil := time.Now().Add(3 * cfg.ConnectionLostTimeout)
 	r.Blackhole(true)
 	select {
 	case <-srvSilent.Done():
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("silent peer not detected")
 	}
-	took := time.Since(cut)
-	t.Logf("silent peer detected after %v", took)
-	assert.Less(t, took, cfg.ConnectionLostTimeout+300*time.Millisecond)
+	// How long the peer was silent is the library's own measure: at least
+	// ConnectionLostTimeout (the configured one: the default would be
+	// 3*PingInterval, less), and not much more. The upper bound is loose:
+	// the detecting timer may fire late on a loaded machine.
 	var te *TimeoutError
-	assert.ErrorAs(t, srvSilent.Err(), &te)
+	require.ErrorAs(t, srvSilent.Err(), &te)
+	t.Logf("silent peer detected after %v of silence", te.Silent)
+	assert.GreaterOrEqual(t, te.Silent, cfg.ConnectionLostTimeout)
+	assert.Less(t, te.Silent, 2*cfg.ConnectionLostTimeout)
 	_, err = srvSilent.Receive(context.Background())
 	assert.ErrorAs(t, err, &te)
-	// The idle connection outlives several lost timeouts.
-	time.Sleep(3 * cfg.ConnectionLostTimeout)
-	assert.NoError(t, srvIdle.Err())
-	assert.NoError(t, idle.Err())
+	select {
+	case <-silent.Done(): // the client side saw the silence too
+		assert.ErrorAs(t, silent.Err(), &te)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not see the silence")
+	}
+	// The idle connection, with nothing but keepalives, outlives several
+	// lost timeouts; it would end with an error if a ping went unanswered.
+	select {
+	case <-idle.Done():
+		t.Fatalf("idle connection lost: %v", idle.Err())
+	case <-srvIdle.Done():
+		t.Fatalf("idle connection lost: %v", srvIdle.Err())
+	case <-time.After(time.Until(idleUntil)):
+	}
 	require.NoError(t, idle.Send(Message{ID: 6, Payload: []byte("still here"), Reliable: true}))
-	m, err := srvIdle.Receive(within(t, 2*time.Second))
+	m, err := srvIdle.Receive(within(t, 5*time.Second))
 	require.NoError(t, err)
 	assert.Equal(t, "still here", string(m.Payload))
-	<-silent.Done() // the client side saw the silence too
 }
 
 func TestGarbageSprayLeavesSessionsUnharmed(t *testing.T) {
@@ -383,21 +462,27 @@ func TestGarbageSprayLeavesSessionsUnharmed(t *testing.T) {
 			spray.Write(b[:n])
 			sprayed.Add(1)
 			if sprayed.Load()%64 == 0 {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // a spray, not a flood
 			}
 		}
 	}()
-	ctx := within(t, 20*time.Second)
-	for i := range 1000 {
+	defer close(stop)
+	dropped := func() uint64 { st := l.Stats(); return st.InvalidDatagrams + st.StrayDatagrams }
+	require.Eventually(t, func() bool { return dropped() > 0 }, 10*time.Second, time.Millisecond, "no garbage reached the listener")
+	// Round trips while the garbage comes: at least 1000, and on until the
+	// listener has dropped 1000 more garbage datagrams, so that the two
+	// overlap however the goroutines are scheduled.
+	before := dropped()
+	ctx := within(t, 30*time.Second)
+	i := 0
+	for ; i < 1000 || dropped()-before < 1000; i++ {
 		require.NoError(t, c.Send(numbered(6, i, 64)))
 		m, err := c.Receive(ctx)
-		require.NoError(t, err)
-		require.Equal(t, uint32(i), binary.LittleEndian.Uint32(m.Payload))
+		require.NoError(t, err, "round trip %d", i)
+		require.Equal(t, uint32(i), binary.LittleEndian.Uint32(m.Payload), "each echo once, in turn")
 	}
-	close(stop)
 	st := l.Stats()
-	t.Logf("sprayed %d datagrams; listener %+v", sprayed.Load(), st)
-	assert.Positive(t, st.InvalidDatagrams+st.StrayDatagrams)
+	t.Logf("%d round trips; sprayed %d datagrams; listener %+v", i, sprayed.Load(), st)
 	assert.NoError(t, c.Err())
 }
 
@@ -491,24 +576,33 @@ func TestReadWriteDeadlines(t *testing.T) {
 	assert.Equal(t, before+1, c.Stats().DroppedMessages)
 }
 
+// rawServer returns a server's Conn whose peer is a rawPeer: it never acks
+// and sends nothing unless told, so a Read on the Conn waits until
+// something ends it, and so does a Write once SendBuffer is full.
+func rawServer(t *testing.T, cfg *Config) (*Conn, *rawPeer) {
+	t.Helper()
+	l := listen(t, cfg)
+	p := dialRaw(t, l.Addr())
+	return serverConn(t, l), p
+}
+
 // A deadline set while a Read or a Write is already waiting applies to it,
 // as net.Conn requires of pending I/O.
 func TestDeadlineSetWhileWaiting(t *testing.T) {
-	l := listen(t, &Config{ReceiveBuffer: 16 << 10, DisconnectTimeout: 500 * time.Millisecond})
-	c := dial(t, l.Addr().String(), &Config{SendBuffer: 32 << 10, DisconnectTimeout: 500 * time.Millisecond})
+	c, _ := rawServer(t, &Config{SendBuffer: 16 << 10, DisconnectTimeout: 200 * time.Millisecond})
 
 	readErr := make(chan error, 1)
 	go func() { _, err := c.Read(make([]byte, 10)); readErr <- err }()
-	time.Sleep(20 * time.Millisecond) // Read is waiting, with no deadline
+	waitParked(t, "(*Conn).Read") // waiting, with no deadline
 	c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
 	select {
 	case err := <-readErr:
 		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("a deadline set during Read did not end it")
 	}
 
-	// The server never reads: Write ends up waiting for room.
+	// Nothing is ever acked: Write ends up waiting for room.
 	writeErr := make(chan error, 1)
 	go func() {
 		var err error
@@ -517,14 +611,15 @@ func TestDeadlineSetWhileWaiting(t *testing.T) {
 		}
 		writeErr <- err
 	}()
-	time.Sleep(200 * time.Millisecond)
+	waitParked(t, "(*Conn).Write")
 	c.SetWriteDeadline(time.Now().Add(30 * time.Millisecond))
 	select {
 	case err := <-writeErr:
 		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("a deadline set during Write did not end it")
 	}
+	assert.NoError(t, c.Err(), "a deadline does not end the connection")
 }
 
 // A client that streams before the server accepts does not stall: what
@@ -546,15 +641,29 @@ func TestLateAcceptDoesNotStall(t *testing.T) {
 		}
 		sent <- err
 	}()
-	time.Sleep(time.Second) // the client keeps sending
+	// Accept only once the server's connection holds most of its buffer
+	// unread and has squeezed the client down to MinDatagramRate: from
+	// there, the client can only go fast again if the server's reading
+	// tells it to.
+	var srv *Conn
+	require.Eventually(t, func() bool {
+		l.eps[0].mu.Lock()
+		for _, s := range l.eps[0].conns {
+			srv = s
+		}
+		l.eps[0].mu.Unlock()
+		return srv != nil && srv.recvUsed() >= cfg.ReceiveBuffer*3/4 && c.Stats().SendRate <= defaultMinDatagramRate
+	}, 30*time.Second, time.Millisecond, "the stream never filled the server's buffer")
+	t.Logf("before Accept: server holds %d bytes; client %+v", srv.recvUsed(), c.Stats())
 	s, err := l.AcceptConn(within(t, 5*time.Second))
 	require.NoError(t, err)
+	require.Same(t, srv, s)
 	defer s.Close()
 	accepted := time.Now()
 	buf := make([]byte, chunk)
 	last, maxGap := accepted, time.Duration(0)
 	for i := 0; i < total/chunk; i++ {
-		s.SetReadDeadline(time.Now().Add(5 * time.Second))
+		s.SetReadDeadline(time.Now().Add(10 * time.Second))
 		_, err := io.ReadFull(s, buf)
 		if err != nil {
 			t.Logf("client %+v", c.Stats())
@@ -565,34 +674,85 @@ func TestLateAcceptDoesNotStall(t *testing.T) {
 		now := time.Now()
 		maxGap = max(maxGap, now.Sub(last))
 		last = now
+		require.Less(t, now.Sub(accepted), 20*time.Second, "the client stayed slowed down: message %d", i)
 	}
 	require.NoError(t, <-sent)
 	t.Logf("2 MiB read in %v after Accept; longest wait between messages %v", last.Sub(accepted), maxGap)
-	assert.Less(t, maxGap, 500*time.Millisecond, "a stall after Accept")
-	assert.Less(t, last.Sub(accepted), 3*time.Second)
+	// Healthy, this takes a fraction of a second; the bounds are loose
+	// because a loaded machine can stall any read for a while. Still
+	// squeezed, the client would need minutes (5 datagrams a second), and
+	// a backed-off timer stalls up to DatagramTimeout (2s).
+	assert.Less(t, maxGap, time.Second, "a stall after Accept")
 }
 
+// Close releases every waiting Receive, Read and Write at once, not when
+// the connection has finished closing.
 func TestCloseUnblocksWaiters(t *testing.T) {
-	l := listen(t, testConfig())
-	c := dial(t, l.Addr().String(), testConfig())
-	errs := make(chan error, 3)
-	go func() { _, err := c.Receive(context.Background()); errs <- err }()
-	go func() { _, err := c.Read(make([]byte, 10)); errs <- err }()
-	time.Sleep(20 * time.Millisecond)
-	go c.Close()
-	c.Close()
-	for range 2 {
+	// The peer acks nothing, so the Disconnect exchange waits for what
+	// was written until the raw peer ends it, or DisconnectTimeout.
+	c, p := rawServer(t, &Config{SendBuffer: 16 << 10, DisconnectTimeout: time.Minute})
+	type result struct {
+		op     string
+		err    error
+		closed bool // the connection had finished by then
+	}
+	results := make(chan result, 3)
+	finished := func() bool {
 		select {
-		case err := <-errs:
-			assert.ErrorIs(t, err, net.ErrClosed)
-		case <-time.After(3 * time.Second):
+		case <-c.Done():
+			return true
+		default:
+			return false
+		}
+	}
+	go func() {
+		_, err := c.Receive(context.Background())
+		results <- result{"Receive", err, finished()}
+	}()
+	go func() {
+		_, err := c.Read(make([]byte, 10))
+		results <- result{"Read", err, finished()}
+	}()
+	go func() {
+		var err error
+		for err == nil {
+			_, err = c.Write(make([]byte, 1000))
+		}
+		results <- result{"Write", err, finished()}
+	}()
+	for _, fn := range []string{"(*Conn).Receive", "(*Conn).Read", "(*Conn).Write"} {
+		waitParked(t, fn)
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		var wg sync.WaitGroup
+		wg.Go(func() { c.Close() })
+		wg.Go(func() { c.Close() })
+		wg.Wait()
+	}()
+	for range 3 {
+		select {
+		case r := <-results:
+			assert.ErrorIs(t, r.err, net.ErrClosed, r.op)
+			assert.False(t, r.closed, "%s released only when the connection finished", r.op)
+		case <-time.After(10 * time.Second):
 			t.Fatal("a waiter was not released by Close")
 		}
+	}
+	// The peer closes too: that ends the exchange, and Close returns.
+	p.send(false, message{id: idDisconnect})
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
 	}
 }
 
 func TestListenerCloseClosesConnections(t *testing.T) {
-	l, err := Listen("udp", "127.0.0.1:0", testConfig())
+	cfg := testConfig()
+	cfg.DisconnectTimeout = 10 * time.Second
+	l, err := Listen("udp", "127.0.0.1:0", cfg)
 	require.NoError(t, err)
 	serveEcho(t, l)
 	var conns []*Conn
@@ -606,7 +766,9 @@ func TestListenerCloseClosesConnections(t *testing.T) {
 	}
 	start := time.Now()
 	require.NoError(t, l.Close())
-	assert.Less(t, time.Since(start), time.Second)
+	// The clients answer the Disconnect: Close does not sit out
+	// DisconnectTimeout (10s here).
+	assert.Less(t, time.Since(start), 5*time.Second)
 	for _, c := range conns {
 		_, err := c.Receive(within(t, 3*time.Second))
 		assert.Equal(t, io.EOF, err)
@@ -712,6 +874,7 @@ func TestInOrderChannelsOverRelay(t *testing.T) {
 func TestUnreliableSequencedOverRelay(t *testing.T) {
 	l := listen(t, testConfig())
 	got := make(chan []int, 1)
+	var srvStats Stats
 	go func() {
 		c, err := l.AcceptConn(context.Background())
 		if err != nil {
@@ -721,6 +884,7 @@ func TestUnreliableSequencedOverRelay(t *testing.T) {
 		for {
 			m, err := c.Receive(context.Background())
 			if err != nil {
+				srvStats = c.Stats()
 				got <- seqs
 				return
 			}
@@ -736,7 +900,7 @@ func TestUnreliableSequencedOverRelay(t *testing.T) {
 	for i := range n {
 		require.NoError(t, c.Send(chanMsg(0, i, false, 40)))
 		if i%50 == 0 {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a stream, not one burst
 		}
 	}
 	c.Close()
@@ -749,8 +913,16 @@ func TestUnreliableSequencedOverRelay(t *testing.T) {
 	for i := 1; i < len(seqs); i++ {
 		require.Greater(t, seqs[i], seqs[i-1], "older after newer")
 	}
+	up, down := r.Stats()
 	t.Logf("%d of %d unreliable in-order messages arrived", len(seqs), n)
-	assert.GreaterOrEqual(t, len(seqs), n/2)
+	t.Logf("client %+v\nserver %+v\nrelay up %+v down %+v", c.Stats(), srvStats, up, down)
+	// Of the messages that reached the server, those it dropped as late
+	// or overtaken stay a minority. (Counted against what arrived rather
+	// than what was sent: the relay's own socket may overflow when a busy
+	// machine keeps it from reading, client DatagramsSent above relay
+	// up.Sent, and that is not the library's doing.)
+	require.NotEmpty(t, seqs)
+	assert.LessOrEqual(t, srvStats.DroppedMessages, uint64(len(seqs)), "the receiver dropped more than it delivered")
 }
 
 func TestLargeMessagesOverRelay(t *testing.T) {
@@ -848,12 +1020,21 @@ func TestListenerSockets(t *testing.T) {
 	var wg sync.WaitGroup
 	for k := range 40 {
 		wg.Go(func() {
-			c := dial(t, l.Addr().String(), testConfig())
+			c, err := dialErr(t, l.Addr().String(), testConfig())
+			if err != nil {
+				t.Errorf("client %d: %v", k, err)
+				return
+			}
 			for i := range 20 {
-				require.NoError(t, c.Send(numbered(uint32(6+k), i, 50)))
-				m, err := c.Receive(within(t, 5*time.Second))
-				require.NoError(t, err)
-				require.Equal(t, uint32(6+k), m.ID)
+				if err := c.Send(numbered(uint32(6+k), i, 50)); err != nil {
+					t.Errorf("client %d: %v", k, err)
+					return
+				}
+				m, err := c.Receive(within(t, 10*time.Second))
+				if err != nil || m.ID != uint32(6+k) {
+					t.Errorf("client %d: round trip %d: %v, id %d", k, i, err, m.ID)
+					return
+				}
 			}
 		})
 	}
