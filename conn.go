@@ -160,9 +160,9 @@ func (c *Conn) loop() {
 	timer := time.AfterFunc(time.Hour, func() { signal(c.wake) })
 	defer timer.Stop()
 	s := c.sess
-	now := time.Now()
+	var now time.Time
 	for {
-		c.drainInbox(now)
+		now = c.drainInbox()
 		c.drainSendQueue(now)
 		if s.state == stateAdmit && s.admitWaiting {
 			c.admit(now)
@@ -177,7 +177,6 @@ func (c *Conn) loop() {
 		next := s.nextDeadline(now)
 		if !next.After(now) {
 			s.advance(now)
-			now = time.Now()
 			continue
 		}
 		if next != armed {
@@ -185,28 +184,35 @@ func (c *Conn) loop() {
 			armed = next
 		}
 		<-c.wake
-		// The clock read on waking serves the next round's work too.
 		if now = time.Now(); !now.Before(next) {
 			// What arrived while we waited goes before the timers: a
 			// held message must not outlive its reorder window because
 			// the datagram that completes it sat in the inbox.
-			c.drainInbox(now)
+			now = c.drainInbox()
 			s.advance(now)
 		}
 	}
 }
 
-func (c *Conn) drainInbox(now time.Time) {
+// drainInbox hands the datagrams waiting to the session and returns the
+// time it gave them, read once they were taken: a time read before could
+// stamp a datagram that came in meanwhile as older than it is, and an ack
+// so stamped makes a round-trip sample shorter than the path (a descheduled
+// goroutine once put one at 34ms on a 40ms path, which the rate control
+// then took for the path's minimum).
+func (c *Conn) drainInbox() time.Time {
 	c.inMu.Lock()
 	work := c.inbox
 	c.inbox = c.inWork[:0]
 	c.inMu.Unlock()
+	now := time.Now()
 	for i, p := range work {
 		c.sess.handleDatagram(now, p.b)
 		c.ep.putPacket(p)
 		work[i] = nil
 	}
 	c.inWork = work[:0]
+	return now
 }
 
 func (c *Conn) drainSendQueue(now time.Time) {
