@@ -134,6 +134,8 @@ type deliveryRate struct {
 	cut                  float64 // 1, or less after heavy loss, back to 1 over time
 	lostNow              int     // bytes lost this round
 	baseLoss             float64 // share of datagrams lost, averaged over windows of 64
+	lastRate             float64 // the last round's delivery rate, counted or not
+	probeBase            float64 // the estimate when the probe under way began
 	windows              int     // windows of 64 seen
 }
 
@@ -173,6 +175,7 @@ func (c *deliveryRate) OnAck(now time.Time, a AckEvent) {
 			carried += lost
 		}
 		rate := carried / dt.Seconds()
+		c.lastRate = rate
 		if !c.appLimitedRound && c.cut == 1 || rate > c.bw {
 			c.rounds[c.round%bwWindowRounds] = rate
 		}
@@ -262,7 +265,18 @@ func (c *deliveryRate) endRound(now time.Time) {
 		c.cycle = 2
 		c.cycleAt = now
 	case drCruise:
+		if c.cycle == 0 && !c.appLimitedRound && c.queued == 0 && c.lastRate >= 1.15*c.probeBase {
+			// The probe went through whole, no queue behind it: there
+			// may be more, so probe again at once rather than a cycle
+			// later. A start-up ended early (a stall of the host looks
+			// like a full pipe) otherwise takes seconds to find the rest.
+			c.probeBase = c.bw
+			break
+		}
 		c.cycle = (c.cycle + 1) % len(drProbeGains)
+		if c.cycle == 0 {
+			c.probeBase = c.bw
+		}
 	}
 	c.round++
 	c.rounds[c.round%bwWindowRounds] = 0
