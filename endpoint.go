@@ -1,0 +1,398 @@
+package knet
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/knet-go/knet/internal/netsim"
+	"github.com/knet-go/knet/internal/udp"
+)
+
+// packet is a datagram read from the socket, in a pooled buffer.
+type packet struct {
+	buf []byte
+	b   []byte
+}
+
+// endpoint is one UDP socket and the goroutine that reads it, shared by a
+// Listener's connections or owned by one dialed connection.
+type endpoint struct {
+	pc        *net.UDPConn
+	uc        *udp.Conn
+	connected bool // a dialed socket: Write, not WriteTo
+	l         *Listener
+	cfg       *config
+	pool      *sync.Pool
+	sim       *netsim.Pipe // Config.Simulate, if set
+
+	mu      sync.Mutex
+	conns   map[netip.AddrPort]*Conn
+	runBuf  []*packet      // the reader's, for dispatch
+	pending map[*Conn]bool // server connections not yet established
+	closing bool
+
+	readerDone chan struct{}
+	closeOnce  sync.Once
+
+	// Atomic.
+	invalid atomic.Uint64 // malformed datagrams from unknown endpoints
+	stray   atomic.Uint64 // datagrams for no connection
+	ignored atomic.Uint64 // connection attempts ignored: too many pending, or closed
+	refused atomic.Uint64 // connection attempts refused
+	// Admit replies too long for a ConnectSynAck
+	oversized atomic.Uint64
+	// Datagrams the system refused to send, outside a connection's own
+	// batches: refusals, and what left a simulated network.
+	sendErrs atomic.Uint64
+}
+
+// socketBuffer is the kernel buffer size asked for, each way; the kernel
+// may grant less (net.core.rmem_max, wmem_max on Linux).
+const socketBuffer = 4 << 20
+
+func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
+	pc.SetReadBuffer(socketBuffer)
+	pc.SetWriteBuffer(socketBuffer)
+	ep := &endpoint{
+		pc:         pc,
+		uc:         udp.New(pc, connected),
+		connected:  connected,
+		cfg:        cfg,
+		conns:      make(map[netip.AddrPort]*Conn),
+		readerDone: make(chan struct{}),
+	}
+	ep.pool = packetPool(max(cfg.maxDatagram, 2048) + 1)
+	return ep
+}
+
+// Packet buffers are pooled across endpoints by size: a pool per dialed
+// connection would keep its buffers for two garbage collections after the
+// connection is gone.
+var (
+	poolsMu sync.Mutex
+	pools   = map[int]*sync.Pool{}
+)
+
+func packetPool(size int) *sync.Pool {
+	poolsMu.Lock()
+	defer poolsMu.Unlock()
+	p := pools[size]
+	if p == nil {
+		p = &sync.Pool{New: func() any { return &packet{buf: make([]byte, size)} }}
+		pools[size] = p
+	}
+	return p
+}
+
+// simulate puts the Config's simulated network on the send path. The seed
+// is salted with the side, so that a Config shared by a client and a
+// server still gives the two directions different (and replayable) fates.
+func (ep *endpoint) simulate(salt uint64) {
+	if ep.cfg.simulate == nil {
+		return
+	}
+	p := ep.cfg.simulate.params()
+	p.Seed = p.Seed*0x9e3779b97f4a7c15 + salt
+	ep.sim = netsim.NewPipe(netsim.NewLink(p), ep.writeNow)
+}
+
+func (ep *endpoint) getPacket() *packet { return ep.pool.Get().(*packet) }
+
+func (ep *endpoint) putPacket(p *packet) {
+	p.b = nil
+	ep.pool.Put(p)
+}
+
+// unmap makes IPv4 addresses read from dual-stack sockets match the same
+// addresses read from IPv4 ones.
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// writeBatch sends datagrams, across the simulated network if there is one.
+// It returns the first error the system gave, each packet's Err saying
+// which did not go; with a simulated network, a datagram has gone once it
+// is in it (errors of its delivery are the endpoint's, see writeNow).
+func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) error {
+	if ep.sim != nil {
+		for _, p := range ps {
+			ep.sim.Send(p.Buf, p.Addr)
+		}
+		return nil
+	}
+	_, err := ep.uc.WriteBatch(w.w, ps)
+	return err
+}
+
+// write sends one datagram.
+func (ep *endpoint) write(b []byte, to netip.AddrPort) {
+	if ep.sim != nil {
+		ep.sim.Send(b, to)
+		return
+	}
+	ep.writeNow(b, to)
+}
+
+// writeNow sends one datagram, counting a failure as the endpoint's.
+func (ep *endpoint) writeNow(b []byte, to netip.AddrPort) {
+	var err error
+	if ep.connected {
+		_, err = ep.pc.Write(b)
+	} else {
+		_, err = ep.pc.WriteToUDPAddrPort(b, to)
+	}
+	if err != nil {
+		ep.sendErrs.Add(1)
+		if isRefusal(err) {
+			ep.reportRefusal()
+		}
+	}
+}
+
+// reportRefusal passes on the system's report that nothing listens at the
+// peer's port to the connection of a dialed socket (only a connected
+// socket gets such reports).
+func (ep *endpoint) reportRefusal() {
+	if !ep.connected {
+		return
+	}
+	ep.mu.Lock()
+	for _, c := range ep.conns {
+		c.refusal()
+	}
+	ep.mu.Unlock()
+}
+
+// writeBatch is what a connection's goroutine needs to send a batch:
+// pooled, since few connections send at any one moment.
+type writeBatch struct {
+	w    *udp.Writer
+	ps   [udp.MaxBatch]udp.Packet
+	bufs [udp.MaxBatch][]byte // for datagrams built on the spot
+	size int
+	used int // entries of ps that may hold references
+}
+
+var writeBatches sync.Pool
+
+func getWriteBatch(c *udp.Conn, size int) *writeBatch {
+	if w, ok := writeBatches.Get().(*writeBatch); ok && w.size == size {
+		return w
+	}
+	w := &writeBatch{w: c.NewWriter(), size: size}
+	for i := range w.bufs {
+		w.bufs[i] = make([]byte, 0, size)
+	}
+	return w
+}
+
+func putWriteBatch(w *writeBatch) {
+	clear(w.ps[:w.used])
+	w.used = 0
+	writeBatches.Put(w)
+}
+
+// readLoop reads the socket, a batch at a time, and hands each datagram to
+// its connection, never waiting on one.
+func (ep *endpoint) readLoop() {
+	defer close(ep.readerDone)
+	batch := 16 // a dialed connection: each buffer held is 2 KB
+	if ep.l != nil {
+		batch = udp.MaxBatch
+	}
+	r := ep.uc.NewReader()
+	ps := make([]udp.Packet, batch)
+	pkts := make([]*packet, batch)
+	defer func() {
+		for _, p := range pkts {
+			if p != nil {
+				ep.putPacket(p)
+			}
+		}
+	}()
+	fails, held := 0, 0
+	for {
+		// Buffers only for what the read may fill: one, unless a
+		// backlog has the reader taking batches.
+		want := r.Want(batch)
+		for i := want; i < held; i++ {
+			if pkts[i] != nil {
+				ep.putPacket(pkts[i])
+				pkts[i] = nil
+			}
+		}
+		held = want
+		for i := range want {
+			if pkts[i] == nil {
+				pkts[i] = ep.getPacket()
+			}
+			ps[i].Buf = pkts[i].buf
+		}
+		n, err := ep.uc.ReadBatch(r, ps[:want])
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// ICMP errors surface here on a dialed socket: the
+			// connection decides what a port unreachable means. Keep
+			// reading, but do not spin on a socket that keeps failing.
+			if isRefusal(err) {
+				ep.reportRefusal()
+			}
+			if fails++; fails > 8 {
+				time.Sleep(time.Millisecond)
+			}
+			continue
+		}
+		fails = 0
+		ep.dispatch(ps[:n], pkts[:n])
+	}
+}
+
+// dispatch hands a batch of datagrams to their connections, consecutive
+// ones for the same connection together.
+func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
+	var run []*packet
+	var runConn *Conn
+	flush := func() {
+		if runConn != nil && len(run) > 0 {
+			runConn.pushRun(run)
+		}
+		run = run[:0]
+	}
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	run = ep.runBuf[:0]
+	for i := range ps {
+		p := pkts[i]
+		pkts[i] = nil
+		if ps[i].Trunc || ps[i].N >= len(p.buf) {
+			// Larger than any datagram we accept: cut short.
+			ep.invalid.Add(1)
+			ep.putPacket(p)
+			continue
+		}
+		p.b = p.buf[:ps[i].N]
+		addr := unmap(ps[i].Addr)
+		c := ep.conns[addr]
+		if c != runConn {
+			flush()
+			runConn = c
+		}
+		switch {
+		case c != nil:
+			run = append(run, p)
+		case ep.l != nil:
+			ep.mu.Unlock()
+			ep.l.handleNew(ep, addr, p)
+			ep.mu.Lock()
+			runConn = nil
+		default:
+			// A dialed socket outliving its connection (connDone):
+			// the peer may still wait for our DisconnectAck.
+			ep.stray.Add(1)
+			ep.answerDisconnect(addr, p.b)
+			ep.putPacket(p)
+		}
+	}
+	flush()
+	ep.runBuf = run[:0]
+}
+
+// remove forgets c's address.
+func (ep *endpoint) remove(c *Conn) {
+	ep.mu.Lock()
+	if ep.conns[c.raddr] == c {
+		delete(ep.conns, c.raddr)
+	}
+	ep.mu.Unlock()
+	if ep.l != nil {
+		ep.l.established(c) // no longer pending, whatever became of it
+	}
+}
+
+// connDone is called as a connection's goroutine exits. A dialed socket
+// goes with its connection, but if the connection ended by answering the
+// peer's Disconnect, only after a moment in which it answers the peer's
+// resent Disconnects (dispatch): the DisconnectAck may have been lost, and
+// the peer would otherwise wait out its DisconnectTimeout.
+func (ep *endpoint) connDone(c *Conn) {
+	if ep.l != nil {
+		return
+	}
+	if d := c.sess.socketLinger(time.Now()); d > 0 {
+		time.Sleep(d)
+	}
+	ep.close()
+}
+
+// close closes the socket and waits for the reader to stop.
+func (ep *endpoint) close() {
+	ep.closeOnce.Do(func() {
+		if ep.sim != nil {
+			// What is in flight still lands, as on a real network: a
+			// last DisconnectAck, say.
+			ep.sim.Drain(ep.cfg.disconnect)
+			ep.sim.Close()
+		}
+		ep.pc.Close()
+		<-ep.readerDone
+	})
+}
+
+// disconnectAnswer returns, built in buf, the DisconnectAck answering b
+// when b is a well-formed datagram holding a Disconnect, and nil otherwise.
+// It answers for a connection already forgotten: one that finished the
+// exchange but whose DisconnectAck was lost, so that the peer, resending its
+// Disconnect, need not wait out its DisconnectTimeout. (DECISIONS §1 drops
+// what an unknown endpoint sends, bar a ConnectSyn; a Disconnect is the
+// other exception, answered as a refused ConnectSyn is.)
+//
+// The answer keeps no state: PacketID 0 (a closing session takes a
+// DisconnectAck whatever its PacketID), no dependency, and b's InOrder flag
+// (both messages are in-order, spec "Disconnect"; control sets the flag on
+// ours once the connection was open). So it is never larger than b: 9 or
+// 10 bytes, and a datagram holding a Disconnect is at least that, 10 with
+// the flag (anti-amplification, as for refusals). Only a Disconnect is
+// answered, never a DisconnectAck, so two endpoints cannot keep each other
+// talking.
+func disconnectAnswer(buf, b []byte) []byte {
+	var h header
+	n, err := parseHeader(b, &h)
+	if err != nil {
+		return nil
+	}
+	disc := false
+	for n < len(b) {
+		m, k, err := parseMessage(b[n:])
+		if err != nil || checkOrder(&h, &m) != nil {
+			return nil
+		}
+		if !m.fragment && m.id == idDisconnect {
+			disc = true
+		}
+		n += k
+	}
+	if !disc {
+		return nil
+	}
+	d := appendHeader(buf[:0], &header{inOrder: h.inOrder})
+	d = appendMessage(d, &message{id: idDisconnectAck})
+	if len(d) > len(b) {
+		return nil // cannot happen; the rule is worth the check
+	}
+	return d
+}
+
+// answerDisconnect sends addr the DisconnectAck answering b, if b is a
+// Disconnect (see disconnectAnswer).
+func (ep *endpoint) answerDisconnect(addr netip.AddrPort, b []byte) {
+	var buf [16]byte
+	if d := disconnectAnswer(buf[:0], b); d != nil {
+		ep.write(d, addr)
+	}
+}

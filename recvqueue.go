@@ -1,0 +1,81 @@
+package knet
+
+// recvQueue holds received messages until the application takes them.
+// Payloads sit back to back in one arena.
+type recvQueue struct {
+	entries []recvEntry
+	head    int
+	arena   []byte
+	start   int // arena bytes before start are consumed
+}
+
+type recvEntry struct {
+	id       uint32
+	off, n   int
+	reliable bool
+	inOrder  bool
+}
+
+func (q *recvQueue) len() int { return len(q.entries) - q.head }
+
+func (q *recvQueue) used() int { return len(q.arena) - q.start }
+
+func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
+	if q.start > 64<<10 && q.start > len(q.arena)/2 {
+		n := copy(q.arena, q.arena[q.start:])
+		q.arena = q.arena[:n]
+		for i := q.head; i < len(q.entries); i++ {
+			q.entries[i].off -= q.start
+		}
+		q.start = 0
+	}
+	q.entries = append(q.entries, recvEntry{id: id, off: len(q.arena), n: len(payload), reliable: reliable, inOrder: inOrder})
+	q.arena = append(q.arena, payload...)
+}
+
+func (q *recvQueue) peek() *recvEntry { return &q.entries[q.head] }
+
+func (q *recvQueue) bytes(e *recvEntry) []byte { return q.arena[e.off : e.off+e.n] }
+
+// take pops the head entry, returning a copy of its payload.
+func (q *recvQueue) take(e *recvEntry) []byte {
+	p := append([]byte(nil), q.bytes(e)...)
+	if p == nil {
+		p = []byte{}
+	}
+	q.pop()
+	return p
+}
+
+func (q *recvQueue) pop() {
+	e := &q.entries[q.head]
+	q.start = e.off + e.n
+	q.head++
+	if q.head == len(q.entries) {
+		q.entries = q.entries[:0]
+		q.head = 0
+		q.arena = q.arena[:0]
+		q.start = 0
+		if cap(q.arena) > 1<<20 {
+			q.arena = nil // give a burst's memory back
+		}
+	}
+}
+
+// read copies payload bytes into p, across messages, skipping empty ones.
+func (q *recvQueue) read(p []byte) int {
+	n := 0
+	for n < len(p) && q.len() > 0 {
+		e := q.peek()
+		k := copy(p[n:], q.bytes(e))
+		n += k
+		if k == e.n {
+			q.pop()
+		} else {
+			e.off += k
+			e.n -= k
+			q.start = e.off
+		}
+	}
+	return n
+}

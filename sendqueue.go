@@ -1,0 +1,248 @@
+package knet
+
+import (
+	"slices"
+	"sync"
+)
+
+// Payload buffers of queued messages come from pools by size class (64
+// bytes to 64 KiB, powers of two), so that Send allocates nothing in steady
+// state; the session returns them once a message is packed or dropped.
+const (
+	minPayloadClass = 6  // 64 bytes
+	maxPayloadClass = 16 // 64 KiB
+)
+
+var payloadPools [maxPayloadClass - minPayloadClass + 1]sync.Pool
+
+func payloadClass(n int) int {
+	k := minPayloadClass
+	for 1<<k < n {
+		k++
+	}
+	return k
+}
+
+// getPayload returns a buffer of capacity at least n.
+func getPayload(n int) *[]byte {
+	k := payloadClass(n)
+	if k > maxPayloadClass {
+		b := make([]byte, 0, n)
+		return &b
+	}
+	if p, ok := payloadPools[k-minPayloadClass].Get().(*[]byte); ok {
+		return p
+	}
+	b := make([]byte, 0, 1<<k)
+	return &b
+}
+
+// putPayload returns a buffer got from getPayload.
+func putPayload(p *[]byte) {
+	if p == nil {
+		return
+	}
+	k := payloadClass(cap(*p))
+	if k > maxPayloadClass || cap(*p) != 1<<k {
+		return
+	}
+	*p = (*p)[:0]
+	payloadPools[k-minPayloadClass].Put(p)
+}
+
+// outMsg is an application message queued for sending.
+type outMsg struct {
+	ref       Ref
+	id        uint32
+	payload   []byte
+	pbuf      *[]byte // the pooled buffer behind payload
+	reliable  bool
+	inOrder   bool
+	tracked   bool
+	channel   uint8
+	priority  int8
+	contentID uint32
+	after     []Ref
+	deps      []depOn
+	latest    bool // replaces what it depends on (ContentID)
+	track     *track
+	done      bool // fully packed
+	off       int  // payload bytes packed so far
+
+	// Fragmented transfer progress.
+	frag      bool
+	fragSize  int
+	fragCount uint32
+	fragNext  uint32 // next FragmentNumber to pack
+	tid       uint8
+}
+
+// sendQueue holds queued messages by priority, then in send order.
+type sendQueue struct {
+	items []*outMsg
+	head  int
+}
+
+func (q *sendQueue) len() int { return len(q.items) - q.head }
+
+func (q *sendQueue) push(m *outMsg) {
+	n := len(q.items)
+	if n == q.head || q.items[n-1].priority >= m.priority {
+		q.items = append(q.items, m)
+		return
+	}
+	i := n
+	for i > q.head && q.items[i-1].priority < m.priority {
+		i--
+	}
+	q.items = slices.Insert(q.items, i, m)
+}
+
+// remove takes m out of the queue wherever it is.
+func (q *sendQueue) remove(m *outMsg) {
+	for i := q.head; i < len(q.items); i++ {
+		if q.items[i] == m {
+			q.items = slices.Delete(q.items, i, i+1)
+			return
+		}
+	}
+}
+
+// compact drops packed messages from the front, and from anywhere once
+// they are many.
+func (q *sendQueue) compact(free func(*outMsg)) {
+	for q.head < len(q.items) && q.items[q.head].done {
+		free(q.items[q.head])
+		q.items[q.head] = nil
+		q.head++
+	}
+	if q.head == len(q.items) {
+		q.items = q.items[:0]
+		q.head = 0
+		return
+	}
+	if q.head > 256 && q.head*2 > len(q.items) {
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items = q.items[:n]
+		q.head = 0
+	}
+}
+
+// unsentBytes is how many payload bytes of m are not yet in a datagram.
+func (s *session) unsentBytes(m *outMsg) int { return len(m.payload) - m.off }
+
+// enqueue takes an application message for sending. The payload is already
+// a private copy.
+func (s *session) enqueue(m *outMsg) {
+	if s.state == stateDone || s.state == stateLinger || s.stopAccepting {
+		s.host.sendDone(len(m.payload))
+		s.stats.DroppedMessages++
+		s.putMsg(m)
+		return
+	}
+	if m.contentID != 0 && !m.reliable {
+		k := contentKey{m.id, m.contentID}
+		if old := s.latestQueued[k]; old != nil && !old.track.packed {
+			// Latest state wins: the newer content replaces the older
+			// one still queued.
+			s.host.sendDone(len(old.payload))
+			if !old.frag && !m.frag && !m.tracked {
+				old.payload, m.payload = m.payload, old.payload
+				old.pbuf, m.pbuf = m.pbuf, old.pbuf
+				s.putMsg(m)
+				return
+			}
+			// A fragmented transfer, sized for its payload and perhaps in
+			// the other queue, or a message later ones may name by its
+			// Ref: the older one goes, the newer one queues.
+			s.queueFor(old).remove(old)
+			old.track.dropped = true
+			delete(s.latestQueued, k)
+			s.putMsg(old)
+		}
+	}
+	s.order.add(m)
+	if m.contentID != 0 && !m.reliable {
+		if s.latestQueued == nil {
+			s.latestQueued = make(map[contentKey]*outMsg)
+		}
+		s.latestQueued[contentKey{m.id, m.contentID}] = m
+	}
+	s.raise(m)
+	s.queueFor(m).push(m)
+	s.stats.MessagesSent++
+}
+
+// raise lifts the messages m depends on to m's priority, so that none is
+// left behind it in the queue.
+func (s *session) raise(m *outMsg) {
+	if m.priority == 0 {
+		return
+	}
+	for _, d := range m.deps {
+		t := d.live()
+		if t == nil || t.packed {
+			continue
+		}
+		for _, q := range [...]*sendQueue{&s.relQ, &s.unrelQ} {
+			for i := q.head; i < len(q.items); i++ {
+				o := q.items[i]
+				if o.track == t && o.priority < m.priority {
+					q.remove(o)
+					o.priority = m.priority
+					s.raise(o)
+					q.push(o)
+					break
+				}
+			}
+		}
+	}
+}
+
+// queueFor is the queue m waits in: fragmented transfers travel in
+// reliable datagrams whatever the message's own kind (spec "Fragmented
+// Transfers", 3).
+func (s *session) queueFor(m *outMsg) *sendQueue {
+	if m.reliable || m.frag {
+		return &s.relQ
+	}
+	return &s.unrelQ
+}
+
+func (s *session) newMsg() *outMsg {
+	if k := len(s.freeMsgs); k > 0 {
+		m := s.freeMsgs[k-1]
+		s.freeMsgs = s.freeMsgs[:k-1]
+		return m
+	}
+	return new(outMsg)
+}
+
+func (s *session) putMsg(m *outMsg) {
+	putPayload(m.pbuf)
+	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
+	if len(s.freeMsgs) < 1024 {
+		s.freeMsgs = append(s.freeMsgs, m)
+	}
+}
+
+func (s *session) freeQueued(m *outMsg) {
+	if m.contentID != 0 {
+		k := contentKey{m.id, m.contentID}
+		if s.latestQueued[k] == m {
+			delete(s.latestQueued, k)
+		}
+	}
+	s.putMsg(m)
+}
+
+// prepare sets up fragmentation for a queued message.
+func (s *session) prepare(m *outMsg) {
+	if len(m.payload) <= s.cfg.wholeLimit() {
+		return
+	}
+	m.frag = true
+	m.fragSize = s.cfg.fragSize()
+	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
+}

@@ -1,0 +1,229 @@
+package knet
+
+import (
+	"container/heap"
+	"time"
+)
+
+// reorderWindowFor is how long an unreliable message with the given ID
+// waits for a missing dependency: Config.ReorderWindows, else
+// ReorderWindow. Zero means it does not wait.
+func (s *session) reorderWindowFor(id uint32) time.Duration {
+	if w, ok := s.cfg.reorderWindows[id]; ok {
+		return max(w, 0)
+	}
+	return s.reorderWindow()
+}
+
+// reorderWindow is how long an unreliable in-order message waits for a
+// missing predecessor, unless its ID has a window of its own.
+func (s *session) reorderWindow() time.Duration {
+	if s.cfg.reorderWindow != 0 {
+		return max(s.cfg.reorderWindow, 0)
+	}
+	w := 20 * time.Millisecond
+	if s.rtt.samples > 0 {
+		w = s.rtt.srtt/4 + 2*s.rtt.rttvar
+	}
+	return min(max(w, s.reorderSeen(), 2*time.Millisecond), maxDerivedReorderWindow)
+}
+
+// maxDerivedReorderWindow caps the reorder window derived from the path.
+const maxDerivedReorderWindow = 250 * time.Millisecond
+
+// handleOrdered applies a message now, or holds it until its dependencies
+// are applied.
+func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
+	m := &s.rmsgs[ref.idx]
+	s.deps = appendDeps(s.deps[:0], h, m)
+	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.deps)
+}
+
+// handleOrderedDeps applies a message whose dependencies are deps, or holds
+// it. An unreliable message marked latest (see supersedes), or whose ID has
+// no reorder window, does not wait: it replaces what it names.
+func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder, latest bool, deps []msgRef) {
+	if s.res.lateDrop(ref, reliable) || !reliable && len(deps) > 0 && s.res.overtaken(ref, s.win.newest) {
+		s.stats.DroppedMessages++
+		// What it waited for is older still: drop that too if it comes.
+		s.supersede(now, s.res.pendingDeps(&s.win, deps, false))
+		s.cascade(now, ref)
+		return
+	}
+	deps = s.res.pendingDeps(&s.win, deps, reliable)
+	var wait time.Duration
+	if len(deps) > 0 && !reliable {
+		wait = s.reorderWindowFor(id)
+		if kind == heldApp && (latest || wait == 0) {
+			s.supersede(now, deps)
+			deps = deps[:0]
+		}
+	}
+	if len(deps) == 0 {
+		s.apply(now, kind, id, payload, reliable, inOrder)
+		s.cascade(now, ref)
+		return
+	}
+	hm := s.res.newHeld()
+	hm.ref = ref
+	hm.kind = kind
+	hm.id = id
+	hm.payload = append(hm.payload[:0], payload...)
+	hm.reliable = reliable
+	hm.inOrder = inOrder
+	hm.deps = append(hm.deps[:0], deps...)
+	s.res.hold(hm, now.Add(wait))
+}
+
+// supersede gives up on deps (see resolver.supersede), dropping the held
+// messages among them.
+func (s *session) supersede(now time.Time, deps []msgRef) {
+	if len(deps) == 0 {
+		return
+	}
+	s.dropped = s.res.supersede(&s.win, deps, s.dropped[:0])
+	for i, hm := range s.dropped {
+		s.stats.DroppedMessages++
+		s.wake(hm.ref)
+		s.res.recycle(hm)
+		s.dropped[i] = nil
+	}
+	s.dropped = s.dropped[:0]
+}
+
+// cascade applies the held messages that ref's application released, and
+// those theirs released, oldest first.
+func (s *session) cascade(now time.Time, ref msgRef) {
+	s.wake(ref)
+	s.runReady(now)
+}
+
+// wake moves the messages waiting only on ref to the ready queue.
+func (s *session) wake(ref msgRef) {
+	s.woken = s.res.applied(ref, s.woken[:0])
+	for i, hm := range s.woken {
+		heap.Push(&s.ready, hm)
+		s.woken[i] = nil
+	}
+}
+
+// runReady applies the ready messages, oldest first, waking their
+// dependents into the same queue.
+func (s *session) runReady(now time.Time) {
+	for s.ready.Len() > 0 {
+		hm := heap.Pop(&s.ready).(*held)
+		s.applyHeld(now, hm)
+		s.wake(hm.ref)
+		s.res.recycle(hm)
+	}
+}
+
+// applyHeld applies a held message now ready, unless it is unreliable and
+// was overtaken while it waited.
+func (s *session) applyHeld(now time.Time, hm *held) {
+	if !hm.reliable && hm.kind == heldApp && s.res.overtaken(hm.ref, s.win.newest) {
+		s.stats.DroppedMessages++
+		return
+	}
+	s.apply(now, hm.kind, hm.id, hm.payload, hm.reliable, hm.inOrder)
+}
+
+// apply hands a message whose dependencies are satisfied to where it goes.
+func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
+	switch kind {
+	case heldApp:
+		if s.state != stateOK && s.state != stateClosing {
+			return
+		}
+		if s.host.deliver(id, payload, reliable, inOrder) {
+			s.stats.MessagesReceived++
+		} else {
+			s.stats.DroppedMessages++
+		}
+	case heldDisconnect:
+		s.needDiscAck = true
+		switch s.state {
+		case stateOK:
+			if s.closeAsked {
+				// Both sides closing at once: our answer ends it.
+				s.state = stateDone
+				s.dropSending()
+				return
+			}
+			s.host.peerClosed()
+			s.dropSending()
+			s.state = stateLinger
+			s.lingerUntil = now.Add(s.lingerTime())
+		case stateClosing:
+			s.state = stateDone
+		}
+	case heldDisconnectAck:
+		switch s.state {
+		case stateClosing:
+			s.state = stateDone
+		case stateOK:
+			// The peer says it is gone without our asking.
+			s.host.peerClosed()
+			s.fail(ErrPeerClosed)
+		case stateSynAck:
+			s.fail(ErrPeerClosed)
+		}
+	}
+}
+
+// handleFragment feeds a fragment to reassembly and, once a message is
+// whole, applies or holds it in its FragmentStart's place.
+func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *message) {
+	var order startOrder
+	if m.fragStart {
+		order.reliable = h.reliable
+		order.inOrder = m.order != orderNone
+		s.deps = appendDeps(s.deps[:0], h, m)
+		order.deps = s.deps
+	}
+	t, whole, err := s.reasm.add(m, ref, order)
+	if err != nil {
+		s.protocolError(err)
+		return
+	}
+	if whole == nil {
+		if m.fragStart {
+			// Hold a place so that dependents wait for the whole.
+			hm := s.res.newHeld()
+			hm.ref = ref
+			hm.kind = heldFragments
+			s.res.hold(hm, time.Time{})
+		}
+		return
+	}
+	start := t.start
+	if !m.fragStart {
+		if hm, ok := s.res.held[start]; ok && hm.kind == heldFragments {
+			s.res.release(hm)
+			s.res.recycle(hm)
+		}
+	}
+	s.establishServer(now)
+	deps := append(s.wdeps[:0], t.order.deps...)
+	s.wdeps = deps
+	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
+	s.reasm.finish(t)
+	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
+}
+
+// expireHeld delivers the unreliable in-order messages that waited their
+// reorder window out, dropping those they overtook.
+func (s *session) expireHeld(now time.Time) {
+	ready, dropped := s.res.expire(now, &s.win, s.expired[:0], s.dropped[:0])
+	for _, hm := range dropped {
+		s.stats.DroppedMessages++
+		s.res.recycle(hm)
+	}
+	s.dropped = dropped[:0]
+	for i, hm := range ready {
+		heap.Push(&s.ready, hm)
+		ready[i] = nil
+	}
+	s.expired = ready[:0]
+	s.runReady(now)
+}

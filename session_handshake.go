@@ -1,0 +1,88 @@
+package knet
+
+import "time"
+
+// handleConnecting handles a datagram while the client waits for
+// ConnectSynAck. It reports whether the datagram should then be processed
+// as usual (it completed the handshake).
+func (s *session) handleConnecting(now time.Time, msgs []message) bool {
+	for i := range msgs {
+		m := &msgs[i]
+		if m.fragment {
+			continue
+		}
+		switch m.id {
+		case idConnectSynAck:
+			s.synAck = append([]byte(nil), m.payload...)
+			s.state = stateOK
+			s.wasOpen = true
+			s.needSyn = false
+			s.needAck = true
+			if s.synSends == 1 {
+				s.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
+			}
+			s.nextPing = now.Add(s.cfg.keepalive())
+			s.host.established()
+			return true
+		case idDisconnectAck:
+			s.fail(ErrRefused)
+			return false
+		}
+	}
+	return false
+}
+
+// establishServer completes the server side of the handshake: a ConnectAck
+// or any application message does it.
+func (s *session) establishServer(now time.Time) {
+	if s.client || s.state != stateSynAck {
+		return
+	}
+	s.state = stateOK
+	s.wasOpen = true
+	s.needSynAck = false
+	if s.synAckSends == 1 {
+		s.rtt.sample(now.Sub(s.synAckSent))
+	}
+	s.nextPing = now.Add(s.cfg.keepalive())
+	s.host.established()
+}
+
+// admitted records the application's decision on the ConnectSyn.
+func (s *session) admitted(now time.Time, reply []byte, ok bool) {
+	if s.state != stateAdmit {
+		return
+	}
+	if !ok {
+		s.state = stateDone
+		s.err = ErrRefused
+		s.needDiscAck = !s.cfg.stealth
+		return
+	}
+	s.synAck = reply
+	s.state = stateSynAck
+	s.needSynAck = true
+	s.started = now
+}
+
+// synPadTo is the size a client pads its ConnectSyn datagram to, so that
+// the server may answer with a ConnectSynAck of about that size at once.
+const synPadTo = 1200
+
+// idPadding is the reserved MessageID 5, which receivers ignore: the
+// ConnectSyn's padding.
+const idPadding = 5
+
+// appendPadding fills the datagram b up to size bytes with one padding
+// message, when there is room for one.
+func appendPadding(b []byte, size int) []byte {
+	room := size - len(b) - 3 // message header and the 1-byte MessageID
+	if room < 0 {
+		return b
+	}
+	room = min(room, maxContentLength-1)
+	b = appendMessage(b, &message{id: idPadding})
+	b[len(b)-3] = byte(1 + room) // ContentLength, u16 little-endian
+	b[len(b)-2] = byte((1 + room) >> 8)
+	return append(b, make([]byte, room)...)
+}

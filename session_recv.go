@@ -1,0 +1,295 @@
+package knet
+
+import (
+	"errors"
+	"time"
+)
+
+// reorderSeen is how late out-of-order datagrams have been arriving
+// lately, with a margin: the extent halves every five seconds.
+func (s *session) reorderSeen() time.Duration {
+	e := s.reorderExt
+	for t := s.reorderAt; e > 0 && s.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
+		e /= 2
+	}
+	return e * 5 / 4
+}
+
+// noteArrival measures reordering: a datagram older than the newest one
+// seen arrives this long after it.
+func (s *session) noteArrival(now time.Time, pid uint32) {
+	if !s.win.started || seqLess(s.win.newest, pid) {
+		s.newestAt = now
+		return
+	}
+	if late := now.Sub(s.newestAt); late > 0 {
+		s.reorderExt = max(s.reorderSeen()*4/5, late)
+		s.reorderAt = now
+	}
+}
+
+// handleDatagram processes one datagram from the peer. b is not kept.
+func (s *session) handleDatagram(now time.Time, b []byte) {
+	if s.state == stateDone {
+		return
+	}
+	// Parse everything first: a malformed datagram is dropped whole.
+	h := &s.rh
+	n, err := parseHeader(b, h)
+	if err != nil {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	msgs := s.rmsgs[:0]
+	for off := n; off < len(b); {
+		m, k, err := parseMessage(b[off:])
+		if err == nil {
+			err = checkOrder(h, &m)
+		}
+		if err == nil && m.fragment && !h.reliable {
+			err = errUnreliableFragment
+		}
+		if err != nil {
+			s.rmsgs = msgs
+			s.stats.InvalidDatagrams++
+			return
+		}
+		msgs = append(msgs, m)
+		off += k
+	}
+	s.rmsgs = msgs
+	s.stats.DatagramsReceived++
+	s.stats.BytesReceived += uint64(len(b))
+	if !s.client && !s.wasOpen {
+		s.preIn += len(b)
+	}
+
+	switch s.state {
+	case stateSyn:
+		if !s.handleConnecting(now, msgs) {
+			return
+		}
+	case stateAdmit:
+		if s.admitWaiting {
+			return
+		}
+		for i := range msgs {
+			if msgs[i].id == idConnectSyn && !msgs[i].fragment {
+				s.admitWaiting = true
+				s.syn = append([]byte(nil), msgs[i].payload...)
+				s.lastRecv = now
+				s.win.add(h.packetID)
+				return
+			}
+		}
+		return
+	case stateLinger:
+		s.lastRecv = now
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idDisconnect {
+				s.needDiscAck = true
+			}
+		}
+		return
+	case stateClosing:
+		// The answer may come from a peer that has already forgotten us
+		// (the listener answers statelessly, PacketID 0, when our first
+		// DisconnectAck was lost): it ends the close whatever its
+		// PacketID. Nothing the peer sends after it matters any more.
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idDisconnectAck {
+				s.state = stateDone
+				return
+			}
+		}
+	}
+
+	if !s.win.plausible(h.packetID) {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	if s.win.contains(h.packetID) {
+		s.stats.DuplicateDatagrams++
+		if h.reliable {
+			s.acks.add(now, h.packetID) // its ack may have been lost
+		}
+		s.lastRecv = now
+		return
+	}
+	if h.reliable && !s.admits(msgs) {
+		// No room: leave it unacked so it comes again, but take the
+		// acks it carries.
+		s.stats.DroppedDatagrams++
+		s.lastRecv = now
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idPacketAck {
+				s.handlePacketAck(now, msgs[i].payload)
+			}
+		}
+		s.afterAcks(now)
+		s.arrivals++
+		s.flowControl(now)
+		return
+	}
+	s.lastRecv = now
+	s.noteArrival(now, h.packetID)
+	// Every datagram takes the next PacketID, so a skipped one means
+	// something went missing, and an older one arriving fills a gap:
+	// either way the sender wants to hear at once (an immediate ack speeds
+	// up its loss detection, as TCP does on out-of-order data).
+	gap := s.win.started && (h.packetID != (s.win.newest+1)&packetIDMask)
+	s.win.add(h.packetID)
+	if h.reliable {
+		s.acks.add(now, h.packetID)
+		if gap {
+			s.ackNow = true
+		}
+	}
+	acked := false
+	for i := range msgs {
+		if s.state == stateDone {
+			break
+		}
+		m := &msgs[i]
+		if !m.fragment && m.id == idPacketAck {
+			acked = true
+		}
+		s.handleMessage(now, h, msgRef{h.packetID, uint16(i)}, m)
+	}
+	if acked {
+		s.afterAcks(now)
+	}
+	s.arrivals++
+	s.flowControl(now)
+}
+
+var errUnreliableFragment = errors.New("knet: fragment in an unreliable datagram")
+
+// admits reports whether a reliable datagram fits our buffers, or makes
+// progress: it carries a message that can be applied now and either held
+// messages wait for it or the application has room for it, or a fragment
+// the reassembly takes.
+//
+// Held messages alone may fill the buffer while the application has read
+// everything; what fills the hole they wait behind must still get in, even
+// when it is several datagrams back from the first held one.
+func (s *session) admits(msgs []message) bool {
+	used := s.host.recvUsed()
+	over := used+s.res.bytes >= s.cfg.recvBuffer
+	appContent := false
+	for i := range msgs {
+		m := &msgs[i]
+		if m.fragment {
+			if !s.reasm.admits(m.transferID, len(m.payload)) {
+				return false
+			}
+			appContent = true
+			continue
+		}
+		if m.id >= MinMessageID && m.id <= MaxMessageID {
+			appContent = true
+		}
+	}
+	if !over || !appContent {
+		return true
+	}
+	h := &s.rh
+	appRoom := used < s.cfg.recvBuffer
+	for i := range msgs {
+		ref := msgRef{h.packetID, uint16(i)}
+		if !appRoom && !s.res.waitedOn(ref) {
+			continue
+		}
+		deps := appendDeps(s.deps[:0], h, &msgs[i])
+		if len(s.res.pendingDeps(&s.win, deps, h.reliable)) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// handleMessage processes one message block of an accepted datagram.
+func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message) {
+	if m.fragment {
+		s.handleFragment(now, h, ref, m)
+		return
+	}
+	switch m.id {
+	case idPingRequest:
+		if len(m.payload) == 1 && len(s.pingReplies) < 64 {
+			s.pingReplies = append(s.pingReplies, m.payload[0])
+		}
+	case idPingReply:
+		if len(m.payload) == 1 {
+			s.handlePingReply(now, m.payload[0])
+		}
+	case idFlowControlRequest:
+		if len(m.payload) == 2 {
+			s.peerRateRequest(now, uint16(m.payload[0])|uint16(m.payload[1])<<8)
+		}
+	case idPacketAck:
+		s.handlePacketAck(now, m.payload)
+	case idConnectSyn:
+		if s.state == stateSynAck {
+			s.needSynAck = true // ours was lost
+		}
+	case idConnectSynAck:
+		// A copy of one we already had; our ConnectAck is reliable
+		// and takes care of itself.
+	case idConnectAck:
+		s.establishServer(now)
+	case idDisconnect, idDisconnectAck:
+		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
+		return
+	default:
+		if m.id >= MinMessageID && m.id <= MaxMessageID {
+			s.establishServer(now)
+			s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
+			return
+		}
+		// Reserved and unknown: ignored, which applies it.
+	}
+	// A connection control message is applied as it arrives, and may be
+	// named by later messages (the first in-order message of a connection
+	// names the ConnectAck): release what waits for it.
+	s.cascade(now, ref)
+}
+
+func heldKindOf(id uint32) heldKind {
+	switch id {
+	case idDisconnect:
+		return heldDisconnect
+	case idDisconnectAck:
+		return heldDisconnectAck
+	}
+	return heldApp
+}
+
+func (s *session) protocolError(err error) {
+	s.stats.ProtocolErrors++
+	s.fail(&ProtocolError{Err: err})
+}
+
+func (s *session) handlePingReply(now time.Time, id uint8) {
+	for i := range min(s.pingCount, len(s.pings)) {
+		p := &s.pings[i]
+		if p.id == id && !p.at.IsZero() {
+			s.rtt.sample(now.Sub(p.at))
+			p.at = time.Time{}
+			return
+		}
+	}
+}
+
+func (s *session) handlePacketAck(now time.Time, p []byte) {
+	a, ok := parsePacketAck(p)
+	if !ok {
+		return
+	}
+	s.ackOne(now, a.base)
+	for m, k := a.more, uint32(1); m != 0; m, k = m>>1, k+1 {
+		if m&1 != 0 {
+			s.ackOne(now, (a.base+k)&packetIDMask)
+		}
+	}
+}

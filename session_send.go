@@ -1,0 +1,504 @@
+package knet
+
+import (
+	"slices"
+	"time"
+)
+
+// ackDelay is how long we hold a lone ack hoping for company: a quarter of
+// the round trip, within 1ms and MaxAckDelay.
+func (s *session) ackDelay() time.Duration {
+	return min(max(s.rtt.srtt/4, time.Millisecond), s.cfg.maxAckDelay)
+}
+
+// getBuf returns an empty buffer for a reliable datagram, kept until acked.
+func (s *session) getBuf() []byte {
+	if k := len(s.freeBufs); k > 0 {
+		b := s.freeBufs[k-1]
+		s.freeBufs = s.freeBufs[:k-1]
+		return b[:0]
+	}
+	return make([]byte, 0, s.cfg.maxDatagram)
+}
+
+func (s *session) putBuf(b []byte) {
+	if cap(b) >= s.cfg.maxDatagram && len(s.freeBufs) < 256 {
+		s.freeBufs = append(s.freeBufs, b)
+	}
+}
+
+// wholeLimit is the largest payload sent as one message block; larger ones
+// are fragmented. It leaves room in a datagram for the headers and up to
+// MaxDependencies dependencies.
+func (c *config) wholeLimit() int {
+	return min(maxContentLength-4, c.maxDatagram-96)
+}
+
+// fragSize is the payload of each fragment: at most MaxFragmentSize, and
+// sized so that whole fragments fill a datagram with little left over.
+func (c *config) fragSize() int {
+	const perFrag = 7 // header, TransferID, FragmentNumber at its longest
+	avail := c.maxDatagram - minHeaderSize - 16
+	k := (avail + c.maxFragment + perFrag - 1) / (c.maxFragment + perFrag)
+	// Below the whole-message limit, so that a fragmented message has at
+	// least two fragments and its first leaves room for the MessageID.
+	return min(c.maxFragment, avail/k-perFrag, c.wholeLimit()-8)
+}
+
+// poll returns the next datagram to send, or nil when there is none now. A
+// reliable datagram's bytes stay the session's (they are kept for
+// retransmission); other datagrams are built in buf.
+func (s *session) poll(now time.Time, buf []byte) []byte {
+	s.pacedOut = false
+	switch s.state {
+	case stateSyn:
+		if s.needSyn {
+			s.needSyn = false
+			s.synSends++
+			return s.control(buf, idConnectSyn, s.syn)
+		}
+		return nil
+	case stateSynAck:
+		if s.needSynAck {
+			s.needSynAck = false
+			b := s.control(buf, idConnectSynAck, s.synAck)
+			if b != nil {
+				s.synAckSent = now
+				s.synAckSends++
+			}
+			return b
+		}
+		return nil
+	case stateClosing:
+		if s.needDisc {
+			s.needDisc = false
+			return s.control(buf, idDisconnect, nil)
+		}
+		return nil
+	case stateLinger, stateDone:
+		if s.needDiscAck {
+			s.needDiscAck = false
+			if s.wasOpen {
+				s.discAckedAt = now
+			}
+			return s.control(buf, idDisconnectAck, nil)
+		}
+		return nil
+	case stateOK:
+	default:
+		return nil
+	}
+	if s.needDiscAck {
+		s.needDiscAck = false
+		s.discAckedAt = now
+		return s.control(buf, idDisconnectAck, nil)
+	}
+	if b := s.pollReliable(now); b != nil {
+		return b
+	}
+	if b := s.pollUnreliable(now, buf); b != nil {
+		return b
+	}
+	if s.needAnchor {
+		// An unreliable in-order message waits for one.
+		if b := s.pollReliable(now); b != nil {
+			return b
+		}
+	}
+	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.sent.count == 0 && s.acks.pending() == 0 {
+		// Everything is delivered: Disconnect, in order after it all
+		// (every dependency is resolved, so none is named).
+		s.state = stateClosing
+		s.discBackoff = min(s.rto(), firstDiscResend)
+		s.discResend = now.Add(s.discBackoff)
+		return s.control(buf, idDisconnect, nil)
+	}
+	return nil
+}
+
+// control builds an unreliable datagram holding one connection control
+// message. Disconnect and DisconnectAck are in-order messages: their
+// datagram has the InOrder flag, with no dependency left to name.
+func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
+	// Before the connection opened (a refusal) there is nothing to be in
+	// order after, and the flag's count byte would make the answer larger
+	// than the smallest ConnectSyn.
+	h := header{packetID: s.nextPID, inOrder: s.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	b := appendHeader(buf[:0], &h)
+	b = appendMessage(b, &message{id: id, payload: payload})
+	if id == idConnectSyn {
+		b = appendPadding(b, min(synPadTo, s.cfg.maxDatagram))
+	}
+	if !s.client && !s.wasOpen {
+		// Anti-amplification: an endpoint not yet proven to be the
+		// sender gets no more bytes than it sent. A resent ConnectSyn
+		// adds credit.
+		if s.preOut+len(b) > s.preIn {
+			return nil
+		}
+		s.preOut += len(b)
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+func (s *session) sentUnreliable(b []byte) {
+	s.nextPID = (s.nextPID + 1) & packetIDMask
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+}
+
+// spanFull reports whether one more datagram would put the newest PacketID
+// 2^15 or more after the oldest unacked one (DECISIONS §4).
+func (s *session) spanFull() bool {
+	first := s.sent.firstUnacked()
+	return first != nil && seqDiff(first.packetID, s.nextPID) >= recvSpan-1
+}
+
+// pollReliable returns a retransmission or a new reliable datagram.
+func (s *session) pollReliable(now time.Time) []byte {
+	for s.lostHead < len(s.lostQ) {
+		l := s.lostQ[s.lostHead]
+		d := l.s
+		if d.packetID != l.pid || d.acked || !d.lost || d.b == nil {
+			s.popLost()
+			continue
+		}
+		if !s.rc.canSend(now, len(d.b)) {
+			s.pacedOut = true
+			return nil
+		}
+		s.popLost()
+		s.sent.resent(now, d)
+		s.onReliableSent(now, d)
+		s.stats.Retransmits++
+		s.stats.DatagramsSent++
+		s.stats.BytesSent += uint64(len(d.b))
+		return d.b
+	}
+	if !s.needAck && !s.needFlow && !s.needAnchor && s.relQ.len() == 0 {
+		if s.inflight < s.rc.window() {
+			// Nothing to send though the window has room: rate samples
+			// until this is delivered say more about us than the path.
+			s.appLimitedUntil = max(s.delivered+int64(s.inflight), 1)
+		}
+		return nil
+	}
+	if s.inflight >= s.rc.window() || s.sent.count >= maxWindow || s.spanFull() {
+		return nil
+	}
+	if s.spanHold >= s.holdLimit() {
+		// Held back by the receiver's room, not by the path: rate samples
+		// until this is delivered say little about the path.
+		s.appLimitedUntil = max(s.delivered+int64(s.inflight), 1)
+		return nil
+	}
+	if !s.rc.canSend(now, s.cfg.maxDatagram) {
+		s.pacedOut = true
+		return nil
+	}
+	return s.buildReliable(now)
+}
+
+// holdLimit bounds spanHold: the payload bytes sent, since the oldest
+// datagram unacked, that the receiver may have to hold until it arrives
+// (messages that wait for others, and fragments). A receiver holds them
+// within its ReceiveBuffer and refuses what does not fit, which costs
+// resends; so ordered data runs ahead of a loss by at most three quarters
+// of the buffer, ours taken for the peer's.
+func (s *session) holdLimit() int { return s.cfg.recvBuffer * 3 / 4 }
+
+// maxWindow bounds the reliable datagrams in flight, well within the span
+// the protocol allows (2^15).
+const maxWindow = 8192
+
+// buildReliable packs reliable messages into a new datagram, followed by
+// whatever acks fit.
+func (s *session) buildReliable(now time.Time) []byte {
+	h := &s.wh
+	*h = header{packetID: s.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
+	if s.needAck {
+		p.body = appendMessage(p.body, &message{id: idConnectAck})
+		p.count++
+		p.whole0 = true
+		s.needAck = false
+	} else if s.needAnchor {
+		// An empty reserved message, applied as it arrives (a receiver
+		// ignores it), for in-order messages to name: see wireDeps.
+		p.body = appendMessage(p.body, &message{id: idPadding})
+		p.count++
+		p.whole0 = true
+	}
+	s.needAnchor = false
+	if s.needFlow {
+		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
+		if p.count == 0 {
+			p.whole0 = true
+		}
+		p.count++
+		s.needFlow = false
+	}
+	s.pack(now, h, &p, &s.relQ)
+	s.body, s.tidBuf = p.body, p.tids
+	if p.count == 0 {
+		return nil
+	}
+	p.body = s.appendAcks(now, h, p.body, p.count, false)
+	s.body = p.body
+	b := s.getBuf()
+	b = appendHeader(b, h)
+	b = append(b, p.body...)
+	d := s.sent.push(now, h.packetID, b)
+	s.onReliableSent(now, d)
+	d.appBytes = p.appBytes
+	if p.holds {
+		d.hold = p.appBytes
+		s.spanHold += d.hold
+	}
+	d.whole0 = p.whole0
+	if p.whole0 {
+		s.lastWhole = msgRef{h.packetID, 0}
+		s.hasLastWhole = true
+	}
+	d.transfers = append(d.transfers, p.tids...)
+	s.nextPID = (s.nextPID + 1) & packetIDMask
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+	return b
+}
+
+// appendAcks adds PacketAcks for as many pending acks as fit. count is the
+// number of message blocks already in the datagram.
+func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, repeat bool) []byte {
+	const ackBlock = 2 + 1 + packetAckSize
+	room := s.cfg.maxDatagram - sizeHeader(h) - len(body)
+	if s.acks.pending() == 0 || room < ackBlock {
+		return body
+	}
+	s.ackBuf = s.acks.take(s.ackBuf[:0], room/ackBlock)
+	fresh := len(s.ackBuf)
+	if repeat {
+		// Acks sent in the last half round trip go again in the room
+		// left, so that a lost ack does not cost the peer a needless
+		// resend. (Not in reliable datagrams: those are kept and resent.)
+		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
+	}
+	s.acks.remember(now, s.ackBuf[:fresh], s.ackRepeatWindow())
+	if repeat {
+		s.ackBuf = s.acks.merge(s.ackBuf)
+	}
+	var p [packetAckSize]byte
+	for _, a := range s.ackBuf {
+		body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
+	}
+	return body
+}
+
+// ackRepeatWindow is how far back acks are sent again.
+func (s *session) ackRepeatWindow() time.Duration { return max(s.rtt.srtt/2, time.Millisecond) }
+
+// pollUnreliable builds an unreliable datagram when acks, pings or
+// unreliable messages are due.
+func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
+	acksDue := s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.ackNow || now.Sub(s.acks.oldest) >= s.ackDelay())
+	pingDue := !now.Before(s.nextPing)
+	// Unreliable messages are not held to the congestion controller's
+	// rate: nothing acks them, so it could never learn to raise it. The
+	// application sets their pace, and the peer can still cap it with a
+	// FlowControlRequest.
+	data := s.unrelQ.len() > 0
+	if data && !s.rc.peerAllows(now) {
+		s.pacedOut = true
+		data = false
+	}
+	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
+		return nil
+	}
+	h := &s.wh
+	*h = header{packetID: s.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
+	var one [1]byte
+	for _, id := range s.pingReplies {
+		one[0] = id
+		p.body = appendMessage(p.body, &message{id: idPingReply, payload: one[:]})
+		p.count++
+	}
+	s.pingReplies = s.pingReplies[:0]
+	if pingDue {
+		one[0] = s.nextPingID
+		s.pings[s.pingCount%len(s.pings)] = pingRecord{id: s.nextPingID, at: now}
+		s.pingCount++
+		s.nextPingID++
+		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
+		p.count++
+		s.nextPing = now.Add(s.cfg.keepalive())
+	}
+	if s.acks.pending() > 0 {
+		p.body = s.appendAcks(now, h, p.body, p.count, true)
+		p.count += len(s.ackBuf)
+	}
+	s.ackNow = s.acks.pending() > 0 && s.ackNow
+	if data {
+		before := p.count
+		s.pack(now, h, &p, &s.unrelQ)
+		if p.count > before {
+			s.rc.sentUnpaced()
+		}
+	}
+	s.body = p.body
+	if p.count == 0 {
+		return nil
+	}
+	b := appendHeader(buf[:0], h)
+	b = append(b, p.body...)
+	if p.appBytes > 0 {
+		s.host.sendDone(p.appBytes)
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+// packing is a datagram being filled.
+type packing struct {
+	body     []byte
+	limit    int
+	count    int    // message blocks so far
+	appBytes int    // application payload bytes
+	holds    bool   // a message in it may wait at the receiver
+	tids     []byte // TransferIDs of the fragments in it
+	skipped  int
+	whole0   bool // the first block is a whole message
+}
+
+// room is how many bytes the datagram can still take.
+func (p *packing) room(h *header) int { return p.limit - sizeHeader(h) - len(p.body) }
+
+// pack fills the datagram from q: whole messages and the first fragments of
+// transfers in queue order, then further fragments of the transfer under way
+// in the space left.
+func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
+	for i := q.head; i < len(q.items) && p.room(h) >= 4 && p.count < maxPerDatagram; i++ {
+		m := q.items[i]
+		if m.done || (m.frag && m.off > 0) {
+			continue
+		}
+		if !s.place(now, h, p, m) {
+			p.skipped++
+			if p.skipped > 64 {
+				break
+			}
+		}
+	}
+	if q == &s.relQ {
+		for s.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
+			if !s.placeFragment(now, h, p, s.bulk) {
+				break
+			}
+		}
+	}
+	q.compact(s.freeQueued)
+}
+
+// maxPerDatagram bounds the message blocks in one datagram, so that an
+// index into them fits InOrderDatagramIndexArray with room to spare.
+const maxPerDatagram = 1024
+
+// place tries to put m (whole, or its first fragment) into the datagram.
+func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
+	if m.frag && s.bulk != nil {
+		return false // one transfer at a time keeps the receiver's reassembly small
+	}
+	refs, ok := s.wireDeps(now, m, h.packetID)
+	if !ok {
+		return false
+	}
+	mark := len(h.deltas)
+	wasInOrder := h.inOrder
+	msg := message{id: m.id}
+	if !s.encodeDeps(h, &msg, refs, m.latest) {
+		return false
+	}
+	if m.frag {
+		msg.fragStart = true
+		msg.fragment = true
+		msg.fragCount = m.fragCount
+		msg.payload = m.payload[:m.fragSize]
+	} else {
+		msg.payload = m.payload
+	}
+	if sizeMessage(&msg) > p.room(h) {
+		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
+		return false
+	}
+	if m.frag {
+		tid, ok := s.tids.alloc()
+		if !ok {
+			h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
+			return false
+		}
+		m.tid = tid
+		msg.transferID = tid
+		s.tids.carried(tid)
+		p.tids = append(p.tids, tid)
+		m.fragNext = 1
+		s.bulk = m
+	}
+	p.body = appendMessage(p.body, &msg)
+	p.holds = p.holds || len(refs) > 0 || m.frag
+	at := msgRef{h.packetID, uint16(p.count)}
+	if p.count == 0 && !m.frag && len(refs) == 0 {
+		p.whole0 = true // applied as it arrives: an anchor
+	}
+	p.count++
+	p.appBytes += len(msg.payload)
+	m.off = len(msg.payload)
+	if t := m.track; t != nil {
+		t.packed = true
+		t.at = at
+		t.wire = append(t.wire[:0], refs...)
+		if len(refs) > 0 {
+			t.deps = append(t.deps[:0], m.deps...)
+		}
+		t.lastPID = h.packetID
+		t.complete = !m.frag
+		t.fragmented = m.frag
+		t.sentAt = now
+	}
+	if !m.frag {
+		m.done = true
+	}
+	return true
+}
+
+// placeFragment puts the next fragment of the transfer under way into the
+// datagram.
+func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg) bool {
+	end := min(m.off+m.fragSize, len(m.payload))
+	msg := message{fragment: true, transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
+	if sizeMessage(&msg) > p.room(h) {
+		return false
+	}
+	p.body = appendMessage(p.body, &msg)
+	p.count++
+	p.appBytes += len(msg.payload)
+	p.holds = true
+	if !slices.Contains(p.tids, m.tid) {
+		s.tids.carried(m.tid)
+		p.tids = append(p.tids, m.tid)
+	}
+	m.off = end
+	m.fragNext++
+	if t := m.track; t != nil {
+		t.lastPID = h.packetID
+	}
+	if m.fragNext == m.fragCount {
+		if t := m.track; t != nil {
+			t.complete = true
+		}
+		s.tids.release(m.tid) // packing is over; acks release the rest
+		m.done = true
+		s.bulk = nil
+	}
+	return true
+}
