@@ -308,7 +308,7 @@ type sentWindow struct {
 	oldest *sent // least recently sent unacked
 	newest *sent
 	count  int // unacked
-	free   []*sent
+	free   freeList[*sent]
 	// largestAcked is the newest PacketID acked so far, and lastAckedSent
 	// the latest send time of a datagram acked, for loss detection: a
 	// resent datagram keeps its PacketID, so only send times tell which
@@ -330,11 +330,8 @@ func (w *sentWindow) at(k int) *sent { return w.byID[(w.head+k)&(len(w.byID)-1)]
 
 // push records a newly sent reliable datagram; b is kept until it is acked.
 func (w *sentWindow) push(now time.Time, id uint32, b []byte) *sent {
-	var s *sent
-	if k := len(w.free); k > 0 {
-		s = w.free[k-1]
-		w.free = w.free[:k-1]
-	} else {
+	s, ok := w.free.get()
+	if !ok {
 		s = new(sent)
 	}
 	*s = sent{packetID: id, b: b, sentAt: now, sends: 1, transfers: s.transfers[:0]}
@@ -459,7 +456,7 @@ func (w *sentWindow) trim(release func(s *sent)) {
 			release(s)
 		}
 		s.b = nil
-		w.free = append(w.free, s)
+		w.free.put(s, 0)
 	}
 }
 

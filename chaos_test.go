@@ -761,7 +761,7 @@ func runChaosCell(t *testing.T, mode chaosMode, cond chaosCond, seed uint64, set
 	// half received (a large update of a ContentID travels reliably but
 	// counts as unreliable in the plan).
 	idle := func(s *session) bool {
-		return s.sent.count == 0 && s.relQ.len() == 0 && s.res.count() == 0 && s.reasm.active == 0
+		return s.loss.sent.count == 0 && s.relQ.len() == 0 && s.res.count() == 0 && s.reasm.active == 0
 	}
 	progress := p.run(chaosProgressBound, func() bool {
 		take()

@@ -30,7 +30,7 @@ func (s *session) flowControl(now time.Time) {
 	}
 	switch {
 	case fill >= 0.5:
-		if s.askedRate > 0 && now.Sub(s.askedAt) < max(s.rtt.srtt, 10*time.Millisecond) {
+		if s.askedRate > 0 && now.Sub(s.askedAt) < max(s.loss.rtt.srtt, 10*time.Millisecond) {
 			return
 		}
 		// Half full: the arrival rate; full: the minimum.
@@ -60,12 +60,8 @@ func (s *session) peerRateRequest(now time.Time, rate uint16) {
 	} else {
 		s.rc.maxRate = max(float64(rate), s.cfg.minRate)
 	}
-	if old > 0 && (s.rc.maxRate == 0 || s.rc.maxRate > old) && s.ptoCount > 0 {
-		s.ptoCount = 0
-		if d := s.sent.oldestUnlost(); d != nil {
-			s.lastReliableSend = now
-			s.markLost(now, d, false)
-		}
+	if old > 0 && (s.rc.maxRate == 0 || s.rc.maxRate > old) && !s.loss.retryNow(now) {
+		s.fail(ErrRetransmitLimit)
 	}
 }
 

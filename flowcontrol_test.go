@@ -54,7 +54,7 @@ func TestPeerRaisingItsLimitIsNoCongestionSignal(t *testing.T) {
 	for i := range 10 {
 		p.send(0, numbered(100, i, 100))
 	}
-	require.True(t, p.run(5*time.Second, func() bool { return p.client().ptoCount >= 2 }))
+	require.True(t, p.run(5*time.Second, func() bool { return p.client().loss.ptoCount >= 2 }))
 	timeouts := cc.timeouts
 
 	var lift []byte
@@ -74,7 +74,7 @@ func TestPeerRaisingItsLimitIsNoCongestionSignal(t *testing.T) {
 	p.inject(0, lift)
 	assert.Zero(t, p.client().rc.maxRate, "limit lifted")
 	assert.Equal(t, timeouts, cc.timeouts, "the lifted limit was reported as a timeout")
-	assert.Zero(t, p.client().ptoCount, "probe timer starts afresh")
+	assert.Zero(t, p.client().loss.ptoCount, "probe timer starts afresh")
 	p.client().poll(p.now, p.buf)
 	assert.Equal(t, resent+1, p.client().stats.Retransmits, "what waited went again at once")
 }

@@ -115,7 +115,7 @@ func TestTransferIDsReusedOnlyWhenAcked(t *testing.T) {
 		got[i] = true
 	}
 	assert.Len(t, got, n)
-	require.True(t, p.run(time.Minute, func() bool { return p.client().sent.count == 0 }))
+	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.sent.count == 0 }))
 	assert.Zero(t, p.client().tids.inUse, "every TransferID free once all is acked")
 }
 

@@ -141,8 +141,8 @@ func FuzzPacketAck(f *testing.F) {
 		p.run(time.Millisecond, nil)
 		c := p.client()
 		inFlight := map[uint32]int{}
-		for k := range c.sent.n {
-			d := c.sent.at(k)
+		for k := range c.loss.sent.n {
+			d := c.loss.sent.at(k)
 			if !d.acked {
 				inFlight[d.packetID] = d.appBytes
 			}
@@ -162,9 +162,9 @@ func FuzzPacketAck(f *testing.F) {
 			})
 			c.handlePacketAck(p.now, payload)
 			c.afterAcks(p.now)
-			require.Equal(t, len(inFlight), c.sent.count)
+			require.Equal(t, len(inFlight), c.loss.sent.count)
 			require.Equal(t, released, p.h[0].released, "payload bytes returned to the send buffer")
-			if first := c.sent.firstUnacked(); first != nil {
+			if first := c.loss.sent.firstUnacked(); first != nil {
 				_, ok := inFlight[first.packetID]
 				require.True(t, ok, "the front is unacked")
 				for id := range inFlight {
@@ -176,7 +176,7 @@ func FuzzPacketAck(f *testing.F) {
 		}
 		// Timeouts and retransmissions still work on what is left.
 		p.cut[0] = false
-		require.True(t, p.run(time.Minute, func() bool { return c.sent.count == 0 }))
+		require.True(t, p.run(time.Minute, func() bool { return c.loss.sent.count == 0 }))
 	})
 }
 

@@ -102,7 +102,7 @@ type resolver struct {
 	missQ   []msgRef // insertion order of missing, for eviction
 	timed   heldHeap // unreliable held messages, by deadline
 	bytes   int      // payload bytes held
-	free    []*held
+	free    freeList[*held]
 	gaveUp  []msgRef
 	// floor is the newest message that an unreliable dependent gave up
 	// on. An unreliable in-order message sent before it (an earlier
@@ -190,9 +190,7 @@ func (r *resolver) hold(h *held, deadline time.Time) {
 
 // newHeld returns a cleared held, reusing one if it can.
 func (r *resolver) newHeld() *held {
-	if k := len(r.free); k > 0 {
-		h := r.free[k-1]
-		r.free = r.free[:k-1]
+	if h, ok := r.free.get(); ok {
 		return h
 	}
 	return &held{heapIdx: -1}
@@ -200,9 +198,7 @@ func (r *resolver) newHeld() *held {
 
 func (r *resolver) recycle(h *held) {
 	*h = held{deps: h.deps[:0], heapIdx: -1}
-	if len(r.free) < 256 {
-		r.free = append(r.free, h)
-	}
+	r.free.put(h, maxFreeHeld)
 }
 
 // release stops holding h, leaving it to the caller to apply or drop.
@@ -513,7 +509,7 @@ type sendOrder struct {
 	fifoAt int
 	chans  *[256]chanTails // allocated with the first InOrder message
 	latest map[contentKey]depOn
-	free   []*track
+	free   freeList[*track]
 }
 
 // chanTails are the last messages of one channel.
@@ -599,11 +595,8 @@ func (o *sendOrder) add(m *outMsg) {
 		m.track = nil
 		return
 	}
-	var t *track
-	if k := len(o.free); k > 0 {
-		t = o.free[k-1]
-		o.free = o.free[:k-1]
-	} else {
+	t, ok := o.free.get()
+	if !ok {
 		t = new(track)
 	}
 	*t = track{ref: m.ref, reliable: reliable, inOrder: m.inOrder, channel: m.channel,
@@ -676,7 +669,7 @@ func (o *sendOrder) drop(t *track) {
 		delete(o.latest, t.key)
 	}
 	t.ref = 0 // any depOn still naming it now reads as resolved
-	o.free = append(o.free, t)
+	o.free.put(t, 0)
 }
 
 // reset forgets everything.
@@ -686,7 +679,7 @@ func (o *sendOrder) reset() {
 			t.ref = 0
 		}
 	}
-	o.fifo, o.fifoAt, o.free = nil, 0, nil
+	o.fifo, o.fifoAt, o.free = nil, 0, freeList[*track]{}
 	o.chans = nil
 	clear(o.byRef)
 	clear(o.latest)

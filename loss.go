@@ -2,53 +2,52 @@ package knet
 
 import "time"
 
+// Loss recovery (spec "Reliable Datagrams", DECISIONS §4): the reliable
+// datagrams in flight, those found lost and waiting to go again, the
+// round-trip estimate, the probe timer and the delivery-rate state the
+// congestion controller is fed from. A plain struct in the manner of
+// ack.go's parts: its methods take the time and report what happened; the
+// session acts on it (failing the connection, telling the controller).
+type lossState struct {
+	cfg *config
+
+	sent     sentWindow
+	lostQ    []lostRef // found lost, to go again, in the order found
+	lostHead int
+	rtt      rttEstimator
+	inflight int // bytes of reliable datagrams sent and neither acked nor lost
+
+	// The probe timer: from the last reliable send, backed off per probe
+	// since the last ack.
+	lastSend time.Time
+	ptoCount int
+	// The loss timer (RFC 9002): when a datagram that later ones overtook
+	// is taken for lost if its ack has not come; zero if none.
+	lossTime time.Time
+	// Reordering tolerated by loss detection (RACK, RFC 8985), widened by
+	// each loss found spurious, halving every four seconds without.
+	reorder   time.Duration
+	reorderAt time.Time
+
+	// Delivery rate estimation (draft-cheng-iccrg-delivery-rate-
+	// estimation): bytes delivered so far, when, the send time of the
+	// first datagram of the current flight, and until which delivered
+	// count samples are app-limited.
+	delivered       int64
+	deliveredAt     time.Time
+	firstSentAt     time.Time
+	appLimitedUntil int64
+	sample          rateSample // the newest datagram acked by the datagram being handled
+	newlyAcked      int        // bytes it acked
+
+	fastRetransmits, spuriousLosses uint64
+}
+
+// lostRef is a datagram waiting to go again; pid tells it from a recycled
+// sent that since holds another datagram.
 type lostRef struct {
 	s   *sent
 	pid uint32
-}
-
-func (s *session) rto() time.Duration {
-	return s.rtt.rto(time.Second, s.minRTO(), s.cfg.datagramTimeout)
-}
-
-// minRTO is the floor of the retransmission timeout: MaxAckDelay, as a
-// peer may hold an ack that long (spec "Reliable Datagrams"; RFC 9002 adds
-// it to the probe timeout too), and never under 5ms. A quarter of it, the
-// floor before, was below the scheduling stalls of a loaded host: 200
-// game clients on loopback had their probe timeouts fire at 8-12ms while
-// the acks were on their way, 84 spurious resends in 6s against none.
-func (s *session) minRTO() time.Duration {
-	return max(5*time.Millisecond, s.cfg.maxAckDelay)
-}
-
-func (s *session) ackOne(now time.Time, id uint32) {
-	d := s.sent.find(id)
-	if d == nil {
-		return
-	}
-	s.sent.ack(d, d.sends > 1 && now.Sub(d.sentAt) < s.rtt.min)
-	if !d.lost {
-		s.inflight -= len(d.b)
-	} else {
-		// Acked while it waited to go again: it was late, not lost.
-		// Tolerate that much reordering from now on (RACK).
-		s.spuriousLoss(now)
-	}
-	s.newlyAcked += len(d.b)
-	// Delivery rate (draft-cheng-iccrg-delivery-rate-estimation): the
-	// sample comes from the most recently sent datagram acked.
-	s.delivered += int64(len(d.b))
-	s.deliveredAt = now
-	if !s.sample.ok || d.delivered >= s.sample.delivered {
-		s.sample = rateSample{ok: true, delivered: d.delivered, deliveredAt: d.deliveredAt,
-			firstSentAt: d.firstSentAt, sentAt: d.sentAt, appLimited: d.appLimited, once: d.sends == 1}
-	}
-	if d.appBytes > 0 {
-		s.host.sendDone(d.appBytes)
-	}
-	for _, tid := range d.transfers {
-		s.tids.release(tid)
-	}
 }
 
 // rateSample is the newest datagram acked by one incoming datagram, for the
@@ -60,100 +59,223 @@ type rateSample struct {
 	appLimited, once                 bool
 }
 
-// afterAcks takes one RTT and delivery-rate sample from what an incoming
-// datagram acked, drops acked datagrams, finds those the acks show lost,
-// and forgets dependencies now resolved.
-func (s *session) afterAcks(now time.Time) {
-	if sm := s.sample; sm.ok {
-		s.sample = rateSample{}
-		// One RTT sample per ack, from the newest datagram it names, if
-		// sent once (Karn): samples from a batch acked at once would
-		// shrink RTTVAR to nothing.
-		rtt := now.Sub(sm.sentAt)
-		if sm.once {
-			s.rtt.sample(rtt)
-		}
-		s.firstSentAt = sm.sentAt
-		var rate float64
-		if interval := max(sm.sentAt.Sub(sm.firstSentAt), now.Sub(sm.deliveredAt)); interval > 0 {
-			rate = float64(s.delivered-sm.delivered) / interval.Seconds()
-		}
-		if s.appLimitedUntil > 0 && s.delivered > s.appLimitedUntil {
-			s.appLimitedUntil = 0
-		}
-		s.ptoCount = 0
-		s.rc.cc.OnAck(now, AckEvent{AckedBytes: s.newlyAcked, InFlight: s.inflight, DeliveryRate: rate,
-			AppLimited: sm.appLimited, RTT: rtt, SRTT: s.rtt.srtt, MinRTT: s.rtt.min})
-		s.newlyAcked = 0
-	}
-	s.sent.trim(s.trimmed)
-	s.detectLoss(now)
-	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+// rto is the retransmission timeout (RFC 6298), within minRTO and
+// DatagramTimeout; a second before the first sample.
+func (l *lossState) rto() time.Duration {
+	return l.rtt.rto(time.Second, l.minRTO(), l.cfg.datagramTimeout)
 }
 
-// trimmed takes a datagram acked along with every one before it: its
-// first message, if it named nothing, is applied at the receiver, an anchor
-// for in-order messages with nothing else to depend on.
-func (s *session) trimmed(d *sent) {
-	s.spanHold -= d.hold
-	if d.whole0 {
-		s.newAnchor(msgRef{d.packetID, 0})
-	}
-	s.putBuf(d.b)
+// minRTO is the floor of the retransmission timeout: MaxAckDelay, as a
+// peer may hold an ack that long (spec "Reliable Datagrams"; RFC 9002 adds
+// it to the probe timeout too), and never under 5ms. A quarter of it, the
+// floor before, was below the scheduling stalls of a loaded host: 200
+// game clients on loopback had their probe timeouts fire at 8-12ms while
+// the acks were on their way, 84 spurious resends in 6s against none.
+func (l *lossState) minRTO() time.Duration {
+	return max(5*time.Millisecond, l.cfg.maxAckDelay)
 }
+
+// Sending.
+
+// sendNew records a new reliable datagram b going out, kept until acked.
+func (l *lossState) sendNew(now time.Time, id uint32, b []byte) *sent {
+	d := l.sent.push(now, id, b)
+	l.onSend(now, d)
+	return d
+}
+
+// nextResend returns the datagram found lost that goes again first, or nil.
+func (l *lossState) nextResend() *sent {
+	for l.lostHead < len(l.lostQ) {
+		r := l.lostQ[l.lostHead]
+		if d := r.s; d.packetID == r.pid && !d.acked && d.lost && d.b != nil {
+			return d
+		}
+		l.popLost() // acked meanwhile, or long gone
+	}
+	return nil
+}
+
+// resend records d, from nextResend, going again.
+func (l *lossState) resend(now time.Time, d *sent) {
+	l.popLost()
+	l.sent.resent(now, d)
+	l.onSend(now, d)
+}
+
+func (l *lossState) popLost() {
+	l.lostQ[l.lostHead] = lostRef{}
+	l.lostHead++
+	if l.lostHead == len(l.lostQ) {
+		l.lostQ = l.lostQ[:0]
+		l.lostHead = 0
+	}
+}
+
+// onSend does the bookkeeping of a reliable datagram going out, new or
+// again: bytes in flight, the probe timer and delivery rate state.
+func (l *lossState) onSend(now time.Time, d *sent) {
+	if l.inflight == 0 {
+		l.firstSentAt = now
+		l.deliveredAt = now
+	}
+	d.delivered = l.delivered
+	d.deliveredAt = l.deliveredAt
+	d.firstSentAt = l.firstSentAt
+	d.appLimited = l.appLimitedUntil > 0
+	l.inflight += len(d.b)
+	l.lastSend = now
+}
+
+// appLimited records that the sender has less to send than it may: rate
+// samples until what is in flight is delivered say more about it than
+// about the path.
+func (l *lossState) appLimited() {
+	l.appLimitedUntil = max(l.delivered+int64(l.inflight), 1)
+}
+
+// Acks.
+
+// ackResult is what the acks of one incoming datagram freed.
+type ackResult struct {
+	appBytes int    // application payload bytes acked
+	tids     []byte // TransferIDs of the fragments acked
+}
+
+// onPacketAck takes one PacketAck, adding to r what it frees.
+func (l *lossState) onPacketAck(now time.Time, a packetAck, r *ackResult) {
+	l.ackOne(now, a.base, r)
+	for m, k := a.more, uint32(1); m != 0; m, k = m>>1, k+1 {
+		if m&1 != 0 {
+			l.ackOne(now, (a.base+k)&packetIDMask, r)
+		}
+	}
+}
+
+func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
+	d := l.sent.find(id)
+	if d == nil {
+		return
+	}
+	l.sent.ack(d, d.sends > 1 && now.Sub(d.sentAt) < l.rtt.min)
+	if !d.lost {
+		l.inflight -= len(d.b)
+	} else {
+		// Acked while it waited to go again: it was late, not lost.
+		// Tolerate that much reordering from now on (RACK).
+		l.spuriousLoss(now)
+	}
+	l.newlyAcked += len(d.b)
+	// The delivery rate sample comes from the most recently sent datagram
+	// acked.
+	l.delivered += int64(len(d.b))
+	l.deliveredAt = now
+	if !l.sample.ok || d.delivered >= l.sample.delivered {
+		l.sample = rateSample{ok: true, delivered: d.delivered, deliveredAt: d.deliveredAt,
+			firstSentAt: d.firstSentAt, sentAt: d.sentAt, appLimited: d.appLimited, once: d.sends == 1}
+	}
+	r.appBytes += d.appBytes
+	r.tids = append(r.tids, d.transfers...)
+}
+
+// takeSample ends the acks of one incoming datagram: it takes one RTT
+// sample, from the newest datagram acked if sent once (Karn; samples from
+// a batch acked at once would shrink RTTVAR to nothing), restarts the probe
+// timer's back-off, and returns what the congestion controller hears, ok
+// false if nothing was newly acked.
+func (l *lossState) takeSample(now time.Time) (ev AckEvent, ok bool) {
+	sm := l.sample
+	if !sm.ok {
+		return AckEvent{}, false
+	}
+	l.sample = rateSample{}
+	rtt := now.Sub(sm.sentAt)
+	if sm.once {
+		l.rtt.sample(rtt)
+	}
+	l.firstSentAt = sm.sentAt
+	var rate float64
+	if interval := max(sm.sentAt.Sub(sm.firstSentAt), now.Sub(sm.deliveredAt)); interval > 0 {
+		rate = float64(l.delivered-sm.delivered) / interval.Seconds()
+	}
+	if l.appLimitedUntil > 0 && l.delivered > l.appLimitedUntil {
+		l.appLimitedUntil = 0
+	}
+	l.ptoCount = 0
+	ev = AckEvent{AckedBytes: l.newlyAcked, InFlight: l.inflight, DeliveryRate: rate,
+		AppLimited: sm.appLimited, RTT: rtt, SRTT: l.rtt.srtt, MinRTT: l.rtt.min}
+	l.newlyAcked = 0
+	return ev, true
+}
+
+// Loss.
 
 // detectLoss marks as lost the datagrams sent before one acked that are
 // three PacketIDs older than the newest acked, or were sent more than 9/8
 // of a round trip ago (RFC 9002's thresholds; the time one by send time, as
 // RACK does, RFC 8985, since a resent datagram keeps its PacketID): fast
 // retransmit without waiting for the timeout. For the others it sets the
-// loss timer.
-func (s *session) detectLoss(now time.Time) {
-	if !s.sent.anyAcked {
-		return
+// loss timer. It returns the bytes found lost, and ok false if a datagram
+// had been sent MaxMessageSendCount times.
+func (l *lossState) detectLoss(now time.Time) (lost int, ok bool) {
+	if !l.sent.anyAcked {
+		return 0, true
 	}
-	reo := s.reorderTolerance(now)
-	thresh := max(s.rtt.srtt, s.rtt.latest)*9/8 + reo
-	lost := 0
-	s.lossTime = time.Time{}
-	for d := s.sent.oldest; d != nil && s.sent.sentBefore(d); {
+	reo := l.reorderTolerance(now)
+	thresh := max(l.rtt.srtt, l.rtt.latest)*9/8 + reo
+	l.lossTime = time.Time{}
+	for d := l.sent.oldest; d != nil && l.sent.sentBefore(d); {
 		next := d.next
-		if reo == 0 && d.sends == 1 && seqLess(d.packetID, s.sent.largestAcked) && seqDiff(d.packetID, s.sent.largestAcked) >= 3 ||
+		if reo == 0 && d.sends == 1 && seqLess(d.packetID, l.sent.largestAcked) && seqDiff(d.packetID, l.sent.largestAcked) >= 3 ||
 			now.Sub(d.sentAt) >= thresh {
 			lost += len(d.b)
-			s.markLost(now, d, true)
-			if s.state == stateDone {
-				return
+			if !l.markLost(d, true) {
+				return lost, false
 			}
-		} else if at := d.sentAt.Add(thresh); s.lossTime.IsZero() || at.Before(s.lossTime) {
+		} else if at := d.sentAt.Add(thresh); l.lossTime.IsZero() || at.Before(l.lossTime) {
 			// Later datagrams got through: this one is lost if its ack
 			// does not come within the threshold (the loss timer of RFC
 			// 9002).
-			s.lossTime = at
+			l.lossTime = at
 		}
 		d = next
 	}
-	if lost > 0 {
-		s.rc.cc.OnLoss(now, lost)
+	return lost, true
+}
+
+// markLost queues d to go again; fast says later acks showed it lost. It
+// reports false, leaving d, if d was sent MaxMessageSendCount times
+// already: the connection is lost (spec "MaxMessageSendCount").
+func (l *lossState) markLost(d *sent, fast bool) bool {
+	if d.sends >= l.cfg.maxSendCount {
+		return false
 	}
+	d.lost = true
+	l.inflight -= len(d.b)
+	l.sent.unlink(d) // no timeout runs while it waits to go again
+	l.lostQ = append(l.lostQ, lostRef{d, d.packetID})
+	if fast {
+		l.fastRetransmits++
+	}
+	return true
 }
 
 // spuriousLoss widens the reordering the loss detection tolerates, after a
 // datagram taken for lost turned out late: the packet threshold is dropped
 // and the time threshold extended (RACK, RFC 8985), up to a round trip.
-func (s *session) spuriousLoss(now time.Time) {
-	s.stats.SpuriousLosses++
-	reo := max(2*s.reorderTolerance(now), time.Millisecond, s.rtt.srtt/4)
-	s.lossReorder = min(reo, max(s.rtt.srtt, 4*time.Millisecond))
-	s.lossReorderAt = now
+func (l *lossState) spuriousLoss(now time.Time) {
+	l.spuriousLosses++
+	reo := max(2*l.reorderTolerance(now), time.Millisecond, l.rtt.srtt/4)
+	l.reorder = min(reo, max(l.rtt.srtt, 4*time.Millisecond))
+	l.reorderAt = now
 }
 
 // reorderTolerance is the extra time the loss detection waits for a late
 // datagram: zero until reordering was seen, halving every four seconds
 // without more.
-func (s *session) reorderTolerance(now time.Time) time.Duration {
-	r := s.lossReorder
-	for t := s.lossReorderAt.Add(4 * time.Second); r > 0 && !now.Before(t); t = t.Add(4 * time.Second) {
+func (l *lossState) reorderTolerance(now time.Time) time.Duration {
+	r := l.reorder
+	for t := l.reorderAt.Add(4 * time.Second); r > 0 && !now.Before(t); t = t.Add(4 * time.Second) {
 		r /= 2
 		if r < 100*time.Microsecond {
 			r = 0
@@ -162,42 +284,85 @@ func (s *session) reorderTolerance(now time.Time) time.Duration {
 	return r
 }
 
-func (s *session) markLost(now time.Time, d *sent, fast bool) {
-	if d.sends >= s.cfg.maxSendCount {
-		s.fail(ErrRetransmitLimit)
-		return
+// The probe timer.
+
+// maxProbeBackoff is the least the probe timeout may back off to: four
+// RTOs or this, whichever is longer, within DatagramTimeout.
+const maxProbeBackoff = 500 * time.Millisecond
+
+// probeTimeout is how long after the last reliable send, with nothing
+// acked, a probe goes out: the RTO, doubled for each probe since the last
+// ack, up to four RTOs or maxProbeBackoff, at most DatagramTimeout. While
+// closing, at most an eighth of DisconnectTimeout: what is left has to be
+// acked within it, and a lost ack or two must not take all of it (before
+// the first RTT sample the RTO is a full second, and doubles).
+func (l *lossState) probeTimeout(closing bool) time.Duration {
+	t := l.rto()
+	limit := min(l.cfg.datagramTimeout, max(4*t, maxProbeBackoff))
+	for i := 0; i < l.ptoCount && t < limit; i++ {
+		t *= 2
 	}
-	d.lost = true
-	s.inflight -= len(d.b)
-	s.sent.unlink(d) // no timeout runs while it waits to go again
-	s.lostQ = append(s.lostQ, lostRef{d, d.packetID})
-	if fast {
-		s.stats.FastRetransmits++
+	t = min(t, limit)
+	if closing {
+		t = min(t, max(l.cfg.disconnect/8, l.minRTO()))
 	}
+	return t
 }
 
-// onReliableSent does the bookkeeping of a reliable datagram going out,
-// new or resent: pacing, bytes in flight, the probe timer and delivery rate
-// state.
-func (s *session) onReliableSent(now time.Time, d *sent) {
-	if s.inflight == 0 {
-		s.firstSentAt = now
-		s.deliveredAt = now
+// nextTimeout is when the probe timer fires, if anything is in flight.
+func (l *lossState) nextTimeout(closing bool) (time.Time, bool) {
+	if l.sent.oldest == nil {
+		return time.Time{}, false
 	}
-	d.delivered = s.delivered
-	d.deliveredAt = s.deliveredAt
-	d.firstSentAt = s.firstSentAt
-	d.appLimited = s.appLimitedUntil > 0
-	s.inflight += len(d.b)
-	s.lastReliableSend = now
-	s.rc.sent(len(d.b))
+	return l.lastSend.Add(l.probeTimeout(closing)), true
 }
 
-func (s *session) popLost() {
-	s.lostQ[s.lostHead] = lostRef{}
-	s.lostHead++
-	if s.lostHead == len(s.lostQ) {
-		s.lostQ = s.lostQ[:0]
-		s.lostHead = 0
+// onProbeTimeout runs when nothing was acked for a timeout: the two oldest
+// datagrams in flight go again (RFC 9002's probes, resending data rather
+// than declaring everything lost; two, so that one lost probe does not cost
+// another timeout), and the timer backs off. It reports whether there was
+// anything to probe, and ok false if the connection is lost (see markLost).
+func (l *lossState) onProbeTimeout(now time.Time) (probed, ok bool) {
+	d := l.sent.oldestUnlost()
+	if d == nil {
+		return false, true
 	}
+	l.ptoCount++
+	l.lastSend = now // re-arms the timer, even while the probe waits for the pacer
+	if !l.markLost(d, false) {
+		return true, false
+	}
+	if d := l.sent.oldestUnlost(); d != nil && !l.markLost(d, false) {
+		return true, false
+	}
+	return true, true
+}
+
+// retryNow sends the oldest datagram in flight again at once and restarts
+// the probe timer, when what held it back was not the path (the peer raised
+// its rate limit): no congestion signal.
+func (l *lossState) retryNow(now time.Time) bool {
+	if l.ptoCount == 0 {
+		return true
+	}
+	l.ptoCount = 0
+	if d := l.sent.oldestUnlost(); d != nil {
+		l.lastSend = now
+		return l.markLost(d, false)
+	}
+	return true
+}
+
+// drop forgets everything in flight and returns the application payload
+// bytes it held.
+func (l *lossState) drop() (released int) {
+	for k := range l.sent.n {
+		if d := l.sent.at(k); !d.acked {
+			released += d.appBytes
+		}
+	}
+	l.sent.clear(nil)
+	l.lostQ, l.lostHead = nil, 0
+	l.inflight = 0
+	return released
 }

@@ -211,9 +211,7 @@ func (s *session) queueFor(m *outMsg) *sendQueue {
 }
 
 func (s *session) newMsg() *outMsg {
-	if k := len(s.freeMsgs); k > 0 {
-		m := s.freeMsgs[k-1]
-		s.freeMsgs = s.freeMsgs[:k-1]
+	if m, ok := s.freeMsgs.get(); ok {
 		return m
 	}
 	return new(outMsg)
@@ -222,9 +220,7 @@ func (s *session) newMsg() *outMsg {
 func (s *session) putMsg(m *outMsg) {
 	putPayload(m.pbuf)
 	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
-	if len(s.freeMsgs) < 1024 {
-		s.freeMsgs = append(s.freeMsgs, m)
-	}
+	s.freeMsgs.put(m, maxFreeMsgs)
 }
 
 func (s *session) freeQueued(m *outMsg) {
@@ -246,3 +242,36 @@ func (s *session) prepare(m *outMsg) {
 	m.fragSize = s.cfg.fragSize()
 	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
 }
+
+// freeList keeps released values for reuse, so that steady traffic
+// allocates nothing.
+type freeList[T any] struct {
+	items []T
+}
+
+// get returns a kept value, ok false if there is none.
+func (f *freeList[T]) get() (v T, ok bool) {
+	k := len(f.items)
+	if k == 0 {
+		return v, false
+	}
+	v = f.items[k-1]
+	var zero T
+	f.items[k-1] = zero
+	f.items = f.items[:k-1]
+	return v, true
+}
+
+// put keeps v, unless limit values are kept already (0: no limit).
+func (f *freeList[T]) put(v T, limit int) {
+	if limit == 0 || len(f.items) < limit {
+		f.items = append(f.items, v)
+	}
+}
+
+// Free-list limits: a burst's worth is kept, not the burst.
+const (
+	maxFreeMsgs = 1024 // queued messages
+	maxFreeBufs = 256  // reliable datagram buffers
+	maxFreeHeld = 256  // held messages
+)

@@ -50,33 +50,42 @@ type session struct {
 	client bool
 	state  sessState
 	err    error // why the connection ended
+	stats  Stats
 
-	syn, synAck  []byte
-	admitWaiting bool // server: ConnectSyn in, Admit not yet run
-	wasOpen      bool // the handshake completed
+	// Handshake (session_handshake.go).
+	syn, synAck                  []byte
+	admitWaiting                 bool      // server: ConnectSyn in, Admit not yet run
+	wasOpen                      bool      // the handshake completed
+	started                      time.Time // the attempt's start (server: its admission)
+	synResend                    time.Time
+	synBackoff                   time.Duration
+	synSends                     int
+	synAckSent                   time.Time
+	synAckSends                  int
+	preIn, preOut                int // server: bytes from and to the peer before the handshake completed
+	needSyn, needSynAck, needAck bool
 
-	// Timers.
-	started       time.Time
-	lastRecv      time.Time
-	nextPing      time.Time
-	synResend     time.Time
-	synBackoff    time.Duration
-	closeBy       time.Time
-	discResend    time.Time
-	discBackoff   time.Duration // between Disconnects, doubling
-	discAckedAt   time.Time     // when we answered the peer's Disconnect
-	lingerUntil   time.Time
-	closeAsked    bool
-	synAckSent    time.Time
-	synSends      int
-	preIn, preOut int           // server: bytes from and to the peer before the handshake completed
-	newestAt      time.Time     // when the newest PacketID arrived
-	reorderExt    time.Duration // how late reordered datagrams came
-	reorderAt     time.Time
-	synAckSends   int
-	stopAccepting bool
+	// Close (session_close.go).
+	closeAsked            bool
+	stopAccepting         bool
+	closeBy               time.Time
+	discResend            time.Time
+	discBackoff           time.Duration // between Disconnects, doubling
+	discAckedAt           time.Time     // when we answered the peer's Disconnect
+	lingerUntil           time.Time
+	needDisc, needDiscAck bool
 
-	// Sending.
+	// Liveness and pings.
+	lastRecv    time.Time
+	nextPing    time.Time
+	pings       [8]pingRecord
+	pingCount   int
+	nextPingID  uint8
+	pingReplies []uint8
+
+	// Sending: the queues (sendqueue.go), packing (session_send.go),
+	// dependencies on the wire (session_deps.go), recovery (loss.go) and
+	// the rate (pacer.go, congestion.go).
 	nextPID      uint32
 	relQ         sendQueue // reliable messages and fragmented transfers
 	unrelQ       sendQueue
@@ -84,63 +93,40 @@ type session struct {
 	order        sendOrder
 	tids         transferIDs
 	bulk         *outMsg // fragmented message whose fragments are being packed
-	sent         sentWindow
-	lostQ        []lostRef
-	rtt          rttEstimator
+	loss         lossState
 	rc           rateControl
-	// Bytes of reliable datagrams in flight, probe timer and delivery
-	// rate estimation.
-	inflight         int
-	spanHold         int // see holdLimit
-	lastReliableSend time.Time
-	ptoCount         int
-	delivered        int64
-	deliveredAt      time.Time
-	firstSentAt      time.Time
-	appLimitedUntil  int64
-	sample           rateSample
-	newlyAcked       int
-	lossReorder      time.Duration // reordering tolerated by loss detection
-	lossTime         time.Time     // the loss timer, zero if not set
-	ackNow           bool          // ack without the usual delay
-	lossReorderAt    time.Time
-	// Receive-side flow control.
-	arrivals    int
-	arrivalsAt  time.Time
-	arrivalRate float64 // datagrams/s
-	askedRate   int     // the limit we asked the peer for, 0 if none
-	askedAt     time.Time
-	pings       [8]pingRecord
-	pingCount   int
-	nextPingID  uint8
-	pingReplies []uint8
-	needSyn     bool
-	needSynAck  bool
-	needAck     bool // ConnectAck
-	needAnchor  bool // an in-order message has nothing applied to name
-	needDisc    bool
-	needDiscAck bool
-	needFlow    bool
-	flowRate    uint16
-	freeMsgs    []*outMsg
-	freeBufs    [][]byte
-	lostHead    int
-	pacedOut    bool // work waits for the pacer
+	spanHold     int  // see holdLimit
+	pacedOut     bool // work waits for the pacer
 	// Anchors for in-order messages that would carry no dependency, so
 	// that the receiver still sees them in order (see wireDeps): the newest
 	// reliable message known applied (the first of a datagram acked with
 	// all before it, if it named nothing; or a tracked one resolved), and
 	// the first message, naming nothing, of the newest reliable datagram
-	// sent.
+	// sent. needAnchor asks for a datagram that starts with one.
 	anchor, lastWhole       msgRef
 	hasAnchor, hasLastWhole bool
-	tidBuf                  []byte
+	needAnchor              bool
+	freeMsgs                freeList[*outMsg]
+	freeBufs                freeList[[]byte]
 
-	// Receiving.
-	win   recvWindow
-	acks  ackQueue
-	reasm reassembly
-	res   resolver
+	// Flow control (flowcontrol.go): the rate we ask of the peer.
+	arrivals    int
+	arrivalsAt  time.Time
+	arrivalRate float64 // datagrams/s
+	askedRate   int     // the limit we asked the peer for, 0 if none
+	askedAt     time.Time
+	needFlow    bool
+	flowRate    uint16
+
+	// Receiving (session_recv.go, session_apply.go).
+	win        recvWindow
+	acks       ackQueue
+	ackNow     bool // ack without the usual delay
+	reasm      reassembly
+	res        resolver
+	newestAt   time.Time     // when the newest PacketID arrived
+	reorderExt time.Duration // how late reordered datagrams came
+	reorderAt  time.Time
 
 	// Scratch, reused.
 	rh      header
@@ -153,10 +139,10 @@ type session struct {
 	wh      header
 	body    []byte
 	ackBuf  []packetAck
+	acked   ackResult
 	wdeps   []msgRef
 	entries []byte
-
-	stats Stats
+	tidBuf  []byte
 }
 
 func newSession(cfg *config, h host, client bool, now time.Time) *session {
@@ -168,6 +154,7 @@ func newSession(cfg *config, h host, client bool, now time.Time) *session {
 		lastRecv: now,
 		rc:       newRateControl(cfg),
 	}
+	s.loss.cfg = cfg
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
 	if client {
@@ -214,15 +201,9 @@ func (s *session) dropSending() {
 		*q = sendQueue{}
 	}
 	s.bulk = nil
-	for k := range s.sent.n {
-		if d := s.sent.at(k); !d.acked {
-			released += d.appBytes
-		}
-	}
-	s.sent.clear(nil)
+	released += s.loss.drop()
 	s.spanHold = 0
 	s.hasAnchor, s.hasLastWhole = false, false
-	s.lostQ = nil
 	s.order.reset()
 	clear(s.latestQueued)
 	s.tids = transferIDs{}
@@ -234,11 +215,13 @@ func (s *session) dropSending() {
 // snapshot returns the counters with the current estimates.
 func (s *session) snapshot() Stats {
 	st := s.stats
-	st.RTT = s.rtt.srtt
-	st.RTTVar = s.rtt.rttvar
-	st.MinRTT = s.rtt.min
-	st.RTO = s.rto()
+	st.RTT = s.loss.rtt.srtt
+	st.RTTVar = s.loss.rtt.rttvar
+	st.MinRTT = s.loss.rtt.min
+	st.RTO = s.loss.rto()
 	st.SendRate = s.rc.datagramRate()
-	st.InFlight = s.sent.count
+	st.InFlight = s.loss.sent.count
+	st.FastRetransmits = s.loss.fastRetransmits
+	st.SpuriousLosses = s.loss.spuriousLosses
 	return st
 }

@@ -22,8 +22,8 @@ func (s *session) reorderWindow() time.Duration {
 		return max(s.cfg.reorderWindow, 0)
 	}
 	w := 20 * time.Millisecond
-	if s.rtt.samples > 0 {
-		w = s.rtt.srtt/4 + 2*s.rtt.rttvar
+	if s.loss.rtt.samples > 0 {
+		w = s.loss.rtt.srtt/4 + 2*s.loss.rtt.rttvar
 	}
 	return min(max(w, s.reorderSeen(), 2*time.Millisecond), maxDerivedReorderWindow)
 }

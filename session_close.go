@@ -26,7 +26,7 @@ func (s *session) requestClose(now time.Time) {
 // stays to answer it again, in case the DisconnectAck was lost: a few of
 // the peer's backed-off resends.
 func (s *session) lingerTime() time.Duration {
-	return min(max(4*s.rto(), 50*time.Millisecond), s.cfg.disconnect)
+	return min(max(4*s.loss.rto(), 50*time.Millisecond), s.cfg.disconnect)
 }
 
 // socketLinger is how much longer, at now, the socket of a dialed

@@ -38,10 +38,10 @@ func (s *session) resolvedAtSender(now time.Time, t *track) bool {
 // still arrive after one sent now: half a round trip and four times its
 // variation, at least 5ms; 50ms before the round trip is measured.
 func (s *session) reorderHorizon() time.Duration {
-	if s.rtt.samples == 0 {
+	if s.loss.rtt.samples == 0 {
 		return 50 * time.Millisecond
 	}
-	return max(s.rtt.srtt/2+4*s.rtt.rttvar, 5*time.Millisecond)
+	return max(s.loss.rtt.srtt/2+4*s.loss.rtt.rttvar, 5*time.Millisecond)
 }
 
 // unreliableHorizon is how long after it was sent an unreliable message
@@ -49,7 +49,7 @@ func (s *session) reorderHorizon() time.Duration {
 // within a retransmission timeout, then the receiver's reorder window, at
 // most 250ms unless configured longer (ours is taken for the peer's).
 func (s *session) unreliableHorizon() time.Duration {
-	return max(maxDerivedReorderWindow, s.cfg.longestReorderWindow()) + s.rto()
+	return max(maxDerivedReorderWindow, s.cfg.longestReorderWindow()) + s.loss.rto()
 }
 
 // maxResolveDepth bounds the walk through unresolved dependencies; past it
@@ -72,7 +72,7 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 	if !seqLess(t.lastPID, s.nextPID) {
 		return false
 	}
-	if first := s.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
+	if first := s.loss.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
 		return false
 	}
 	if depth == maxResolveDepth {

@@ -19,7 +19,7 @@ func (s *session) handleConnecting(now time.Time, msgs []message) bool {
 			s.needSyn = false
 			s.needAck = true
 			if s.synSends == 1 {
-				s.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
+				s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
 			}
 			s.nextPing = now.Add(s.cfg.keepalive())
 			s.host.established()
@@ -42,7 +42,7 @@ func (s *session) establishServer(now time.Time) {
 	s.wasOpen = true
 	s.needSynAck = false
 	if s.synAckSends == 1 {
-		s.rtt.sample(now.Sub(s.synAckSent))
+		s.loss.rtt.sample(now.Sub(s.synAckSent))
 	}
 	s.nextPing = now.Add(s.cfg.keepalive())
 	s.host.established()

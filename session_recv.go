@@ -274,7 +274,7 @@ func (s *session) handlePingReply(now time.Time, id uint8) {
 	for i := range min(s.pingCount, len(s.pings)) {
 		p := &s.pings[i]
 		if p.id == id && !p.at.IsZero() {
-			s.rtt.sample(now.Sub(p.at))
+			s.loss.rtt.sample(now.Sub(p.at))
 			p.at = time.Time{}
 			return
 		}
@@ -286,10 +286,5 @@ func (s *session) handlePacketAck(now time.Time, p []byte) {
 	if !ok {
 		return
 	}
-	s.ackOne(now, a.base)
-	for m, k := a.more, uint32(1); m != 0; m, k = m>>1, k+1 {
-		if m&1 != 0 {
-			s.ackOne(now, (a.base+k)&packetIDMask)
-		}
-	}
+	s.loss.onPacketAck(now, a, &s.acked)
 }

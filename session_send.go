@@ -8,22 +8,20 @@ import (
 // ackDelay is how long we hold a lone ack hoping for company: a quarter of
 // the round trip, within 1ms and MaxAckDelay.
 func (s *session) ackDelay() time.Duration {
-	return min(max(s.rtt.srtt/4, time.Millisecond), s.cfg.maxAckDelay)
+	return min(max(s.loss.rtt.srtt/4, time.Millisecond), s.cfg.maxAckDelay)
 }
 
 // getBuf returns an empty buffer for a reliable datagram, kept until acked.
 func (s *session) getBuf() []byte {
-	if k := len(s.freeBufs); k > 0 {
-		b := s.freeBufs[k-1]
-		s.freeBufs = s.freeBufs[:k-1]
+	if b, ok := s.freeBufs.get(); ok {
 		return b[:0]
 	}
 	return make([]byte, 0, s.cfg.maxDatagram)
 }
 
 func (s *session) putBuf(b []byte) {
-	if cap(b) >= s.cfg.maxDatagram && len(s.freeBufs) < 256 {
-		s.freeBufs = append(s.freeBufs, b)
+	if cap(b) >= s.cfg.maxDatagram {
+		s.freeBufs.put(b, maxFreeBufs)
 	}
 }
 
@@ -105,11 +103,11 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
-		s.discBackoff = min(s.rto(), firstDiscResend)
+		s.discBackoff = min(s.loss.rto(), firstDiscResend)
 		s.discResend = now.Add(s.discBackoff)
 		return s.control(buf, idDisconnect, nil)
 	}
@@ -151,46 +149,37 @@ func (s *session) sentUnreliable(b []byte) {
 // spanFull reports whether one more datagram would put the newest PacketID
 // 2^15 or more after the oldest unacked one (DECISIONS §4).
 func (s *session) spanFull() bool {
-	first := s.sent.firstUnacked()
+	first := s.loss.sent.firstUnacked()
 	return first != nil && seqDiff(first.packetID, s.nextPID) >= recvSpan-1
 }
 
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
-	for s.lostHead < len(s.lostQ) {
-		l := s.lostQ[s.lostHead]
-		d := l.s
-		if d.packetID != l.pid || d.acked || !d.lost || d.b == nil {
-			s.popLost()
-			continue
-		}
+	if d := s.loss.nextResend(); d != nil {
 		if !s.rc.canSend(now, len(d.b)) {
 			s.pacedOut = true
 			return nil
 		}
-		s.popLost()
-		s.sent.resent(now, d)
-		s.onReliableSent(now, d)
+		s.loss.resend(now, d)
+		s.rc.sent(len(d.b))
 		s.stats.Retransmits++
 		s.stats.DatagramsSent++
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
 	if !s.needAck && !s.needFlow && !s.needAnchor && s.relQ.len() == 0 {
-		if s.inflight < s.rc.window() {
-			// Nothing to send though the window has room: rate samples
-			// until this is delivered say more about us than the path.
-			s.appLimitedUntil = max(s.delivered+int64(s.inflight), 1)
+		if s.loss.inflight < s.rc.window() {
+			// Nothing to send though the window has room.
+			s.loss.appLimited()
 		}
 		return nil
 	}
-	if s.inflight >= s.rc.window() || s.sent.count >= maxWindow || s.spanFull() {
+	if s.loss.inflight >= s.rc.window() || s.loss.sent.count >= maxWindow || s.spanFull() {
 		return nil
 	}
 	if s.spanHold >= s.holdLimit() {
-		// Held back by the receiver's room, not by the path: rate samples
-		// until this is delivered say little about the path.
-		s.appLimitedUntil = max(s.delivered+int64(s.inflight), 1)
+		// Held back by the receiver's room, not by the path.
+		s.loss.appLimited()
 		return nil
 	}
 	if !s.rc.canSend(now, s.cfg.maxDatagram) {
@@ -249,8 +238,8 @@ func (s *session) buildReliable(now time.Time) []byte {
 	b := s.getBuf()
 	b = appendHeader(b, h)
 	b = append(b, p.body...)
-	d := s.sent.push(now, h.packetID, b)
-	s.onReliableSent(now, d)
+	d := s.loss.sendNew(now, h.packetID, b)
+	s.rc.sent(len(b))
 	d.appBytes = p.appBytes
 	if p.holds {
 		d.hold = p.appBytes
@@ -296,7 +285,7 @@ func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, r
 }
 
 // ackRepeatWindow is how far back acks are sent again.
-func (s *session) ackRepeatWindow() time.Duration { return max(s.rtt.srtt/2, time.Millisecond) }
+func (s *session) ackRepeatWindow() time.Duration { return max(s.loss.rtt.srtt/2, time.Millisecond) }
 
 // pollUnreliable builds an unreliable datagram when acks, pings or
 // unreliable messages are due.
@@ -501,4 +490,50 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 		s.bulk = nil
 	}
 	return true
+}
+
+// afterAcks ends the handling of the acks one datagram carried: the
+// controller hears of them, what they freed is released, acked datagrams
+// are dropped, those the acks show lost queued again, and dependencies now
+// resolved forgotten.
+func (s *session) afterAcks(now time.Time) {
+	if ev, ok := s.loss.takeSample(now); ok {
+		s.rc.cc.OnAck(now, ev)
+	}
+	if a := &s.acked; a.appBytes > 0 || len(a.tids) > 0 {
+		if a.appBytes > 0 {
+			s.host.sendDone(a.appBytes)
+		}
+		for _, tid := range a.tids {
+			s.tids.release(tid)
+		}
+		*a = ackResult{tids: a.tids[:0]}
+	}
+	s.loss.sent.trim(s.trimmed)
+	s.detectLoss(now)
+	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+}
+
+// trimmed takes a datagram acked along with every one before it: its
+// first message, if it named nothing, is applied at the receiver, an anchor
+// for in-order messages with nothing else to depend on.
+func (s *session) trimmed(d *sent) {
+	s.spanHold -= d.hold
+	if d.whole0 {
+		s.newAnchor(msgRef{d.packetID, 0})
+	}
+	s.putBuf(d.b)
+}
+
+// detectLoss queues again what the acks show lost, and tells the
+// controller.
+func (s *session) detectLoss(now time.Time) {
+	lost, ok := s.loss.detectLoss(now)
+	if !ok {
+		s.fail(ErrRetransmitLimit)
+		return
+	}
+	if lost > 0 {
+		s.rc.cc.OnLoss(now, lost)
+	}
 }

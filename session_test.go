@@ -40,7 +40,7 @@ func TestSessionHandshake(t *testing.T) {
 	assert.Equal(t, stateOK, p.client().state)
 	assert.Equal(t, stateOK, p.server().state)
 	// The client's RTT starts from the handshake.
-	assert.Positive(t, p.client().rtt.samples)
+	assert.Positive(t, p.client().loss.rtt.samples)
 }
 
 func TestSessionHandshakeSurvivesLoss(t *testing.T) {
@@ -75,8 +75,8 @@ func TestSessionReliableExactlyOnceLossy(t *testing.T) {
 			assert.Positive(t, st.Retransmits, "10%% loss must cost retransmissions")
 			assert.Positive(t, p.server().snapshot().DuplicateDatagrams)
 			// Nothing left in flight once all is delivered and acked.
-			p.run(5*time.Second, func() bool { return p.client().sent.count == 0 && p.server().sent.count == 0 })
-			assert.Zero(t, p.client().sent.count)
+			p.run(5*time.Second, func() bool { return p.client().loss.sent.count == 0 && p.server().loss.sent.count == 0 })
+			assert.Zero(t, p.client().loss.sent.count)
 		})
 	}
 }
@@ -252,7 +252,7 @@ func TestSessionFastRetransmit(t *testing.T) {
 	}
 	require.True(t, p.run(5*time.Second, func() bool { return len(p.h[1].msgs) == 10 }))
 	assert.True(t, dropped)
-	assert.Equal(t, uint64(1), p.client().stats.FastRetransmits)
+	assert.Equal(t, uint64(1), p.client().snapshot().FastRetransmits)
 	// Two one-way trips for the acks to come back, one for the resend.
 	assert.Less(t, p.now.Sub(start), 60*time.Millisecond)
 }
@@ -296,8 +296,8 @@ func TestSessionPingRTT(t *testing.T) {
 	p.connect()
 	p.run(10*time.Second, nil)
 	for _, s := range p.s {
-		assert.InDelta(t, float64(40*time.Millisecond), float64(s.rtt.srtt), float64(2*time.Millisecond))
-		assert.GreaterOrEqual(t, s.rtt.samples, 9)
+		assert.InDelta(t, float64(40*time.Millisecond), float64(s.loss.rtt.srtt), float64(2*time.Millisecond))
+		assert.GreaterOrEqual(t, s.loss.rtt.samples, 9)
 	}
 }
 
@@ -435,7 +435,7 @@ func TestSessionDisconnectResentWithBackoff(t *testing.T) {
 	cfg := &Config{DisconnectTimeout: 2 * time.Second, ConnectionLostTimeout: time.Minute}
 	p := newSimPair(t, cfg, nil, perfect, perfect)
 	p.connect()
-	require.True(t, p.run(time.Second, func() bool { return p.client().sent.count == 0 && p.client().acks.pending() == 0 }))
+	require.True(t, p.run(time.Second, func() bool { return p.client().loss.sent.count == 0 && p.client().acks.pending() == 0 }))
 	discs := countSent(p, 0, idDisconnect)
 	var at []time.Duration
 	tap := p.tap
@@ -493,7 +493,7 @@ func TestSessionCloseWithoutRTTSampleProbesWithinTimeout(t *testing.T) {
 		return false
 	}
 	p.connect()
-	require.Zero(t, p.client().rtt.samples, "no RTT sample: the RTO is the initial one")
+	require.Zero(t, p.client().loss.rtt.samples, "no RTT sample: the RTO is the initial one")
 	p.client().requestClose(p.now)
 	start := p.now
 	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
@@ -799,5 +799,5 @@ func TestNoSpuriousResendsWhenThePeerStalls(t *testing.T) {
 	}
 	require.True(t, p.run(time.Second, func() bool { return len(p.h[1].msgs) == 250 }))
 	assert.Zero(t, p.client().stats.Retransmits, "resent what the stalled peer had")
-	assert.Zero(t, p.client().stats.SpuriousLosses)
+	assert.Zero(t, p.client().snapshot().SpuriousLosses)
 }

@@ -2,51 +2,17 @@ package knet
 
 import "time"
 
-// probeTimeout is how long after the last reliable send, with nothing
-// acked, a probe goes out: the RTO, doubled for each probe since the last
-// ack, at most DatagramTimeout. While closing, at most an eighth of
-// DisconnectTimeout: what is left has to be acked within it, and a lost
-// ack or two must not take all of it (before the first RTT sample the RTO
-// is a full second, and doubles).
-func (s *session) probeTimeout() time.Duration {
-	t := s.rto()
-	limit := min(s.cfg.datagramTimeout, max(4*t, 500*time.Millisecond))
-	for i := 0; i < s.ptoCount && t < limit; i++ {
-		t *= 2
-	}
-	t = min(t, limit)
-	if s.closeAsked {
-		t = min(t, max(s.cfg.disconnect/8, s.minRTO()))
-	}
-	return t
-}
-
-// nextTimeout is when the probe timer fires, if anything is in flight.
-func (s *session) nextTimeout() (time.Time, bool) {
-	if s.sent.oldest == nil {
-		return time.Time{}, false
-	}
-	return s.lastReliableSend.Add(s.probeTimeout()), true
-}
-
-// onProbeTimeout runs when nothing was acked for a timeout: the two oldest
-// datagrams in flight go again (RFC 9002's probes, resending data rather
-// than declaring everything lost; two, so that one lost probe does not cost
-// another timeout), and the timer backs off.
+// onProbeTimeout runs when nothing was acked for a probe timeout (see
+// lossState.onProbeTimeout).
 func (s *session) onProbeTimeout(now time.Time) {
-	d := s.sent.oldestUnlost()
-	if d == nil {
+	probed, ok := s.loss.onProbeTimeout(now)
+	if !ok {
+		s.fail(ErrRetransmitLimit)
 		return
 	}
-	s.ptoCount++
-	s.lastReliableSend = now // re-arms the timer, even while the probe waits for the pacer
-	s.markLost(now, d, false)
-	if s.state != stateDone {
-		if d := s.sent.oldestUnlost(); d != nil {
-			s.markLost(now, d, false)
-		}
+	if probed {
+		s.rc.cc.OnTimeout(now)
 	}
-	s.rc.cc.OnTimeout(now)
 }
 
 // nextDeadline is when advance must next run.
@@ -74,10 +40,10 @@ func (s *session) nextDeadline(now time.Time) time.Time {
 		if s.acks.pending() > 0 {
 			at(s.acks.oldest.Add(s.ackDelay()))
 		}
-		if x, ok := s.nextTimeout(); ok {
+		if x, ok := s.loss.nextTimeout(s.closeAsked); ok {
 			at(x)
 		}
-		at(s.lossTime)
+		at(s.loss.lossTime)
 		at(s.nextPing)
 		at(s.lastRecv.Add(s.cfg.lostTimeout))
 		if s.closeAsked {
@@ -124,7 +90,7 @@ func (s *session) advance(now time.Time) {
 			// Resent with backoff: a peer that does not answer is gone
 			// or far, and DisconnectTimeout bounds the wait anyway.
 			s.needDisc = true
-			s.discBackoff = min(2*max(s.discBackoff, s.minRTO()), maxDiscBackoff)
+			s.discBackoff = min(2*max(s.discBackoff, s.loss.minRTO()), maxDiscBackoff)
 			s.discResend = now.Add(s.discBackoff)
 		}
 	case stateOK:
@@ -140,13 +106,13 @@ func (s *session) advance(now time.Time) {
 			s.needDisc = true
 			return
 		}
-		if !s.lossTime.IsZero() && !now.Before(s.lossTime) {
+		if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
 			s.detectLoss(now)
 			if s.state == stateDone {
 				return
 			}
 		}
-		if x, ok := s.nextTimeout(); ok && !now.Before(x) {
+		if x, ok := s.loss.nextTimeout(s.closeAsked); ok && !now.Before(x) {
 			s.onProbeTimeout(now)
 			if s.state == stateDone {
 				return

@@ -1,0 +1,199 @@
+package knet
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// lossState on its own: a fixed clock, datagrams sent and acked by hand.
+
+func newLoss(cfg *Config) *lossState {
+	return &lossState{cfg: cfg.resolve()}
+}
+
+// sendN sends n datagrams of size bytes, PacketIDs from first, at now.
+func sendN(l *lossState, now time.Time, first uint32, n, size int) []*sent {
+	var ds []*sent
+	for i := range n {
+		ds = append(ds, l.sendNew(now, first+uint32(i), make([]byte, size)))
+	}
+	return ds
+}
+
+func ackIDs(l *lossState, now time.Time, ids ...uint32) ackResult {
+	var r ackResult
+	for _, id := range ids {
+		l.onPacketAck(now, packetAck{base: id}, &r)
+	}
+	return r
+}
+
+func TestLossInFlightAndSample(t *testing.T) {
+	l := newLoss(nil)
+	ds := sendN(l, timeZero, 0, 3, 100)
+	ds[1].appBytes = 40
+	ds[1].transfers = append(ds[1].transfers, 7)
+	assert.Equal(t, 300, l.inflight)
+	now := timeZero.Add(20 * time.Millisecond)
+	r := ackIDs(l, now, 0, 1)
+	assert.Equal(t, 40, r.appBytes, "payload bytes freed")
+	assert.Equal(t, []byte{7}, r.tids, "transfers freed")
+	assert.Equal(t, 100, l.inflight)
+	ev, ok := l.takeSample(now)
+	require.True(t, ok)
+	assert.Equal(t, 200, ev.AckedBytes)
+	assert.Equal(t, 100, ev.InFlight)
+	assert.Equal(t, 20*time.Millisecond, ev.RTT)
+	assert.Equal(t, 20*time.Millisecond, l.rtt.srtt)
+	_, ok = l.takeSample(now)
+	assert.False(t, ok, "one sample per incoming datagram")
+}
+
+func TestLossPacketThreshold(t *testing.T) {
+	// Three newer PacketIDs acked: lost at once, without waiting.
+	l := newLoss(nil)
+	sendN(l, timeZero, 0, 5, 100)
+	now := timeZero.Add(20 * time.Millisecond)
+	ackIDs(l, now, 3)
+	l.takeSample(now) // an RTT of 20ms
+	lost, ok := l.detectLoss(now)
+	require.True(t, ok)
+	assert.Equal(t, 100, lost, "only 0 is three behind 3")
+	assert.Equal(t, uint64(1), l.fastRetransmits)
+	d := l.nextResend()
+	require.NotNil(t, d)
+	assert.Equal(t, uint32(0), d.packetID)
+	// 1 and 2 go once the time threshold passes without their acks.
+	require.False(t, l.lossTime.IsZero())
+	later := l.lossTime
+	lost, _ = l.detectLoss(later)
+	assert.Equal(t, 200, lost)
+}
+
+func TestLossBySendTimeAfterResend(t *testing.T) {
+	// A resent datagram keeps its PacketID: that it was lost again shows
+	// only by send time, when a datagram sent after the resend is acked.
+	l := newLoss(nil)
+	sendN(l, timeZero, 0, 2, 100)
+	now := timeZero.Add(20 * time.Millisecond)
+	ackIDs(l, now, 1)
+	l.takeSample(now)
+	l.detectLoss(now.Add(30 * time.Millisecond))
+	d := l.nextResend()
+	require.NotNil(t, d, "0 found lost by time")
+	resentAt := now.Add(30 * time.Millisecond)
+	l.resend(resentAt, d)
+	assert.Nil(t, l.nextResend())
+	after := sendN(l, resentAt.Add(time.Millisecond), 2, 1, 100)
+	at := resentAt.Add(22 * time.Millisecond)
+	ackIDs(l, at, after[0].packetID)
+	l.takeSample(at)
+	lost, _ := l.detectLoss(at.Add(5 * time.Millisecond))
+	assert.Equal(t, 100, lost, "the resend of 0 is lost too")
+	assert.Equal(t, uint32(0), l.nextResend().packetID)
+}
+
+func TestLossAmbiguousAckAfterResend(t *testing.T) {
+	// The first send's ack arriving just after the resend must not pass
+	// for the resend's: every datagram sent before would seem lost.
+	l := newLoss(nil)
+	sendN(l, timeZero, 0, 1, 100)
+	ackIDs(l, timeZero.Add(20*time.Millisecond), 0)
+	l.takeSample(timeZero.Add(20 * time.Millisecond))
+	ds := sendN(l, timeZero.Add(30*time.Millisecond), 1, 10, 100)
+	resentAt := timeZero.Add(60 * time.Millisecond)
+	require.True(t, l.markLost(ds[0], false))
+	l.resend(resentAt, l.nextResend())
+	ackIDs(l, resentAt.Add(time.Millisecond), 1) // the first send's ack
+	lost, _ := l.detectLoss(resentAt.Add(time.Millisecond))
+	assert.Zero(t, lost, "datagrams sent before the resend taken for lost")
+}
+
+func TestLossSpuriousWidensReordering(t *testing.T) {
+	l := newLoss(nil)
+	sendN(l, timeZero, 0, 5, 100)
+	now := timeZero.Add(20 * time.Millisecond)
+	ackIDs(l, now, 4)
+	l.takeSample(now)
+	l.detectLoss(now)
+	require.NotNil(t, l.nextResend())
+	ackIDs(l, now.Add(time.Millisecond), 0, 1) // late, not lost
+	assert.Equal(t, uint64(2), l.spuriousLosses)
+	reo := l.reorderTolerance(now)
+	assert.Positive(t, reo)
+	assert.Less(t, l.reorderTolerance(now.Add(9*time.Second)), reo, "halves without more")
+	assert.Nil(t, l.nextResend(), "acked ones do not go again")
+}
+
+func TestLossProbeTimeout(t *testing.T) {
+	cfg := &Config{MaxMessageSendCount: 3}
+	l := newLoss(cfg)
+	_, ok := l.nextTimeout(false)
+	assert.False(t, ok, "nothing in flight")
+	sendN(l, timeZero, 0, 3, 100)
+	at, ok := l.nextTimeout(false)
+	require.True(t, ok)
+	assert.Equal(t, timeZero.Add(time.Second), at, "the initial RTO before any sample")
+	probed, ok := l.onProbeTimeout(at)
+	assert.True(t, probed)
+	assert.True(t, ok)
+	for _, want := range []uint32{0, 1} {
+		d := l.nextResend()
+		require.NotNil(t, d, "two probes")
+		assert.Equal(t, want, d.packetID)
+		l.resend(at, d)
+	}
+	next, _ := l.nextTimeout(false)
+	assert.Equal(t, 2*time.Second, next.Sub(at), "backed off")
+	closing, _ := l.nextTimeout(true)
+	assert.Equal(t, l.cfg.disconnect/8, closing.Sub(at), "at most an eighth of DisconnectTimeout while closing")
+	// The third send of 0 is its last: the next probe finds it spent.
+	l.onProbeTimeout(next)
+	l.resend(next, l.nextResend())
+	l.resend(next, l.nextResend())
+	_, ok = l.onProbeTimeout(next.Add(time.Hour))
+	assert.False(t, ok, "MaxMessageSendCount reached")
+}
+
+func TestLossProbeBackoffCap(t *testing.T) {
+	l := newLoss(nil)
+	sendN(l, timeZero, 0, 1, 100)
+	ackIDs(l, timeZero.Add(10*time.Millisecond), 0)
+	l.takeSample(timeZero.Add(10 * time.Millisecond))
+	sendN(l, timeZero.Add(20*time.Millisecond), 1, 1, 100)
+	l.ptoCount = 20
+	assert.Equal(t, maxProbeBackoff, l.probeTimeout(false), "four RTOs or 500ms, not DatagramTimeout")
+}
+
+func TestLossRetryNowIsNoProbe(t *testing.T) {
+	l := newLoss(nil)
+	sendN(l, timeZero, 0, 2, 100)
+	assert.True(t, l.retryNow(timeZero), "nothing backed off: nothing to do")
+	assert.Nil(t, l.nextResend())
+	l.onProbeTimeout(timeZero.Add(time.Second))
+	l.resend(timeZero.Add(time.Second), l.nextResend())
+	l.resend(timeZero.Add(time.Second), l.nextResend())
+	now := timeZero.Add(1500 * time.Millisecond)
+	assert.True(t, l.retryNow(now))
+	assert.Zero(t, l.ptoCount)
+	assert.NotNil(t, l.nextResend(), "the oldest goes again at once")
+	at, _ := l.nextTimeout(false)
+	assert.Equal(t, now.Add(time.Second), at, "the timer starts afresh")
+}
+
+func TestLossDrop(t *testing.T) {
+	l := newLoss(nil)
+	ds := sendN(l, timeZero, 0, 3, 100)
+	for _, d := range ds {
+		d.appBytes = 10
+	}
+	ackIDs(l, timeZero.Add(time.Millisecond), 1)
+	l.markLost(ds[2], true)
+	assert.Equal(t, 20, l.drop(), "payload of what was not acked")
+	assert.Zero(t, l.inflight)
+	assert.Nil(t, l.nextResend())
+	assert.Zero(t, l.sent.count)
+}
