@@ -3,7 +3,6 @@ package knet
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -33,11 +32,6 @@ type Conn struct {
 	// Datagrams the system refused to send, and their bytes (counted
 	// sent by the session, taken off in the Stats).
 	sendErrs, unsentBytes uint64
-	// Reports in a row that the peer cannot be reached (see strike), the
-	// latest one's error, and DatagramsReceived when they started.
-	strikes   int
-	strikeErr error
-	heard     uint64
 
 	refusals atomic.Uint32 // port unreachable reports, from the reader
 
@@ -159,11 +153,12 @@ func (c *Conn) loop() {
 	for {
 		now = c.drainInbox()
 		c.drainSendQueue(now)
-		if s.state == stateAdmit && s.admitWaiting {
-			c.admit(now)
-		}
+		c.handleEvents()
 		c.flush(now)
-		c.checkStrikes()
+		for n := c.refusals.Swap(0); n > 0; n-- {
+			s.unreachable(errConnRefused)
+		}
+		s.checkReach()
 		c.publish()
 		if s.done() {
 			return
@@ -238,13 +233,11 @@ func (c *Conn) drainSendQueue(now time.Time) {
 }
 
 // admit runs the application's Admit hook on a ConnectSyn.
-func (c *Conn) admit(now time.Time) {
-	s := c.sess
-	s.admitWaiting = false
+func (c *Conn) admit() {
 	reply, ok := []byte(nil), true
 	if c.cfg.admit != nil {
 		var err error
-		reply, err = c.cfg.admit(c.remote, append([]byte(nil), s.syn...))
+		reply, err = c.cfg.admit(c.remote, append([]byte(nil), c.sess.syn...))
 		ok = err == nil
 	}
 	if ok && len(reply) > c.cfg.handshakeLimit() {
@@ -259,7 +252,21 @@ func (c *Conn) admit(now time.Time) {
 	if !ok && c.ep.l != nil {
 		c.ep.refused.Add(1)
 	}
-	s.admitted(time.Now(), reply, ok)
+	c.sess.admitted(time.Now(), reply, ok)
+}
+
+// handleEvents acts on what the session's last calls did.
+func (c *Conn) handleEvents() {
+	ev := c.sess.takeEvents()
+	if ev&evAdmit != 0 {
+		c.admit()
+	}
+	if ev&evEstablished != 0 {
+		c.established()
+	}
+	if ev&evPeerClosed != 0 {
+		c.peerClosed()
+	}
 }
 
 // flush sends every datagram the session has ready, in batches of one
@@ -302,7 +309,7 @@ func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
 		if err := ps[i].Err; err != nil {
 			c.sendErrs++
 			c.unsentBytes += uint64(len(ps[i].Buf))
-			c.strike(err)
+			c.sess.unreachable(err)
 		}
 	}
 }
@@ -312,56 +319,6 @@ func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
 func (c *Conn) refusal() {
 	c.refusals.Add(1)
 	signal(c.wake)
-}
-
-// Fail-fast rules. One error must not end a connection (a full buffer, a
-// route flapping), but a client whose server is gone should learn it as
-// fast as TCP would tell it, not after a timeout.
-const (
-	// handshakeStrikes failed ConnectSyn attempts in a row fail Dial: each
-	// a send error or an ICMP port unreachable. With the ConnectSyn resent
-	// after 200ms, Dial to a port where nothing listens fails in about
-	// that time.
-	handshakeStrikes = 2
-	// openStrikes port unreachable reports in a row, with nothing heard
-	// from the peer in between, end an established connection.
-	openStrikes = 3
-)
-
-// strike counts one report that the peer cannot be reached: every send
-// error while handshaking, only port unreachable once open (other send
-// errors are counted in Stats.SendErrors and left to the timeouts).
-func (c *Conn) strike(err error) {
-	if isRefusal(err) || c.sess.state == stateSyn {
-		c.strikes++
-		c.strikeErr = err
-	}
-}
-
-// checkStrikes ends the connection when the reports are many enough.
-func (c *Conn) checkStrikes() {
-	s := c.sess
-	if got := s.stats.DatagramsReceived; got != c.heard {
-		c.heard, c.strikes = got, 0 // the peer is there after all
-	}
-	if n := c.refusals.Swap(0); n > 0 {
-		c.strikes += int(n)
-		c.strikeErr = errConnRefused
-	}
-	switch {
-	case s.state == stateSyn && c.strikes >= handshakeStrikes:
-		if isRefusal(c.strikeErr) {
-			s.fail(ErrPortUnreachable)
-		} else {
-			s.fail(fmt.Errorf("knet: cannot send to %v: %w", c.remote, c.strikeErr))
-		}
-	case s.state == stateOK && c.strikes >= openStrikes:
-		s.fail(errUnreachableClosed)
-	case s.state == stateClosing && c.strikes >= openStrikes:
-		// Closing, only the DisconnectAck was missing: with the peer
-		// gone, waiting for it is pointless, and nothing was lost.
-		s.fail(net.ErrClosed)
-	}
 }
 
 // isRefusal reports whether err is the system's word that nothing listens
@@ -471,15 +428,13 @@ func (c *Conn) sendDone(n int) { c.released += n }
 
 func (c *Conn) established() {
 	c.stateMu.Lock()
-	c.syn = c.sess.syn
-	c.synAck = c.sess.synAck
+	c.syn, c.synAck = c.sess.syn, c.sess.synAck
 	c.stateMu.Unlock()
 	if c.ep.l != nil && !c.ep.l.offer(c) {
 		// The backlog filled up since admission: refuse after all, with
 		// a DisconnectAck unless the listener is stealthy (DECISIONS §1:
 		// a rejected attempt gets no answer).
-		c.sess.fail(ErrRefused)
-		c.sess.needDiscAck = !c.cfg.stealth
+		c.sess.refuse(!c.cfg.stealth)
 		return
 	}
 	c.estOnce.Do(func() { close(c.estab) })

@@ -1,6 +1,8 @@
 package knet
 
 import (
+	"fmt"
+	"net"
 	"time"
 )
 
@@ -23,6 +25,24 @@ const (
 	stateDone
 )
 
+// sessEvent is something a session call did that its connection acts on
+// once the call has returned (takeEvents): the session never calls back
+// into the connection to change state.
+type sessEvent uint8
+
+const (
+	evAdmit       sessEvent = 1 << iota // server: a ConnectSyn waits for the application's decision (admitted)
+	evEstablished                       // the handshake completed
+	evPeerClosed                        // the peer's Disconnect: the receive queue ends after what it holds
+)
+
+// takeEvents returns what happened since it was last called.
+func (s *session) takeEvents() sessEvent {
+	e := s.events
+	s.events = 0
+	return e
+}
+
 // host is what the session needs from its connection.
 type host interface {
 	// deliver hands an application message to the receive queue, which
@@ -32,11 +52,6 @@ type host interface {
 	recvUsed() int
 	// sendDone returns n payload bytes to the send buffer.
 	sendDone(n int)
-	// established reports the handshake complete.
-	established()
-	// peerClosed reports the peer's Disconnect: the receive queue ends
-	// after what it holds.
-	peerClosed()
 }
 
 type pingRecord struct {
@@ -51,6 +66,13 @@ type session struct {
 	state  sessState
 	err    error // why the connection ended
 	stats  Stats
+	events sessEvent // what the connection has yet to act on
+
+	// Reports in a row that the peer cannot be reached (see unreachable),
+	// the latest one's error, and DatagramsReceived when they started.
+	strikes   int
+	strikeErr error
+	heard     uint64
 
 	// Handshake (session_handshake.go).
 	syn, synAck                  []byte
@@ -224,4 +246,58 @@ func (s *session) snapshot() Stats {
 	st.FastRetransmits = s.loss.fastRetransmits
 	st.SpuriousLosses = s.loss.spuriousLosses
 	return st
+}
+
+// refuse refuses a connection after all, its handshake done: the server's
+// accept backlog filled up since admission. A DisconnectAck tells the
+// client so if answer (DECISIONS §1: a stealthy listener answers nothing).
+func (s *session) refuse(answer bool) {
+	s.fail(ErrRefused)
+	s.needDiscAck = answer
+}
+
+// Fail-fast rules. One error must not end a connection (a full buffer, a
+// route flapping), but a client whose server is gone should learn it as
+// fast as TCP would tell it, not after a timeout.
+const (
+	// handshakeStrikes failed ConnectSyn attempts in a row fail Dial: each
+	// a send error or an ICMP port unreachable. With the ConnectSyn resent
+	// after 200ms, Dial to a port where nothing listens fails in about
+	// that time.
+	handshakeStrikes = 2
+	// openStrikes port unreachable reports in a row, with nothing heard
+	// from the peer in between, end an established connection.
+	openStrikes = 3
+)
+
+// unreachable takes the system's report that a datagram did not reach the
+// peer: a send error, or errConnRefused for an ICMP port unreachable. Every
+// one counts while handshaking, only port unreachable once open (other
+// send errors are counted in Stats.SendErrors and left to the timeouts).
+func (s *session) unreachable(err error) {
+	if isRefusal(err) || s.state == stateSyn {
+		s.strikes++
+		s.strikeErr = err
+	}
+}
+
+// checkReach ends the connection when the reports are many enough.
+func (s *session) checkReach() {
+	if got := s.stats.DatagramsReceived; got != s.heard {
+		s.heard, s.strikes = got, 0 // the peer is there after all
+	}
+	switch {
+	case s.state == stateSyn && s.strikes >= handshakeStrikes:
+		if isRefusal(s.strikeErr) {
+			s.fail(ErrPortUnreachable)
+		} else {
+			s.fail(fmt.Errorf("knet: cannot send to the peer: %w", s.strikeErr))
+		}
+	case s.state == stateOK && s.strikes >= openStrikes:
+		s.fail(errUnreachableClosed)
+	case s.state == stateClosing && s.strikes >= openStrikes:
+		// Closing, only the DisconnectAck was missing: with the peer
+		// gone, waiting for it is pointless, and nothing was lost.
+		s.fail(net.ErrClosed)
+	}
 }

@@ -150,7 +150,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 				s.dropSending()
 				return
 			}
-			s.host.peerClosed()
+			s.events |= evPeerClosed
 			s.dropSending()
 			s.state = stateLinger
 			s.lingerUntil = now.Add(s.lingerTime())
@@ -163,7 +163,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.state = stateDone
 		case stateOK:
 			// The peer says it is gone without our asking.
-			s.host.peerClosed()
+			s.events |= evPeerClosed
 			s.fail(ErrPeerClosed)
 		case stateSynAck:
 			s.fail(ErrPeerClosed)

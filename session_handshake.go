@@ -22,7 +22,7 @@ func (s *session) handleConnecting(now time.Time, msgs []message) bool {
 				s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
 			}
 			s.nextPing = now.Add(s.cfg.keepalive())
-			s.host.established()
+			s.events |= evEstablished
 			return true
 		case idDisconnectAck:
 			s.fail(ErrRefused)
@@ -45,7 +45,7 @@ func (s *session) establishServer(now time.Time) {
 		s.loss.rtt.sample(now.Sub(s.synAckSent))
 	}
 	s.nextPing = now.Add(s.cfg.keepalive())
-	s.host.established()
+	s.events |= evEstablished
 }
 
 // admitted records the application's decision on the ConnectSyn.
@@ -53,6 +53,7 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if s.state != stateAdmit {
 		return
 	}
+	s.admitWaiting = false
 	if !ok {
 		s.state = stateDone
 		s.err = ErrRefused

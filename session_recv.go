@@ -76,6 +76,7 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		for i := range msgs {
 			if msgs[i].id == idConnectSyn && !msgs[i].fragment {
 				s.admitWaiting = true
+				s.events |= evAdmit
 				s.syn = append([]byte(nil), msgs[i].payload...)
 				s.lastRecv = now
 				s.win.add(h.packetID)

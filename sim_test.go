@@ -29,8 +29,6 @@ func (h *simHost) deliver(id uint32, payload []byte, reliable, inOrder bool) boo
 }
 func (h *simHost) recvUsed() int  { return h.used }
 func (h *simHost) sendDone(n int) { h.released += n }
-func (h *simHost) established()   { h.est = true }
-func (h *simHost) peerClosed()    { h.eof = true }
 
 // simPkt is a datagram in flight.
 type simPkt struct {
@@ -115,13 +113,20 @@ func (p *simPair) send(i int, m Message) Ref {
 // flush sends what both sides have ready.
 func (p *simPair) flush() {
 	for i, s := range p.s {
-		if i == 1 && s.state == stateAdmit && s.admitWaiting {
-			s.admitWaiting = false
+		// What the sessions' calls did, as Conn.handleEvents acts on it.
+		ev := s.takeEvents()
+		if ev&evAdmit != 0 {
 			reply, ok := []byte("ok"), true
 			if p.admit != nil {
 				reply, ok = p.admit(s.syn)
 			}
 			s.admitted(p.now, reply, ok)
+		}
+		if ev&evEstablished != 0 {
+			p.h[i].est = true
+		}
+		if ev&evPeerClosed != 0 {
+			p.h[i].eof = true
 		}
 		for {
 			b := s.poll(p.now, p.buf)
