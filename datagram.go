@@ -130,8 +130,7 @@ func parseHeader(b []byte, h *header) (n int, err error) {
 	return n, nil
 }
 
-// datagram is a whole parsed datagram. The session parses block by block
-// into reused storage; this form serves tests, fuzzing and tools.
+// datagram is a whole parsed datagram.
 type datagram struct {
 	header
 	msgs []message
@@ -146,27 +145,59 @@ func appendDatagram(b []byte, d *datagram) []byte {
 	return b
 }
 
-// parseDatagram decodes a whole datagram. Message payloads alias b. It
-// allocates the message list in proportion to the bytes present (every
-// block takes at least three), never to a count the peer announced.
+// parseDatagram decodes a whole datagram. Message payloads alias b.
 func parseDatagram(b []byte) (d datagram, n int, err error) {
-	n, err = parseHeader(b, &d.header)
-	if err != nil {
+	if err := parseInto(b, &d); err != nil {
 		return datagram{}, 0, err
+	}
+	return d, len(b), nil
+}
+
+// scanDatagram decodes the datagram b, its header into h, and hands each
+// message block in turn to each, which must not keep it. A malformed block,
+// a dependency the header does not carry, or a fragment in a datagram not
+// reliable (spec "Fragmented Transfers", 3) makes the datagram an error as
+// a whole, after each has seen the blocks before. Payloads alias b. This is
+// the one parse loop: the session's, the listener's and the tests'.
+func scanDatagram(b []byte, h *header, each func(m message)) error {
+	n, err := parseHeader(b, h)
+	if err != nil {
+		return err
 	}
 	for n < len(b) {
 		m, k, err := parseMessage(b[n:])
+		if err == nil {
+			err = checkOrder(h, &m)
+		}
+		if err == nil && m.fragment && !h.reliable {
+			err = errUnreliableFragment
+		}
 		if err != nil {
-			return datagram{}, 0, err
+			return err
 		}
-		if err := checkOrder(&d.header, &m); err != nil {
-			return datagram{}, 0, err
-		}
-		d.msgs = append(d.msgs, m)
+		each(m)
 		n += k
 	}
-	return d, n, nil
+	return nil
 }
+
+// parseInto decodes a whole datagram into d, reusing its storage. The
+// message list grows in proportion to the bytes present (every block takes
+// at least three), never to a count the peer announced.
+func parseInto(b []byte, d *datagram) error {
+	d.msgs = d.msgs[:0]
+	return scanDatagram(b, &d.header, func(m message) { d.msgs = append(d.msgs, m) })
+}
+
+// holds reports whether b is a valid datagram, and whether it holds a whole
+// message with the given ID, without keeping its messages.
+func holds(b []byte, id uint32) (found, valid bool) {
+	var h header
+	err := scanDatagram(b, &h, func(m message) { found = found || !m.fragment && m.id == id })
+	return found && err == nil, err == nil
+}
+
+var errUnreliableFragment = errors.New("knet: fragment in an unreliable datagram")
 
 // checkOrder reports whether m's InOrder code names only entries that the
 // datagram header carries (spec "InOrderCode field interpretation").

@@ -362,22 +362,8 @@ func (ep *endpoint) close() {
 // talking.
 func disconnectAnswer(buf, b []byte) []byte {
 	var h header
-	n, err := parseHeader(b, &h)
-	if err != nil {
-		return nil
-	}
 	disc := false
-	for n < len(b) {
-		m, k, err := parseMessage(b[n:])
-		if err != nil || checkOrder(&h, &m) != nil {
-			return nil
-		}
-		if !m.fragment && m.id == idDisconnect {
-			disc = true
-		}
-		n += k
-	}
-	if !disc {
+	if scanDatagram(b, &h, func(m message) { disc = disc || !m.fragment && m.id == idDisconnect }) != nil || !disc {
 		return nil
 	}
 	d := appendHeader(buf[:0], &header{inOrder: h.inOrder})

@@ -250,24 +250,7 @@ func (l *Listener) established(c *Conn) {
 
 // isConnectSyn reports whether b is a well-formed datagram holding a
 // ConnectSyn, and whether it is well-formed at all.
-func isConnectSyn(b []byte) (syn, valid bool) {
-	var h header
-	n, err := parseHeader(b, &h)
-	if err != nil {
-		return false, false
-	}
-	for n < len(b) {
-		m, k, err := parseMessage(b[n:])
-		if err != nil || checkOrder(&h, &m) != nil {
-			return false, false
-		}
-		if !m.fragment && m.id == idConnectSyn {
-			syn = true
-		}
-		n += k
-	}
-	return syn, true
-}
+func isConnectSyn(b []byte) (syn, valid bool) { return holds(b, idConnectSyn) }
 
 // refuse answers a connection attempt with a DisconnectAck. The datagram
 // (nine bytes) is never larger than the ConnectSyn's.

@@ -151,8 +151,7 @@ type session struct {
 	reorderAt  time.Time
 
 	// Scratch, reused.
-	rh      header
-	rmsgs   []message
+	rd      datagram // the one being handled
 	deps    []msgRef
 	ready   readyHeap
 	woken   []*held

@@ -34,7 +34,7 @@ const maxDerivedReorderWindow = 250 * time.Millisecond
 // handleOrdered applies a message now, or holds it until its dependencies
 // are applied.
 func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
-	m := &s.rmsgs[ref.idx]
+	m := &s.rd.msgs[ref.idx]
 	s.deps = appendDeps(s.deps[:0], h, m)
 	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.deps)
 }

@@ -1,7 +1,6 @@
 package knet
 
 import (
-	"errors"
 	"time"
 )
 
@@ -34,30 +33,11 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		return
 	}
 	// Parse everything first: a malformed datagram is dropped whole.
-	h := &s.rh
-	n, err := parseHeader(b, h)
-	if err != nil {
+	if parseInto(b, &s.rd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	msgs := s.rmsgs[:0]
-	for off := n; off < len(b); {
-		m, k, err := parseMessage(b[off:])
-		if err == nil {
-			err = checkOrder(h, &m)
-		}
-		if err == nil && m.fragment && !h.reliable {
-			err = errUnreliableFragment
-		}
-		if err != nil {
-			s.rmsgs = msgs
-			s.stats.InvalidDatagrams++
-			return
-		}
-		msgs = append(msgs, m)
-		off += k
-	}
-	s.rmsgs = msgs
+	h, msgs := &s.rd.header, s.rd.msgs
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(len(b))
 	if !s.client && !s.wasOpen {
@@ -164,8 +144,6 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 	s.flowControl(now)
 }
 
-var errUnreliableFragment = errors.New("knet: fragment in an unreliable datagram")
-
 // admits reports whether a reliable datagram fits our buffers, or makes
 // progress: it carries a message that can be applied now and either held
 // messages wait for it or the application has room for it, or a fragment
@@ -194,7 +172,7 @@ func (s *session) admits(msgs []message) bool {
 	if !over || !appContent {
 		return true
 	}
-	h := &s.rh
+	h := &s.rd.header
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		ref := msgRef{h.packetID, uint16(i)}
