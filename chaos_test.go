@@ -710,7 +710,7 @@ func runChaosCell(t *testing.T, mode chaosMode, cond chaosCond, seed uint64, set
 		fmt.Fprintf(&b, "%s\nsimulated time %v since the start\n", what, p.now.Sub(timeZero))
 		for i, side := range [2]string{"client", "server"} {
 			s := p.s[i]
-			fmt.Fprintf(&b, "%s: state %v err %v, held %d, reassembling %d (%d bytes)\n", side, s.state, s.err, s.res.count(), s.reasm.active, s.reasm.bytes)
+			fmt.Fprintf(&b, "%s: state %v err %v, held %d, reassembling %d (%d bytes)\n", side, s.state, s.err, len(s.res.held), s.reasm.active, s.reasm.bytes)
 			fmt.Fprintf(&b, "  stats %+v\n", s.snapshot())
 			fmt.Fprintf(&b, "  link out %+v\n", p.links[i].Stats())
 			fmt.Fprintf(&b, "  received from the %s:\n%s", [2]string{"server", "client"}[i], recv[i].counts())
@@ -761,7 +761,7 @@ func runChaosCell(t *testing.T, mode chaosMode, cond chaosCond, seed uint64, set
 	// half received (a large update of a ContentID travels reliably but
 	// counts as unreliable in the plan).
 	idle := func(s *session) bool {
-		return s.loss.sent.count == 0 && s.relQ.len() == 0 && s.res.count() == 0 && s.reasm.active == 0
+		return s.loss.sent.count == 0 && s.relQ.len() == 0 && len(s.res.held) == 0 && s.reasm.active == 0
 	}
 	progress := p.run(chaosProgressBound, func() bool {
 		take()
@@ -783,8 +783,8 @@ func runChaosCell(t *testing.T, mode chaosMode, cond chaosCond, seed uint64, set
 			problems = append(problems, fmt.Sprintf("%s ended: %v %v", side, s.state, s.err))
 		}
 		// Nothing is held for ever once everything reliable is in.
-		if progress && (s.res.count() != 0 || s.reasm.active != 0) {
-			problems = append(problems, fmt.Sprintf("%s still holds %d messages and %d transfers", side, s.res.count(), s.reasm.active))
+		if progress && (len(s.res.held) != 0 || s.reasm.active != 0) {
+			problems = append(problems, fmt.Sprintf("%s still holds %d messages and %d transfers", side, len(s.res.held), s.reasm.active))
 		}
 		if len(recv[i].errs) > 0 {
 			problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, recv[i].summary()))

@@ -23,7 +23,6 @@ type Conn struct {
 	raddr  netip.AddrPort
 	remote *net.UDPAddr
 	cfg    *config
-	client bool
 
 	// Owned by loop.
 	sess     *session
@@ -84,7 +83,6 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool) *Conn
 		raddr:     raddr,
 		remote:    net.UDPAddrFromAddrPort(raddr),
 		cfg:       cfg,
-		client:    client,
 		wake:      make(chan struct{}, 1),
 		sendSpace: make(chan struct{}, 1),
 		recvReady: make(chan struct{}, 1),

@@ -256,10 +256,3 @@ func (r *reassembly) finish(t *transfer) {
 		t.frags = nil
 	}
 }
-
-// reset drops every transfer.
-func (r *reassembly) reset() {
-	r.transfers = nil
-	r.active = 0
-	r.bytes = 0
-}

@@ -403,9 +403,6 @@ func (r *resolver) nextDeadline() (time.Time, bool) {
 	return r.timed[0].deadline, true
 }
 
-// count is the number of messages held.
-func (r *resolver) count() int { return len(r.held) }
-
 // heldHeap orders unreliable held messages by deadline, then arrival.
 type heldHeap []*held
 

@@ -360,7 +360,7 @@ func (c *config) longestReorderWindow() time.Duration {
 // ConnectSynAck carries: one message block (no fragmented transfer before
 // the connection is open), in a datagram of at most MaxDatagramSize, and
 // below the 2048 bytes a peer with the default MaxDatagramSize reads.
-func (c *config) handshakeLimit() int { return c.wholeLimit() - 8 }
+func (c *config) handshakeLimit() int { return c.wholeLimit() - startRoom }
 
 // keepalive is how often a PingRequest goes out: PingInterval, or more often
 // if ConnectionLostTimeout would otherwise expire between two pings.

@@ -144,12 +144,7 @@ type ackResult struct {
 
 // onPacketAck takes one PacketAck, adding to r what it frees.
 func (l *lossState) onPacketAck(now time.Time, a packetAck, r *ackResult) {
-	l.ackOne(now, a.base, r)
-	for m, k := a.more, uint32(1); m != 0; m, k = m>>1, k+1 {
-		if m&1 != 0 {
-			l.ackOne(now, (a.base+k)&packetIDMask, r)
-		}
-	}
+	a.each(func(id uint32) { l.ackOne(now, id, r) })
 }
 
 func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {

@@ -182,7 +182,7 @@ func newSession(cfg *config, h host, client bool, now time.Time) *session {
 		s.state = stateSyn
 		s.needSyn = true
 		s.syn = cfg.connectPayload
-		s.synBackoff = 200 * time.Millisecond
+		s.synBackoff = firstSynResend
 		s.synResend = now.Add(s.synBackoff)
 	} else {
 		s.state = stateAdmit
@@ -192,9 +192,6 @@ func newSession(cfg *config, h host, client bool, now time.Time) *session {
 
 // done reports whether the session has ended and has nothing more to send.
 func (s *session) done() bool { return s.state == stateDone && !s.needDiscAck }
-
-// established reports whether the handshake completed at some point.
-func (s *session) open() bool { return s.state == stateOK }
 
 // fail ends the session with err.
 func (s *session) fail(err error) {

@@ -66,6 +66,13 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	s.started = now
 }
 
+// A ConnectSyn goes again after firstSynResend, then at intervals
+// doubling up to maxSynBackoff, until ConnectTimeout.
+const (
+	firstSynResend = 200 * time.Millisecond
+	maxSynBackoff  = time.Second
+)
+
 // synPadTo is the size a client pads its ConnectSyn datagram to, so that
 // the server may answer with a ConnectSynAck of about that size at once.
 const synPadTo = 1200

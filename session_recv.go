@@ -195,7 +195,7 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 	}
 	switch m.id {
 	case idPingRequest:
-		if len(m.payload) == 1 && len(s.pingReplies) < 64 {
+		if len(m.payload) == 1 && len(s.pingReplies) < maxPingReplies {
 			s.pingReplies = append(s.pingReplies, m.payload[0])
 		}
 	case idPingReply:
@@ -267,3 +267,7 @@ func (s *session) handlePacketAck(now time.Time, p []byte) {
 	}
 	s.loss.onPacketAck(now, a, &s.acked)
 }
+
+// maxPingReplies bounds the PingReplies owed: a peer pinging faster than we
+// answer gets the first ones answered.
+const maxPingReplies = 64

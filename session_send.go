@@ -26,11 +26,25 @@ func (s *session) putBuf(b []byte) {
 }
 
 // wholeLimit is the largest payload sent as one message block; larger ones
-// are fragmented. It leaves room in a datagram for the headers and up to
-// MaxDependencies dependencies.
+// are fragmented. It leaves room in the content block for the MessageID,
+// and in a datagram for the headers and up to MaxDependencies dependencies.
 func (c *config) wholeLimit() int {
-	return min(maxContentLength-4, c.maxDatagram-96)
+	return min(maxContentLength-maxVLE32Size, c.maxDatagram-wholeRoom)
 }
+
+const (
+	// maxVLE32Size is the longest VLE-1.7/1.7/16 (a MessageID, a
+	// FragmentCount).
+	maxVLE32Size = 4
+	// wholeRoom is what a datagram keeps free beside a whole message's
+	// payload: the datagram and message headers and MaxDependencies
+	// dependency entries.
+	wholeRoom = 96
+	// startRoom is what a fragmented transfer's first block, or a
+	// handshake message, keeps free below wholeLimit: a MessageID and a
+	// FragmentCount at their longest.
+	startRoom = 2 * maxVLE32Size
+)
 
 // fragSize is the payload of each fragment: at most MaxFragmentSize, and
 // sized so that whole fragments fill a datagram with little left over.
@@ -40,7 +54,7 @@ func (c *config) fragSize() int {
 	k := (avail + c.maxFragment + perFrag - 1) / (c.maxFragment + perFrag)
 	// Below the whole-message limit, so that a fragmented message has at
 	// least two fragments and its first leaves room for the MessageID.
-	return min(c.maxFragment, avail/k-perFrag, c.wholeLimit()-8)
+	return min(c.maxFragment, avail/k-perFrag, c.wholeLimit()-startRoom)
 }
 
 // poll returns the next datagram to send, or nil when there is none now. A
@@ -374,7 +388,7 @@ func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
 		}
 		if !s.place(now, h, p, m) {
 			p.skipped++
-			if p.skipped > 64 {
+			if p.skipped > maxSkipped {
 				break
 			}
 		}
@@ -392,6 +406,11 @@ func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
 // maxPerDatagram bounds the message blocks in one datagram, so that an
 // index into them fits InOrderDatagramIndexArray with room to spare.
 const maxPerDatagram = 1024
+
+// maxSkipped is how many queued messages that cannot go yet (waiting for a
+// dependency, or a transfer under way) pack passes over before it stops
+// looking further down the queue.
+const maxSkipped = 64
 
 // place tries to put m (whole, or its first fragment) into the datagram.
 func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {

@@ -485,7 +485,7 @@ func TestSessionCloseWithoutRTTSampleProbesWithinTimeout(t *testing.T) {
 			case m.id == idConnectSynAck && synAcks == 0:
 				synAcks++
 				return true
-			case m.id == idPacketAck && acks < 2 && p.client().open():
+			case m.id == idPacketAck && acks < 2 && p.client().state == stateOK:
 				acks++
 				return true
 			}

@@ -67,7 +67,7 @@ func (s *session) advance(now time.Time) {
 			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
 		} else if !now.Before(s.synResend) {
 			s.needSyn = true
-			s.synBackoff = min(2*s.synBackoff, time.Second)
+			s.synBackoff = min(2*s.synBackoff, maxSynBackoff)
 			s.synResend = now.Add(s.synBackoff)
 		}
 	case stateAdmit, stateSynAck:
