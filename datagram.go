@@ -189,6 +189,16 @@ func parseInto(b []byte, d *datagram) error {
 	return scanDatagram(b, &d.header, func(m message) { d.msgs = append(d.msgs, m) })
 }
 
+// has reports whether d holds a whole message with the given ID.
+func (d *datagram) has(id uint32) bool {
+	for i := range d.msgs {
+		if m := &d.msgs[i]; !m.fragment && m.id == id {
+			return true
+		}
+	}
+	return false
+}
+
 // holds reports whether b is a valid datagram, and whether it holds a whole
 // message with the given ID, without keeping its messages.
 func holds(b []byte, id uint32) (found, valid bool) {

@@ -2,34 +2,19 @@ package knet
 
 import "time"
 
-// handleConnecting handles a datagram while the client waits for
-// ConnectSynAck. It reports whether the datagram should then be processed
-// as usual (it completed the handshake).
-func (s *session) handleConnecting(now time.Time, msgs []message) bool {
-	for i := range msgs {
-		m := &msgs[i]
-		if m.fragment {
-			continue
-		}
-		switch m.id {
-		case idConnectSynAck:
-			s.synAck = append([]byte(nil), m.payload...)
-			s.state = stateOK
-			s.wasOpen = true
-			s.needSyn = false
-			s.needAck = true
-			if s.synSends == 1 {
-				s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
-			}
-			s.nextPing = now.Add(s.cfg.keepalive())
-			s.events |= evEstablished
-			return true
-		case idDisconnectAck:
-			s.fail(ErrRefused)
-			return false
-		}
+// clientEstablished completes the client's side of the handshake on the
+// ConnectSynAck carrying synAck; the ConnectAck goes next.
+func (s *session) clientEstablished(now time.Time, synAck []byte) {
+	s.synAck = append([]byte(nil), synAck...)
+	s.state = stateOK
+	s.wasOpen = true
+	s.needSyn = false
+	s.needAck = true
+	if s.synSends == 1 {
+		s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
 	}
-	return false
+	s.nextPing = now.Add(s.cfg.keepalive())
+	s.events |= evEstablished
 }
 
 // establishServer completes the server side of the handshake: a ConnectAck

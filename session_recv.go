@@ -37,54 +37,94 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	h, msgs := &s.rd.header, s.rd.msgs
+	d := &s.rd
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(len(b))
 	if !s.client && !s.wasOpen {
 		s.preIn += len(b)
 	}
-
 	switch s.state {
 	case stateSyn:
-		if !s.handleConnecting(now, msgs) {
-			return
-		}
+		s.recvConnecting(now, d)
 	case stateAdmit:
-		if s.admitWaiting {
-			return
-		}
-		for i := range msgs {
-			if msgs[i].id == idConnectSyn && !msgs[i].fragment {
-				s.admitWaiting = true
-				s.events |= evAdmit
-				s.syn = append([]byte(nil), msgs[i].payload...)
-				s.lastRecv = now
-				s.win.add(h.packetID)
-				return
-			}
-		}
-		return
+		s.recvAdmit(now, d)
 	case stateLinger:
-		s.lastRecv = now
-		for i := range msgs {
-			if !msgs[i].fragment && msgs[i].id == idDisconnect {
-				s.needDiscAck = true
-			}
-		}
-		return
+		s.recvLinger(now, d)
 	case stateClosing:
-		// The answer may come from a peer that has already forgotten us
-		// (the listener answers statelessly, PacketID 0, when our first
-		// DisconnectAck was lost): it ends the close whatever its
-		// PacketID. Nothing the peer sends after it matters any more.
-		for i := range msgs {
-			if !msgs[i].fragment && msgs[i].id == idDisconnectAck {
-				s.state = stateDone
-				return
-			}
+		s.recvClosing(now, d)
+	default: // stateSynAck, stateOK
+		s.recvOpen(now, d)
+	}
+}
+
+// recvConnecting takes a datagram while the client waits for its
+// ConnectSynAck: one completes the handshake, and what came with it is
+// taken as on an open connection; a DisconnectAck is a refusal.
+func (s *session) recvConnecting(now time.Time, d *datagram) {
+	for i := range d.msgs {
+		m := &d.msgs[i]
+		if m.fragment {
+			continue
+		}
+		switch m.id {
+		case idConnectSynAck:
+			s.clientEstablished(now, m.payload)
+			s.recvOpen(now, d)
+			return
+		case idDisconnectAck:
+			s.fail(ErrRefused)
+			return
 		}
 	}
+}
 
+// recvAdmit takes a datagram before the server's application decided on
+// the connection: the first ConnectSyn is handed to it (evAdmit), anything
+// else waits for the decision.
+func (s *session) recvAdmit(now time.Time, d *datagram) {
+	if s.admitWaiting {
+		return
+	}
+	for i := range d.msgs {
+		if m := &d.msgs[i]; m.id == idConnectSyn && !m.fragment {
+			s.admitWaiting = true
+			s.events |= evAdmit
+			s.syn = append([]byte(nil), m.payload...)
+			s.lastRecv = now
+			s.win.add(d.packetID)
+			return
+		}
+	}
+}
+
+// recvLinger takes a datagram after we answered the peer's Disconnect: a
+// Disconnect again means our DisconnectAck was lost.
+func (s *session) recvLinger(now time.Time, d *datagram) {
+	s.lastRecv = now
+	if d.has(idDisconnect) {
+		s.needDiscAck = true
+	}
+}
+
+// recvClosing takes a datagram while our Disconnect waits for its answer.
+// The answer may come from a peer that has already forgotten us (the
+// listener answers statelessly, PacketID 0, when our first DisconnectAck
+// was lost): it ends the close whatever its PacketID. Before it comes, the
+// peer's datagrams are taken as on an open connection.
+func (s *session) recvClosing(now time.Time, d *datagram) {
+	if d.has(idDisconnectAck) {
+		s.state = stateDone
+		return
+	}
+	s.recvOpen(now, d)
+}
+
+// recvOpen takes a datagram of a connection past its handshake (or, on
+// the server, completing it): duplicates are acked again, a reliable one
+// without room goes unacked, the others are acked and their messages
+// handled in order.
+func (s *session) recvOpen(now time.Time, d *datagram) {
+	h, msgs := &d.header, d.msgs
 	if !s.win.plausible(h.packetID) {
 		s.stats.InvalidDatagrams++
 		return

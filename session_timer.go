@@ -17,59 +17,65 @@ func (s *session) onProbeTimeout(now time.Time) {
 
 // nextDeadline is when advance must next run.
 func (s *session) nextDeadline(now time.Time) time.Time {
-	t := now.Add(time.Hour)
-	at := func(x time.Time) {
-		if !x.IsZero() && x.Before(t) {
-			t = x
-		}
+	if s.state == stateDone {
+		return now
 	}
+	t := deadlines{t: now.Add(time.Hour)}
 	switch s.state {
 	case stateSyn:
-		at(s.synResend)
-		at(s.started.Add(s.cfg.connectTimeout))
+		t.at(s.synResend)
+		t.at(s.started.Add(s.cfg.connectTimeout))
 	case stateAdmit, stateSynAck:
-		at(s.started.Add(s.cfg.connectTimeout))
+		t.at(s.started.Add(s.cfg.connectTimeout))
 	case stateLinger:
-		at(s.lingerUntil)
+		t.at(s.lingerUntil)
 	case stateClosing:
-		at(s.discResend)
-		at(s.closeBy)
-	case stateDone:
-		return now
+		t.at(s.discResend)
+		t.at(s.closeBy)
 	case stateOK:
-		if s.acks.pending() > 0 {
-			at(s.acks.oldest.Add(s.ackDelay()))
-		}
-		if x, ok := s.loss.nextTimeout(s.closeAsked); ok {
-			at(x)
-		}
-		at(s.loss.lossTime)
-		at(s.nextPing)
-		at(s.lastRecv.Add(s.cfg.lostTimeout))
-		if s.closeAsked {
-			at(s.closeBy)
-		}
-		if x, ok := s.res.nextDeadline(); ok {
-			at(x)
-		}
-		if s.pacedOut {
-			at(s.rc.nextSend(now, s.cfg.maxDatagram))
-		}
+		s.openDeadlines(now, &t)
 	}
-	return t
+	return t.t
+}
+
+// deadlines finds the earliest of several times, zero ones left out.
+type deadlines struct{ t time.Time }
+
+func (d *deadlines) at(x time.Time) {
+	if !x.IsZero() && x.Before(d.t) {
+		d.t = x
+	}
+}
+
+// openDeadlines are the timers of an open connection: acks owed, the
+// probe and loss timers, pings and silence, the close, held messages'
+// reorder windows and the pacer.
+func (s *session) openDeadlines(now time.Time, t *deadlines) {
+	if s.acks.pending() > 0 {
+		t.at(s.acks.oldest.Add(s.ackDelay()))
+	}
+	if x, ok := s.loss.nextTimeout(s.closeAsked); ok {
+		t.at(x)
+	}
+	t.at(s.loss.lossTime)
+	t.at(s.nextPing)
+	t.at(s.lastRecv.Add(s.cfg.lostTimeout))
+	if s.closeAsked {
+		t.at(s.closeBy)
+	}
+	if x, ok := s.res.nextDeadline(); ok {
+		t.at(x)
+	}
+	if s.pacedOut {
+		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
+	}
 }
 
 // advance runs the timers due at now.
 func (s *session) advance(now time.Time) {
 	switch s.state {
 	case stateSyn:
-		if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
-			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
-		} else if !now.Before(s.synResend) {
-			s.needSyn = true
-			s.synBackoff = min(2*s.synBackoff, maxSynBackoff)
-			s.synResend = now.Add(s.synBackoff)
-		}
+		s.advanceSyn(now)
 	case stateAdmit, stateSynAck:
 		if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
 			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
@@ -79,45 +85,69 @@ func (s *session) advance(now time.Time) {
 			s.state = stateDone
 		}
 	case stateClosing:
-		if s.needDisc {
-			return // goes out before the end
-		}
-		if !now.Before(s.closeBy) {
-			// No DisconnectAck: the peer is declared lost (spec
-			// "DisconnectTimeOut").
-			s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
-		} else if !now.Before(s.discResend) {
-			// Resent with backoff: a peer that does not answer is gone
-			// or far, and DisconnectTimeout bounds the wait anyway.
-			s.needDisc = true
-			s.discBackoff = min(2*max(s.discBackoff, s.loss.minRTO()), maxDiscBackoff)
-			s.discResend = now.Add(s.discBackoff)
-		}
+		s.advanceClosing(now)
 	case stateOK:
-		if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {
-			s.fail(&TimeoutError{Silent: silent})
-			return
-		}
-		if s.closeAsked && !now.Before(s.closeBy) {
-			// Gave up delivering what was queued; still tell the
-			// peer, so that it does not wait for a lost timeout.
-			s.dropSending()
-			s.state = stateClosing
-			s.needDisc = true
-			return
-		}
-		if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
-			s.detectLoss(now)
-			if s.state == stateDone {
-				return
-			}
-		}
-		if x, ok := s.loss.nextTimeout(s.closeAsked); ok && !now.Before(x) {
-			s.onProbeTimeout(now)
-			if s.state == stateDone {
-				return
-			}
-		}
-		s.expireHeld(now)
+		s.advanceOpen(now)
 	}
+}
+
+// advanceSyn gives up the handshake after ConnectTimeout, and sends the
+// ConnectSyn again, backing off, until then.
+func (s *session) advanceSyn(now time.Time) {
+	if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
+		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
+	} else if !now.Before(s.synResend) {
+		s.needSyn = true
+		s.synBackoff = min(2*s.synBackoff, maxSynBackoff)
+		s.synResend = now.Add(s.synBackoff)
+	}
+}
+
+// advanceClosing resends the Disconnect, backing off, until
+// DisconnectTimeout.
+func (s *session) advanceClosing(now time.Time) {
+	if s.needDisc {
+		return // goes out before the end
+	}
+	if !now.Before(s.closeBy) {
+		// No DisconnectAck: the peer is declared lost (spec
+		// "DisconnectTimeOut").
+		s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
+	} else if !now.Before(s.discResend) {
+		// Resent with backoff: a peer that does not answer is gone or
+		// far, and DisconnectTimeout bounds the wait anyway.
+		s.needDisc = true
+		s.discBackoff = min(2*max(s.discBackoff, s.loss.minRTO()), maxDiscBackoff)
+		s.discResend = now.Add(s.discBackoff)
+	}
+}
+
+// advanceOpen runs an open connection's timers: silence, a close that
+// took too long, the loss and probe timers, held messages' windows.
+func (s *session) advanceOpen(now time.Time) {
+	if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {
+		s.fail(&TimeoutError{Silent: silent})
+		return
+	}
+	if s.closeAsked && !now.Before(s.closeBy) {
+		// Gave up delivering what was queued; still tell the peer, so
+		// that it does not wait for a lost timeout.
+		s.dropSending()
+		s.state = stateClosing
+		s.needDisc = true
+		return
+	}
+	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
+		s.detectLoss(now)
+		if s.state == stateDone {
+			return
+		}
+	}
+	if x, ok := s.loss.nextTimeout(s.closeAsked); ok && !now.Before(x) {
+		s.onProbeTimeout(now)
+		if s.state == stateDone {
+			return
+		}
+	}
+	s.expireHeld(now)
 }
