@@ -153,10 +153,7 @@ func (c *Conn) loop() {
 		c.drainSendQueue(now)
 		c.handleEvents()
 		c.flush(now)
-		for n := c.refusals.Swap(0); n > 0; n-- {
-			s.unreachable(errConnRefused)
-		}
-		s.checkReach()
+		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
 		if s.done() {
 			return

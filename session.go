@@ -277,10 +277,16 @@ func (s *session) unreachable(err error) {
 	}
 }
 
-// checkReach ends the connection when the reports are many enough.
-func (s *session) checkReach() {
+// checkReach ends the connection when the reports are many enough,
+// refusals more having come from the socket's reader (ICMP port
+// unreachable).
+func (s *session) checkReach(refusals int) {
 	if got := s.stats.DatagramsReceived; got != s.heard {
 		s.heard, s.strikes = got, 0 // the peer is there after all
+	}
+	if refusals > 0 {
+		s.strikes += refusals
+		s.strikeErr = errConnRefused
 	}
 	switch {
 	case s.state == stateSyn && s.strikes >= handshakeStrikes:
