@@ -448,7 +448,7 @@ type Stats struct {
 	MessagesReceived  uint64 // application messages delivered
 	Retransmits       uint64 // reliable datagrams sent again
 	FastRetransmits   uint64 // datagrams taken for lost on ack gaps, before any timeout
-	SpuriousLosses    uint64 // datagrams taken for lost that were only late
+	SpuriousLosses    uint64 // datagrams taken for lost, or resent on a timeout, that were only late
 
 	InvalidDatagrams   uint64 // malformed datagrams dropped
 	DuplicateDatagrams uint64 // dropped as already received

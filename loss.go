@@ -152,7 +152,13 @@ func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
 	if d == nil {
 		return
 	}
-	l.sent.ack(d, d.sends > 1 && now.Sub(d.sentAt) < l.rtt.min)
+	// Acked sooner after its resend than any round trip took: the ack is
+	// the first send's, and the resend was needless.
+	ambiguous := d.sends > 1 && now.Sub(d.sentAt) < l.rtt.min
+	l.sent.ack(d, ambiguous)
+	if ambiguous {
+		l.spuriousLosses++
+	}
 	if !d.lost {
 		l.inflight -= len(d.b)
 	} else {

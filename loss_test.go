@@ -110,6 +110,7 @@ func TestLossAmbiguousAckAfterResend(t *testing.T) {
 	ackIDs(l, resentAt.Add(time.Millisecond), 1) // the first send's ack
 	lost, _ := l.detectLoss(resentAt.Add(time.Millisecond))
 	assert.Zero(t, lost, "datagrams sent before the resend taken for lost")
+	assert.Equal(t, uint64(1), l.spuriousLosses, "the resend was needless")
 }
 
 func TestLossSpuriousWidensReordering(t *testing.T) {
