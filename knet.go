@@ -108,7 +108,9 @@ type Config struct {
 	// hold behind a loss within three quarters of its own ReceiveBuffer,
 	// taken for the peer's: ordered streams need some round trips' worth
 	// of data, so the same value on both ends serves best. It is a limit,
-	// not an allocation. Default 16 MiB.
+	// not an allocation: a server with many connections can set it lower,
+	// an ordered stream then carrying at most about ReceiveBuffer per
+	// two to three round trips under loss. Default 32 MiB.
 	ReceiveBuffer int
 	// ReassemblyBuffer is how many bytes of unfinished fragmented
 	// transfers a peer may make us hold, beyond the one oldest transfer,
@@ -278,7 +280,7 @@ const (
 	defaultMaxDatagramSize     = 1400
 	defaultMaxMessageSize      = 16 << 20
 	defaultSendBuffer          = 4 << 20
-	defaultReceiveBuffer       = 16 << 20
+	defaultReceiveBuffer       = 32 << 20
 	defaultReassemblyBuffer    = 4 << 20
 	defaultMaxPending          = 1024
 	defaultBacklog             = 512
