@@ -282,6 +282,7 @@ type sent struct {
 	packetID uint32
 	b        []byte // the datagram as sent, re-sent as is
 	sentAt   time.Time
+	sendSeq  uint64 // the number of its last send, counting every send, new or again
 	sends    int
 	lost     bool // queued for retransmission
 	acked    bool
@@ -309,21 +310,22 @@ type sentWindow struct {
 	newest *sent
 	count  int // unacked
 	free   freeList[*sent]
-	// largestAcked is the newest PacketID acked so far, and lastAckedSent
-	// the latest send time of a datagram acked, for loss detection: a
-	// resent datagram keeps its PacketID, so only send times tell which
-	// datagrams went out before one that arrived.
-	largestAcked  uint32
-	lastAckedSent time.Time
-	lastAckedPID  uint32 // of the datagram sent at lastAckedSent
-	anyAcked      bool
+	// Sends are numbered in order, new ones and resends alike: a resent
+	// datagram keeps its PacketID, so only this tells which datagrams
+	// went out before one that arrived. lastAckedSeq is the number of the
+	// latest send acked, for loss detection.
+	sends        uint64
+	lastAckedSeq uint64
+	anyAcked     bool
 }
 
-// sentBefore reports whether d went out before the latest sent datagram
-// acked: at an earlier time, or at the same time (a batch) with an older
-// PacketID.
-func (w *sentWindow) sentBefore(d *sent) bool {
-	return d.sentAt.Before(w.lastAckedSent) || d.sentAt.Equal(w.lastAckedSent) && seqLess(d.packetID, w.lastAckedPID)
+// sentBefore reports how many sends, after d's last one, were acked
+// already: d's place behind the latest send acked, 0 if not behind it.
+func (w *sentWindow) sentBefore(d *sent) uint64 {
+	if d.sendSeq >= w.lastAckedSeq {
+		return 0
+	}
+	return w.lastAckedSeq - d.sendSeq
 }
 
 func (w *sentWindow) at(k int) *sent { return w.byID[(w.head+k)&(len(w.byID)-1)] }
@@ -334,7 +336,8 @@ func (w *sentWindow) push(now time.Time, id uint32, b []byte) *sent {
 	if !ok {
 		s = new(sent)
 	}
-	*s = sent{packetID: id, b: b, sentAt: now, sends: 1, transfers: s.transfers[:0]}
+	w.sends++
+	*s = sent{packetID: id, b: b, sentAt: now, sendSeq: w.sends, sends: 1, transfers: s.transfers[:0]}
 	if w.n == len(w.byID) {
 		r := make([]*sent, max(16, 2*len(w.byID)))
 		for k := range w.n {
@@ -381,7 +384,9 @@ func (w *sentWindow) unlink(s *sent) {
 // resent moves s to the newest end after a retransmission.
 func (w *sentWindow) resent(now time.Time, s *sent) {
 	w.unlink(s)
+	w.sends++
 	s.sentAt = now
+	s.sendSeq = w.sends
 	s.sends++
 	s.lost = false
 	w.link(s)
@@ -420,24 +425,16 @@ func (w *sentWindow) find(id uint32) *sent {
 // reads what it needs from s, then calls trim.
 //
 // A resent datagram acked sooner after its last send than any round trip
-// took was acked for an earlier send: its last send time says nothing
-// about what arrived (RFC 8985 skips it too), so ambiguous leaves
-// lastAckedSent alone.
+// took was acked for an earlier send: its last send says nothing about
+// what arrived (RFC 8985 skips it too), so ambiguous leaves lastAckedSeq
+// alone.
 func (w *sentWindow) ack(s *sent, ambiguous bool) {
 	s.acked = true
 	w.unlink(s)
 	w.count--
-	first := !w.anyAcked
 	w.anyAcked = true
-	if first || seqLess(w.largestAcked, s.packetID) {
-		w.largestAcked = s.packetID
-	}
-	if ambiguous && !first {
-		return
-	}
-	if first || s.sentAt.After(w.lastAckedSent) || s.sentAt.Equal(w.lastAckedSent) && seqLess(w.lastAckedPID, s.packetID) {
-		w.lastAckedSent = s.sentAt
-		w.lastAckedPID = s.packetID
+	if !ambiguous && s.sendSeq > w.lastAckedSeq {
+		w.lastAckedSeq = s.sendSeq
 	}
 }
 

