@@ -46,7 +46,8 @@ import (
 // Config holds the characteristic values of the protocol and the
 // connection's limits. A nil *Config, and any zero field, means the default
 // named in the field's comment (the spec's "Characteristic Values" where it
-// has one); so does a negative one. A value outside a field's range is taken
+// has one); so does a negative one, but for ReorderWindow (see there). A
+// value outside a field's range is taken
 // as the nearest bound: durations are at most 24h, and the comments name the
 // other bounds. A Config may be shared; it must not change after use.
 type Config struct {
@@ -56,7 +57,9 @@ type Config struct {
 	// smaller.
 	PingInterval time.Duration
 	// MaxAckDelay is the longest a received reliable datagram waits for
-	// its PacketAck. Default 33ms.
+	// its PacketAck. Default 33ms. The peer's is taken to be the same: it
+	// is also the least a datagram waits for its ack before it is sent
+	// again on a timeout.
 	MaxAckDelay time.Duration
 	// DatagramTimeout is the longest a reliable datagram waits for its
 	// ack before it is sent again; the timeout actually used follows the
