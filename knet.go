@@ -47,9 +47,9 @@ import (
 // connection's limits. A nil *Config, and any zero field, means the default
 // named in the field's comment (the spec's "Characteristic Values" where it
 // has one); so does a negative one, but for ReorderWindow (see there). A
-// value outside a field's range is taken
-// as the nearest bound: durations are at most 24h, and the comments name the
-// other bounds. A Config may be shared; it must not change after use.
+// value outside a field's range is taken as the nearest bound: durations
+// are at most 24h, and the comments name the other bounds. A Config may be
+// shared; it must not change after use.
 type Config struct {
 	// PingInterval is how often a PingRequest goes out to measure the
 	// round trip and keep the connection alive. Default 5s, at least 1ms.
