@@ -1,0 +1,366 @@
+package knet
+
+import "errors"
+
+// The C++ reference implementation's wire (DialectReference), as its
+// captures show it (testdata/reference/README.md): a second dialect beside
+// the specification's. Little-endian throughout.
+//
+// Datagram:
+//
+//	byte 0      bit 7 InOrder, bit 6 Reliable, bits 0-5 PacketID bits 0-5
+//	bytes 1-2   u16 PacketID bits 6-21
+//	[Reliable]  VLE-1.15/16 ReliableMsgNumBase
+//	messages    until the end of the datagram
+//
+// Message block:
+//
+//	u16         bit 15 FragmentStart, bit 14 Fragment (set on the first
+//	            fragment too), bit 13 InOrder, bit 12 Reliable, bit 11
+//	            zero, bits 0-10 ContentLength
+//	[Reliable]  VLE-1.7/8 reliable number minus ReliableMsgNumBase
+//	[FS]        VLE-1.7/1.7/16 FragmentCount
+//	[FS or F]   u8 TransferID
+//	[F, not FS] VLE-1.7/1.7/16 FragmentNumber
+//	content     ContentLength bytes: [VLE-1.7/1.7/16 MessageID unless a
+//	            fragment after the first] payload
+//
+// There are no dependency arrays: in-order is a flag. A client opens a
+// connection with 8 zero bytes, which are no datagram (refOpening).
+
+const (
+	refFlagInOrder  = 0x80 // byte 0
+	refFlagReliable = 0x40
+	refHeaderSize   = 3
+
+	refMsgFragStart = 1 << 15
+	refMsgFragment  = 1 << 14
+	refMsgInOrder   = 1 << 13
+	refMsgReliable  = 1 << 12
+	refMsgReserved  = 1 << 11
+
+	// maxRelNum is the largest reliable number VLE-1.15/16 carries.
+	maxRelNum = 1<<31 - 1
+	// refAckBits is how many datagrams after its base one reference
+	// PacketAck acks: u32, bit i acking base+1+i.
+	refAckBits = 32
+)
+
+// refOpening is what a reference client sends first: 8 zero bytes, no
+// kNet datagram, which a server takes for a connection attempt.
+var refOpening = [8]byte{}
+
+// isRefOpening reports whether b is the reference's connection opening.
+func isRefOpening(b []byte) bool { return len(b) == len(refOpening) && [8]byte(b) == refOpening }
+
+var (
+	errRefShort     = errors.New("knet: reference datagram truncated")
+	errRefReserved  = errors.New("knet: reference message block with its reserved bit set")
+	errRefRelBase   = errors.New("knet: reliable message in a datagram without ReliableMsgNumBase")
+	errRefRelNumber = errors.New("knet: reliable number out of range")
+)
+
+// refHeader is a reference datagram header.
+type refHeader struct {
+	packetID uint32
+	reliable bool
+	inOrder  bool
+	relBase  uint32 // ReliableMsgNumBase, when reliable
+}
+
+// refMessage is one reference message block. payload aliases the parsed
+// bytes.
+type refMessage struct {
+	inOrder, reliable   bool
+	fragStart, fragment bool
+	relNum              uint32 // when reliable
+	fragCount           uint32 // with fragStart
+	transferID          uint8  // with fragment
+	fragNumber          uint32 // with fragment and not fragStart
+	id                  uint32 // unless a fragment after the first
+	payload             []byte
+}
+
+// hasID reports whether the content block starts with a MessageID.
+func (m *refMessage) hasID() bool { return m.fragStart || !m.fragment }
+
+// appendVLE1516 appends v in VLE-1.15/16 form: a u16 below 32768, else
+// u16 0x8000|v&0x7fff then u16 v>>15.
+func appendVLE1516(b []byte, v uint32) []byte {
+	if v < 1<<15 {
+		return append(b, byte(v), byte(v>>8))
+	}
+	if v > maxRelNum {
+		panic("knet: vle1516 overflow") // callers keep reliable numbers within range
+	}
+	lo := 0x8000 | v&0x7fff
+	hi := v >> 15
+	return append(b, byte(lo), byte(lo>>8), byte(hi), byte(hi>>8))
+}
+
+// consumeVLE1516 decodes a VLE-1.15/16 at the start of b; n < 0 means too
+// short.
+func consumeVLE1516(b []byte) (v uint32, n int) {
+	if len(b) < 2 {
+		return 0, -1
+	}
+	lo := uint32(b[0]) | uint32(b[1])<<8
+	if lo < 0x8000 {
+		return lo, 2
+	}
+	if len(b) < 4 {
+		return 0, -1
+	}
+	return lo&0x7fff | (uint32(b[2])|uint32(b[3])<<8)<<15, 4
+}
+
+func sizeVLE1516(v uint32) int {
+	if v < 1<<15 {
+		return 2
+	}
+	return 4
+}
+
+// appendRefHeader appends the encoding of h.
+func appendRefHeader(b []byte, h *refHeader) []byte {
+	b0 := byte(h.packetID & 0x3f)
+	if h.inOrder {
+		b0 |= refFlagInOrder
+	}
+	if h.reliable {
+		b0 |= refFlagReliable
+	}
+	hi := (h.packetID & packetIDMask) >> 6
+	b = append(b, b0, byte(hi), byte(hi>>8))
+	if h.reliable {
+		b = appendVLE1516(b, h.relBase)
+	}
+	return b
+}
+
+// sizeRefHeader is the encoded size of h.
+func sizeRefHeader(h *refHeader) int {
+	if h.reliable {
+		return refHeaderSize + sizeVLE1516(h.relBase)
+	}
+	return refHeaderSize
+}
+
+// parseRefHeader decodes a reference datagram header into h and returns
+// its size.
+func parseRefHeader(b []byte, h *refHeader) (int, error) {
+	if len(b) < refHeaderSize {
+		return 0, errRefShort
+	}
+	*h = refHeader{
+		packetID: uint32(b[0]&0x3f) | (uint32(b[1])|uint32(b[2])<<8)<<6,
+		inOrder:  b[0]&refFlagInOrder != 0,
+		reliable: b[0]&refFlagReliable != 0,
+	}
+	n := refHeaderSize
+	if h.reliable {
+		v, k := consumeVLE1516(b[n:])
+		if k < 0 {
+			return 0, errRefShort
+		}
+		h.relBase = v
+		n += k
+	}
+	return n, nil
+}
+
+// refContentLength is the ContentLength m encodes to: the MessageID, when
+// present, and the payload.
+func refContentLength(m *refMessage) int {
+	n := len(m.payload)
+	if m.hasID() {
+		n += sizeVLE32(m.id)
+	}
+	return n
+}
+
+// sizeRefMessage is the encoded size of m in a datagram whose
+// ReliableMsgNumBase is base.
+func sizeRefMessage(m *refMessage, base uint32) int {
+	n := 2 + refContentLength(m)
+	if m.reliable {
+		n += sizeVLE16(uint16(min(m.relNum-base, maxVLE16)))
+	}
+	if m.fragStart {
+		n += sizeVLE32(m.fragCount)
+	}
+	if m.fragment {
+		n++
+	}
+	if m.fragment && !m.fragStart {
+		n += sizeVLE32(m.fragNumber)
+	}
+	return n
+}
+
+// appendRefMessage appends the encoding of m in a datagram whose
+// ReliableMsgNumBase is base. It panics if the content is longer than 2047
+// bytes or the reliable number is not within 32767 above base: the
+// session builds messages within those limits.
+func appendRefMessage(b []byte, m *refMessage, base uint32) []byte {
+	cl := refContentLength(m)
+	if cl > maxContentLength || m.reliable && (m.relNum < base || m.relNum-base > maxVLE16) {
+		panic("knet: reference message block does not fit its encoding")
+	}
+	h := uint16(cl)
+	if m.fragStart {
+		h |= refMsgFragStart | refMsgFragment
+	} else if m.fragment {
+		h |= refMsgFragment
+	}
+	if m.inOrder {
+		h |= refMsgInOrder
+	}
+	if m.reliable {
+		h |= refMsgReliable
+	}
+	b = append(b, byte(h), byte(h>>8))
+	if m.reliable {
+		b = appendVLE16(b, uint16(m.relNum-base))
+	}
+	if m.fragStart {
+		b = appendVLE32(b, m.fragCount)
+	}
+	if m.fragment {
+		b = append(b, m.transferID)
+	}
+	if m.fragment && !m.fragStart {
+		b = appendVLE32(b, m.fragNumber)
+	}
+	if m.hasID() {
+		b = appendVLE32(b, m.id)
+	}
+	return append(b, m.payload...)
+}
+
+// parseRefMessage decodes one message block at the start of b, in a
+// datagram with header h. The payload aliases b.
+func parseRefMessage(b []byte, h *refHeader) (m refMessage, n int, err error) {
+	if len(b) < 2 {
+		return m, 0, errRefShort
+	}
+	hdr := uint16(b[0]) | uint16(b[1])<<8
+	if hdr&refMsgReserved != 0 {
+		return m, 0, errRefReserved
+	}
+	m.fragStart = hdr&refMsgFragStart != 0
+	m.fragment = hdr&refMsgFragment != 0 || m.fragStart
+	m.inOrder = hdr&refMsgInOrder != 0
+	m.reliable = hdr&refMsgReliable != 0
+	cl := int(hdr & maxContentLength)
+	n = 2
+	if m.reliable {
+		if !h.reliable {
+			return m, 0, errRefRelBase
+		}
+		d, k := consumeVLE16(b[n:])
+		if k < 0 {
+			return m, 0, errRefShort
+		}
+		if uint64(h.relBase)+uint64(d) > maxRelNum {
+			return m, 0, errRefRelNumber
+		}
+		m.relNum = h.relBase + uint32(d)
+		n += k
+	}
+	if m.fragStart {
+		v, k := consumeVLE32(b[n:])
+		if k < 0 {
+			return m, 0, errRefShort
+		}
+		m.fragCount = v
+		n += k
+	}
+	if m.fragment {
+		if n >= len(b) {
+			return m, 0, errRefShort
+		}
+		m.transferID = b[n]
+		n++
+	}
+	if m.fragment && !m.fragStart {
+		v, k := consumeVLE32(b[n:])
+		if k < 0 {
+			return m, 0, errRefShort
+		}
+		m.fragNumber = v
+		n += k
+	}
+	if len(b)-n < cl {
+		return m, 0, errContentOverflow
+	}
+	content := b[n : n+cl]
+	n += cl
+	if m.hasID() {
+		id, k := consumeVLE32(content)
+		if k < 0 {
+			return m, 0, errMissingMessageID
+		}
+		m.id = id
+		content = content[k:]
+	}
+	m.payload = content
+	return m, n, nil
+}
+
+// refDatagram is a whole parsed reference datagram.
+type refDatagram struct {
+	refHeader
+	msgs []refMessage
+}
+
+// parseRefInto decodes a whole reference datagram into d, reusing its
+// storage; a malformed block makes it an error as a whole. Payloads alias
+// b; the message list grows with the bytes present, never with a count the
+// peer announced.
+func parseRefInto(b []byte, d *refDatagram) error {
+	d.msgs = d.msgs[:0]
+	n, err := parseRefHeader(b, &d.refHeader)
+	if err != nil {
+		return err
+	}
+	for n < len(b) {
+		m, k, err := parseRefMessage(b[n:], &d.refHeader)
+		if err != nil {
+			return err
+		}
+		d.msgs = append(d.msgs, m)
+		n += k
+	}
+	return nil
+}
+
+// appendRefDatagram appends the encoding of d.
+func appendRefDatagram(b []byte, d *refDatagram) []byte {
+	b = appendRefHeader(b, &d.refHeader)
+	for i := range d.msgs {
+		b = appendRefMessage(b, &d.msgs[i], d.relBase)
+	}
+	return b
+}
+
+// The reference PacketAck (MessageID 4), 7 bytes: a u24 base PacketID
+// (bits 22-23 zero) and a u32 whose bit i acks base+1+i: 33 datagrams.
+
+// appendRefPacketAck appends the payload of a reference PacketAck.
+func appendRefPacketAck(b []byte, a packetAck) []byte {
+	base := a.base & packetIDMask
+	m := uint32(a.more)
+	return append(b, byte(base), byte(base>>8), byte(base>>16),
+		byte(m), byte(m>>8), byte(m>>16), byte(m>>24))
+}
+
+// parseRefPacketAck decodes a reference PacketAck payload.
+func parseRefPacketAck(p []byte) (packetAck, bool) {
+	if len(p) != packetAckSize {
+		return packetAck{}, false
+	}
+	base := (uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16) & packetIDMask
+	more := uint64(p[3]) | uint64(p[4])<<8 | uint64(p[5])<<16 | uint64(p[6])<<24
+	return packetAck{base: base, more: more}, true
+}
