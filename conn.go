@@ -21,8 +21,9 @@ import (
 type Conn struct {
 	ep     *endpoint
 	raddr  netip.AddrPort
-	remote *net.UDPAddr
-	cfg    *config
+	remote  *net.UDPAddr
+	cfg     *config
+	dialect Dialect // DialectSpec or DialectReference
 
 	// Owned by loop.
 	sess     *session
@@ -77,8 +78,9 @@ type Conn struct {
 	inDropped uint64
 }
 
-func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool) *Conn {
+func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, dialect Dialect) *Conn {
 	c := &Conn{
+		dialect:   dialect,
 		ep:        ep,
 		raddr:     raddr,
 		remote:    net.UDPAddrFromAddrPort(raddr),
@@ -92,7 +94,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool) *Conn
 	}
 	c.readDL.init(c.recvReady)
 	c.writeDL.init(c.sendSpace)
-	c.sess = newSession(cfg, c, client, time.Now())
+	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
 	return c
 }
 
@@ -661,8 +663,12 @@ func (c *Conn) isClosed() bool {
 	}
 }
 
+// Dialect returns the wire the connection speaks: DialectSpec or
+// DialectReference, never DialectAuto.
+func (c *Conn) Dialect() Dialect { return c.dialect }
+
 // Handshake returns the content of the ConnectSyn and of the ConnectSynAck
-// of this connection.
+// of this connection (empty in the reference dialect, which has none).
 func (c *Conn) Handshake() (syn, synAck []byte) {
 	c.stateMu.Lock()
 	defer c.stateMu.Unlock()

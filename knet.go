@@ -188,6 +188,12 @@ type Config struct {
 	// loss, latency, reordering and the rest without a real one. Give each
 	// side its own to shape both directions.
 	Simulate *Simulation
+
+	// Dialect is the wire a connection speaks. Default DialectAuto: a
+	// Listener serves both dialects, each peer in the one its first
+	// datagram is in; Dial speaks the specification's. See Dialect for
+	// what the reference dialect cannot carry.
+	Dialect Dialect
 }
 
 // Simulation describes a bad network for Config.Simulate. The zero value
@@ -267,6 +273,7 @@ type config struct {
 	stealth                                    bool
 	simulate                                   *Simulation
 	congestion                                 func(CongestionParams) CongestionControl
+	dialect                                    Dialect
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -343,6 +350,10 @@ func (c *Config) resolve() *config {
 		stealth:          c.Stealth,
 		simulate:         c.Simulate,
 		congestion:       c.CongestionControl,
+		dialect:          c.Dialect,
+	}
+	if r.dialect > DialectReference {
+		r.dialect = DialectAuto
 	}
 	for id, w := range r.reorderWindows {
 		r.reorderWindows[id] = clampDur(w, 0)

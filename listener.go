@@ -199,8 +199,20 @@ func (l *Listener) Close() error {
 // handleNew handles a datagram from an address with no connection on ep: a
 // connection attempt if it is a well-formed datagram with a ConnectSyn
 // (DECISIONS §1), otherwise dropped.
+//
+// A reference peer's attempt is its 8 zero bytes (refOpening); which
+// dialects are accepted is the Config's Dialect.
 func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
-	if ok, valid := isConnectSyn(p.b); !ok {
+	dialect := DialectSpec
+	if isRefOpening(p.b) {
+		dialect = DialectReference
+	}
+	if l.cfg.dialect != DialectAuto && l.cfg.dialect != dialect {
+		ep.invalid.Add(1)
+		ep.putPacket(p)
+		return
+	}
+	if ok, valid := isConnectSyn(p.b); dialect == DialectSpec && !ok {
 		if valid {
 			ep.stray.Add(1) // say, late from a connection that ended
 			if !l.cfg.stealth {
@@ -214,7 +226,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	}
 	if !l.open.Load() {
 		ep.refused.Add(1)
-		if !l.cfg.stealth {
+		if !l.cfg.stealth && dialect == DialectSpec {
 			refuse(ep, addr)
 		}
 		ep.putPacket(p)
@@ -227,7 +239,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		ep.putPacket(p)
 		return
 	}
-	c := newConn(ep, addr, l.cfg, false)
+	c := newConn(ep, addr, l.cfg, false, dialect)
 	l.pending[c] = true
 	l.loops.Add(1)
 	l.mu.Unlock()
@@ -305,7 +317,11 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	}
 	ep := newEndpoint(pc, true, rc)
 	ep.simulate(2)
-	c := newConn(ep, unmap(raddr.AddrPort()), rc, true)
+	dialect := DialectSpec
+	if rc.dialect == DialectReference {
+		dialect = DialectReference
+	}
+	c := newConn(ep, unmap(raddr.AddrPort()), rc, true, dialect)
 	ep.conns[c.raddr] = c
 	go ep.readLoop()
 	go c.loop()

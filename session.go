@@ -63,6 +63,7 @@ type session struct {
 	cfg    *config
 	host   host
 	client bool
+	ref    bool // the reference dialect (session_ref.go)
 	state  sessState
 	err    error // why the connection ended
 	stats  Stats
@@ -166,11 +167,12 @@ type session struct {
 	tidBuf  []byte
 }
 
-func newSession(cfg *config, h host, client bool, now time.Time) *session {
+func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	s := &session{
 		cfg:      cfg,
 		host:     h,
 		client:   client,
+		ref:      ref,
 		started:  now,
 		lastRecv: now,
 		rc:       newRateControl(cfg),

@@ -1,0 +1,54 @@
+package knet
+
+import "strconv"
+
+// Dialect is a kNet wire format. The specification's (DECISIONS.md) is
+// what knet speaks by default; the C++ reference implementation, which
+// existing kNet deployments run, speaks another (testdata/reference): a
+// different datagram header, reliable message numbers instead of
+// dependency arrays, a connection opened by 8 zero bytes instead of a
+// handshake. knet speaks both, and serves both on one Listener.
+//
+// The reference wire cannot carry everything the API offers. Over it:
+//
+//   - Handshake payloads do not exist: Config.ConnectPayload is not sent,
+//     Admit sees an empty payload and its reply is not sent, and
+//     Handshake returns empty slices. A refused reference peer gets no
+//     answer at all (there is no refusal message), so a Dial in the
+//     reference dialect never fails with ErrRefused: it times out.
+//   - In-order is a flag, not a dependency. A knet receiver delivers the
+//     reliable in-order messages in the order they were sent (their
+//     reliable message numbers), across all channels: what
+//     Message.Channel and DependsOn ask for holds, and more. Unreliable
+//     in-order messages are delivered unless a newer one came first.
+//     Received messages report Channel 0.
+//   - DependsOn on an unreliable message naming a reliable one is kept by
+//     the sender: the message waits until what it names is acked.
+//     ContentID replaces a queued older message at the sender only; the
+//     receiver cannot tell versions apart.
+//   - FlowControlRequest is never sent (the reference does not send one,
+//     and ignores it); one received is honoured.
+//   - A fragmented message goes to the peer one datagram at a time, each
+//     sent after the previous one is acked: the reference reassembles
+//     fragments in the order they arrive, so any reordering or loss in
+//     a window of them would corrupt its copy. That costs a round trip
+//     per datagram of fragments; see the README for measurements.
+type Dialect uint8
+
+const (
+	DialectAuto      Dialect = iota // Listen: accept both, detected per peer from its first datagram; Dial: the spec's
+	DialectSpec                     // the specification's wire (DECISIONS.md)
+	DialectReference                // the C++ reference implementation's wire
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case DialectAuto:
+		return "auto"
+	case DialectSpec:
+		return "spec"
+	case DialectReference:
+		return "reference"
+	}
+	return "Dialect(" + strconv.Itoa(int(d)) + ")"
+}
