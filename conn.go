@@ -19,8 +19,8 @@ import (
 //
 // A Conn is safe for concurrent use.
 type Conn struct {
-	ep     *endpoint
-	raddr  netip.AddrPort
+	ep      *endpoint
+	raddr   netip.AddrPort
 	remote  *net.UDPAddr
 	cfg     *config
 	dialect Dialect // DialectSpec or DialectReference
