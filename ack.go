@@ -136,6 +136,17 @@ type ackQueue struct {
 	next   int
 	// scratch holds the PacketIDs merge works on.
 	scratch []uint32
+	// bits is how many PacketIDs after its base one PacketAck names:
+	// packetAckBits, or refAckBits in the reference dialect.
+	bits uint32
+}
+
+// span is how many PacketIDs after its base one PacketAck names.
+func (q *ackQueue) span() uint32 {
+	if q.bits == 0 {
+		return packetAckBits
+	}
+	return q.bits
 }
 
 // maxRecentAcks bounds the PacketAcks remembered for sending again.
@@ -203,7 +214,7 @@ func (q *ackQueue) take(dst []packetAck, max int) []packetAck {
 		return dst
 	}
 	sortSerial(q.ids)
-	dst, i := packAcks(dst, q.ids, max)
+	dst, i := packAcks(dst, q.ids, max, q.span())
 	n := copy(q.ids, q.ids[i:])
 	q.ids = q.ids[:n]
 	return dst
@@ -230,7 +241,7 @@ func (q *ackQueue) merge(acks []packetAck) []packetAck {
 	sortSerial(ids)
 	// Never more blocks than given: covering sorted PacketIDs greedily
 	// takes the fewest windows of 35.
-	acks, _ = packAcks(acks[:0], ids, len(acks))
+	acks, _ = packAcks(acks[:0], ids, len(acks), q.span())
 	q.scratch = ids[:0]
 	return acks
 }
@@ -252,9 +263,10 @@ func sortSerial(ids []uint32) {
 	})
 }
 
-// packAcks appends up to max PacketAcks covering ids, sorted by sortSerial,
-// from the oldest, and returns how many of ids they cover.
-func packAcks(dst []packetAck, ids []uint32, max int) ([]packetAck, int) {
+// packAcks appends up to max PacketAcks, each naming bits PacketIDs after
+// its base, covering ids, sorted by sortSerial, from the oldest, and
+// returns how many of ids they cover.
+func packAcks(dst []packetAck, ids []uint32, max int, bits uint32) ([]packetAck, int) {
 	i := 0
 	for i < len(ids) && max > 0 {
 		a := packetAck{base: ids[i]}
@@ -265,7 +277,7 @@ func packAcks(dst []packetAck, ids []uint32, max int) ([]packetAck, int) {
 				i++
 				continue
 			}
-			if d > packetAckBits {
+			if uint32(d) > bits {
 				break
 			}
 			a.more |= 1 << (d - 1)
@@ -298,6 +310,13 @@ type sent struct {
 	transfers   []byte // TransferIDs whose fragments it carries
 	// prev and next link the sent datagrams in order of last send.
 	prev, next *sent
+	// gen tells this datagram from a later one in the same recycled
+	// struct. A stand-in left where a datagram resent under a new
+	// PacketID was (see rekey) is acked, and passes an ack of its
+	// PacketID on to alias if alias is still generation aliasGen.
+	gen      uint64
+	alias    *sent
+	aliasGen uint64
 }
 
 // sentWindow holds the reliable datagrams in flight, in PacketID order for
@@ -337,7 +356,15 @@ func (w *sentWindow) push(now time.Time, id uint32, b []byte) *sent {
 		s = new(sent)
 	}
 	w.sends++
-	*s = sent{packetID: id, b: b, sentAt: now, sendSeq: w.sends, sends: 1, transfers: s.transfers[:0]}
+	*s = sent{packetID: id, b: b, sentAt: now, sendSeq: w.sends, sends: 1, transfers: s.transfers[:0], gen: w.sends}
+	w.append(s)
+	w.count++
+	w.link(s)
+	return s
+}
+
+// append puts s at the newest end of the PacketID ring.
+func (w *sentWindow) append(s *sent) {
 	if w.n == len(w.byID) {
 		r := make([]*sent, max(16, 2*len(w.byID)))
 		for k := range w.n {
@@ -348,9 +375,53 @@ func (w *sentWindow) push(now time.Time, id uint32, b []byte) *sent {
 	}
 	w.byID[(w.head+w.n)&(len(w.byID)-1)] = s
 	w.n++
-	w.count++
-	w.link(s)
-	return s
+}
+
+// rekey gives d, about to be resent, the new PacketID id, newer than any
+// sent: the reference dialect resends in a new datagram. An acked
+// stand-in keeps d's old place, so that the ring stays in PacketID order
+// and a late ack of the old PacketID still reaches d (see findAcked).
+func (w *sentWindow) rekey(d *sent, id uint32) {
+	k := w.index(d.packetID)
+	if k < 0 || w.at(k) != d {
+		return
+	}
+	g, ok := w.free.get()
+	if !ok {
+		g = new(sent)
+	}
+	*g = sent{packetID: d.packetID, acked: true, alias: d, aliasGen: d.gen, transfers: g.transfers[:0]}
+	w.byID[(w.head+k)&(len(w.byID)-1)] = g
+	d.packetID = id
+	w.append(d)
+}
+
+// index returns the place in the ring of the entry with PacketID id, or
+// -1.
+func (w *sentWindow) index(id uint32) int {
+	if w.n == 0 {
+		return -1
+	}
+	first := w.at(0).packetID
+	d := int(seqDiff(first, id))
+	if d < 0 {
+		return -1
+	}
+	// PacketIDs are increasing but not contiguous (unreliable datagrams
+	// take some), so search.
+	lo, hi := 0, min(w.n, d+1)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if seqLess(w.at(m).packetID, id) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < w.n && w.at(lo).packetID == id {
+		return lo
+	}
+	return -1
 }
 
 func (w *sentWindow) link(s *sent) {
@@ -392,33 +463,22 @@ func (w *sentWindow) resent(now time.Time, s *sent) {
 	w.link(s)
 }
 
-// find returns the unacked datagram with PacketID id, or nil.
-func (w *sentWindow) find(id uint32) *sent {
-	if w.n == 0 {
-		return nil
+// find returns the unacked datagram with PacketID id, or nil. through
+// reports that id was its PacketID before a resend under a new one (see
+// rekey): the ack is for an earlier send.
+func (w *sentWindow) find(id uint32) (s *sent, through bool) {
+	k := w.index(id)
+	if k < 0 {
+		return nil, false
 	}
-	first := w.at(0).packetID
-	d := int(seqDiff(first, id))
-	if d < 0 {
-		return nil
+	s = w.at(k)
+	if !s.acked {
+		return s, false
 	}
-	// PacketIDs are increasing but not contiguous (unreliable datagrams
-	// take some), so search.
-	lo, hi := 0, min(w.n, d+1)
-	for lo < hi {
-		m := (lo + hi) / 2
-		if seqLess(w.at(m).packetID, id) {
-			lo = m + 1
-		} else {
-			hi = m
-		}
+	if a := s.alias; a != nil && a.gen == s.aliasGen && !a.acked {
+		return a, true
 	}
-	if lo < w.n {
-		if s := w.at(lo); s.packetID == id && !s.acked {
-			return s
-		}
-	}
-	return nil
+	return nil, false
 }
 
 // ack marks s acked and unlinks it from the send-time order. The caller
@@ -453,6 +513,7 @@ func (w *sentWindow) trim(release func(s *sent)) {
 			release(s)
 		}
 		s.b = nil
+		s.alias = nil
 		w.free.put(s, 0)
 	}
 }

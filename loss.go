@@ -12,6 +12,7 @@ type lossState struct {
 	cfg *config
 
 	sent     sentWindow
+	rekeys   bool // resends take new PacketIDs (the reference dialect)
 	lostQ    []lostRef // found lost, to go again, in the order found
 	lostHead int
 	rtt      rttEstimator
@@ -103,6 +104,16 @@ func (l *lossState) resend(now time.Time, d *sent) {
 	l.onSend(now, d)
 }
 
+// resendAs records d, from nextResend, going again under the new
+// PacketID id (the reference dialect), and returns what its old PacketID
+// was.
+func (l *lossState) resendAs(now time.Time, d *sent, id uint32) uint32 {
+	old := d.packetID
+	l.sent.rekey(d, id)
+	l.resend(now, d)
+	return old
+}
+
 func (l *lossState) popLost() {
 	l.lostQ[l.lostHead] = lostRef{}
 	l.lostHead++
@@ -148,13 +159,14 @@ func (l *lossState) onPacketAck(now time.Time, a packetAck, r *ackResult) {
 }
 
 func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
-	d := l.sent.find(id)
+	d, through := l.sent.find(id)
 	if d == nil {
 		return
 	}
 	// Acked sooner after its resend than any round trip took: the ack is
-	// the first send's, and the resend was needless.
-	ambiguous := d.sends > 1 && now.Sub(d.sentAt) < l.rtt.min
+	// the first send's, and the resend was needless. Resent under a new
+	// PacketID, the ack tells which send it is for.
+	ambiguous := through || d.sends > 1 && now.Sub(d.sentAt) < l.rtt.min && !l.rekeys
 	l.sent.ack(d, ambiguous)
 	if ambiguous {
 		l.spuriousLosses++

@@ -247,7 +247,7 @@ func (s *session) buildReliable(now time.Time) []byte {
 	if p.count == 0 {
 		return nil
 	}
-	p.body = s.appendAcks(now, h, p.body, p.count, false)
+	p.body = s.appendAcks(now, p.room(h), p.body, false)
 	s.body = p.body
 	b := s.getBuf()
 	b = appendHeader(b, h)
@@ -271,11 +271,10 @@ func (s *session) buildReliable(now time.Time) []byte {
 	return b
 }
 
-// appendAcks adds PacketAcks for as many pending acks as fit. count is the
-// number of message blocks already in the datagram.
-func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, repeat bool) []byte {
-	const ackBlock = 2 + 1 + packetAckSize
-	room := s.cfg.maxDatagram - sizeHeader(h) - len(body)
+// appendAcks adds to body PacketAcks for as many pending acks as fit in
+// room bytes.
+func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) []byte {
+	const ackBlock = 2 + 1 + packetAckSize // either dialect
 	if s.acks.pending() == 0 || room < ackBlock {
 		return body
 	}
@@ -293,7 +292,11 @@ func (s *session) appendAcks(now time.Time, h *header, body []byte, count int, r
 	}
 	var p [packetAckSize]byte
 	for _, a := range s.ackBuf {
-		body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
+		if s.ref {
+			body = appendRefMessage(body, &refMessage{inOrder: true, id: idPacketAck, payload: appendRefPacketAck(p[:0], a)}, 0)
+		} else {
+			body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
+		}
 	}
 	return body
 }
@@ -338,7 +341,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.nextPing = now.Add(s.cfg.keepalive())
 	}
 	if s.acks.pending() > 0 {
-		p.body = s.appendAcks(now, h, p.body, p.count, true)
+		p.body = s.appendAcks(now, p.room(h), p.body, true)
 		p.count += len(s.ackBuf)
 	}
 	s.ackNow = s.acks.pending() > 0 && s.ackNow
