@@ -12,7 +12,7 @@ type lossState struct {
 	cfg *config
 
 	sent     sentWindow
-	rekeys   bool // resends take new PacketIDs (the reference dialect)
+	rekeys   bool      // resends take new PacketIDs (the reference dialect)
 	lostQ    []lostRef // found lost, to go again, in the order found
 	lostHead int
 	rtt      rttEstimator
