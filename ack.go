@@ -308,6 +308,10 @@ type sent struct {
 	firstSentAt time.Time
 	appLimited  bool
 	transfers   []byte // TransferIDs whose fragments it carries
+	// The reliable numbers it carries, relFirst on (the reference
+	// dialect).
+	relFirst uint32
+	relCount int
 	// prev and next link the sent datagrams in order of last send.
 	prev, next *sent
 	// gen tells this datagram from a later one in the same recycled

@@ -34,6 +34,9 @@ type transferIDs struct {
 	open  *[256]int32 // allocated with the first transfer
 	inUse int
 	next  uint8
+	// noZero keeps TransferID 0 unused: the reference dialect's start at
+	// 1, and a reference peer is not known to take 0.
+	noZero bool
 }
 
 // alloc returns a free TransferID, marked in use with fragments to pack.
@@ -47,6 +50,9 @@ func (t *transferIDs) alloc() (uint8, bool) {
 	for range 256 {
 		id := t.next
 		t.next++
+		if id == 0 && t.noZero {
+			continue
+		}
 		if t.open[id] == 0 {
 			t.open[id] = 1
 			t.inUse++
@@ -97,6 +103,7 @@ type startOrder struct {
 	reliable bool
 	inOrder  bool
 	deps     []msgRef
+	rel      uint32 // the FragmentStart's reliable number (the reference dialect)
 }
 
 // reassembly holds the transfers in progress for one connection. What it
@@ -199,6 +206,7 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.start = at
 		t.order.reliable = order.reliable
 		t.order.inOrder = order.inOrder
+		t.order.rel = order.rel
 		t.order.deps = append(t.order.deps[:0], order.deps...)
 		number = 0
 		for _, f := range t.frags {

@@ -454,6 +454,7 @@ type track struct {
 	at         msgRef // where
 	wire       []msgRef
 	lastPID    uint32 // datagram of its last fragment
+	relLast    uint32 // reliable number of its last fragment (the reference dialect)
 	complete   bool   // every fragment placed
 	fragmented bool
 	dropped    bool // superseded or dropped before sending

@@ -468,6 +468,10 @@ type Stats struct {
 
 	InvalidDatagrams   uint64 // malformed datagrams dropped
 	DuplicateDatagrams uint64 // dropped as already received
+	// DuplicateMessages counts reliable messages dropped as already
+	// received: in the reference dialect a message is resent in a new
+	// datagram, under its reliable message number.
+	DuplicateMessages uint64
 	DroppedDatagrams   uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
 	DroppedMessages    uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
 	ProtocolErrors     uint64 // well-formed datagrams breaking the protocol (the connection ends)

@@ -151,6 +151,16 @@ func (l *lossState) appLimited() {
 type ackResult struct {
 	appBytes int    // application payload bytes acked
 	tids     []byte // TransferIDs of the fragments acked
+	// The reference dialect: the reliable numbers acked, and how many
+	// datagrams carrying fragments.
+	rels       []relRange
+	fragDgrams int
+}
+
+// relRange is count reliable numbers from first on.
+type relRange struct {
+	first uint32
+	count int
 }
 
 // onPacketAck takes one PacketAck, adding to r what it frees.
@@ -189,6 +199,12 @@ func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
 	}
 	r.appBytes += d.appBytes
 	r.tids = append(r.tids, d.transfers...)
+	if d.relCount > 0 {
+		r.rels = append(r.rels, relRange{d.relFirst, d.relCount})
+	}
+	if len(d.transfers) > 0 {
+		r.fragDgrams++
+	}
 }
 
 // takeSample ends the acks of one incoming datagram: it takes one RTT

@@ -151,6 +151,21 @@ type session struct {
 	reorderExt time.Duration // how late reordered datagrams came
 	reorderAt  time.Time
 
+	// The reference dialect (session_ref.go, session_refsend.go).
+	rrd          refDatagram // the one being handled
+	relOut       uint32      // the next reliable number to send
+	relAcked     relWindow   // reliable numbers the peer acked
+	fragFlight   int         // unacked reliable datagrams carrying fragments
+	discRel      uint32      // our Disconnect's reliable number
+	hasDiscRel   bool
+	relIn        relWindow   // reliable numbers received
+	relHeld      []refHeld   // in-order messages waiting for earlier numbers, by number
+	relHeldBytes int
+	relOpen      []uint32 // FragmentStart numbers of in-order transfers incomplete
+	relFlushAt   time.Time
+	seqPID       uint32 // the datagram of the newest unreliable in-order message delivered
+	seqStarted   bool
+
 	// Scratch, reused.
 	rd      datagram // the one being handled
 	deps    []msgRef
@@ -178,6 +193,12 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		rc:       newRateControl(cfg),
 	}
 	s.loss.cfg = cfg
+	if ref {
+		s.loss.rekeys = true
+		s.acks.bits = refAckBits
+		s.tids.noZero = true
+		s.nextPID = 1 // both sides start at 1; the opening is no datagram
+	}
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
 	if client {
@@ -226,7 +247,8 @@ func (s *session) dropSending() {
 	s.hasAnchor, s.hasLastWhole = false, false
 	s.order.reset()
 	clear(s.latestQueued)
-	s.tids = transferIDs{}
+	s.tids = transferIDs{noZero: s.ref}
+	s.fragFlight = 0
 	if released > 0 {
 		s.host.sendDone(released)
 	}

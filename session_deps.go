@@ -67,13 +67,21 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 	if !t.reliable {
 		return now.Sub(t.sentAt) > s.unreliableHorizon()
 	}
-	// Every datagram up to its last one sent (not the one being built)
-	// and acked.
-	if !seqLess(t.lastPID, s.nextPID) {
-		return false
-	}
-	if first := s.loss.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
-		return false
+	if s.ref {
+		// Every reliable number up to its last acked: datagrams are
+		// resent under new PacketIDs, so those tell nothing.
+		if relDiff(t.relLast, s.relAcked.next) <= 0 {
+			return false
+		}
+	} else {
+		// Every datagram up to its last one sent (not the one being
+		// built) and acked.
+		if !seqLess(t.lastPID, s.nextPID) {
+			return false
+		}
+		if first := s.loss.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
+			return false
+		}
 	}
 	if depth == maxResolveDepth {
 		return false

@@ -9,7 +9,7 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 	s.state = stateOK
 	s.wasOpen = true
 	s.needSyn = false
-	s.needAck = true
+	s.needAck = !s.ref // the reference dialect has no ConnectAck
 	if s.synSends == 1 {
 		s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
 	}
@@ -42,7 +42,9 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if !ok {
 		s.state = stateDone
 		s.err = ErrRefused
-		s.needDiscAck = !s.cfg.stealth
+		// The reference dialect has no refusal: any datagram would open
+		// the connection for a reference client.
+		s.needDiscAck = !s.cfg.stealth && !s.ref
 		return
 	}
 	s.synAck = reply

@@ -32,6 +32,10 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 	if s.state == stateDone {
 		return
 	}
+	if s.ref {
+		s.handleRefDatagram(now, b)
+		return
+	}
 	// Parse everything first: a malformed datagram is dropped whole.
 	if parseInto(b, &s.rd) != nil {
 		s.stats.InvalidDatagrams++

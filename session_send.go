@@ -132,6 +132,9 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 // message. Disconnect and DisconnectAck are in-order messages: their
 // datagram has the InOrder flag, with no dependency left to name.
 func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
+	if s.ref {
+		return s.refControl(buf, id)
+	}
 	// Before the connection opened (a refusal) there is nothing to be in
 	// order after, and the flag's count byte would make the answer larger
 	// than the smallest ConnectSyn.
@@ -174,7 +177,11 @@ func (s *session) pollReliable(now time.Time) []byte {
 			s.pacedOut = true
 			return nil
 		}
-		s.loss.resend(now, d)
+		if s.ref {
+			s.refResend(now, d)
+		} else {
+			s.loss.resend(now, d)
+		}
 		s.rc.sent(len(d.b))
 		s.stats.Retransmits++
 		s.stats.DatagramsSent++
@@ -218,6 +225,9 @@ const maxWindow = 8192
 // buildReliable packs reliable messages into a new datagram, followed by
 // whatever acks fit.
 func (s *session) buildReliable(now time.Time) []byte {
+	if s.ref {
+		return s.buildRefReliable(now)
+	}
 	h := &s.wh
 	*h = header{packetID: s.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
@@ -307,17 +317,10 @@ func (s *session) ackRepeatWindow() time.Duration { return max(s.loss.rtt.srtt/2
 // pollUnreliable builds an unreliable datagram when acks, pings or
 // unreliable messages are due.
 func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
-	acksDue := s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.ackNow || now.Sub(s.acks.oldest) >= s.ackDelay())
-	pingDue := !now.Before(s.nextPing)
-	// Unreliable messages are not held to the congestion controller's
-	// rate: nothing acks them, so it could never learn to raise it. The
-	// application sets their pace, and the peer can still cap it with a
-	// FlowControlRequest.
-	data := s.unrelQ.len() > 0
-	if data && !s.rc.peerAllows(now) {
-		s.pacedOut = true
-		data = false
+	if s.ref {
+		return s.pollRefUnreliable(now, buf)
 	}
+	acksDue, pingDue, data := s.unreliableDue(now)
 	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
 		return nil
 	}
@@ -332,13 +335,9 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	s.pingReplies = s.pingReplies[:0]
 	if pingDue {
-		one[0] = s.nextPingID
-		s.pings[s.pingCount%len(s.pings)] = pingRecord{id: s.nextPingID, at: now}
-		s.pingCount++
-		s.nextPingID++
+		one[0] = s.pingNow(now)
 		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
 		p.count++
-		s.nextPing = now.Add(s.cfg.keepalive())
 	}
 	if s.acks.pending() > 0 {
 		p.body = s.appendAcks(now, p.room(h), p.body, true)
@@ -363,6 +362,33 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	s.sentUnreliable(b)
 	return b
+}
+
+// unreliableDue reports what an unreliable datagram would carry now: acks
+// owed, a ping, unreliable messages.
+func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
+	acksDue = s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.ackNow || now.Sub(s.acks.oldest) >= s.ackDelay())
+	pingDue = !now.Before(s.nextPing)
+	// Unreliable messages are not held to the congestion controller's
+	// rate: nothing acks them, so it could never learn to raise it. The
+	// application sets their pace, and the peer can still cap it with a
+	// FlowControlRequest.
+	data = s.unrelQ.len() > 0
+	if data && !s.rc.peerAllows(now) {
+		s.pacedOut = true
+		data = false
+	}
+	return acksDue, pingDue, data
+}
+
+// pingNow records a PingRequest going out now and returns its ID.
+func (s *session) pingNow(now time.Time) uint8 {
+	id := s.nextPingID
+	s.pings[s.pingCount%len(s.pings)] = pingRecord{id: id, at: now}
+	s.pingCount++
+	s.nextPingID++
+	s.nextPing = now.Add(s.cfg.keepalive())
+	return id
 }
 
 // packing is a datagram being filled.
@@ -522,14 +548,18 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
-	if a := &s.acked; a.appBytes > 0 || len(a.tids) > 0 {
+	if a := &s.acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
 			s.host.sendDone(a.appBytes)
 		}
 		for _, tid := range a.tids {
 			s.tids.release(tid)
 		}
-		*a = ackResult{tids: a.tids[:0]}
+		for _, r := range a.rels {
+			s.relAcked.addRange(r.first, r.count)
+		}
+		s.fragFlight -= a.fragDgrams
+		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)

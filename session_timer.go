@@ -66,6 +66,7 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	if x, ok := s.res.nextDeadline(); ok {
 		t.at(x)
 	}
+	t.at(s.relFlushAt)
 	if s.pacedOut {
 		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
 	}
@@ -150,4 +151,5 @@ func (s *session) advanceOpen(now time.Time) {
 		}
 	}
 	s.expireHeld(now)
+	s.flushRelHeld(now)
 }

@@ -1,0 +1,383 @@
+package knet
+
+import (
+	"slices"
+	"time"
+)
+
+// The reference dialect (dialect.go, refwire.go): the connection opening
+// and receiving. Sending is in session_refsend.go.
+//
+// A reference client opens with 8 zero bytes, no datagram, and takes the
+// connection as open on the first datagram back; the server answers the
+// opening with a PingRequest (the reference sends two, but a server owes
+// an unproven address no more bytes than it sent) and takes the client's
+// first datagram for the end of the handshake. Both count PacketIDs from 1.
+//
+// Reliable messages carry reliable numbers, counted per connection,
+// fragments each their own: a receiver drops a message whose number came
+// before, delivers the reliable in-order ones in the order of their
+// numbers (the first of a fragmented message standing for the whole), and
+// the unreliable in-order ones unless a later datagram's came first.
+
+// refHeld is an in-order message waiting for the messages numbered before
+// it.
+type refHeld struct {
+	rel     uint32
+	kind    heldKind
+	id      uint32
+	payload []byte
+}
+
+// handleRefDatagram processes one datagram from a reference peer. b is
+// not kept.
+func (s *session) handleRefDatagram(now time.Time, b []byte) {
+	if isRefOpening(b) {
+		s.stats.DatagramsReceived++
+		s.stats.BytesReceived += uint64(len(b))
+		s.refOpening(now, len(b))
+		return
+	}
+	if parseRefInto(b, &s.rrd) != nil {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	d := &s.rrd
+	s.stats.DatagramsReceived++
+	s.stats.BytesReceived += uint64(len(b))
+	if !s.client && !s.wasOpen {
+		s.preIn += len(b)
+	}
+	switch s.state {
+	case stateSyn:
+		// Any datagram opens the connection.
+		s.clientEstablished(now, nil)
+		s.recvRefOpen(now, d)
+	case stateAdmit:
+		// Nothing comes before our answer to the opening; a stray
+		// datagram waits for the application's decision like any.
+	case stateSynAck:
+		s.establishServer(now)
+		s.recvRefOpen(now, d)
+	case stateLinger:
+		s.lastRecv = now
+		if d.refHas(idDisconnect) {
+			s.needDiscAck = true
+		}
+	case stateClosing:
+		if d.refHas(idDisconnectAck) {
+			s.state = stateDone
+			return
+		}
+		s.recvRefOpen(now, d)
+	default:
+		s.recvRefOpen(now, d)
+	}
+}
+
+// refOpening takes a client's opening: the first goes to the application
+// (evAdmit, with no payload: the reference has none); one repeated while
+// we answer means our answer was lost, and earns the credit for another.
+func (s *session) refOpening(now time.Time, n int) {
+	if s.client {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	if !s.wasOpen {
+		s.preIn += n
+	}
+	switch s.state {
+	case stateAdmit:
+		if !s.admitWaiting {
+			s.admitWaiting = true
+			s.events |= evAdmit
+			s.syn = nil
+			s.lastRecv = now
+		}
+	case stateSynAck:
+		s.needSynAck = true
+	default:
+		// The client opens again after the connection was up: it lost
+		// everything we sent it, or restarted. Nothing to act on; the
+		// connection times out if it is gone.
+		s.stats.DuplicateDatagrams++
+	}
+}
+
+// refHas reports whether the datagram holds a whole message with ID id.
+func (d *refDatagram) refHas(id uint32) bool {
+	for i := range d.msgs {
+		if m := &d.msgs[i]; !m.fragment && m.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// recvRefOpen takes a datagram of an open connection (or, on the server,
+// the one completing it), as recvOpen does in the spec's dialect.
+func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
+	h, msgs := &d.refHeader, d.msgs
+	if !s.win.plausible(h.packetID) {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	if s.win.contains(h.packetID) {
+		s.stats.DuplicateDatagrams++
+		if h.reliable {
+			s.acks.add(now, h.packetID) // its ack may have been lost
+		}
+		s.lastRecv = now
+		return
+	}
+	if h.reliable && !s.refAdmits(msgs) {
+		// No room: leave it unacked so it comes again, but take the
+		// acks it carries.
+		s.stats.DroppedDatagrams++
+		s.lastRecv = now
+		for i := range msgs {
+			if m := &msgs[i]; !m.fragment && m.id == idPacketAck {
+				s.refPacketAck(now, m.payload)
+			}
+		}
+		s.afterAcks(now)
+		s.arrivals++
+		s.flowControl(now)
+		return
+	}
+	s.lastRecv = now
+	s.noteArrival(now, h.packetID)
+	gap := s.win.started && (h.packetID != (s.win.newest+1)&packetIDMask)
+	s.win.add(h.packetID)
+	if h.reliable {
+		s.acks.add(now, h.packetID)
+		if gap {
+			s.ackNow = true
+		}
+	}
+	acked := false
+	for i := range msgs {
+		if s.state == stateDone || s.state == stateLinger {
+			break
+		}
+		m := &msgs[i]
+		if !m.fragment && m.id == idPacketAck {
+			acked = true
+		}
+		s.handleRefMessage(now, h.packetID, m)
+	}
+	s.releaseRelHeld(now)
+	if acked {
+		s.afterAcks(now)
+	}
+	s.arrivals++
+	s.flowControl(now)
+}
+
+// refAdmits reports whether a reliable datagram fits our buffers, as
+// admits does in the spec's dialect: with the buffer full of messages
+// waiting behind a missing one, only the datagram bringing that one (the
+// oldest reliable number missing) gets in.
+func (s *session) refAdmits(msgs []refMessage) bool {
+	over := s.host.recvUsed()+s.relHeldBytes >= s.cfg.recvBuffer
+	appContent, fills := false, false
+	for i := range msgs {
+		m := &msgs[i]
+		if m.reliable {
+			if !s.relIn.fits(m.relNum) {
+				return false // far ahead of a hole: it comes again
+			}
+			fills = fills || m.relNum == s.relIn.next
+		}
+		if m.fragment {
+			if !s.reasm.admits(m.transferID, len(m.payload)) {
+				return false
+			}
+			appContent = true
+			continue
+		}
+		appContent = appContent || refAppID(m.id)
+	}
+	return !over || !appContent || fills
+}
+
+// refAppID reports whether a reference peer's message with this ID is the
+// application's: all but the IDs its library uses.
+func refAppID(id uint32) bool {
+	switch id {
+	case idPingRequest, idPingReply, idFlowControlRequest, idPacketAck, idDisconnect, idDisconnectAck:
+		return false
+	}
+	return true
+}
+
+// handleRefMessage processes one message block of an accepted datagram
+// with PacketID pid.
+func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
+	if m.reliable {
+		if s.relIn.has(m.relNum) {
+			s.stats.DuplicateMessages++
+			return
+		}
+		s.relIn.add(m.relNum)
+	}
+	if m.fragment {
+		s.handleRefFragment(now, pid, m)
+		return
+	}
+	switch m.id {
+	case idPingRequest:
+		if len(m.payload) == 1 && len(s.pingReplies) < maxPingReplies {
+			s.pingReplies = append(s.pingReplies, m.payload[0])
+		}
+	case idPingReply:
+		if len(m.payload) == 1 {
+			s.handlePingReply(now, m.payload[0])
+		}
+	case idFlowControlRequest:
+		if len(m.payload) == 2 {
+			s.peerRateRequest(now, uint16(m.payload[0])|uint16(m.payload[1])<<8)
+		}
+	case idPacketAck:
+		s.refPacketAck(now, m.payload)
+	case idDisconnect:
+		s.refDisconnect(now, m)
+	case idDisconnectAck:
+		s.apply(now, heldDisconnectAck, 0, nil, m.reliable, m.inOrder)
+	default:
+		s.refDeliver(now, pid, m.relNum, heldApp, m.id, m.payload, m.reliable, m.inOrder)
+	}
+}
+
+func (s *session) refPacketAck(now time.Time, p []byte) {
+	if a, ok := parseRefPacketAck(p); ok {
+		s.loss.onPacketAck(now, a, &s.acked)
+	}
+}
+
+// refDeliver applies a message now, or holds it until the messages
+// numbered before it have arrived (reliable in-order ones); an unreliable
+// in-order one from a datagram older than the last one's is dropped.
+func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
+	switch {
+	case reliable && inOrder:
+		if len(s.relHeld) == 0 && s.relReady(rel) {
+			s.apply(now, kind, id, payload, true, true)
+			return
+		}
+		i, _ := slices.BinarySearchFunc(s.relHeld, rel, func(e refHeld, r uint32) int { return int(relDiff(r, e.rel)) })
+		s.relHeld = slices.Insert(s.relHeld, i, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
+		s.relHeldBytes += len(payload)
+	case !reliable && inOrder && kind == heldApp:
+		if s.seqStarted && seqLess(pid, s.seqPID) {
+			s.stats.DroppedMessages++ // a later one is out already
+			return
+		}
+		s.seqPID, s.seqStarted = pid, true
+		s.apply(now, kind, id, payload, false, true)
+	default:
+		s.apply(now, kind, id, payload, reliable, inOrder)
+	}
+}
+
+// relReady reports whether an in-order message numbered rel can go: every
+// number before it has arrived, and no in-order fragmented message begun
+// before it is still incomplete.
+func (s *session) relReady(rel uint32) bool {
+	if relDiff(rel, s.relIn.next) <= 0 {
+		return false
+	}
+	for _, o := range s.relOpen {
+		if relDiff(o, rel) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// releaseRelHeld applies the held in-order messages now ready, in order.
+func (s *session) releaseRelHeld(now time.Time) {
+	k := 0
+	for k < len(s.relHeld) && s.relReady(s.relHeld[k].rel) {
+		k++
+	}
+	s.applyRelHeld(now, k)
+}
+
+// applyRelHeld applies the first k held messages, in order.
+func (s *session) applyRelHeld(now time.Time, k int) {
+	if k == 0 {
+		return
+	}
+	// Applying one may end the connection (a Disconnect): take them off
+	// first.
+	ready := slices.Clone(s.relHeld[:k])
+	s.relHeld = slices.Delete(s.relHeld, 0, k)
+	for _, e := range ready {
+		s.relHeldBytes -= len(e.payload)
+		s.apply(now, e.kind, e.id, e.payload, true, true)
+	}
+	if len(s.relHeld) == 0 {
+		s.relFlushAt = time.Time{}
+	}
+}
+
+// refDisconnect takes the peer's Disconnect. It is in order after
+// everything the peer sent: it waits for what is missing before it, but
+// not for long, since a reference peer sends nothing after it (no resend
+// of what we miss); past relFlushWait what arrived goes to the
+// application and the Disconnect is answered.
+func (s *session) refDisconnect(now time.Time, m *refMessage) {
+	if !m.reliable || s.relReady(m.relNum) && len(s.relHeld) == 0 {
+		s.applyRelHeld(now, len(s.relHeld))
+		s.apply(now, heldDisconnect, 0, nil, true, true)
+		return
+	}
+	s.refDeliver(now, 0, m.relNum, heldDisconnect, 0, nil, true, true)
+	if s.relFlushAt.IsZero() {
+		s.relFlushAt = now.Add(s.relFlushWait())
+	}
+}
+
+// relFlushWait is how long a held Disconnect waits for the messages
+// before it: two retransmission timeouts, at least 100ms.
+func (s *session) relFlushWait() time.Duration { return max(2*s.loss.rto(), 100*time.Millisecond) }
+
+// flushRelHeld applies every held message, in order, gaps or not: the
+// peer's Disconnect waited long enough (see refDisconnect).
+func (s *session) flushRelHeld(now time.Time) {
+	if s.relFlushAt.IsZero() || now.Before(s.relFlushAt) {
+		return
+	}
+	s.relFlushAt = time.Time{}
+	s.relOpen = s.relOpen[:0]
+	s.applyRelHeld(now, len(s.relHeld))
+}
+
+// handleRefFragment feeds a fragment to reassembly and, once the message
+// is whole, delivers it in its FragmentStart's place.
+func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
+	msg := message{fragStart: m.fragStart, fragment: true, fragCount: m.fragCount, transferID: m.transferID,
+		fragNumber: m.fragNumber, id: m.id, payload: m.payload}
+	var order startOrder
+	if m.fragStart {
+		order = startOrder{reliable: m.reliable, inOrder: m.inOrder, rel: m.relNum}
+		if m.reliable && m.inOrder {
+			s.relOpen = append(s.relOpen, m.relNum)
+		}
+	}
+	t, whole, err := s.reasm.add(&msg, msgRef{pid: pid}, order)
+	if err != nil {
+		s.protocolError(err)
+		return
+	}
+	if whole == nil {
+		return
+	}
+	reliable, inOrder, id, rel := t.order.reliable, t.order.inOrder, t.id, t.order.rel
+	s.reasm.finish(t)
+	if i := slices.Index(s.relOpen, rel); i >= 0 && reliable && inOrder {
+		s.relOpen = slices.Delete(s.relOpen, i, i+1)
+	}
+	s.refDeliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
+}

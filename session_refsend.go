@@ -1,0 +1,320 @@
+package knet
+
+import (
+	"slices"
+	"time"
+)
+
+// Sending in the reference dialect (see session_ref.go). The queues, the
+// rate control, loss detection and the probe timer are the spec dialect's;
+// what differs is the packing, the control messages and retransmission,
+// which goes under a new PacketID.
+
+// refControl builds the datagram of a connection control message: the
+// opening (idConnectSyn), the server's answer to it (idConnectSynAck: a
+// PingRequest), Disconnect (reliable and in order, under one reliable
+// number however often it goes) and DisconnectAck.
+func (s *session) refControl(buf []byte, id uint32) []byte {
+	if id == idConnectSyn {
+		b := append(buf[:0], refOpening[:]...)
+		s.stats.DatagramsSent++
+		s.stats.BytesSent += uint64(len(b))
+		return b
+	}
+	h := refHeader{packetID: s.nextPID, inOrder: true}
+	m := refMessage{inOrder: true, id: id}
+	var one [1]byte
+	switch id {
+	case idConnectSynAck:
+		one[0] = s.nextPingID
+		s.nextPingID++
+		m.id, m.payload = idPingRequest, one[:]
+	case idDisconnect:
+		if !s.hasDiscRel {
+			s.discRel, s.hasDiscRel = s.relOut, true
+			s.relOut = relNextNum(s.relOut)
+		}
+		h.reliable, h.relBase = true, s.discRel
+		m.reliable, m.relNum = true, s.discRel
+	}
+	b := appendRefHeader(buf[:0], &h)
+	b = appendRefMessage(b, &m, h.relBase)
+	if !s.client && !s.wasOpen {
+		// Anti-amplification, as in control: 7 bytes answer the 8 of the
+		// opening.
+		if s.preOut+len(b) > s.preIn {
+			return nil
+		}
+		s.preOut += len(b)
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+// refResend sends d, found lost, again under the next PacketID: the
+// reference keeps PacketIDs unique, and its receiver drops a PacketID seen
+// before. The reliable numbers inside tell the messages for what they are.
+func (s *session) refResend(now time.Time, d *sent) {
+	pid := s.nextPID
+	d.b[0] = d.b[0]&^0x3f | byte(pid&0x3f)
+	hi := pid >> 6
+	d.b[1], d.b[2] = byte(hi), byte(hi>>8)
+	s.loss.resendAs(now, d, pid)
+	s.loss.sent.trim(s.trimmed) // the stand-in, if it is at the front
+	s.nextPID = (pid + 1) & packetIDMask
+}
+
+// refPacking is a reference datagram being filled.
+type refPacking struct {
+	body     []byte
+	limit    int
+	reliable bool   // a reliable datagram: messages get reliable numbers from base on
+	base     uint32 // ReliableMsgNumBase
+	rels     int    // reliable numbers taken
+	inOrder  bool   // a message has the InOrder bit
+	count    int
+	appBytes int
+	holds    bool
+	tids     []byte
+	skipped  int
+}
+
+func (p *refPacking) room() int {
+	n := p.limit - refHeaderSize - len(p.body)
+	if p.reliable {
+		n -= sizeVLE1516(p.base)
+	}
+	return n
+}
+
+// nextRel is the reliable number of the next message placed.
+func (p *refPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRelNum }
+
+// buildRefReliable packs reliable messages into a new datagram, followed
+// by whatever acks fit.
+func (s *session) buildRefReliable(now time.Time) []byte {
+	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.relOut, tids: s.tidBuf[:0]}
+	s.packRef(now, &p, &s.relQ)
+	s.body, s.tidBuf = p.body, p.tids
+	if p.count == 0 {
+		return nil
+	}
+	n := len(p.body)
+	p.body = s.appendAcks(now, p.room(), p.body, false)
+	p.inOrder = p.inOrder || len(p.body) > n // PacketAcks have the InOrder bit
+	s.body = p.body
+	h := refHeader{packetID: s.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
+	b := appendRefHeader(s.getBuf(), &h)
+	b = append(b, p.body...)
+	d := s.loss.sendNew(now, h.packetID, b)
+	s.rc.sent(len(b))
+	d.appBytes = p.appBytes
+	if p.holds {
+		d.hold = p.appBytes
+		s.spanHold += d.hold
+	}
+	d.relFirst, d.relCount = p.base, p.rels
+	d.transfers = append(d.transfers, p.tids...)
+	if len(p.tids) > 0 {
+		s.fragFlight++
+	}
+	s.relOut = p.nextRel()
+	s.nextPID = (s.nextPID + 1) & packetIDMask
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+	return b
+}
+
+// pollRefUnreliable builds an unreliable datagram when acks, pings or
+// unreliable messages are due (see pollUnreliable).
+func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
+	acksDue, pingDue, data := s.unreliableDue(now)
+	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
+		return nil
+	}
+	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram}
+	var one [1]byte
+	for _, id := range s.pingReplies {
+		one[0] = id
+		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingReply, payload: one[:]}, 0)
+		p.count++
+	}
+	s.pingReplies = s.pingReplies[:0]
+	if pingDue {
+		one[0] = s.pingNow(now)
+		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingRequest, payload: one[:]}, 0)
+		p.count++
+	}
+	if s.acks.pending() > 0 {
+		n := len(p.body)
+		p.body = s.appendAcks(now, p.room(), p.body, true)
+		if len(p.body) > n {
+			p.count += len(s.ackBuf)
+		}
+	}
+	s.ackNow = s.acks.pending() > 0 && s.ackNow
+	p.inOrder = p.count > 0 // library messages have the InOrder bit
+	if data {
+		before := p.count
+		s.packRef(now, &p, &s.unrelQ)
+		if p.count > before {
+			s.rc.sentUnpaced()
+		}
+	}
+	s.body = p.body
+	if p.count == 0 {
+		return nil
+	}
+	h := refHeader{packetID: s.nextPID, inOrder: p.inOrder}
+	b := appendRefHeader(buf[:0], &h)
+	b = append(b, p.body...)
+	if p.appBytes > 0 {
+		s.host.sendDone(p.appBytes)
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+// packRef fills the datagram from q, as pack does: whole messages and the
+// first fragments of transfers in queue order, then further fragments of
+// the transfer under way.
+func (s *session) packRef(now time.Time, p *refPacking, q *sendQueue) {
+	for i := q.head; i < len(q.items) && p.room() >= 8 && p.count < maxPerDatagram; i++ {
+		m := q.items[i]
+		if m.done || (m.frag && m.off > 0) {
+			continue
+		}
+		if !s.placeRef(now, p, m) {
+			p.skipped++
+			if p.skipped > maxSkipped {
+				break
+			}
+		}
+	}
+	if q == &s.relQ {
+		for s.bulk != nil && s.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
+			if !s.placeRefFragment(now, p, s.bulk) {
+				break
+			}
+		}
+	}
+	q.compact(s.freeQueued)
+}
+
+// refDepsReady reports whether m may go: what it depends on went before
+// it, and, for an unreliable message naming a reliable one, is acked. The
+// receiver orders reliable messages by number but cannot hold an
+// unreliable one for a reliable one (see Dialect).
+func (s *session) refDepsReady(now time.Time, m *outMsg) bool {
+	for _, d := range m.deps {
+		t := d.live()
+		if t == nil || t.dropped {
+			continue
+		}
+		if !t.packed {
+			return false
+		}
+		if !m.reliable && t.reliable && !s.resolvedAtSender(now, t) {
+			return false
+		}
+	}
+	return true
+}
+
+// placeRef tries to put m (whole, or its first fragment) into the
+// datagram. A fragmented transfer starts only when no datagram carrying
+// fragments is unacked: see placeRefFragment.
+func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
+	if m.frag && (s.bulk != nil || s.fragFlight > 0) {
+		return false
+	}
+	if !s.refDepsReady(now, m) {
+		return false
+	}
+	msg := refMessage{inOrder: m.inOrder || len(m.deps) > 0, reliable: p.reliable, id: m.id, payload: m.payload}
+	if p.reliable {
+		msg.relNum = p.nextRel()
+	}
+	if m.frag {
+		msg.fragStart, msg.fragment = true, true
+		msg.fragCount = m.fragCount
+		msg.payload = m.payload[:m.fragSize]
+	}
+	if sizeRefMessage(&msg, p.base) > p.room() {
+		return false
+	}
+	if m.frag {
+		tid, ok := s.tids.alloc()
+		if !ok {
+			return false
+		}
+		m.tid = tid
+		msg.transferID = tid
+		s.tids.carried(tid)
+		p.tids = append(p.tids, tid)
+		m.fragNext = 1
+		s.bulk = m
+	}
+	p.body = appendRefMessage(p.body, &msg, p.base)
+	if p.reliable {
+		p.rels++
+	}
+	p.inOrder = p.inOrder || msg.inOrder
+	p.holds = p.holds || msg.inOrder || m.frag
+	p.count++
+	p.appBytes += len(msg.payload)
+	m.off = len(msg.payload)
+	if t := m.track; t != nil {
+		t.packed = true
+		t.at = msgRef{s.nextPID, uint16(p.count - 1)}
+		t.deps = append(t.deps[:0], m.deps...)
+		t.lastPID = s.nextPID
+		t.relLast = msg.relNum
+		t.complete = !m.frag
+		t.fragmented = m.frag
+		t.sentAt = now
+	}
+	if !m.frag {
+		m.done = true
+	}
+	return true
+}
+
+// placeRefFragment puts the next fragment of the transfer under way into
+// the datagram. Fragments go in order, in datagrams sent one at a time,
+// each once the one before is acked (packRef): a reference receiver puts
+// fragments together in the order they arrive, so one overtaking another,
+// or a resend after later ones, would corrupt its message.
+func (s *session) placeRefFragment(now time.Time, p *refPacking, m *outMsg) bool {
+	end := min(m.off+m.fragSize, len(m.payload))
+	msg := refMessage{fragment: true, reliable: true, inOrder: m.inOrder || len(m.deps) > 0, relNum: p.nextRel(),
+		transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
+	if sizeRefMessage(&msg, p.base) > p.room() {
+		return false
+	}
+	p.body = appendRefMessage(p.body, &msg, p.base)
+	p.rels++
+	p.count++
+	p.appBytes += len(msg.payload)
+	p.holds = true
+	p.inOrder = p.inOrder || msg.inOrder
+	if !slices.Contains(p.tids, m.tid) {
+		s.tids.carried(m.tid)
+		p.tids = append(p.tids, m.tid)
+	}
+	m.off = end
+	m.fragNext++
+	if t := m.track; t != nil {
+		t.lastPID = s.nextPID
+		t.relLast = msg.relNum
+	}
+	if m.fragNext == m.fragCount {
+		if t := m.track; t != nil {
+			t.complete = true
+		}
+		s.tids.release(m.tid)
+		m.done = true
+		s.bulk = nil
+	}
+	return true
+}
