@@ -472,9 +472,9 @@ type Stats struct {
 	// received: in the reference dialect a message is resent in a new
 	// datagram, under its reliable message number.
 	DuplicateMessages uint64
-	DroppedDatagrams   uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
-	DroppedMessages    uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
-	ProtocolErrors     uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	DroppedDatagrams  uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
+	DroppedMessages   uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
+	ProtocolErrors    uint64 // well-formed datagrams breaking the protocol (the connection ends)
 	// SendErrors counts datagrams the system refused to send (a full
 	// buffer, no route, a port unreachable report...): they are not in
 	// DatagramsSent and BytesSent, and a reliable one goes again later.

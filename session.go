@@ -158,8 +158,8 @@ type session struct {
 	fragFlight   int         // unacked reliable datagrams carrying fragments
 	discRel      uint32      // our Disconnect's reliable number
 	hasDiscRel   bool
-	relIn        relWindow   // reliable numbers received
-	relHeld      []refHeld   // in-order messages waiting for earlier numbers, by number
+	relIn        relWindow // reliable numbers received
+	relHeld      []refHeld // in-order messages waiting for earlier numbers, by number
 	relHeldBytes int
 	relOpen      []uint32 // FragmentStart numbers of in-order transfers incomplete
 	relFlushAt   time.Time
