@@ -1,6 +1,9 @@
 package knet
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+)
 
 // Dialect is a kNet wire format. The specification's (DECISIONS.md) is
 // what knet speaks by default; the C++ reference implementation, which
@@ -51,4 +54,24 @@ func (d Dialect) String() string {
 		return "reference"
 	}
 	return "Dialect(" + strconv.Itoa(int(d)) + ")"
+}
+
+// MarshalText returns the dialect's name, as String does.
+func (d Dialect) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a dialect's name: auto, spec or reference (ref
+// too). With it a Dialect is a flag (flag.TextVar) or a configuration
+// field in JSON or TOML.
+func (d *Dialect) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "auto", "":
+		*d = DialectAuto
+	case "spec":
+		*d = DialectSpec
+	case "reference", "ref":
+		*d = DialectReference
+	default:
+		return fmt.Errorf("knet: unknown dialect %q (auto, spec or reference)", b)
+	}
+	return nil
 }

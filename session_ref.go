@@ -154,6 +154,15 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 		if gap {
 			s.ackNow = true
 		}
+		// A knet sender in this dialect sends the fragments of a transfer
+		// one datagram at a time, each after the previous one's ack: an
+		// ack held back for MaxAckDelay would cost that much per datagram.
+		for i := range msgs {
+			if msgs[i].fragment {
+				s.ackNow = true
+				break
+			}
+		}
 	}
 	acked := false
 	for i := range msgs {

@@ -4,6 +4,12 @@
 //	go run ./examples/echo -listen 127.0.0.1:7000
 //	go run ./examples/echo -connect 127.0.0.1:7000
 //	go run ./examples/echo -loss 0.05 -delay 20ms    # over a simulated bad network
+//	go run ./examples/echo -dialect reference        # the client speaks the C++ kNet's wire
+//
+// The server serves both dialects, the specification's and the C++
+// reference implementation's, telling them apart by each client's first
+// datagram; -dialect chooses what the client speaks, so it reaches a
+// reference server too.
 //
 // The client sends numbered messages, reliable and unreliable in turn, and
 // measures the round trip of each echo; it prints progress twice a second
@@ -31,6 +37,8 @@ func main() {
 	connect := flag.String("connect", "", "run only the client, against this address")
 	duration := flag.Duration("duration", 3*time.Second, "how long the client runs")
 	size := flag.Int("size", 64, "payload size in bytes (at least 12)")
+	dialect := knet.DialectSpec
+	flag.TextVar(&dialect, "dialect", knet.DialectSpec, "the client's wire: spec or reference (the C++ kNet's)")
 	var sim knet.Simulation
 	flag.Float64Var(&sim.Loss, "loss", 0, "simulate this datagram loss (0..1) on everything sent")
 	flag.DurationVar(&sim.Delay, "delay", 0, "simulate this one-way delay on everything sent")
@@ -54,7 +62,7 @@ func main() {
 		log.Printf("echo server on %v", l.Addr())
 		serve(l)
 	case *connect != "":
-		if err := client(*connect, *duration, *size); err != nil {
+		if err := client(*connect, *duration, *size, dialect); err != nil {
 			log.Fatal(err)
 		}
 	default:
@@ -68,7 +76,7 @@ func main() {
 			serve(l)
 			close(done)
 		}()
-		err = client(l.Addr().String(), *duration, *size)
+		err = client(l.Addr().String(), *duration, *size, dialect)
 		l.Close()
 		<-done
 		if err != nil {
@@ -84,7 +92,7 @@ func serve(l *knet.Listener) {
 		if err != nil {
 			return
 		}
-		log.Printf("server: %v connected", c.RemoteAddr())
+		log.Printf("server: %v connected (%v dialect)", c.RemoteAddr(), c.Dialect())
 		go func() {
 			defer c.Close()
 			for {
@@ -109,18 +117,19 @@ const msgID = 100
 var cfg = &knet.Config{}
 
 // client sends numbered messages for d and reports the echoes' round trips.
-func client(addr string, d time.Duration, size int) error {
+func client(addr string, d time.Duration, size int, dialect knet.Dialect) error {
 	size = max(size, 12)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ccfg := *cfg
-	ccfg.ConnectPayload = []byte("echo client")
+	ccfg.Dialect = dialect
+	ccfg.ConnectPayload = []byte("echo client") // not sent in the reference dialect: its wire has no handshake payload
 	c, err := knet.Dial(ctx, "udp", addr, &ccfg)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	log.Printf("client: connected to %v", c.RemoteAddr())
+	log.Printf("client: connected to %v (%v dialect)", c.RemoteAddr(), c.Dialect())
 
 	start := time.Now()
 	var rtts []time.Duration
