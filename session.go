@@ -198,6 +198,9 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		s.acks.bits = refAckBits
 		s.tids.noZero = true
 		s.nextPID = 1 // both sides start at 1; the opening is no datagram
+		// So the peer's PacketIDs start at 1 too: whichever of its first
+		// datagrams arrives first, those before it are still to come.
+		s.win.add(0)
 	}
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
