@@ -152,11 +152,17 @@ type session struct {
 	reorderAt  time.Time
 
 	// The reference dialect (session_ref.go, session_refsend.go).
-	rrd          refDatagram // the one being handled
-	relOut       uint32      // the next reliable number to send
-	relAcked     relWindow   // reliable numbers the peer acked
-	fragFlight   int         // unacked reliable datagrams carrying fragments
-	discRel      uint32      // our Disconnect's reliable number
+	rrd      refDatagram // the one being handled
+	relOut   uint32      // the next reliable number to send
+	relAcked relWindow   // reliable numbers the peer acked
+	// The fragmented transfer under way (s.bulk, or its last datagram
+	// unacked: one at a time) is in order and starts at this number; a
+	// receiver holds the in-order messages numbered after it until it is
+	// whole.
+	bulkRel      uint32
+	bulkInOrder  bool
+	fragFlight   int    // unacked reliable datagrams carrying fragments
+	discRel      uint32 // our Disconnect's reliable number
 	hasDiscRel   bool
 	relIn        relWindow // reliable numbers received
 	relHeld      []refHeld // in-order messages waiting for earlier numbers, by number

@@ -73,6 +73,10 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 		if relDiff(t.relLast, s.relAcked.next) <= 0 {
 			return false
 		}
+		// Nor is one numbered after an in-order transfer still open.
+		if s.bulkInOrder && (s.bulk != nil || s.fragFlight > 0) && relDiff(s.bulkRel, t.relLast) > 0 {
+			return false
+		}
 	} else {
 		// Every datagram up to its last one sent (not the one being
 		// built) and acked.

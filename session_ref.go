@@ -277,13 +277,19 @@ func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id u
 		i, _ := slices.BinarySearchFunc(s.relHeld, rel, func(e refHeld, r uint32) int { return int(relDiff(r, e.rel)) })
 		s.relHeld = slices.Insert(s.relHeld, i, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
 		s.relHeldBytes += len(payload)
-	case !reliable && inOrder && kind == heldApp:
+	case !reliable && kind == heldApp:
+		// An unreliable message from a datagram older than the last
+		// one's that had an in-order message goes: that one may name it
+		// (a dependency, or a newer state of its ContentID), and the wire
+		// does not say.
 		if s.seqStarted && seqLess(pid, s.seqPID) {
-			s.stats.DroppedMessages++ // a later one is out already
+			s.stats.DroppedMessages++
 			return
 		}
-		s.seqPID, s.seqStarted = pid, true
-		s.apply(now, kind, id, payload, false, true)
+		if inOrder {
+			s.seqPID, s.seqStarted = pid, true
+		}
+		s.apply(now, kind, id, payload, false, inOrder)
 	default:
 		s.apply(now, kind, id, payload, reliable, inOrder)
 	}

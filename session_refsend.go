@@ -217,9 +217,20 @@ func (s *session) refDepsReady(now time.Time, m *outMsg) bool {
 		if !m.reliable && t.reliable && !s.resolvedAtSender(now, t) {
 			return false
 		}
+		// A fragmented message sent without the InOrder bit is delivered
+		// whenever it is whole, after what follows it: wait for it.
+		if t.reliable && t.fragmented && !t.inOrder && len(t.deps) == 0 && !s.resolvedAtSender(now, t) {
+			return false
+		}
 	}
 	return true
 }
+
+// refInOrder reports whether m goes with the InOrder bit: in-order
+// messages, those that depend on others, and the states of a ContentID
+// (so that an older one arriving after a newer one is dropped, or, when
+// reliable, delivered before it).
+func refInOrder(m *outMsg) bool { return m.inOrder || len(m.deps) > 0 || m.contentID != 0 }
 
 // placeRef tries to put m (whole, or its first fragment) into the
 // datagram. A fragmented transfer starts only when no datagram carrying
@@ -231,7 +242,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	if !s.refDepsReady(now, m) {
 		return false
 	}
-	msg := refMessage{inOrder: m.inOrder || len(m.deps) > 0, reliable: p.reliable, id: m.id, payload: m.payload}
+	msg := refMessage{inOrder: refInOrder(m), reliable: p.reliable, id: m.id, payload: m.payload}
 	if p.reliable {
 		msg.relNum = p.nextRel()
 	}
@@ -254,6 +265,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 		p.tids = append(p.tids, tid)
 		m.fragNext = 1
 		s.bulk = m
+		s.bulkRel, s.bulkInOrder = msg.relNum, msg.inOrder
 	}
 	p.body = appendRefMessage(p.body, &msg, p.base)
 	if p.reliable {
@@ -287,7 +299,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 // or a resend after later ones, would corrupt its message.
 func (s *session) placeRefFragment(now time.Time, p *refPacking, m *outMsg) bool {
 	end := min(m.off+m.fragSize, len(m.payload))
-	msg := refMessage{fragment: true, reliable: true, inOrder: m.inOrder || len(m.deps) > 0, relNum: p.nextRel(),
+	msg := refMessage{fragment: true, reliable: true, inOrder: refInOrder(m), relNum: p.nextRel(),
 		transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
 	if sizeRefMessage(&msg, p.base) > p.room() {
 		return false
