@@ -77,6 +77,13 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 		if s.bulkInOrder && (s.bulk != nil || s.fragFlight > 0) && relDiff(s.bulkRel, t.relLast) > 0 {
 			return false
 		}
+		// That is all a receiver waits for in this dialect: what t
+		// depends on has lower numbers, or is unreliable and does not
+		// hold it.
+		t.resolved = true
+		clear(t.deps)
+		t.deps = t.deps[:0]
+		return true
 	} else {
 		// Every datagram up to its last one sent (not the one being
 		// built) and acked.
