@@ -22,13 +22,20 @@ import (
 //   - In-order is a flag, not a dependency. A knet receiver delivers the
 //     reliable in-order messages in the order they were sent (their
 //     reliable message numbers), across all channels: what
-//     Message.Channel and DependsOn ask for holds, and more. Unreliable
-//     in-order messages are delivered unless a newer one came first.
-//     Received messages report Channel 0.
-//   - DependsOn on an unreliable message naming a reliable one is kept by
-//     the sender: the message waits until what it names is acked.
-//     ContentID replaces a queued older message at the sender only; the
-//     receiver cannot tell versions apart.
+//     Message.Channel and DependsOn ask for holds, and more. A message
+//     with DependsOn goes with the InOrder bit. An unreliable message is
+//     dropped if it comes from a datagram older than the last one that
+//     brought an unreliable in-order message (which may name it: the wire
+//     does not say), so an unreliable dependency never arrives after its
+//     dependent. Received messages report Channel 0.
+//   - DependsOn naming a reliable message the receiver may still hold (an
+//     unreliable message naming a reliable one, or anything naming a
+//     fragmented message sent without InOrder) is kept by the sender:
+//     the message waits until what it names is acked.
+//   - ContentID replaces a queued older state at the sender; on the wire
+//     the states carry the InOrder bit, so an older unreliable state
+//     arriving after a newer one is dropped and reliable ones come in
+//     order. They arrive with InOrder set.
 //   - FlowControlRequest is never sent (the reference does not send one,
 //     and ignores it); one received is honoured.
 //   - A fragmented message goes to the peer one datagram at a time, each
