@@ -860,13 +860,16 @@ func TestChaosConn(t *testing.T) {
 	} {
 		for seed := range uint64(seeds) {
 			t.Run(fmt.Sprintf("%s/%d", cond.name, seed+1), func(t *testing.T) {
-				runChaosConn(t, mode, cond.sim, seed+1)
+				runChaosConn(t, mode, cond.sim, seed+1, DialectSpec)
+			})
+			t.Run(fmt.Sprintf("reference-%s/%d", cond.name, seed+1), func(t *testing.T) {
+				runChaosConn(t, mode, cond.sim, seed+1, DialectReference)
 			})
 		}
 	}
 }
 
-func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64) {
+func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dialect Dialect) {
 	cfgs := [2]*Config{testConfig(), testConfig()}
 	for i, cfg := range cfgs {
 		s := sim
@@ -874,6 +877,7 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64) {
 		cfg.Simulate = &s
 		cfg.ConnectTimeout = 10 * time.Second
 	}
+	cfgs[0].Dialect = dialect // the listener tells from the first datagram
 	ctx := within(t, 60*time.Second)
 	l := listen(t, cfgs[1])
 	accepted := make(chan *Conn, 1)
