@@ -201,6 +201,13 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	for i, s := range seeds {
 		write("FuzzSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
 	}
+	rp := establishedRefForFuzz(t)
+	refSeeds := fuzzRefSeeds(rp.client().nextPID, rp.client().relOut)
+	write("FuzzRefSessionReceive", "seed-all", bytesLit(fuzzScript(refSeeds...)))
+	for i, s := range refSeeds {
+		write("FuzzRefSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
+		write("FuzzParseRefDatagram", fmt.Sprintf("seed-%02d", i), bytesLit(s))
+	}
 	d := sampleDatagram()
 	write("FuzzParseDatagram", "seed-sample", bytesLit(appendDatagram(nil, &d)))
 	for i, s := range seeds {
@@ -220,4 +227,100 @@ func TestWriteFuzzCorpus(t *testing.T) {
 			fmt.Sprintf("int64(%d)", c.timeout), fmt.Sprintf("int64(%d)", c.window), f, fmt.Sprintf("int64(%d)", c.jitter),
 			fmt.Sprintf("uint16(%d)", c.synLen), fmt.Sprintf("uint32(%d)", c.payload))
 	}
+}
+
+// establishedRefForFuzz is establishedForFuzz in the reference dialect.
+func establishedRefForFuzz(t testing.TB) *simPair {
+	p := newSimPairIn(t, true, nil, &Config{ReceiveBuffer: 64 << 10, ReassemblyBuffer: 64 << 10, MaxMessageSize: 256 << 10}, perfect, perfect)
+	p.connect()
+	for i := range 5 {
+		p.send(0, chanMsg(1, i, true, 30))
+	}
+	p.run(100*time.Millisecond, nil)
+	return p
+}
+
+// fuzzRefSeeds are reference datagrams a peer could send next, given its
+// next PacketID and reliable number, and malformed ones.
+func fuzzRefSeeds(pid, rel uint32) [][]byte {
+	d := func(h refHeader, msgs ...refMessage) []byte {
+		return appendRefDatagram(nil, &refDatagram{refHeader: h, msgs: msgs})
+	}
+	ack := appendRefPacketAck(nil, packetAck{base: 1, more: 0xff})
+	return [][]byte{
+		d(refHeader{packetID: pid, reliable: true, relBase: rel}, refMessage{reliable: true, relNum: rel, id: 6, payload: []byte("hello")}),
+		d(refHeader{packetID: pid + 1, reliable: true, inOrder: true, relBase: rel + 2},
+			refMessage{reliable: true, inOrder: true, relNum: rel + 2, id: 7, payload: []byte("after")}),
+		d(refHeader{packetID: pid + 2, inOrder: true}, refMessage{inOrder: true, id: idPingRequest, payload: []byte{9}},
+			refMessage{inOrder: true, id: idPacketAck, payload: ack}),
+		d(refHeader{packetID: pid + 3, reliable: true, relBase: rel + 3},
+			refMessage{reliable: true, inOrder: true, relNum: rel + 3, fragStart: true, fragment: true, fragCount: 3, transferID: 1, id: 8, payload: []byte("abc")}),
+		d(refHeader{packetID: pid + 5, reliable: true, relBase: rel + 5},
+			refMessage{reliable: true, inOrder: true, relNum: rel + 5, fragment: true, transferID: 1, fragNumber: 2, payload: []byte("ghi")}),
+		d(refHeader{packetID: pid + 4, reliable: true, relBase: rel + 4},
+			refMessage{reliable: true, inOrder: true, relNum: rel + 4, fragment: true, transferID: 1, fragNumber: 1, payload: []byte("def")}),
+		d(refHeader{packetID: pid + 6, reliable: true, relBase: rel + 1},
+			refMessage{reliable: true, inOrder: true, relNum: rel + 1, id: 9, payload: []byte("fills the hole")}),
+		d(refHeader{packetID: pid + 7, inOrder: true}, refMessage{inOrder: true, id: idFlowControlRequest, payload: []byte{100, 0}}),
+		d(refHeader{packetID: pid + 8, reliable: true, inOrder: true, relBase: rel + 6},
+			refMessage{reliable: true, inOrder: true, relNum: rel + 6, id: idDisconnect}),
+		refOpening[:],
+		{0x00, 0x00},
+		{0xc5, 0x00, 0x80, 0xff, 0x01},
+		d(refHeader{packetID: pid + 9, reliable: true, relBase: rel + 7}, refMessage{reliable: true, relNum: rel + 7, id: 6, payload: []byte("cut")})[:6:6],
+	}
+}
+
+// FuzzRefSessionReceive is FuzzSessionReceive for a server talking the
+// reference dialect.
+func FuzzRefSessionReceive(f *testing.F) {
+	p := establishedRefForFuzz(f)
+	seeds := fuzzRefSeeds(p.client().nextPID, p.client().relOut)
+	f.Add(fuzzScript(seeds...))
+	f.Add(fuzzScript(seeds[10], seeds[11], seeds[12]))
+	for _, s := range seeds {
+		f.Add(fuzzScript(s))
+	}
+	f.Fuzz(func(t *testing.T, script []byte) {
+		p := establishedRefForFuzz(t)
+		srv := p.server()
+		malformed, steps := 0, 0
+		var d refDatagram
+		for len(script) >= 3 && steps < 200 {
+			pause := time.Duration(script[0]&63) * time.Millisecond
+			n := int(binary.LittleEndian.Uint16(script[1:3]))
+			script = script[3:]
+			n = min(n, len(script))
+			b := script[:n]
+			script = script[n:]
+			steps++
+			if !isRefOpening(b) && parseRefInto(b, &d) != nil {
+				malformed++
+			}
+			p.inject(1, append([]byte(nil), b...))
+			p.run(pause, nil)
+			require.LessOrEqual(t, srv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
+			require.LessOrEqual(t, srv.relHeldBytes, 64<<10+2*maxDatagramSizeLimit*refHeldCost)
+			require.LessOrEqual(t, srv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
+			require.LessOrEqual(t, srv.acks.pending(), 4*maxInbox)
+			require.LessOrEqual(t, len(srv.relIn.ring), maxRelWindow/64)
+		}
+		if steps == 0 || malformed < steps {
+			p.run(time.Minute, nil)
+			return
+		}
+		assert.Equal(t, uint64(malformed), srv.stats.InvalidDatagrams)
+		require.Equal(t, stateOK, srv.state)
+		before := len(p.h[1].msgs)
+		for i := range 20 {
+			p.send(0, numbered(300, i, 10))
+		}
+		require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == before+20 }))
+		seen := map[uint32]bool{}
+		for _, m := range p.h[1].msgs[before:] {
+			i := binary.LittleEndian.Uint32(m.Payload)
+			require.False(t, seen[i])
+			seen[i] = true
+		}
+	})
 }

@@ -165,7 +165,7 @@ type session struct {
 	discRel      uint32 // our Disconnect's reliable number
 	hasDiscRel   bool
 	relIn        relWindow // reliable numbers received
-	relHeld      []refHeld // in-order messages waiting for earlier numbers, by number
+	relHeld      relHeap   // in-order messages waiting for earlier numbers
 	relHeldBytes int
 	relOpen      []uint32 // FragmentStart numbers of in-order transfers incomplete
 	relFlushAt   time.Time

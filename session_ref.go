@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"container/heap"
 	"slices"
 	"time"
 )
@@ -274,9 +275,8 @@ func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id u
 			s.apply(now, kind, id, payload, true, true)
 			return
 		}
-		i, _ := slices.BinarySearchFunc(s.relHeld, rel, func(e refHeld, r uint32) int { return int(relDiff(r, e.rel)) })
-		s.relHeld = slices.Insert(s.relHeld, i, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
-		s.relHeldBytes += len(payload)
+		heap.Push(&s.relHeld, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
+		s.relHeldBytes += len(payload) + refHeldCost
 	case !reliable && kind == heldApp:
 		// An unreliable message from a datagram older than the last
 		// one's that had an in-order message goes: that one may name it
@@ -312,29 +312,46 @@ func (s *session) relReady(rel uint32) bool {
 
 // releaseRelHeld applies the held in-order messages now ready, in order.
 func (s *session) releaseRelHeld(now time.Time) {
-	k := 0
-	for k < len(s.relHeld) && s.relReady(s.relHeld[k].rel) {
-		k++
+	for len(s.relHeld) > 0 && s.state != stateDone && s.relReady(s.relHeld[0].rel) {
+		s.applyFirstHeld(now)
 	}
-	s.applyRelHeld(now, k)
 }
 
-// applyRelHeld applies the first k held messages, in order.
-func (s *session) applyRelHeld(now time.Time, k int) {
-	if k == 0 {
-		return
+// applyRelHeld applies every held message, in order.
+func (s *session) applyRelHeld(now time.Time) {
+	for len(s.relHeld) > 0 && s.state != stateDone {
+		s.applyFirstHeld(now)
 	}
-	// Applying one may end the connection (a Disconnect): take them off
-	// first.
-	ready := slices.Clone(s.relHeld[:k])
-	s.relHeld = slices.Delete(s.relHeld, 0, k)
-	for _, e := range ready {
-		s.relHeldBytes -= len(e.payload)
-		s.apply(now, e.kind, e.id, e.payload, true, true)
-	}
+}
+
+// applyFirstHeld applies the held message with the lowest number.
+func (s *session) applyFirstHeld(now time.Time) {
+	e := heap.Pop(&s.relHeld).(refHeld)
+	s.relHeldBytes -= len(e.payload) + refHeldCost
 	if len(s.relHeld) == 0 {
 		s.relFlushAt = time.Time{}
 	}
+	s.apply(now, e.kind, e.id, e.payload, true, true)
+}
+
+// refHeldCost is what a held message counts for beyond its payload, so
+// that empty ones cannot pile up unbounded.
+const refHeldCost = 64
+
+// relHeap is the held in-order messages, lowest reliable number first.
+// Their numbers all lie within maxRelWindow, so serial order is total.
+type relHeap []refHeld
+
+func (h relHeap) Len() int           { return len(h) }
+func (h relHeap) Less(i, j int) bool { return relDiff(h[i].rel, h[j].rel) > 0 }
+func (h relHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *relHeap) Push(x any)        { *h = append(*h, x.(refHeld)) }
+func (h *relHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = refHeld{}
+	*h = old[:len(old)-1]
+	return e
 }
 
 // refDisconnect takes the peer's Disconnect. It is in order after
@@ -344,7 +361,7 @@ func (s *session) applyRelHeld(now time.Time, k int) {
 // application and the Disconnect is answered.
 func (s *session) refDisconnect(now time.Time, m *refMessage) {
 	if !m.reliable || s.relReady(m.relNum) && len(s.relHeld) == 0 {
-		s.applyRelHeld(now, len(s.relHeld))
+		s.applyRelHeld(now)
 		s.apply(now, heldDisconnect, 0, nil, true, true)
 		return
 	}
@@ -366,7 +383,7 @@ func (s *session) flushRelHeld(now time.Time) {
 	}
 	s.relFlushAt = time.Time{}
 	s.relOpen = s.relOpen[:0]
-	s.applyRelHeld(now, len(s.relHeld))
+	s.applyRelHeld(now)
 }
 
 // handleRefFragment feeds a fragment to reassembly and, once the message
