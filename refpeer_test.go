@@ -3,9 +3,10 @@ package knet_test
 // An end-to-end check of the reference dialect against a scripted peer that
 // speaks only the C++ reference implementation's wire, as
 // testdata/reference/README.md describes it byte by byte and as its
-// captures show it. The codec and the peer below are written from that
-// README alone; nothing here uses the library's own codec (refwire.go), so
-// the two can only agree by both following the captures.
+// captures show it. The codec below and the peer in refpeer_e2e_test.go
+// are written from that README alone; nothing here uses the library's own
+// codec (refwire.go), so the two can only agree by both following the
+// captures.
 //
 // The peer behaves like the reference, with one deliberate difference: it
 // resends unacked reliable messages after a short fixed timeout instead of
