@@ -239,6 +239,13 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	if m.frag && (s.bulk != nil || s.fragFlight > 0) {
 		return false
 	}
+	// A reliable in-order message waits while an in-order transfer is
+	// still being sent: a reference receiver delivers in arrival order,
+	// so one sent now, beside the transfer's stop-and-wait datagrams,
+	// would reach its application before the message it follows.
+	if p.reliable && s.bulk != nil && (m.inOrder || len(m.deps) > 0) && (s.bulk.inOrder || len(s.bulk.deps) > 0) {
+		return false
+	}
 	if !s.refDepsReady(now, m) {
 		return false
 	}
