@@ -243,7 +243,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	// still being sent: a reference receiver delivers in arrival order,
 	// so one sent now, beside the transfer's stop-and-wait datagrams,
 	// would reach its application before the message it follows.
-	if p.reliable && s.bulk != nil && (m.inOrder || len(m.deps) > 0) && (s.bulk.inOrder || len(s.bulk.deps) > 0) {
+	if p.reliable && s.bulk != nil && refInOrder(m) && refInOrder(s.bulk) {
 		return false
 	}
 	if !s.refDepsReady(now, m) {
