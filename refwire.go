@@ -51,6 +51,10 @@ const (
 var refOpening = [8]byte{}
 
 // isRefOpening reports whether b is the reference's connection opening.
+// refFragSize is the fragment payload the reference sends (README fact
+// 16): knet sends no larger fragments to a reference peer.
+const refFragSize = 318
+
 func isRefOpening(b []byte) bool { return len(b) == len(refOpening) && [8]byte(b) == refOpening }
 
 var (
