@@ -41,7 +41,7 @@ import (
 // what they hold. TestChaosConn is the same idea end to end over loopback
 // Conns, in real time.
 
-var chaosSeeds = flag.Int("knet.chaos.seeds", 0, "seeds per cell of TestChaos (default 3 with -short, 6 without)")
+var chaosSeeds = flag.Int("knet.chaos.seeds", 0, "seeds per cell of TestChaos and TestChaosReference (default 6 and 4, or 3 and 2 with -short)")
 
 // chaosProgressBound is how long after the last send every reliable message
 // must have been delivered, in simulated time: generous, as the point is to
@@ -656,40 +656,20 @@ func (r *chaosRecv) counts() string {
 	return b.String()
 }
 
-func TestChaos(t *testing.T) {
-	seeds := *chaosSeeds
-	if seeds <= 0 {
-		seeds = 6
-		if testing.Short() {
-			seeds = 3
-		}
-	}
-	for _, mode := range chaosModes {
-		t.Run(mode.name, func(t *testing.T) {
-			for _, cond := range chaosConds {
-				t.Run(cond.name, func(t *testing.T) {
-					for seed := range uint64(seeds) {
-						t.Run(fmt.Sprint(seed+1), func(t *testing.T) {
-							t.Parallel()
-							runChaosCell(t, mode, cond, seed+1, nil)
-						})
-					}
-				})
-			}
-		})
-	}
-}
+func TestChaos(t *testing.T) { runChaosMatrix(t, false, 6, 3) }
 
 // TestChaosReference runs the matrix in the reference dialect: the same
 // checks hold there, since knet on both ends keeps every promise the API
 // makes (ordering is by reliable message number instead of dependencies).
-func TestChaosReference(t *testing.T) {
-	seeds := *chaosSeeds
-	if seeds <= 0 {
-		seeds = 4
-		if testing.Short() {
-			seeds = 2
-		}
+func TestChaosReference(t *testing.T) { runChaosMatrix(t, true, 4, 2) }
+
+// runChaosMatrix runs every cell with -knet.chaos.seeds seeds, or by
+// default seeds (short with -short).
+func runChaosMatrix(t *testing.T, ref bool, seeds, short int) {
+	if *chaosSeeds > 0 {
+		seeds = *chaosSeeds
+	} else if testing.Short() {
+		seeds = short
 	}
 	for _, mode := range chaosModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -698,7 +678,7 @@ func TestChaosReference(t *testing.T) {
 					for seed := range uint64(seeds) {
 						t.Run(fmt.Sprint(seed+1), func(t *testing.T) {
 							t.Parallel()
-							runChaosCellIn(t, true, mode, cond, seed+1, nil)
+							runChaosCellIn(t, ref, mode, cond, seed+1, nil)
 						})
 					}
 				})

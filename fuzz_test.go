@@ -76,49 +76,62 @@ func FuzzSessionReceive(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, script []byte) {
 		p := establishedForFuzz(t)
-		srv := p.server()
-		malformed, steps := 0, 0
-		for len(script) >= 3 && steps < 200 {
-			pause := time.Duration(script[0]&63) * time.Millisecond
-			n := int(binary.LittleEndian.Uint16(script[1:3]))
-			script = script[3:]
-			n = min(n, len(script))
-			b := script[:n]
-			script = script[n:]
-			steps++
-			if _, _, err := parseDatagram(b); err != nil {
-				malformed++
-			}
-			p.inject(1, append([]byte(nil), b...))
-			p.run(pause, nil)
-			// Whatever came in, what the peer can make us hold stays
-			// within the documented bounds.
-			require.LessOrEqual(t, srv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
-			require.LessOrEqual(t, srv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
-			require.LessOrEqual(t, srv.acks.pending(), 4*maxInbox)
-		}
-		if steps == 0 || malformed < steps {
-			// A well-formed datagram from the peer's address may change
-			// anything the peer could; only check that time goes on.
-			p.run(time.Minute, nil)
-			return
-		}
-		// Only malformed datagrams: every one counted, and the
-		// connection unharmed, delivering exactly once.
-		assert.Equal(t, uint64(malformed), srv.stats.InvalidDatagrams)
-		require.Equal(t, stateOK, srv.state)
-		before := len(p.h[1].msgs)
-		for i := range 20 {
-			p.send(0, numbered(300, i, 10))
-		}
-		require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == before+20 }))
-		seen := map[uint32]bool{}
-		for _, m := range p.h[1].msgs[before:] {
-			i := binary.LittleEndian.Uint32(m.Payload)
-			require.False(t, seen[i])
-			seen[i] = true
-		}
+		runFuzzScript(t, p, script, func(b []byte) bool {
+			_, _, err := parseDatagram(b)
+			return err != nil
+		}, nil)
 	})
+}
+
+// runFuzzScript delivers the script's datagrams to p's server, checking
+// after each that what the peer can make it hold stays within the
+// documented bounds (and whatever more bounds checks). If every datagram
+// was malformed (as malformed tells), each was counted and the connection
+// still delivers exactly once; otherwise time only has to go on.
+func runFuzzScript(t *testing.T, p *simPair, script []byte, malformed func([]byte) bool, bounds func()) {
+	srv := p.server()
+	bad, steps := 0, 0
+	for len(script) >= 3 && steps < 200 {
+		pause := time.Duration(script[0]&63) * time.Millisecond
+		n := int(binary.LittleEndian.Uint16(script[1:3]))
+		script = script[3:]
+		n = min(n, len(script))
+		b := script[:n]
+		script = script[n:]
+		steps++
+		if malformed(b) {
+			bad++
+		}
+		p.inject(1, append([]byte(nil), b...))
+		p.run(pause, nil)
+		require.LessOrEqual(t, srv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
+		require.LessOrEqual(t, srv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
+		require.LessOrEqual(t, srv.acks.pending(), 4*maxInbox)
+		if bounds != nil {
+			bounds()
+		}
+	}
+	if steps == 0 || bad < steps {
+		// A well-formed datagram from the peer's address may change
+		// anything the peer could; only check that time goes on.
+		p.run(time.Minute, nil)
+		return
+	}
+	// Only malformed datagrams: every one counted, and the connection
+	// unharmed, delivering exactly once.
+	assert.Equal(t, uint64(bad), srv.stats.InvalidDatagrams)
+	require.Equal(t, stateOK, srv.state)
+	before := len(p.h[1].msgs)
+	for i := range 20 {
+		p.send(0, numbered(300, i, 10))
+	}
+	require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == before+20 }))
+	seen := map[uint32]bool{}
+	for _, m := range p.h[1].msgs[before:] {
+		i := binary.LittleEndian.Uint32(m.Payload)
+		require.False(t, seen[i])
+		seen[i] = true
+	}
 }
 
 // FuzzPacketAck applies fuzzed PacketAcks to a sender with reliable
@@ -284,43 +297,12 @@ func FuzzRefSessionReceive(f *testing.F) {
 	f.Fuzz(func(t *testing.T, script []byte) {
 		p := establishedRefForFuzz(t)
 		srv := p.server()
-		malformed, steps := 0, 0
 		var d refDatagram
-		for len(script) >= 3 && steps < 200 {
-			pause := time.Duration(script[0]&63) * time.Millisecond
-			n := int(binary.LittleEndian.Uint16(script[1:3]))
-			script = script[3:]
-			n = min(n, len(script))
-			b := script[:n]
-			script = script[n:]
-			steps++
-			if !isRefOpening(b) && parseRefInto(b, &d) != nil {
-				malformed++
-			}
-			p.inject(1, append([]byte(nil), b...))
-			p.run(pause, nil)
-			require.LessOrEqual(t, srv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
+		runFuzzScript(t, p, script, func(b []byte) bool {
+			return !isRefOpening(b) && parseRefInto(b, &d) != nil
+		}, func() {
 			require.LessOrEqual(t, srv.relHeldBytes, 64<<10+2*maxDatagramSizeLimit*refHeldCost)
-			require.LessOrEqual(t, srv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
-			require.LessOrEqual(t, srv.acks.pending(), 4*maxInbox)
 			require.LessOrEqual(t, len(srv.relIn.ring), maxRelWindow/64)
-		}
-		if steps == 0 || malformed < steps {
-			p.run(time.Minute, nil)
-			return
-		}
-		assert.Equal(t, uint64(malformed), srv.stats.InvalidDatagrams)
-		require.Equal(t, stateOK, srv.state)
-		before := len(p.h[1].msgs)
-		for i := range 20 {
-			p.send(0, numbered(300, i, 10))
-		}
-		require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == before+20 }))
-		seen := map[uint32]bool{}
-		for _, m := range p.h[1].msgs[before:] {
-			i := binary.LittleEndian.Uint32(m.Payload)
-			require.False(t, seen[i])
-			seen[i] = true
-		}
+		})
 	})
 }

@@ -123,22 +123,50 @@ func (s *session) recvClosing(now time.Time, d *datagram) {
 	s.recvOpen(now, d)
 }
 
+// seenBefore handles a datagram whose PacketID tells it is not new: one
+// implausibly far from those seen is invalid, one seen before a duplicate
+// (acked again, as its ack may have been lost).
+func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
+	if !s.win.plausible(pid) {
+		s.stats.InvalidDatagrams++
+		return true
+	}
+	if s.win.contains(pid) {
+		s.stats.DuplicateDatagrams++
+		if reliable {
+			s.acks.add(now, pid)
+		}
+		s.lastRecv = now
+		return true
+	}
+	return false
+}
+
+// arrived records a new datagram, taken in, and owes its ack if reliable.
+func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
+	s.lastRecv = now
+	s.noteArrival(now, pid)
+	// Every datagram takes the next PacketID, so a skipped one means
+	// something went missing, and an older one arriving fills a gap:
+	// either way the sender wants to hear at once (an immediate ack speeds
+	// up its loss detection, as TCP does on out-of-order data).
+	gap := s.win.started && (pid != (s.win.newest+1)&packetIDMask)
+	s.win.add(pid)
+	if reliable {
+		s.acks.add(now, pid)
+		if gap {
+			s.ackNow = true
+		}
+	}
+}
+
 // recvOpen takes a datagram of a connection past its handshake (or, on
 // the server, completing it): duplicates are acked again, a reliable one
 // without room goes unacked, the others are acked and their messages
 // handled in order.
 func (s *session) recvOpen(now time.Time, d *datagram) {
 	h, msgs := &d.header, d.msgs
-	if !s.win.plausible(h.packetID) {
-		s.stats.InvalidDatagrams++
-		return
-	}
-	if s.win.contains(h.packetID) {
-		s.stats.DuplicateDatagrams++
-		if h.reliable {
-			s.acks.add(now, h.packetID) // its ack may have been lost
-		}
-		s.lastRecv = now
+	if s.seenBefore(now, h.packetID, h.reliable) {
 		return
 	}
 	if h.reliable && !s.admits(msgs) {
@@ -156,20 +184,7 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 		s.flowControl(now)
 		return
 	}
-	s.lastRecv = now
-	s.noteArrival(now, h.packetID)
-	// Every datagram takes the next PacketID, so a skipped one means
-	// something went missing, and an older one arriving fills a gap:
-	// either way the sender wants to hear at once (an immediate ack speeds
-	// up its loss detection, as TCP does on out-of-order data).
-	gap := s.win.started && (h.packetID != (s.win.newest+1)&packetIDMask)
-	s.win.add(h.packetID)
-	if h.reliable {
-		s.acks.add(now, h.packetID)
-		if gap {
-			s.ackNow = true
-		}
-	}
+	s.arrived(now, h.packetID, h.reliable)
 	acked := false
 	for i := range msgs {
 		if s.state == stateDone {
@@ -231,25 +246,38 @@ func (s *session) admits(msgs []message) bool {
 	return false
 }
 
+// handlePing takes a PingRequest, PingReply or FlowControlRequest, the
+// messages both dialects share, and reports whether m was one.
+func (s *session) handlePing(now time.Time, id uint32, payload []byte) bool {
+	switch id {
+	case idPingRequest:
+		if len(payload) == 1 && len(s.pingReplies) < maxPingReplies {
+			s.pingReplies = append(s.pingReplies, payload[0])
+		}
+	case idPingReply:
+		if len(payload) == 1 {
+			s.handlePingReply(now, payload[0])
+		}
+	case idFlowControlRequest:
+		if len(payload) == 2 {
+			s.peerRateRequest(now, uint16(payload[0])|uint16(payload[1])<<8)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
 // handleMessage processes one message block of an accepted datagram.
 func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message) {
 	if m.fragment {
 		s.handleFragment(now, h, ref, m)
 		return
 	}
+	if s.handlePing(now, m.id, m.payload) {
+		return
+	}
 	switch m.id {
-	case idPingRequest:
-		if len(m.payload) == 1 && len(s.pingReplies) < maxPingReplies {
-			s.pingReplies = append(s.pingReplies, m.payload[0])
-		}
-	case idPingReply:
-		if len(m.payload) == 1 {
-			s.handlePingReply(now, m.payload[0])
-		}
-	case idFlowControlRequest:
-		if len(m.payload) == 2 {
-			s.peerRateRequest(now, uint16(m.payload[0])|uint16(m.payload[1])<<8)
-		}
 	case idPacketAck:
 		s.handlePacketAck(now, m.payload)
 	case idConnectSyn:

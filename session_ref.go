@@ -119,16 +119,7 @@ func (d *refDatagram) refHas(id uint32) bool {
 // the one completing it), as recvOpen does in the spec's dialect.
 func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 	h, msgs := &d.refHeader, d.msgs
-	if !s.win.plausible(h.packetID) {
-		s.stats.InvalidDatagrams++
-		return
-	}
-	if s.win.contains(h.packetID) {
-		s.stats.DuplicateDatagrams++
-		if h.reliable {
-			s.acks.add(now, h.packetID) // its ack may have been lost
-		}
-		s.lastRecv = now
+	if s.seenBefore(now, h.packetID, h.reliable) {
 		return
 	}
 	if h.reliable && !s.refAdmits(msgs) {
@@ -146,15 +137,8 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 		s.flowControl(now)
 		return
 	}
-	s.lastRecv = now
-	s.noteArrival(now, h.packetID)
-	gap := s.win.started && (h.packetID != (s.win.newest+1)&packetIDMask)
-	s.win.add(h.packetID)
+	s.arrived(now, h.packetID, h.reliable)
 	if h.reliable {
-		s.acks.add(now, h.packetID)
-		if gap {
-			s.ackNow = true
-		}
 		// A knet sender in this dialect sends the fragments of a transfer
 		// one datagram at a time, each after the previous one's ack: an
 		// ack held back for MaxAckDelay would cost that much per datagram.
@@ -235,19 +219,10 @@ func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
 		s.handleRefFragment(now, pid, m)
 		return
 	}
+	if s.handlePing(now, m.id, m.payload) {
+		return
+	}
 	switch m.id {
-	case idPingRequest:
-		if len(m.payload) == 1 && len(s.pingReplies) < maxPingReplies {
-			s.pingReplies = append(s.pingReplies, m.payload[0])
-		}
-	case idPingReply:
-		if len(m.payload) == 1 {
-			s.handlePingReply(now, m.payload[0])
-		}
-	case idFlowControlRequest:
-		if len(m.payload) == 2 {
-			s.peerRateRequest(now, uint16(m.payload[0])|uint16(m.payload[1])<<8)
-		}
 	case idPacketAck:
 		s.refPacketAck(now, m.payload)
 	case idDisconnect:

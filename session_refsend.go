@@ -39,13 +39,8 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 	}
 	b := appendRefHeader(buf[:0], &h)
 	b = appendRefMessage(b, &m, h.relBase)
-	if !s.client && !s.wasOpen {
-		// Anti-amplification, as in control: 7 bytes answer the 8 of the
-		// opening.
-		if s.preOut+len(b) > s.preIn {
-			return nil
-		}
-		s.preOut += len(b)
+	if !s.amplifies(b) { // 7 bytes answer the 8 of the opening
+		return nil
 	}
 	s.sentUnreliable(b)
 	return b

@@ -144,17 +144,25 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	if id == idConnectSyn {
 		b = appendPadding(b, min(synPadTo, s.cfg.maxDatagram))
 	}
-	if !s.client && !s.wasOpen {
-		// Anti-amplification: an endpoint not yet proven to be the
-		// sender gets no more bytes than it sent. A resent ConnectSyn
-		// adds credit.
-		if s.preOut+len(b) > s.preIn {
-			return nil
-		}
-		s.preOut += len(b)
+	if !s.amplifies(b) {
+		return nil
 	}
 	s.sentUnreliable(b)
 	return b
+}
+
+// amplifies reports whether a server may send b before the connection is
+// open, and counts it: an endpoint not yet proven to be the sender gets no
+// more bytes than it sent (a resent ConnectSyn or opening adds credit).
+func (s *session) amplifies(b []byte) bool {
+	if s.client || s.wasOpen {
+		return true
+	}
+	if s.preOut+len(b) > s.preIn {
+		return false
+	}
+	s.preOut += len(b)
+	return true
 }
 
 func (s *session) sentUnreliable(b []byte) {
