@@ -237,7 +237,7 @@ func (c *Conn) admit() {
 		reply, err = c.cfg.admit(c.remote, append([]byte(nil), c.sess.syn...))
 		ok = err == nil
 	}
-	if ok && len(reply) > c.cfg.handshakeLimit() {
+	if ok && c.dialect != DialectReference && len(reply) > c.cfg.handshakeLimit() {
 		// Cutting it would hand the client something the server never
 		// meant to say: refuse, and let the server's stats show why.
 		ok, reply = false, nil

@@ -138,7 +138,8 @@ type Config struct {
 	// ConnectPayload is the content of the client's ConnectSyn:
 	// application data for the server's Admit hook, at most
 	// MaxDatagramSize-104 bytes (1296 by default, never more than 2035).
-	// Dial refuses a longer one with ErrHandshakeTooLarge.
+	// Dial refuses a longer one with ErrHandshakeTooLarge. The reference
+	// dialect has no handshake content: there it is not sent.
 	ConnectPayload []byte
 	// Admit decides, on the server, whether to accept a connection
 	// attempt: it gets the client's ConnectPayload and returns the content
@@ -151,7 +152,9 @@ type Config struct {
 	// attempt is refused as if Admit had returned ErrHandshakeTooLarge
 	// (the client gets ErrRefused, or no answer with Stealth), and
 	// ListenerStats.OversizedReplies counts it, so that the mistake shows
-	// on the server rather than as a client that cannot connect.
+	// on the server rather than as a client that cannot connect. A
+	// reference-dialect client sends no payload and gets no reply (and a
+	// refused one no answer at all).
 	Admit func(remote net.Addr, payload []byte) ([]byte, error)
 	// Stealth makes a server ignore refused and malformed connection
 	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one

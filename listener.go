@@ -300,7 +300,7 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 		return nil, err
 	}
 	rc := cfg.resolve()
-	if n := len(rc.connectPayload); n > rc.handshakeLimit() {
+	if n := len(rc.connectPayload); n > rc.handshakeLimit() && rc.dialect != DialectReference {
 		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.handshakeLimit())
 	}
 	raddr, err := net.ResolveUDPAddr(network, address)

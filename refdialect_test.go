@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -203,4 +204,31 @@ func TestDialectsSideBySide(t *testing.T) {
 			assert.Positive(t, l.Stats().InvalidDatagrams)
 		})
 	}
+}
+
+// Handshake payloads are not on the reference wire: a long one is no
+// error there, and Admit sees none.
+func TestReferenceDialectIgnoresHandshakePayloads(t *testing.T) {
+	cfg := testConfig()
+	admitted := make(chan []byte, 1)
+	cfg.Admit = func(_ net.Addr, syn []byte) ([]byte, error) {
+		admitted <- syn
+		return make([]byte, 10000), nil // far too long for a ConnectSynAck
+	}
+	l := listen(t, cfg)
+	serveEcho(t, l)
+	cc := testConfig()
+	cc.Dialect = DialectReference
+	cc.ConnectPayload = make([]byte, 5000)
+	c := dial(t, l.Addr().String(), cc)
+	assert.Empty(t, <-admitted)
+	require.NoError(t, c.Send(Message{ID: 9, Reliable: true, Payload: []byte("x")}))
+	m, err := c.Receive(within(t, 5*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, "x", string(m.Payload))
+	assert.Zero(t, l.Stats().OversizedReplies)
+
+	cc.Dialect = DialectSpec
+	_, err = Dial(context.Background(), "udp", l.Addr().String(), cc)
+	assert.ErrorIs(t, err, ErrHandshakeTooLarge, "the spec's dialect still refuses it")
 }
