@@ -62,6 +62,14 @@ type Conn struct {
 
 	readDL, writeDL deadline
 
+	// The Group taking this connection's messages, if any. The rest is
+	// guarded by the group's mutex.
+	group    atomic.Pointer[Group]
+	gQueued  bool // in the group's ready list
+	gJoined  bool // EventConnected reported
+	gEnded   bool // EventDisconnected reported
+	gNoticed bool // the group has seen it (Add)
+
 	estOnce    sync.Once
 	estab      chan struct{}
 	userClosed atomic.Bool // Close was called (not only the Listener's)
@@ -347,6 +355,9 @@ func (c *Conn) publish() {
 	if c.delivered {
 		c.delivered = false
 		signal(c.recvReady)
+		if g := c.group.Load(); g != nil {
+			g.notify(c)
+		}
 	}
 	st := c.snapshot()
 	c.stateMu.Lock()
@@ -398,6 +409,9 @@ func (c *Conn) finish() {
 	signal(c.sendSpace)
 	c.readDL.stop()
 	c.writeDL.stop()
+	if g := c.group.Load(); g != nil {
+		g.notify(c)
+	}
 	c.ep.connDone(c)
 }
 

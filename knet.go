@@ -197,6 +197,12 @@ type Config struct {
 	// datagram is in; Dial speaks the specification's. See Dialect for
 	// what the reference dialect cannot carry.
 	Dialect Dialect
+
+	// Group, when not nil, takes the connections this Listener accepts
+	// (instead of Accept) or this Dial makes: their arrival, messages and
+	// end all come out of Group.Poll, for a game loop that serves every
+	// connection from one goroutine.
+	Group *Group
 }
 
 // Simulation describes a bad network for Config.Simulate. The zero value
@@ -277,6 +283,7 @@ type config struct {
 	simulate                                   *Simulation
 	congestion                                 func(CongestionParams) CongestionControl
 	dialect                                    Dialect
+	group                                      *Group
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -354,6 +361,7 @@ func (c *Config) resolve() *config {
 		simulate:         c.Simulate,
 		congestion:       c.CongestionControl,
 		dialect:          c.Dialect,
+		group:            c.Group,
 	}
 	if r.dialect > DialectReference {
 		r.dialect = DialectAuto

@@ -279,6 +279,10 @@ func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) 
 // offer queues an established connection for Accept.
 func (l *Listener) offer(c *Conn) bool {
 	l.established(c)
+	if g := c.cfg.group; g != nil {
+		g.Add(c)
+		return true
+	}
 	select {
 	case l.acceptq <- c:
 		return true
@@ -327,6 +331,9 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	go c.loop()
 	select {
 	case <-c.estab:
+		if rc.group != nil {
+			rc.group.Add(c)
+		}
 		return c, nil
 	case <-c.done:
 		return nil, c.Err()
