@@ -42,16 +42,18 @@ type Conn struct {
 	inbox []*packet
 
 	// Guarded by sendMu.
-	sendMu    sync.Mutex
-	sendq     []outMsg
-	sendSpare []outMsg
-	lastRef   uint64
-	closing   bool // Close was called
-	flowReq   int  // FlowControl rate to send, 0 if none
-	peerGone  bool // the peer closed
-	sendUsed  int  // payload bytes queued or unacked
-	sendDrops uint64
-	sendSpace chan struct{} // capacity 1
+	sendMu      sync.Mutex
+	sendq       []outMsg
+	sendSpare   []outMsg
+	lastRef     uint64
+	closing     bool   // Close was called
+	closeReason []byte // CloseWithReason's
+	userData    atomic.Value
+	flowReq     int  // FlowControl rate to send, 0 if none
+	peerGone    bool // the peer closed
+	sendUsed    int  // payload bytes queued or unacked
+	sendDrops   uint64
+	sendSpace   chan struct{} // capacity 1
 
 	// Guarded by recvMu.
 	recvMu    sync.Mutex
@@ -214,7 +216,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	c.sendMu.Lock()
 	q := c.sendq
 	c.sendq = c.sendSpare[:0]
-	closing := c.closing
+	closing, why := c.closing, c.closeReason
 	flow := c.flowReq
 	c.flowReq = 0
 	c.sendMu.Unlock()
@@ -232,32 +234,48 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	}
 	c.sendSpare = q[:0]
 	if closing {
+		if c.sess.closeReason == nil && c.dialect != DialectReference {
+			c.sess.closeReason = why
+		}
 		c.sess.requestClose(now)
 	}
 	c.sess.flowControl(now)
 }
 
-// admit runs the application's Admit hook on a ConnectSyn.
+// admit runs the application's Admit hook on a ConnectSyn. A refusal
+// carries its reason to the client (the hook's error text, or why the
+// server could not take it), unless the listener is stealthy.
 func (c *Conn) admit() {
-	reply, ok := []byte(nil), true
-	if c.cfg.admit != nil {
-		var err error
-		reply, err = c.cfg.admit(c.remote, append([]byte(nil), c.sess.syn...))
-		ok = err == nil
+	var reply []byte
+	var err error
+	syn := append([]byte(nil), c.sess.syn...)
+	switch {
+	case c.cfg.admitConn != nil:
+		reply, err = c.cfg.admitConn(c, syn)
+	case c.cfg.admit != nil:
+		reply, err = c.cfg.admit(c.remote, syn)
 	}
-	if ok && c.dialect != DialectReference && len(reply) > c.cfg.handshakeLimit() {
+	if err == nil && c.dialect != DialectReference && len(reply) > c.cfg.handshakeLimit() {
 		// Cutting it would hand the client something the server never
 		// meant to say: refuse, and let the server's stats show why.
-		ok, reply = false, nil
+		err = ErrHandshakeTooLarge
 		c.ep.oversized.Add(1)
 	}
-	if ok && c.ep.l != nil && !c.ep.l.roomToAccept() {
-		ok = false
+	if err == nil && c.ep.l != nil && !c.ep.l.roomToAccept() {
+		err = errServerFull
 	}
-	if !ok && c.ep.l != nil {
+	if err == nil {
+		c.sess.admitted(time.Now(), reply, true)
+		return
+	}
+	if c.ep.l != nil {
 		c.ep.refused.Add(1)
 	}
-	c.sess.admitted(time.Now(), reply, ok)
+	var why []byte
+	if !c.cfg.stealth && c.dialect != DialectReference {
+		why = reasonBytes(err.Error())
+	}
+	c.sess.admitted(time.Now(), why, false)
 }
 
 // handleEvents acts on what the session's last calls did.
@@ -387,6 +405,9 @@ func (c *Conn) finish() {
 	case err != nil:
 	case eof:
 		err = ErrPeerClosed
+		if len(s.peerReason) > 0 {
+			err = &DisconnectError{Reason: string(s.peerReason)}
+		}
 	case closing:
 		err = net.ErrClosed
 	default:
@@ -677,6 +698,32 @@ func (c *Conn) isClosed() bool {
 	}
 }
 
+// SetUserData attaches v to the connection, for the application: the
+// player a connection is, typically set by Config.AdmitConn.
+func (c *Conn) SetUserData(v any) { c.userData.Store(&v) }
+
+// UserData returns what SetUserData attached, or nil.
+func (c *Conn) UserData() any {
+	if p, _ := c.userData.Load().(*any); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// CloseWithReason is Close, telling the peer why: a kick, a ban, a full
+// server, a shutdown. The reason (at most MaxReasonLength bytes) rides in
+// the Disconnect; a knet peer's connection then ends with a
+// *DisconnectError holding it. A peer that only reads the specification
+// ignores it, and the reference dialect cannot carry it.
+func (c *Conn) CloseWithReason(reason string) error {
+	c.sendMu.Lock()
+	if c.closeReason == nil {
+		c.closeReason = reasonBytes(reason)
+	}
+	c.sendMu.Unlock()
+	return c.Close()
+}
+
 // Dialect returns the wire the connection speaks: DialectSpec or
 // DialectReference, never DialectAuto.
 func (c *Conn) Dialect() Dialect { return c.dialect }
@@ -748,7 +795,7 @@ func (c *Conn) Close() error {
 	c.stateMu.Lock()
 	err := c.err
 	c.stateMu.Unlock()
-	if err == net.ErrClosed || err == ErrPeerClosed {
+	if err == net.ErrClosed || errors.Is(err, ErrPeerClosed) {
 		return nil // the graceful ends
 	}
 	return err

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/knet-go/knet/internal/netsim"
@@ -156,6 +157,13 @@ type Config struct {
 	// reference-dialect client sends no payload and gets no reply (and a
 	// refused one no answer at all).
 	Admit func(remote net.Addr, payload []byte) ([]byte, error)
+	// AdmitConn is Admit with the connection itself, for a server that
+	// decides who the player is while admitting it: it may call
+	// SetUserData, which the game then finds on every event of the
+	// connection. When set, it is used instead of Admit. The error's text
+	// reaches a refused client as a *RefusedError (not with Stealth, nor
+	// in the reference dialect).
+	AdmitConn func(c *Conn, payload []byte) ([]byte, error)
 	// Stealth makes a server ignore refused and malformed connection
 	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one
 	// DisconnectAck, which the client reports as ErrRefused, and so does a
@@ -279,6 +287,7 @@ type config struct {
 	maxPending, backlog, sockets               int
 	connectPayload                             []byte
 	admit                                      func(net.Addr, []byte) ([]byte, error)
+	admitConn                                  func(*Conn, []byte) ([]byte, error)
 	stealth                                    bool
 	simulate                                   *Simulation
 	congestion                                 func(CongestionParams) CongestionControl
@@ -357,6 +366,7 @@ func (c *Config) resolve() *config {
 		sockets:          min(pick(c.Sockets, 1), maxSockets),
 		connectPayload:   c.ConnectPayload,
 		admit:            c.Admit,
+		admitConn:        c.AdmitConn,
 		stealth:          c.Stealth,
 		simulate:         c.Simulate,
 		congestion:       c.CongestionControl,
@@ -495,6 +505,52 @@ type Stats struct {
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked
+}
+
+// A RefusedError is Dial's error when the server refused the connection
+// and said why: the text of the error its Admit hook returned. It matches
+// ErrRefused with errors.Is.
+type RefusedError struct {
+	Reason string
+}
+
+func (e *RefusedError) Error() string     { return ErrRefused.Error() + ": " + e.Reason }
+func (e *RefusedError) Is(err error) bool { return err == ErrRefused }
+
+// A DisconnectError is how a connection ended when the peer closed it
+// with a reason (CloseWithReason): Err, and Send once the peer closed,
+// return it; it matches ErrPeerClosed and net.ErrClosed with errors.Is.
+type DisconnectError struct {
+	Reason string
+}
+
+func (e *DisconnectError) Error() string { return ErrPeerClosed.Error() + ": " + e.Reason }
+func (e *DisconnectError) Is(err error) bool {
+	return err == ErrPeerClosed || err == net.ErrClosed
+}
+
+// errServerFull refuses a connection the accept backlog has no room for.
+var errServerFull = errors.New("knet: server full")
+
+// MaxReasonLength is the longest refusal or close reason sent, in bytes;
+// a longer one is cut.
+const MaxReasonLength = 256
+
+// reasonBytes is r as sent on the wire: at most MaxReasonLength bytes, cut at
+// a rune boundary.
+func reasonBytes(r string) []byte {
+	if len(r) > MaxReasonLength {
+		r = strings.ToValidUTF8(r[:MaxReasonLength], "")
+	}
+	return []byte(r)
+}
+
+// refusedErr is the error of a refusal that said reason (empty: none).
+func refusedErr(reason []byte) error {
+	if len(reason) == 0 {
+		return ErrRefused
+	}
+	return &RefusedError{Reason: string(reason)}
 }
 
 var (

@@ -90,6 +90,9 @@ type session struct {
 
 	// Close (session_close.go).
 	closeAsked            bool
+	closeReason           []byte // ours, sent in our Disconnect
+	refuseReason          []byte // sent in the DisconnectAck that refuses
+	peerReason            []byte // the peer's, from its Disconnect
 	stopAccepting         bool
 	closeBy               time.Time
 	discResend            time.Time

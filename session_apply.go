@@ -142,6 +142,9 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 		}
 	case heldDisconnect:
 		s.needDiscAck = true
+		if len(payload) > 0 && s.peerReason == nil {
+			s.peerReason = reasonBytes(string(payload))
+		}
 		switch s.state {
 		case stateOK:
 			if s.closeAsked {

@@ -76,7 +76,7 @@ func (s *session) recvConnecting(now time.Time, d *datagram) {
 			s.recvOpen(now, d)
 			return
 		case idDisconnectAck:
-			s.fail(ErrRefused)
+			s.fail(refusedErr(m.payload))
 			return
 		}
 	}

@@ -84,7 +84,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	case stateClosing:
 		if s.needDisc {
 			s.needDisc = false
-			return s.control(buf, idDisconnect, nil)
+			return s.control(buf, idDisconnect, s.closeReason)
 		}
 		return nil
 	case stateLinger, stateDone:
@@ -92,7 +92,13 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			s.needDiscAck = false
 			if s.wasOpen {
 				s.discAckedAt = now
+				return s.control(buf, idDisconnectAck, nil)
 			}
+			if b := s.control(buf, idDisconnectAck, s.refuseReason); b != nil || len(s.refuseReason) == 0 {
+				return b
+			}
+			// A ConnectSyn too short to earn the reason's bytes (the
+			// anti-amplification rule) gets the bare refusal.
 			return s.control(buf, idDisconnectAck, nil)
 		}
 		return nil
@@ -123,7 +129,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.state = stateClosing
 		s.discBackoff = min(s.loss.rto(), firstDiscResend)
 		s.discResend = now.Add(s.discBackoff)
-		return s.control(buf, idDisconnect, nil)
+		return s.control(buf, idDisconnect, s.closeReason)
 	}
 	return nil
 }
