@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -81,6 +82,7 @@ type Conn struct {
 
 	// Guarded by stateMu.
 	stateMu   sync.Mutex
+	rates     rateRing
 	err       error // why the connection ended
 	syn       []byte
 	synAck    []byte
@@ -271,6 +273,9 @@ func (c *Conn) admit() {
 	if c.ep.l != nil {
 		c.ep.refused.Add(1)
 	}
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection refused", "remote", c.remote, "reason", err)
+	}
 	var why []byte
 	if !c.cfg.stealth && c.dialect != DialectReference {
 		why = reasonBytes(err.Error())
@@ -378,9 +383,11 @@ func (c *Conn) publish() {
 		}
 	}
 	st := c.snapshot()
+	now := time.Now()
 	c.stateMu.Lock()
 	st.DroppedDatagrams += c.inDroppedLocked()
 	c.stats = st
+	c.rates.note(now, &st, c.sess.pidAdvance, c.sess.uniqueIn)
 	c.stateMu.Unlock()
 }
 
@@ -412,6 +419,14 @@ func (c *Conn) finish() {
 		err = net.ErrClosed
 	default:
 		err = net.ErrClosed
+	}
+	if l := c.cfg.logger; l != nil && s.wasOpen {
+		graceful := err == net.ErrClosed || errors.Is(err, ErrPeerClosed)
+		level := slog.LevelInfo
+		if !graceful {
+			level = slog.LevelWarn
+		}
+		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote, "reason", err)
 	}
 	c.stateMu.Lock()
 	c.err = err
@@ -470,6 +485,9 @@ func (c *Conn) established() {
 		return
 	}
 	c.estOnce.Do(func() { close(c.estab) })
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection established", "remote", c.remote, "dialect", c.dialect, "client", c.ep.l == nil)
+	}
 }
 
 func (c *Conn) peerClosed() {
@@ -493,6 +511,18 @@ func (c *Conn) peerClosed() {
 // ErrBadDependency).
 func (c *Conn) Send(m Message) error {
 	_, err := c.send(context.Background(), &m, false)
+	return dropIsNoError(err)
+}
+
+// errSendDropped is send's report of an unreliable message dropped for
+// lack of room, which Send and friends take for success (the message is
+// counted dropped).
+var errSendDropped = errors.New("knet: unreliable message dropped: send buffer full")
+
+func dropIsNoError(err error) error {
+	if err == errSendDropped {
+		return nil
+	}
 	return err
 }
 
@@ -502,13 +532,14 @@ func (c *Conn) SendContext(ctx context.Context, m Message) error {
 		return errNilContext
 	}
 	_, err := c.send(ctx, &m, false)
-	return err
+	return dropIsNoError(err)
 }
 
 // SendRef is Send that also returns a Ref naming the message, so that
 // later messages can list it in DependsOn.
 func (c *Conn) SendRef(m Message) (Ref, error) {
-	return c.send(context.Background(), &m, true)
+	ref, err := c.send(context.Background(), &m, true)
+	return ref, dropIsNoError(err)
 }
 
 func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) {
@@ -539,7 +570,7 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 		if !m.Reliable {
 			c.sendDrops++
 			c.sendMu.Unlock()
-			return 0, nil
+			return 0, errSendDropped
 		}
 		c.sendMu.Unlock()
 		if err := waitSignal(ctx, c.sendSpace, c.writeDL.wait()); err != nil {
@@ -736,14 +767,22 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 	return append([]byte(nil), c.syn...), append([]byte(nil), c.synAck...)
 }
 
-// Stats returns the connection's counters.
+// Stats returns the connection's counters and its recent quality.
 func (c *Conn) Stats() Stats {
+	now := time.Now()
 	c.stateMu.Lock()
 	st := c.stats
+	c.rates.fill(now, &st)
 	c.stateMu.Unlock()
 	c.sendMu.Lock()
 	st.DroppedMessages += c.sendDrops
+	st.QueuedBytes = c.sendUsed
 	c.sendMu.Unlock()
+	c.recvMu.Lock()
+	st.ReceiveQueuedBytes = c.recvq.used()
+	c.recvMu.Unlock()
+	st.Jitter = st.RTTVar
+	st.Quality = quality(st.LossRate, st.RTT)
 	return st
 }
 

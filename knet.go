@@ -36,6 +36,7 @@ package knet
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"strings"
@@ -211,6 +212,12 @@ type Config struct {
 	// end all come out of Group.Poll, for a game loop that serves every
 	// connection from one goroutine.
 	Group *Group
+
+	// Logger, when not nil, hears of each connection's life: established
+	// (Info), refused (Info, with the reason), ended (Info when graceful,
+	// Warn when lost: a timeout, a protocol error, ...). Nothing is logged
+	// per datagram or per message. Nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Simulation describes a bad network for Config.Simulate. The zero value
@@ -293,6 +300,7 @@ type config struct {
 	congestion                                 func(CongestionParams) CongestionControl
 	dialect                                    Dialect
 	group                                      *Group
+	logger                                     *slog.Logger
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -372,6 +380,7 @@ func (c *Config) resolve() *config {
 		congestion:       c.CongestionControl,
 		dialect:          c.Dialect,
 		group:            c.Group,
+		logger:           c.Logger,
 	}
 	if r.dialect > DialectReference {
 		r.dialect = DialectAuto
@@ -505,6 +514,34 @@ type Stats struct {
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked
+
+	// UnreliableAsReliable counts unreliable messages too large for one
+	// datagram (MaxUnreliablePayload), which went as reliable fragmented
+	// transfers, as the protocol requires.
+	UnreliableAsReliable uint64
+
+	// Connection quality, over the last two seconds or so.
+
+	// LossRate is the fraction of the peer's datagrams that did not
+	// arrive, from the gaps in their PacketIDs (every datagram takes the
+	// next one, reliable or not).
+	LossRate float64
+	// Jitter is how much the round trip varies: RTTVar, the mean
+	// deviation of its samples (RFC 6298).
+	Jitter time.Duration
+	// Rates, per second.
+	SendBytesPerSecond, ReceiveBytesPerSecond       float64
+	SendMessagesPerSecond, ReceiveMessagesPerSecond float64
+	// QueuedBytes is the payload bytes sent but not yet acked, or still
+	// queued: what a slow link or a slow peer holds up (SendBuffer bounds
+	// it). ReceiveQueuedBytes is what arrived and the application has not
+	// taken yet.
+	QueuedBytes, ReceiveQueuedBytes int
+	// Quality sums the path up for a game's display, from 1 (a clean
+	// path, round trip under 80ms) to 0: it falls linearly with loss (0
+	// at 25%) and with the round trip above 80ms (0 at 500ms), the two
+	// multiplied.
+	Quality float64
 }
 
 // A RefusedError is Dial's error when the server refused the connection

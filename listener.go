@@ -280,6 +280,7 @@ func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) 
 func (l *Listener) offer(c *Conn) bool {
 	l.established(c)
 	if g := c.cfg.group; g != nil {
+		c.estOnce.Do(func() { close(c.estab) }) // established before the group hears of it
 		g.Add(c)
 		return true
 	}

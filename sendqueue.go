@@ -239,6 +239,9 @@ func (s *session) prepare(m *outMsg) {
 		return
 	}
 	m.frag = true
+	if !m.reliable {
+		s.stats.UnreliableAsReliable++
+	}
 	m.fragSize = s.cfg.fragSize()
 	if s.ref {
 		// The reference's own size: its receiver took 400 bytes once, but

@@ -93,6 +93,9 @@ type session struct {
 	closeReason           []byte // ours, sent in our Disconnect
 	refuseReason          []byte // sent in the DisconnectAck that refuses
 	peerReason            []byte // the peer's, from its Disconnect
+	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
+	// many datagrams arrived (new ones only).
+	pidAdvance, uniqueIn uint64
 	stopAccepting         bool
 	closeBy               time.Time
 	discResend            time.Time

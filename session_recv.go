@@ -145,6 +145,13 @@ func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
 // arrived records a new datagram, taken in, and owes its ack if reliable.
 func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 	s.lastRecv = now
+	s.uniqueIn++
+	switch {
+	case !s.win.started:
+		s.pidAdvance++
+	case seqLess(s.win.newest, pid):
+		s.pidAdvance += uint64(seqDiff(s.win.newest, pid))
+	}
 	s.noteArrival(now, pid)
 	// Every datagram takes the next PacketID, so a skipped one means
 	// something went missing, and an older one arriving fills a gap:
