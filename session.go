@@ -89,13 +89,13 @@ type session struct {
 	needSyn, needSynAck, needAck bool
 
 	// Close (session_close.go).
-	closeAsked            bool
-	closeReason           []byte // ours, sent in our Disconnect
-	refuseReason          []byte // sent in the DisconnectAck that refuses
-	peerReason            []byte // the peer's, from its Disconnect
+	closeAsked   bool
+	closeReason  []byte // ours, sent in our Disconnect
+	refuseReason []byte // sent in the DisconnectAck that refuses
+	peerReason   []byte // the peer's, from its Disconnect
 	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
 	// many datagrams arrived (new ones only).
-	pidAdvance, uniqueIn uint64
+	pidAdvance, uniqueIn  uint64
 	stopAccepting         bool
 	closeBy               time.Time
 	discResend            time.Time
