@@ -187,7 +187,7 @@ type msgView struct {
 
 var reservedNames = map[uint32]string{
 	0: "Reserved0", idPingRequest: "PingRequest", idPingReply: "PingReply",
-	idFlowControlRequest: "FlowControlRequest", idPacketAck: "PacketAck", 5: "InOrderAnchor",
+	idFlowControlRequest: "FlowControlRequest", idPacketAck: "PacketAck", 5: "Reserved5",
 	idConnectAck: "ConnectAck", idConnectSynAck: "ConnectSynAck", idConnectSyn: "ConnectSyn",
 	idDisconnectAck: "DisconnectAck", idDisconnect: "Disconnect",
 }
@@ -544,7 +544,7 @@ func TestDissector(t *testing.T) {
 	for _, k := range []string{
 		"spec ConnectSyn", "spec ConnectSynAck", "spec ConnectAck", "spec PacketAck", "spec PingRequest",
 		"spec PingReply", "spec Disconnect", "spec DisconnectAck", "spec FragmentStart", "spec FragmentNumber",
-		"spec InOrderAnchor", "spec malformed", "InOrder arrays", "code 1-5", "code 7", "latest state",
+		"spec Reserved5", "spec malformed", "InOrder arrays", "code 1-5", "code 7", "latest state",
 		"reference PacketAck", "reference PingRequest", "reference PingReply", "reference Disconnect",
 		"reference DisconnectAck", "reference FragmentStart", "reference FragmentNumber", "reference malformed",
 		"reliable number above 32767", "reference FlowControlRequest", "spec PacketID above 16 bits", "reference PacketID above 16 bits",

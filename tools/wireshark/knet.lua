@@ -17,7 +17,7 @@
 
 local knet = Proto("knetgo", "kNet over UDP (knet-go)")
 
--- Reserved message IDs (DECISIONS §2, README "What knet adds on the wire").
+-- Reserved message IDs (DECISIONS §2; knet uses 5, docs/PROTOCOL.md 4).
 local ID_PING_REQUEST = 1
 local ID_PING_REPLY = 2
 local ID_FLOW_CONTROL = 3
@@ -35,7 +35,7 @@ local msg_names = {
 	[ID_PING_REPLY] = "PingReply",
 	[ID_FLOW_CONTROL] = "FlowControlRequest",
 	[ID_PACKET_ACK] = "PacketAck",
-	[ID_ANCHOR] = "InOrderAnchor",
+	[ID_ANCHOR] = "Reserved5",
 	[ID_CONNECT_ACK] = "ConnectAck",
 	[ID_CONNECT_SYN_ACK] = "ConnectSynAck",
 	[ID_CONNECT_SYN] = "ConnectSyn",
@@ -548,7 +548,15 @@ local function render_msg(tree, tvb, d, m)
 	end
 	local whole = not m.fragment
 	local name = m.id_at and msg_names[m.id]
-	if name then t:add(pf.msg_name, name):set_generated() end
+	if name then
+		local it = t:add(pf.msg_name, name)
+		it:set_generated()
+		if m.id == ID_ANCHOR then
+			-- knet pads its ConnectSyn datagram with it, and anchors
+			-- in-order messages with an empty one (docs/PROTOCOL.md 4).
+			it:append_text(" (ignored by receivers: knet's padding or in-order anchor)")
+		end
+	end
 	t:add(pf.msg_payload_len, m.payload_len):set_generated()
 	if m.payload_len > 0 then t:add(pf.msg_payload, tvb(m.payload_at, m.payload_len)) end
 	local label
