@@ -60,8 +60,7 @@ func newPcap() *pcapWriter {
 	return w
 }
 
-// add writes one UDP datagram from port src to port dst on 127.0.0.1; it
-// returns its frame number.
+// add writes one UDP datagram from port src to port dst on 127.0.0.1.
 func (w *pcapWriter) add(src, dst uint16, payload []byte) {
 	w.at += time.Millisecond
 	ip := make([]byte, 28, 28+len(payload))
@@ -352,7 +351,7 @@ func pdmlView(t *testing.T, tree *pdmlField) wireView {
 	return w
 }
 
-// sent is a datagram written to the pcap, with what the codec reads.
+// pcapEntry is a datagram written to the pcap, with what the codec reads.
 type pcapEntry struct {
 	what string
 	want wireView
