@@ -195,6 +195,11 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 			return
 		}
 		sb.WriteString(" (malformed)")
+	case idPadding:
+		if len(p) > 0 {
+			sb.WriteString(" len=" + strconv.Itoa(len(p)))
+		}
+		return
 	default:
 		if len(p) == 0 {
 			return
@@ -207,8 +212,10 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 // application's.
 func reservedName(id uint32) string {
 	switch id {
-	case 0, 5:
+	case 0:
 		return "reserved"
+	case idPadding:
+		return "Padding"
 	case idPingRequest:
 		return "PingRequest"
 	case idPingReply:

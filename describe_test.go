@@ -63,6 +63,8 @@ func TestDescribeDatagram(t *testing.T) {
 			[]string{"PacketID=20 reliable inorder deps=[19#0 17#3]", `ID=100 len=2 "hi" after=[17#3]`}},
 		{"spec fragments", frags, DialectSpec,
 			[]string{"fragment start transfer=9 count=4 ID=300 len=3", "fragment transfer=9 number=2 len=4"}},
+		{"spec padded ConnectSyn", appendPadding(appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSyn}}}), 100),
+			DialectSpec, []string{"spec PacketID=0, 100 bytes: ConnectSyn; Padding len=88"}},
 		{"spec binary payload", appendDatagram(nil, &datagram{msgs: []message{{id: 200, payload: []byte{0, 1, 0xff}}}}),
 			DialectSpec, []string{"ID=200 len=3 hex:0001ff"}},
 		{"spec truncated", []byte{0x01, 0x00, 0x00, 0x09, 0x00, 0x64}, DialectSpec,
