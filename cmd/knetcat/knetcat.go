@@ -1,0 +1,593 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/knet-go/knet"
+)
+
+// options are knetcat's flags.
+type options struct {
+	listen     string
+	addr       string
+	files      []string
+	chunk      int
+	id         uint64
+	reliable   bool
+	unreliable bool
+	inOrder    bool
+	channel    uint64
+	priority   int
+	dialect    knet.Dialect
+	hex        bool
+	verbose    bool
+	echo       bool
+	keep       bool
+	count      int
+	stats      bool
+	statsEvery time.Duration
+	trace      bool
+}
+
+// fileList is a repeatable -f.
+type fileList []string
+
+func (f *fileList) String() string     { return strings.Join(*f, ",") }
+func (f *fileList) Set(s string) error { *f = append(*f, s); return nil }
+
+// parse reads the flags; flags may come after the address too.
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("knetcat", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: knetcat [flags] host:port\n       knetcat -l addr [flags]\n")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.listen, "l", "", "listen on this address instead of connecting")
+	fs.Var((*fileList)(&o.files), "f", "send this file as one message instead of reading lines (repeatable; - is standard input)")
+	fs.IntVar(&o.chunk, "chunk", 0, "with -f, send each file as messages of at most this many bytes, in order")
+	fs.Uint64Var(&o.id, "id", 100, "message ID to send")
+	fs.BoolVar(&o.reliable, "reliable", true, "send reliably")
+	fs.BoolVar(&o.unreliable, "unreliable", false, "send unreliably")
+	fs.BoolVar(&o.inOrder, "inorder", false, "deliver in order within -channel")
+	fs.Uint64Var(&o.channel, "channel", 0, "ordering channel, 0..255")
+	fs.IntVar(&o.priority, "priority", 0, "send priority, -128..127 (higher leaves first)")
+	fs.TextVar(&o.dialect, "dialect", knet.DialectAuto, "wire: auto, spec or reference (the C++ kNet's)")
+	fs.BoolVar(&o.hex, "hex", false, "print payloads in hex")
+	fs.BoolVar(&o.verbose, "v", false, "prefix messages with peer, ID and flags; report connections")
+	fs.BoolVar(&o.echo, "echo", false, "send every message received back to its sender (implies -keep)")
+	fs.BoolVar(&o.keep, "keep", false, "at the end of the input, keep receiving until the peer closes or an interrupt")
+	fs.IntVar(&o.count, "n", 0, "end after receiving this many messages")
+	fs.BoolVar(&o.stats, "stats", false, "print connection statistics at the end")
+	fs.DurationVar(&o.statsEvery, "stats-every", 0, "print connection statistics this often too")
+	fs.BoolVar(&o.trace, "trace", false, "print every datagram, both ways, decoded")
+
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	switch {
+	case o.listen == "" && len(pos) != 1:
+		return nil, usageError(fs, "give one address to connect to, or -l and an address to listen on")
+	case o.listen != "" && len(pos) != 0:
+		return nil, usageError(fs, "-l takes no other address")
+	case o.id < knet.MinMessageID || o.id > knet.MaxMessageID:
+		return nil, usageError(fs, fmt.Sprintf("-id %d: message IDs are %d..%d", o.id, knet.MinMessageID, knet.MaxMessageID))
+	case o.channel > 255:
+		return nil, usageError(fs, "-channel is 0..255")
+	case o.priority < -128 || o.priority > 127:
+		return nil, usageError(fs, "-priority is -128..127")
+	case o.chunk < 0 || o.count < 0 || o.statsEvery < 0:
+		return nil, usageError(fs, "-chunk, -n and -stats-every cannot be negative")
+	case o.chunk > 0 && len(o.files) == 0:
+		return nil, usageError(fs, "-chunk goes with -f")
+	}
+	if len(pos) == 1 {
+		o.addr = pos[0]
+	}
+	if o.unreliable {
+		o.reliable = false
+	}
+	if o.echo {
+		o.keep = true
+	}
+	return o, nil
+}
+
+func usageError(fs *flag.FlagSet, msg string) error {
+	fmt.Fprintf(fs.Output(), "knetcat: %s\n", msg)
+	fs.Usage()
+	return errors.New(msg)
+}
+
+// cat is one run of knetcat: its options and where it writes.
+type cat struct {
+	o            *options
+	outMu, errMu sync.Mutex
+	stdout       io.Writer
+	stderr       io.Writer
+	received     atomic.Int64
+	countReached chan struct{}
+	countOnce    sync.Once
+}
+
+// logf writes a line to standard error.
+func (k *cat) logf(format string, args ...any) {
+	k.errMu.Lock()
+	defer k.errMu.Unlock()
+	fmt.Fprintf(k.stderr, "knetcat: "+format+"\n", args...)
+}
+
+// print writes a received message to standard output.
+func (k *cat) print(peer string, prefixPeer bool, m knet.Message) {
+	var b []byte
+	switch {
+	case k.o.verbose:
+		b = fmt.Appendf(b, "%s id=%d", peer, m.ID)
+		if m.Reliable {
+			b = append(b, " reliable"...)
+		} else {
+			b = append(b, " unreliable"...)
+		}
+		if m.InOrder {
+			b = append(b, " inorder"...)
+		}
+		b = fmt.Appendf(b, " %d bytes: ", len(m.Payload))
+	case prefixPeer:
+		b = append(b, peer...)
+		b = append(b, ": "...)
+	}
+	if k.o.hex {
+		b = hex.AppendEncode(b, m.Payload)
+	} else {
+		b = append(b, m.Payload...)
+	}
+	b = append(b, '\n')
+	k.outMu.Lock()
+	k.stdout.Write(b)
+	k.outMu.Unlock()
+}
+
+// got counts a received message against -n.
+func (k *cat) got() {
+	if n := k.received.Add(1); k.o.count > 0 && n >= int64(k.o.count) {
+		k.countOnce.Do(func() { close(k.countReached) })
+	}
+}
+
+// endsAtEOF reports whether the end of the input ends the run.
+func (k *cat) endsAtEOF() bool { return !k.o.keep && k.o.count == 0 }
+
+func (k *cat) printStats(peer string, c *knet.Conn) {
+	st := c.Stats()
+	k.logf("stats %s: rtt %v (min %v), datagrams %d sent / %d received, bytes %d sent / %d received, "+
+		"messages %d sent / %d received, %d retransmits, %d invalid, %d duplicate, %d dropped datagrams, %d dropped messages, %d send errors",
+		peer, st.RTT.Round(time.Microsecond), st.MinRTT.Round(time.Microsecond), st.DatagramsSent, st.DatagramsReceived,
+		st.BytesSent, st.BytesReceived, st.MessagesSent, st.MessagesReceived, st.Retransmits, st.InvalidDatagrams,
+		st.DuplicateDatagrams, st.DroppedDatagrams, st.DroppedMessages, st.SendErrors)
+}
+
+// run is knetcat: it parses args, runs until the end and returns the exit
+// status. Cancelling ctx is an interrupt: a graceful end.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	o, err := parse(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	k := &cat{o: o, stdout: stdout, stderr: stderr, countReached: make(chan struct{})}
+	if o.listen != "" {
+		return k.serve(ctx, stdin)
+	}
+	return k.connect(ctx, stdin)
+}
+
+// feed sends the input: the -f files, or standard input line by line.
+func (k *cat) feed(ctx context.Context, stdin io.Reader, send func(knet.Message) error) error {
+	o := k.o
+	base := knet.Message{ID: uint32(o.id), Reliable: o.reliable, InOrder: o.inOrder,
+		Channel: uint8(o.channel), Priority: int8(o.priority)}
+	if len(o.files) == 0 {
+		r := bufio.NewReaderSize(stdin, 64<<10)
+		for {
+			line, err := r.ReadBytes('\n')
+			if len(line) > 0 {
+				m := base
+				m.Payload = line[:len(line)-1]
+				if line[len(line)-1] != '\n' {
+					m.Payload = line
+				}
+				if err := send(m); err != nil {
+					return err
+				}
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	for _, path := range o.files {
+		var f io.Reader = stdin
+		if path != "-" {
+			file, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer file.Close()
+			f = file
+		}
+		if o.chunk == 0 {
+			data, err := io.ReadAll(f)
+			if err != nil {
+				return err
+			}
+			m := base
+			m.Payload = data
+			if err := send(m); err != nil {
+				if errors.Is(err, knet.ErrMessageTooLarge) {
+					return fmt.Errorf("%s: %w (send it with -chunk)", path, err)
+				}
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			continue
+		}
+		buf := make([]byte, o.chunk)
+		for first := true; ; first = false {
+			n, err := io.ReadFull(f, buf)
+			if n > 0 || first && err == io.EOF {
+				m := base
+				m.InOrder = true // a stream of chunks is only a file in order
+				m.Payload = buf[:n]
+				if err := send(m); err != nil {
+					return fmt.Errorf("%s: %w", path, err)
+				}
+			}
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return ctx.Err()
+}
+
+// errCount ends a receive loop once -n messages arrived.
+var errCount = errors.New("count reached")
+
+// connect runs knetcat as a client.
+func (k *cat) connect(ctx context.Context, stdin io.Reader) int {
+	o := k.o
+	cfg := &knet.Config{Dialect: o.dialect}
+	addr := o.addr
+	var rl *relay
+	if o.trace {
+		target, err := net.ResolveUDPAddr("udp", o.addr)
+		if err != nil {
+			k.logf("%v", err)
+			return 1
+		}
+		rl, err = newRelay("127.0.0.1:0", target, true, o.dialect, k.logf)
+		if err != nil {
+			k.logf("trace relay: %v", err)
+			return 1
+		}
+		defer rl.Close()
+		addr = rl.Addr().String()
+	}
+	c, err := knet.Dial(ctx, "udp", addr, cfg)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0
+		}
+		k.logf("connecting to %s: %v", o.addr, err)
+		return 1
+	}
+	peer := o.addr
+	if rl == nil {
+		peer = c.RemoteAddr().String()
+	}
+	if o.verbose {
+		k.logf("connected to %s (%v dialect)", peer, c.Dialect())
+	}
+
+	recvDone := make(chan error, 1)
+	go func() {
+		for {
+			m, err := c.Receive(context.Background()) // Close ends it
+			if err != nil {
+				recvDone <- err
+				return
+			}
+			k.print(peer, false, m)
+			if o.echo {
+				if err := c.SendContext(ctx, m); err != nil {
+					recvDone <- err
+					return
+				}
+			}
+			k.got()
+		}
+	}()
+	inputDone := make(chan error, 1)
+	go func() { inputDone <- k.feed(ctx, stdin, func(m knet.Message) error { return c.SendContext(ctx, m) }) }()
+	stopStats := k.statsEvery(func() { k.printStats(peer, c) })
+
+	code := 0
+	var recvErr error
+loop:
+	for {
+		select {
+		case err := <-inputDone:
+			inputDone = nil
+			if err != nil && ctx.Err() == nil && c.Err() == nil {
+				k.logf("%v", err)
+				code = 1
+				break loop
+			}
+			if k.endsAtEOF() {
+				break loop
+			}
+		case recvErr = <-recvDone:
+			recvDone = nil
+			if recvErr == io.EOF {
+				if o.verbose {
+					k.logf("%s closed the connection", peer)
+				}
+			} else {
+				k.logf("%s: %v", peer, recvErr)
+				code = 1
+			}
+			break loop
+		case <-k.countReached:
+			break loop
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	err = c.Close()
+	stopStats()
+	if recvDone != nil {
+		<-recvDone
+	}
+	if err != nil && code == 0 {
+		k.logf("%s: %v", peer, err)
+		code = 1
+	}
+	if o.stats {
+		k.printStats(peer, c)
+	}
+	return code
+}
+
+// statsEvery calls f every -stats-every until the returned function is
+// called.
+func (k *cat) statsEvery(f func()) (stop func()) {
+	if k.o.statsEvery <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(k.o.statsEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				f()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+	}
+}
+
+// server is knetcat's listen mode: its clients.
+type server struct {
+	*cat
+	rl     *relay
+	mu     sync.Mutex
+	conns  map[*knet.Conn]string // by connection, its peer's name
+	ever   int                   // clients connected so far
+	first  chan struct{}         // closed when the first client connects
+	failed atomic.Bool           // a connection ended in error
+	wg     sync.WaitGroup
+}
+
+// name is how a connection's peer is shown: its address, or through the
+// trace relay the client's own address.
+func (s *server) name(c *knet.Conn) string {
+	if s.rl != nil {
+		if a, ok := s.rl.ClientOf(c.RemoteAddr()); ok {
+			return a.String()
+		}
+	}
+	return c.RemoteAddr().String()
+}
+
+// serve runs knetcat as a server.
+func (k *cat) serve(ctx context.Context, stdin io.Reader) int {
+	o := k.o
+	s := &server{cat: k, conns: map[*knet.Conn]string{}, first: make(chan struct{})}
+	addr := o.listen
+	if o.trace {
+		addr = "127.0.0.1:0"
+	}
+	l, err := knet.Listen("udp", addr, &knet.Config{Dialect: o.dialect})
+	if err != nil {
+		k.logf("%v", err)
+		return 1
+	}
+	shown := l.Addr()
+	if o.trace {
+		s.rl, err = newRelay(o.listen, l.Addr().(*net.UDPAddr), false, o.dialect, k.logf)
+		if err != nil {
+			l.Close()
+			k.logf("trace relay: %v", err)
+			return 1
+		}
+		defer s.rl.Close() // after the listener's close: the Disconnects pass through it
+		shown = s.rl.Addr()
+	}
+	k.logf("listening on %v", shown)
+
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			c, err := l.AcceptConn(context.Background()) // Close ends it
+			if err != nil {
+				return
+			}
+			s.add(c)
+		}
+	}()
+	inputDone := make(chan error, 1)
+	go func() {
+		select {
+		case <-s.first:
+		case <-ctx.Done():
+			inputDone <- nil
+			return
+		}
+		inputDone <- k.feed(ctx, stdin, s.broadcast)
+	}()
+	stopStats := k.statsEvery(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for c, name := range s.conns {
+			k.printStats(name, c)
+		}
+	})
+
+	code := 0
+loop:
+	for {
+		select {
+		case err := <-inputDone:
+			inputDone = nil
+			if err != nil && ctx.Err() == nil {
+				k.logf("%v", err)
+				code = 1
+				break loop
+			}
+			if k.endsAtEOF() {
+				break loop
+			}
+		case <-k.countReached:
+			break loop
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	stopStats()
+	l.Close() // closes every connection gracefully
+	<-acceptDone
+	s.wg.Wait()
+	if s.failed.Load() {
+		code = 1
+	}
+	return code
+}
+
+// add takes a new client.
+func (s *server) add(c *knet.Conn) {
+	name := s.name(c)
+	s.mu.Lock()
+	s.conns[c] = name
+	s.ever++
+	if s.ever == 1 {
+		close(s.first)
+	}
+	s.mu.Unlock()
+	if s.o.verbose {
+		s.logf("%s connected (%v dialect)", name, c.Dialect())
+	}
+	s.wg.Go(func() { s.handle(c, name) })
+}
+
+// handle receives from one client until it or the listener closes.
+func (s *server) handle(c *knet.Conn, name string) {
+	var rerr error
+	for {
+		m, err := c.Receive(context.Background()) // the Listener's Close ends it
+		if err != nil {
+			rerr = err
+			break
+		}
+		s.mu.Lock()
+		multi := s.ever > 1
+		s.mu.Unlock()
+		s.print(name, multi, m)
+		if s.o.echo {
+			c.Send(m) // fails only once the connection ends, which Receive reports
+		}
+		s.got()
+	}
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	err := c.Close()
+	switch {
+	case err != nil:
+		s.logf("%s: %v", name, err)
+		s.failed.Store(true)
+	case rerr == io.EOF && s.o.verbose:
+		s.logf("%s closed the connection", name)
+	}
+	if s.o.stats {
+		s.printStats(name, c)
+	}
+}
+
+// broadcast sends m to every client connected now.
+func (s *server) broadcast(m knet.Message) error {
+	s.mu.Lock()
+	conns := make([]*knet.Conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	if len(conns) == 0 && s.o.verbose {
+		s.logf("no client connected: a message of %s bytes not sent", strconv.Itoa(len(m.Payload)))
+	}
+	for _, c := range conns {
+		// A client that is going away fails; its handler reports why.
+		if err := c.Send(m); errors.Is(err, knet.ErrMessageTooLarge) || errors.Is(err, knet.ErrReservedID) {
+			return err
+		}
+	}
+	return nil
+}
