@@ -29,9 +29,9 @@ type bot struct {
 	token string
 
 	id         uint16
-	refused    string // the server's reason, when it refused us
-	kickReason string // the server's reason, when it closed on us
-	endErr     error  // how the connection ended otherwise
+	refused    string     // the server's reason, when it refused us
+	kickReason string     // the server's reason, when it closed on us
+	endErr     error      // how the connection ended otherwise
 	stats      knet.Stats // its connection's, when the round ended
 	sawEnd     bool       // it got the round-over event and left
 
