@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/knet-go/knet"
+)
+
+// The example runs, every ordinary bot gets snapshots and has its inputs
+// applied, the forged token is refused and the misbehaving bots are
+// kicked, with their reasons: once on a clean loopback, once with loss.
+func TestGameServerSmoke(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sim     knet.Simulation
+		minRate float64 // of snapshots and inputs delivered
+	}{
+		{"clean", knet.Simulation{}, 0.9},
+		{"loss5", knet.Simulation{Loss: 0.05, Delay: 5 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 3}, 0.7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			res, err := run(ctx, options{bots: 6, duration: 2500 * time.Millisecond, rate: 30, sim: tc.sim, worst: 6}, &out)
+			t.Log("\n" + out.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range res.bots {
+				if b.snaps == 0 || len(b.ages) == 0 || b.inputsSent == 0 {
+					t.Errorf("%s: %d snapshots, %d inputs sent", b.name, b.snaps, b.inputsSent)
+				}
+			}
+			if res.refused.refused != "bad join token" {
+				t.Errorf("refusal reason %q", res.refused.refused)
+			}
+			if res.spammer.kickReason == "" || res.idler.kickReason == "" {
+				t.Errorf("kicks: spammer %q, idler %q", res.spammer.kickReason, res.idler.kickReason)
+			}
+			if r := float64(res.snapsRecv) / float64(res.snapsSent); r < tc.minRate || r > 1 {
+				t.Errorf("snapshots delivered: %d of %d", res.snapsRecv, res.snapsSent)
+			}
+			if r := float64(res.inputsApplied) / float64(res.inputsSent); r < tc.minRate || r > 1 {
+				t.Errorf("inputs applied: %d of %d", res.inputsApplied, res.inputsSent)
+			}
+			if res.ageP50 <= 0 || res.ageP99 < res.ageP50 || res.ageP99 > time.Second {
+				t.Errorf("snapshot age p50 %v p99 %v", res.ageP50, res.ageP99)
+			}
+		})
+	}
+}

@@ -1,0 +1,346 @@
+package main
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/knet-go/knet"
+)
+
+// Game rules.
+const (
+	worldSize   = 1000  // the world is a torus this wide
+	speed       = 150.0 // units per second at full input
+	chatLimit   = 5     // chat lines a player may send per chatWindow...
+	chatWindow  = time.Second
+	idleLimit   = time.Second // ...and how long it may go without input
+	scoreEvery  = 30          // ticks: the player nearest the centre scores
+	eventBuffer = 256         // events taken per Poll call
+)
+
+// player is what the server knows of one connection, attached to it as
+// its user data by AdmitConn.
+type player struct {
+	id   uint16
+	name string
+	conn *knet.Conn
+
+	x, y      float32
+	dx, dy    int8
+	lastInput uint32    // seq of the last applied input
+	lastHeard time.Time // when it last sent an input
+	chat      []time.Time
+	score     int
+	kicked    string // why, once kicked
+
+	inputsApplied int // inputs taken into the world
+	snapsSent     int // snapshots handed to the connection
+	snapsMissed   int // snapshots its full send buffer did not take
+	final         knet.Stats
+	gone          bool // its EventDisconnected came
+	endErr        error
+}
+
+// server is the authoritative game server: one goroutine (loop) owns the
+// world and every player; AdmitConn, on the connections' goroutines,
+// only touches the token table.
+type server struct {
+	l     *knet.Listener
+	group *knet.Group
+	epoch time.Time // snapshot times are nanoseconds since it
+	tick  time.Duration
+
+	mu     sync.Mutex
+	tokens map[string]string // join token -> player name, single use
+	nextID uint16
+
+	players []*player // connected, in join order; the loop's alone
+	all     []*player // every player that ever joined, for the report
+	conns   []*knet.Conn
+	one     []*knet.Conn // a one-element slice, to send without ever blocking
+	events  []knet.Event
+	snap    []byte
+	order   []*player
+
+	ticks    int
+	tickWork time.Duration // summed wall time of the ticks' work
+	maxTick  time.Duration
+	kicks    sync.WaitGroup
+}
+
+func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time.Time) (*server, error) {
+	s := &server{
+		group:  knet.NewGroup(),
+		epoch:  epoch,
+		tick:   tick,
+		tokens: map[string]string{},
+		one:    make([]*knet.Conn, 1),
+		events: make([]knet.Event, eventBuffer),
+	}
+	cfg := &knet.Config{
+		Group:         s.group,   // connections come out of Poll, not Accept
+		AdmitConn:     s.admit,   // join tokens
+		Simulate:      sim,       // the server's side of a simulated network
+		SendBuffer:    256 << 10, // a client that cannot take 256 KiB of events is not keeping up
+		ReceiveBuffer: 256 << 10,
+		// An input waits at most 30ms for a missing earlier one.
+		ReorderWindows: map[uint32]time.Duration{msgInput: 30 * time.Millisecond},
+	}
+	l, err := knet.Listen("udp", addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.l = l
+	return s, nil
+}
+
+// issueToken is what a lobby or matchmaker would do: a single-use token
+// the player presents when it connects.
+func (s *server) issueToken(name string) string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	t := hex.EncodeToString(b)
+	s.mu.Lock()
+	s.tokens[t] = name
+	s.mu.Unlock()
+	return t
+}
+
+// admit runs on the new connection's goroutine, during the handshake: a
+// bad token refuses it with a reason the client sees (*knet.RefusedError),
+// a good one makes the player, attached as user data, and the reply tells
+// the client its entity id.
+func (s *server) admit(c *knet.Conn, token []byte) ([]byte, error) {
+	s.mu.Lock()
+	name, ok := s.tokens[string(token)]
+	delete(s.tokens, string(token))
+	s.nextID++
+	id := s.nextID
+	s.mu.Unlock()
+	if !ok {
+		return nil, errors.New("bad join token")
+	}
+	c.SetUserData(&player{id: id, name: name, conn: c})
+	return binary.LittleEndian.AppendUint16(nil, id), nil
+}
+
+// sendNow sends m to c without ever blocking the tick: a reliable Send
+// waits when the send buffer is full, Broadcast never does.
+func (s *server) sendNow(c *knet.Conn, m knet.Message) bool {
+	s.one[0] = c
+	return knet.Broadcast(s.one, m, nil) == 1
+}
+
+// kick closes p's connection with a reason its client reads in its
+// *knet.DisconnectError. CloseWithReason waits for the close to finish
+// (what was queued delivered, the Disconnect acked), so it runs on its own
+// goroutine: the tick never waits for a client.
+func (s *server) kick(p *player, why string) {
+	if p.kicked != "" {
+		return
+	}
+	p.kicked = why
+	p.final = p.conn.Stats()
+	s.kicks.Go(func() { p.conn.CloseWithReason(why) })
+}
+
+// broadcastEvent sends a reliable ordered event to every player. One
+// whose send buffer is full cannot keep up with reliable traffic: it is
+// kicked rather than allowed to hold anyone up.
+func (s *server) broadcastEvent(payload []byte) {
+	knet.Broadcast(s.conns, knet.Message{ID: msgEvent, Payload: payload, Reliable: true, InOrder: true, Channel: chanEvents},
+		func(c *knet.Conn, err error) {
+			if p, _ := c.UserData().(*player); p != nil && errors.Is(err, knet.ErrSendBufferFull) {
+				s.kick(p, "kicked: too slow, missed a reliable event")
+			}
+		})
+}
+
+func spawnEvent(p *player) []byte {
+	b := []byte{evSpawn}
+	return appendEntity(b, p.id, p.x, p.y)
+}
+
+// step runs one tick: take every event, apply inputs, simulate, send
+// snapshots. It returns how long the work took.
+func (s *server) step(now time.Time, live bool) time.Duration {
+	start := time.Now()
+	s.drain(now, live)
+	if live {
+		s.simulate(now)
+		s.sendSnapshots(now)
+	}
+	s.ticks++
+	d := time.Since(start)
+	if live {
+		s.tickWork += d
+		s.maxTick = max(s.maxTick, d)
+	}
+	return d
+}
+
+// drain takes everything the Group has, without blocking: a full buffer
+// of events means there may be more.
+func (s *server) drain(now time.Time, live bool) {
+	for {
+		n := s.group.Poll(s.events)
+		for i := range s.events[:n] {
+			s.handle(&s.events[i], now, live)
+		}
+		if n < len(s.events) {
+			return
+		}
+	}
+}
+
+func (s *server) handle(e *knet.Event, now time.Time, live bool) {
+	p, _ := e.Conn.UserData().(*player)
+	if p == nil {
+		return // AdmitConn admits no one without a player
+	}
+	switch e.Kind {
+	case knet.EventConnected:
+		p.x = float32(int(p.id)*97%worldSize) + 0.5
+		p.y = float32(int(p.id)*389%worldSize) + 0.5
+		p.lastHeard = now
+		// The newcomer learns who is there, then everyone (itself
+		// included) learns of it.
+		for _, o := range s.players {
+			s.sendNow(p.conn, knet.Message{ID: msgEvent, Payload: spawnEvent(o), Reliable: true, InOrder: true, Channel: chanEvents})
+		}
+		s.players = append(s.players, p)
+		s.all = append(s.all, p)
+		s.conns = append(s.conns, p.conn)
+		s.broadcastEvent(spawnEvent(p))
+		if !live {
+			s.kick(p, "round over")
+		}
+	case knet.EventMessage:
+		switch e.Message.ID {
+		case msgInput:
+			in, err := parseInput(e.Message.Payload)
+			if err != nil {
+				s.kick(p, "kicked: malformed input")
+				return
+			}
+			// The channel is sequenced: an input never arrives after a
+			// newer one. Gaps are lost inputs.
+			p.lastInput = in.seq
+			p.dx, p.dy = max(-1, min(1, in.dx)), max(-1, min(1, in.dy))
+			p.inputsApplied++
+			p.lastHeard = now
+		case msgChat:
+			p.chat = append(p.chat, now)
+			for len(p.chat) > 0 && now.Sub(p.chat[0]) > chatWindow {
+				p.chat = p.chat[1:]
+			}
+			if len(p.chat) > chatLimit {
+				s.kick(p, fmt.Sprintf("kicked: more than %d chat lines in %v", chatLimit, chatWindow))
+				return
+			}
+			line := fmt.Appendf(nil, "%s: %s", p.name, e.Message.Payload) // copy: the payload is only good until the next Poll
+			knet.Broadcast(s.conns, knet.Message{ID: msgChat, Payload: line, Reliable: true, InOrder: true, Channel: chanChat}, nil)
+		}
+	case knet.EventDisconnected:
+		p.gone, p.endErr = true, e.Err
+		i := slices.Index(s.players, p)
+		if i >= 0 {
+			s.players = slices.Delete(s.players, i, i+1)
+			s.conns = slices.Delete(s.conns, i, i+1)
+		}
+		s.broadcastEvent(binary.LittleEndian.AppendUint16([]byte{evDespawn}, p.id))
+	}
+}
+
+func (s *server) simulate(now time.Time) {
+	dt := float32(s.tick.Seconds())
+	wrap := func(v float32) float32 { return float32(math.Mod(float64(v)+worldSize, worldSize)) }
+	best, bestD := (*player)(nil), float32(math.MaxFloat32)
+	for _, p := range s.players {
+		if p.kicked != "" {
+			continue
+		}
+		if now.Sub(p.lastHeard) > idleLimit {
+			s.kick(p, fmt.Sprintf("kicked: no input for %v", idleLimit))
+			continue
+		}
+		p.x = wrap(p.x + float32(p.dx)*speed*dt)
+		p.y = wrap(p.y + float32(p.dy)*speed*dt)
+		if d := (p.x-500)*(p.x-500) + (p.y-500)*(p.y-500); d < bestD {
+			best, bestD = p, d
+		}
+	}
+	if best != nil && s.ticks%scoreEvery == 0 {
+		best.score++
+		b := binary.LittleEndian.AppendUint16([]byte{evScore}, best.id)
+		s.broadcastEvent(binary.LittleEndian.AppendUint32(b, uint32(best.score)))
+	}
+}
+
+// sendSnapshots sends each player its own view: itself first, then the
+// others nearest to it, as many as fit in one unreliable datagram, as
+// the latest state (ContentID): a newer snapshot replaces an older one
+// still queued, and a receiver drops one older than what it has.
+func (s *server) sendSnapshots(now time.Time) {
+	sent := now.Sub(s.epoch).Nanoseconds()
+	for _, p := range s.players {
+		if p.kicked != "" {
+			continue
+		}
+		room := (p.conn.MaxUnreliablePayload()-snapHeader)/snapEntity - 1 // others that fit
+		s.order = s.order[:0]
+		for _, o := range s.players {
+			if o != p {
+				s.order = append(s.order, o)
+			}
+		}
+		if len(s.order) > room {
+			dist := func(o *player) float32 { return (o.x-p.x)*(o.x-p.x) + (o.y-p.y)*(o.y-p.y) }
+			slices.SortFunc(s.order, func(a, b *player) int { return cmp.Compare(dist(a), dist(b)) })
+			s.order = s.order[:room]
+		}
+		b := binary.LittleEndian.AppendUint32(s.snap[:0], uint32(s.ticks))
+		b = binary.LittleEndian.AppendUint64(b, uint64(sent))
+		b = binary.LittleEndian.AppendUint32(b, p.lastInput)
+		b = binary.LittleEndian.AppendUint16(b, uint16(1+len(s.order)))
+		b = appendEntity(b, p.id, p.x, p.y)
+		for _, o := range s.order {
+			b = appendEntity(b, o.id, o.x, o.y)
+		}
+		s.snap = b
+		if s.sendNow(p.conn, knet.Message{ID: msgSnapshot, ContentID: snapshotContent, Payload: b}) {
+			p.snapsSent++
+		} else {
+			p.snapsMissed++
+		}
+	}
+}
+
+// endRound freezes the world: each player's connection figures are taken
+// as they stand, and a reliable event tells the clients to leave.
+func (s *server) endRound() {
+	for _, p := range s.players {
+		p.final = p.conn.Stats()
+	}
+	s.broadcastEvent([]byte{evRoundOver})
+}
+
+// close waits for the kicks under way, and closes the listener (and with
+// it any connection left).
+func (s *server) close() error {
+	s.kicks.Wait()
+	err := s.l.Close()
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return err
+}
