@@ -535,6 +535,18 @@ func (c *Conn) SendContext(ctx context.Context, m Message) error {
 	return dropIsNoError(err)
 }
 
+// TrySend is Send that never waits: when the send buffer has no room, it
+// returns ErrSendBufferFull (the message is not sent; an unreliable one
+// is counted dropped), for a game loop that must not stall on one slow
+// client.
+func (c *Conn) TrySend(m Message) error {
+	_, err := c.send(doneCtx, &m, false)
+	if err == errSendDropped || errors.Is(err, context.Canceled) {
+		return ErrSendBufferFull
+	}
+	return err
+}
+
 // SendRef is Send that also returns a Ref naming the message, so that
 // later messages can list it in DependsOn.
 func (c *Conn) SendRef(m Message) (Ref, error) {
@@ -739,6 +751,20 @@ func (c *Conn) UserData() any {
 		return *p
 	}
 	return nil
+}
+
+// StartClose begins what CloseWithReason does (reason may be empty) and
+// returns at once: for a game loop that kicks a player without waiting
+// for the close to end. The end shows on Done, and as EventDisconnected
+// in a Group; Err then says how it ended (net.ErrClosed when gracefully).
+func (c *Conn) StartClose(reason string) {
+	c.sendMu.Lock()
+	if c.closeReason == nil && reason != "" {
+		c.closeReason = reasonBytes(reason)
+	}
+	c.sendMu.Unlock()
+	c.userClosed.Store(true)
+	c.shutdown()
 }
 
 // CloseWithReason is Close, telling the peer why: a kick, a ban, a full

@@ -194,7 +194,7 @@ func ExampleConn_CloseWithReason() {
 	}
 	for _, e := range events[:g.Poll(events)] {
 		if e.Kind == knet.EventConnected {
-			go e.Conn.CloseWithReason("kicked: idle for 60s")
+			e.Conn.StartClose("kicked: idle for 60s") // returns at once
 		}
 	}
 

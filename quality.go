@@ -122,18 +122,10 @@ var ErrSendBufferFull = errors.New("knet: send buffer full")
 func Broadcast(conns []*Conn, m Message, miss func(*Conn, error)) int {
 	n := 0
 	for _, c := range conns {
-		_, err := c.send(doneCtx, &m, false)
-		switch {
-		case err == nil:
+		if err := c.TrySend(m); err == nil {
 			n++
-		case errors.Is(err, errSendDropped) || errors.Is(err, context.Canceled):
-			if miss != nil {
-				miss(c, ErrSendBufferFull)
-			}
-		default:
-			if miss != nil {
-				miss(c, err)
-			}
+		} else if miss != nil {
+			miss(c, err)
 		}
 	}
 	return n

@@ -260,3 +260,37 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	return w.b.Write(p)
 }
+
+// TrySend never waits: a full send buffer is ErrSendBufferFull. StartClose
+// returns at once; the peer still gets the reason, and the end shows on
+// Done.
+func TestTrySendAndStartClose(t *testing.T) {
+	l := listen(t, testConfig())
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, err := l.AcceptConn(context.Background())
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	ccfg := testConfig()
+	ccfg.SendBuffer = 8 << 10
+	c := dial(t, l.Addr().String(), ccfg)
+	sc := <-accepted
+	payload := make([]byte, 1000)
+	var err error
+	for i := 0; err == nil; i++ {
+		require.Less(t, i, 1000, "TrySend never found the buffer full")
+		err = c.TrySend(Message{ID: 100, Reliable: true, Payload: payload})
+	}
+	assert.ErrorIs(t, err, ErrSendBufferFull)
+	assert.ErrorIs(t, c.TrySend(Message{ID: 100, Payload: payload}), ErrSendBufferFull, "unreliable too")
+
+	sc.StartClose("server shutting down")
+	<-sc.Done()
+	<-c.Done()
+	var de *DisconnectError
+	require.True(t, errors.As(c.Err(), &de), "%v", c.Err())
+	assert.Equal(t, "server shutting down", de.Reason)
+	assert.ErrorIs(t, sc.Err(), net.ErrClosed)
+}

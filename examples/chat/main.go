@@ -68,11 +68,11 @@ func serve(addr string) error {
 	}
 	log.Printf("chat server on %v", l.Addr())
 	var conns []*knet.Conn
-	// Broadcast never waits: a client too slow to take a line is dropped,
-	// on its own goroutine, since a close waits for the peer's answer.
+	// Broadcast never waits: a client too slow to take a line is dropped
+	// (StartClose does not wait for the close to end either).
 	slow := func(c *knet.Conn, err error) {
 		if errors.Is(err, knet.ErrSendBufferFull) {
-			go c.CloseWithReason("too slow to keep up")
+			c.StartClose("too slow to keep up")
 		}
 	}
 	say := func(s string) { log.Print(s); knet.Broadcast(conns, line(s), slow) }

@@ -66,7 +66,6 @@ type server struct {
 	players []*player // connected, in join order; the loop's alone
 	all     []*player // every player that ever joined, for the report
 	conns   []*knet.Conn
-	one     []*knet.Conn // a one-element slice, to send without ever blocking
 	events  []knet.Event
 	snap    []byte
 	order   []*player
@@ -74,7 +73,6 @@ type server struct {
 	ticks    int
 	tickWork time.Duration // summed wall time of the ticks' work
 	maxTick  time.Duration
-	kicks    sync.WaitGroup
 }
 
 func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time.Time) (*server, error) {
@@ -83,7 +81,6 @@ func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time
 		epoch:  epoch,
 		tick:   tick,
 		tokens: map[string]string{},
-		one:    make([]*knet.Conn, 1),
 		events: make([]knet.Event, eventBuffer),
 	}
 	cfg := &knet.Config{
@@ -134,23 +131,22 @@ func (s *server) admit(c *knet.Conn, token []byte) ([]byte, error) {
 }
 
 // sendNow sends m to c without ever blocking the tick: a reliable Send
-// waits when the send buffer is full, Broadcast never does.
+// waits when the send buffer is full, TrySend never does.
 func (s *server) sendNow(c *knet.Conn, m knet.Message) bool {
-	s.one[0] = c
-	return knet.Broadcast(s.one, m, nil) == 1
+	return c.TrySend(m) == nil
 }
 
 // kick closes p's connection with a reason its client reads in its
-// *knet.DisconnectError. CloseWithReason waits for the close to finish
-// (what was queued delivered, the Disconnect acked), so it runs on its own
-// goroutine: the tick never waits for a client.
+// *knet.DisconnectError. StartClose returns at once (the close goes on:
+// what was queued delivered, the Disconnect acked) and the end comes out
+// of Poll as EventDisconnected: the tick never waits for a client.
 func (s *server) kick(p *player, why string) {
 	if p.kicked != "" {
 		return
 	}
 	p.kicked = why
 	p.final = p.conn.Stats()
-	s.kicks.Go(func() { p.conn.CloseWithReason(why) })
+	p.conn.StartClose(why)
 }
 
 // broadcastEvent sends a reliable ordered event to every player. One
@@ -334,10 +330,9 @@ func (s *server) endRound() {
 	s.broadcastEvent([]byte{evRoundOver})
 }
 
-// close waits for the kicks under way, and closes the listener (and with
-// it any connection left).
+// close closes the listener, and with it any connection left, kicks
+// under way included.
 func (s *server) close() error {
-	s.kicks.Wait()
 	err := s.l.Close()
 	if errors.Is(err, io.EOF) {
 		err = nil
