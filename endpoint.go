@@ -31,6 +31,7 @@ type endpoint struct {
 
 	mu      sync.Mutex
 	conns   map[netip.AddrPort]*Conn
+	rd      refDatagram    // the reader's, for stray reference datagrams
 	runBuf  []*packet      // the reader's, for dispatch
 	pending map[*Conn]bool // server connections not yet established
 	closing bool
@@ -378,7 +379,30 @@ func disconnectAnswer(buf, b []byte) []byte {
 // Disconnect (see disconnectAnswer).
 func (ep *endpoint) answerDisconnect(addr netip.AddrPort, b []byte) {
 	var buf [16]byte
-	if d := disconnectAnswer(buf[:0], b); d != nil {
+	d := disconnectAnswer(buf[:0], b)
+	if d == nil && ep.cfg.dialect != DialectSpec {
+		d = refDisconnectAnswer(buf[:0], b, &ep.rd)
+	}
+	if d != nil {
 		ep.write(d, addr)
 	}
+}
+
+// refDisconnectAnswer is disconnectAnswer for a reference peer: the
+// reference's DisconnectAck (7 bytes), never larger than its Disconnect
+// (at least 10). Its PacketID is taken from the Disconnect's, counted
+// down from the top of the range: a reference receiver drops a PacketID
+// it has seen, so answers to successive resends must differ, and the
+// top of the range is far from the PacketIDs of a connection just ended.
+func refDisconnectAnswer(buf, b []byte, d *refDatagram) []byte {
+	if parseRefInto(b, d) != nil || !d.refHas(idDisconnect) {
+		return nil
+	}
+	h := refHeader{packetID: (packetIDMask - d.packetID) & packetIDMask, inOrder: true}
+	a := appendRefHeader(buf[:0], &h)
+	a = appendRefMessage(a, &refMessage{inOrder: true, id: idDisconnectAck}, 0)
+	if len(a) > len(b) {
+		return nil
+	}
+	return a
 }

@@ -213,6 +213,11 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	if ok, valid := isConnectSyn(p.b); dialect == DialectSpec && !ok {
+		if !valid && l.cfg.dialect != DialectSpec {
+			// A reference peer's datagram, late from a connection that
+			// ended (its Disconnect is answered too).
+			valid = parseRefInto(p.b, &ep.rd) == nil
+		}
 		if valid {
 			ep.stray.Add(1) // say, late from a connection that ended
 			if !l.cfg.stealth {

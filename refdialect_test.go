@@ -232,3 +232,40 @@ func TestReferenceDialectIgnoresHandshakePayloads(t *testing.T) {
 	_, err = Dial(context.Background(), "udp", l.Addr().String(), cc)
 	assert.ErrorIs(t, err, ErrHandshakeTooLarge, "the spec's dialect still refuses it")
 }
+
+// A reference peer's Disconnect to a connection already forgotten (its
+// DisconnectAck was lost) is answered statelessly, each answer under its
+// own PacketID and never larger than the Disconnect.
+func TestStatelessReferenceDisconnectAck(t *testing.T) {
+	var d refDatagram
+	disc := func(pid uint32) []byte {
+		return appendRefDatagram(nil, &refDatagram{refHeader: refHeader{packetID: pid, reliable: true, inOrder: true, relBase: 541},
+			msgs: []refMessage{{reliable: true, inOrder: true, relNum: 541, id: idDisconnect}}})
+	}
+	a1 := refDisconnectAnswer(nil, disc(270), &d)
+	a2 := refDisconnectAnswer(nil, disc(271), &d)
+	require.NotNil(t, a1)
+	require.NotNil(t, a2)
+	assert.LessOrEqual(t, len(a1), len(disc(270)))
+	var r refDatagram
+	require.NoError(t, parseRefInto(a1, &r))
+	assert.True(t, r.refHas(idDisconnectAck))
+	p1 := r.packetID
+	require.NoError(t, parseRefInto(a2, &r))
+	assert.NotEqual(t, p1, r.packetID)
+	assert.Nil(t, refDisconnectAnswer(nil, a1, &d), "a DisconnectAck is never answered")
+
+	// Through a listener: the peer's late Disconnect gets an answer.
+	l := listen(t, testConfig())
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer pc.Close()
+	_, err = pc.WriteTo(disc(300), l.Addr())
+	require.NoError(t, err)
+	require.NoError(t, pc.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 64)
+	n, _, err := pc.ReadFrom(buf)
+	require.NoError(t, err)
+	require.NoError(t, parseRefInto(buf[:n], &r))
+	assert.True(t, r.refHas(idDisconnectAck))
+}
