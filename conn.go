@@ -26,7 +26,11 @@ type Conn struct {
 	cfg     *config
 	dialect Dialect // DialectSpec or DialectReference
 
-	// Owned by loop.
+	// Owned by whoever holds turn: the connection's goroutine (loop), or
+	// the socket reader running a round inline (see runInline).
+	turn     sync.Mutex
+	timer    *time.Timer // wakes the loop at the session's next deadline
+	armed    time.Time   // what timer is set to
 	sess     *session
 	released int // send buffer bytes to hand back
 	inWork   []*packet
@@ -106,6 +110,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 	}
 	c.readDL.init(c.recvReady)
 	c.writeDL.init(c.sendSpace)
+	c.timer = time.AfterFunc(time.Hour, func() { signal(c.wake) })
 	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
 	return c
 }
@@ -133,8 +138,9 @@ func (c *Conn) push(p *packet) bool {
 }
 
 // pushRun hands over several datagrams at once; what does not fit the
-// inbox is dropped.
-func (c *Conn) pushRun(run []*packet) {
+// inbox is dropped. It reports whether any went in; the caller wakes the
+// connection (or runs it inline).
+func (c *Conn) pushRun(run []*packet) bool {
 	c.inMu.Lock()
 	room := max(0, maxInbox-len(c.inbox))
 	take := min(room, len(run))
@@ -144,33 +150,47 @@ func (c *Conn) pushRun(run []*packet) {
 	for _, p := range run[take:] {
 		c.ep.putPacket(p)
 	}
-	if take > 0 {
-		signal(c.wake)
-	}
+	return take > 0
 }
 
 // maxInbox bounds the datagrams waiting for a connection's goroutine.
 const maxInbox = 2048
 
-// loop is the connection's goroutine: it owns the session.
+// loop is the connection's goroutine: it owns the session, sharing it
+// only with a socket reader that runs a round inline while the loop
+// waits (runInline); turn keeps them apart.
 func (c *Conn) loop() {
 	defer c.finish()
-	// The timer only wakes the loop, so that waiting is one channel
-	// receive; it is moved only when the next deadline changes.
-	var armed time.Time
-	timer := time.AfterFunc(time.Hour, func() { signal(c.wake) })
-	defer timer.Stop()
-	s := c.sess
-	var now time.Time
+	defer c.timer.Stop()
 	for {
-		now = c.drainInbox()
+		c.turn.Lock()
+		done := c.round()
+		c.turn.Unlock()
+		if done {
+			return
+		}
+		<-c.wake
+	}
+}
+
+// round does what is due: the datagrams that came in, the messages
+// queued, the session's events, what there is to send, then the timers
+// due, and arms the timer for the next. It reports whether the session
+// is over. Call it holding turn.
+func (c *Conn) round() bool {
+	s := c.sess
+	for {
+		// What arrived goes before the timers: a held message must not
+		// outlive its reorder window because the datagram that completes
+		// it sat in the inbox.
+		now := c.drainInbox()
 		c.drainSendQueue(now)
 		c.handleEvents()
 		c.flush(now)
 		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
 		if s.done() {
-			return
+			return true
 		}
 		now = time.Now()
 		next := s.nextDeadline(now)
@@ -178,18 +198,33 @@ func (c *Conn) loop() {
 			s.advance(now)
 			continue
 		}
-		if next != armed {
-			timer.Reset(next.Sub(now))
-			armed = next
+		if next != c.armed {
+			c.timer.Reset(next.Sub(now))
+			c.armed = next
 		}
-		<-c.wake
-		if now = time.Now(); !now.Before(next) {
-			// What arrived while we waited goes before the timers: a
-			// held message must not outlive its reorder window because
-			// the datagram that completes it sat in the inbox.
-			now = c.drainInbox()
-			s.advance(now)
-		}
+		return false
+	}
+}
+
+// runInline runs a round on the calling goroutine (the socket reader,
+// which has just put datagrams in the inbox) when the connection's own
+// goroutine is waiting, saving a hand-off per datagram; otherwise, or
+// when the round could block on the application (admission) or end the
+// connection, it wakes the connection's goroutine as push does.
+func (c *Conn) runInline() {
+	if !c.turn.TryLock() {
+		signal(c.wake)
+		return
+	}
+	if c.sess.state != stateOK || c.sess.closeAsked {
+		c.turn.Unlock()
+		signal(c.wake)
+		return
+	}
+	done := c.round()
+	c.turn.Unlock()
+	if done {
+		signal(c.wake) // the loop ends it
 	}
 }
 
@@ -621,6 +656,9 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	c.sendUsed += n
 	room := c.sendUsed < c.cfg.sendBuffer
 	c.sendMu.Unlock()
+	// Not run inline, unlike the reader's datagrams: the loop packs what
+	// several Sends queued meanwhile into one datagram (tried: inline
+	// rounds from Send cut 64-byte streams by a third).
 	signal(c.wake)
 	if room {
 		signal(c.sendSpace) // let another waiting sender look
