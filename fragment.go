@@ -3,6 +3,7 @@ package knet
 import (
 	"errors"
 	"slices"
+	"sync"
 )
 
 // Fragmented transfers (spec "Fragmented Transfers", DECISIONS §6).
@@ -92,6 +93,7 @@ type transfer struct {
 	start   msgRef // where the FragmentStart was
 	order   startOrder
 	arena   []byte
+	abuf    *[]byte // the pooled buffer behind a reserved arena
 	frags   []fragLoc
 	seq     uint64 // arrival order of the first fragment, for the budget
 	sorted  bool
@@ -117,6 +119,7 @@ type reassembly struct {
 	budget     int // bytes all but the oldest transfer may hold together
 	maxMessage int
 	seq        uint64
+	reserved   int // capacity of the arenas reserved from announced sizes
 }
 
 func (r *reassembly) get(tid uint8) *transfer {
@@ -175,7 +178,60 @@ const (
 	// minFragAverage bounds the fragments of one transfer to
 	// MaxMessageSize/minFragAverage; real senders use hundreds of bytes.
 	minFragAverage = 16
+	// smallArena is the arena a transfer keeps for the next one; a
+	// larger one goes back to the pool when the transfer ends.
+	smallArena = 64 << 10
 )
+
+// fragPool keeps the fragment records of large transfers: a megabyte
+// message has a few thousand, which a transfer would otherwise grow anew
+// each time.
+var fragPool sync.Pool
+
+func getFrags() []fragLoc {
+	if p, ok := fragPool.Get().(*[]fragLoc); ok {
+		return (*p)[:0]
+	}
+	return nil
+}
+
+// reserve gives a transfer whose FragmentStart announces more than a small
+// arena holds an arena of the announced size from the payload pools, so
+// that its fragments are copied once, in place, instead of into an arena
+// grown by doubling (a megabyte message copied about twice more). It is
+// the one place memory follows an announced size rather than the bytes
+// received, so it is bounded the same way: the oldest transfer, which may
+// grow to MaxMessageSize anyway, or within the budget counting every
+// reservation; otherwise the arena grows with the bytes as before.
+func (r *reassembly) reserve(t *transfer, announced int) {
+	if announced <= cap(t.arena) || announced <= smallArena {
+		return
+	}
+	if !r.oldest(t) && r.reserved+announced > r.budget {
+		return
+	}
+	if t.frags == nil || cap(t.frags) <= smallArena/fragRecordCost {
+		if f := getFrags(); cap(f) > cap(t.frags) {
+			t.frags = append(f, t.frags...)
+		}
+	}
+	b := getPayload(announced)
+	*b = append((*b)[:0], t.arena...)
+	r.dropArena(t)
+	t.abuf = b
+	t.arena = *b
+	r.reserved += cap(*b)
+}
+
+// dropArena returns a transfer's large arena to the pool.
+func (r *reassembly) dropArena(t *transfer) {
+	if t.abuf != nil {
+		r.reserved -= cap(*t.abuf)
+		putPayload(t.abuf)
+	}
+	t.abuf = nil
+	t.arena = nil
+}
 
 // add takes one fragment, copying its payload. When the transfer is
 // complete it returns the whole message in msg, which stays valid until the
@@ -209,6 +265,9 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.order.rel = order.rel
 		t.order.deps = append(t.order.deps[:0], order.deps...)
 		number = 0
+		// The last fragment may be shorter: a message exactly a power
+		// of two long fits that size class.
+		r.reserve(t, int(m.fragCount-1)*len(m.payload)+1)
 		for _, f := range t.frags {
 			if f.number >= t.count {
 				return nil, nil, errFragNumber
@@ -231,6 +290,12 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.sorted = true
 	}
 	t.frags = append(t.frags, fragLoc{number: number, off: len(t.arena), len: len(m.payload)})
+	if t.abuf != nil && len(t.arena)+len(m.payload) > cap(t.arena) {
+		// Longer than announced (fragments of uneven sizes): the
+		// reservation ends; the arena grows with the bytes.
+		r.reserved -= cap(*t.abuf)
+		t.abuf = nil
+	}
 	t.arena = append(t.arena, m.payload...)
 	r.bytes += len(m.payload) + fragRecordCost
 	if !t.started || uint32(len(t.frags)) < t.count {
@@ -244,6 +309,11 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		if f.number != uint32(i) {
 			return nil, nil, errFragDuplicate
 		}
+	}
+	if t.sorted {
+		// Arrived in order, as they mostly do: the arena is the
+		// message.
+		return t, t.arena, nil
 	}
 	msg = make([]byte, 0, len(t.arena))
 	for _, f := range t.frags {
@@ -259,8 +329,28 @@ func (r *reassembly) finish(t *transfer) {
 	t.started = false
 	r.active--
 	// Keep a modest arena for the next transfer; give large ones back.
-	if cap(t.arena) > 64<<10 {
-		t.arena = nil
+	if cap(t.arena) > smallArena || t.abuf != nil {
+		r.dropArena(t)
+		if cap(t.frags) > smallArena/fragRecordCost {
+			f := t.frags[:0]
+			fragPool.Put(&f)
+		}
 		t.frags = nil
 	}
+}
+
+// lend hands a completed transfer's pooled arena, which the message add
+// returned aliases when its fragments came in order, to the caller, who
+// puts it back with putPayload once done with the message; finish then
+// forgets it without pooling it. It returns nil if the arena is not pooled
+// or not the message.
+func (r *reassembly) lend(t *transfer, msg []byte) *[]byte {
+	b := t.abuf
+	if b == nil || len(msg) == 0 || len(t.arena) == 0 || &msg[0] != &t.arena[0] {
+		return nil
+	}
+	r.reserved -= cap(*b)
+	t.abuf = nil
+	*b = msg
+	return b
 }

@@ -370,3 +370,56 @@ func TestReassemblyEmptyStart(t *testing.T) {
 	}
 	assert.Equal(t, "hello", string(whole))
 }
+
+// A large transfer arriving in order is reassembled in place, in an arena
+// of the announced size, which is the message: lend hands it over.
+// Reservations are counted, and only the oldest transfer's may pass the
+// budget.
+func TestReassemblyReservesInOrder(t *testing.T) {
+	r := reassembly{budget: 200 << 10, maxMessage: 1 << 20}
+	payload := randomPayload(5, 300<<10)
+	frags := fragmentsOf(6, 1, payload, 470)
+	second := fragmentsOf(6, 2, randomPayload(6, 300<<10), 470)
+	_, _, err := r.add(&frags[0], msgRef{pid: 1}, startOrder{reliable: true})
+	require.NoError(t, err)
+	assert.Equal(t, 512<<10, r.reserved, "the oldest reserves past the budget")
+	_, _, err = r.add(&second[0], msgRef{pid: 2}, startOrder{reliable: true})
+	require.NoError(t, err)
+	assert.Equal(t, 512<<10, r.reserved, "a younger transfer stays within the budget")
+	var whole []byte
+	var tr *transfer
+	for i := 1; i < len(frags); i++ {
+		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(10 + i)}, startOrder{})
+		require.NoError(t, err)
+	}
+	require.Equal(t, payload, whole)
+	b := r.lend(tr, whole)
+	require.NotNil(t, b)
+	assert.Same(t, &(*b)[0], &whole[0])
+	assert.Zero(t, r.reserved)
+	r.finish(tr)
+	assert.Equal(t, payload, whole, "finish leaves a lent arena alone")
+	putPayload(b)
+}
+
+// Fragments longer than the FragmentStart announced outgrow the
+// reservation; the message is still whole, and nothing stays reserved.
+func TestReassemblyOutgrowsReservation(t *testing.T) {
+	r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+	payload := randomPayload(7, 200<<10)
+	const first = 80 << 10 // announcing 80 KiB more, 120 KiB to come
+	frags := []message{
+		{fragStart: true, fragment: true, id: 6, transferID: 3, fragCount: 2, payload: payload[:first]},
+		{fragment: true, transferID: 3, fragNumber: 1, payload: payload[first:]},
+	}
+	_, _, err := r.add(&frags[0], msgRef{pid: 1}, startOrder{})
+	require.NoError(t, err)
+	assert.Positive(t, r.reserved)
+	tr, whole, err := r.add(&frags[1], msgRef{pid: 2}, startOrder{})
+	require.NoError(t, err)
+	assert.Zero(t, r.reserved)
+	require.Equal(t, payload, whole)
+	assert.Nil(t, r.lend(tr, whole))
+	r.finish(tr)
+	assert.Zero(t, r.bytes)
+}
