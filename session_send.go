@@ -12,18 +12,33 @@ func (s *session) ackDelay() time.Duration {
 }
 
 // getBuf returns an empty buffer for a reliable datagram, kept until acked.
+// Reliable datagram buffers are kept on the session's free list, a burst's
+// worth; beyond it, in the shared payload pools, so that a large message,
+// hundreds of datagrams in flight at once, does not allocate them afresh
+// every time while a connection still keeps no more than before.
 func (s *session) getBuf() []byte {
 	if b, ok := s.freeBufs.get(); ok {
 		return b[:0]
 	}
-	return make([]byte, 0, s.cfg.maxDatagram)
+	return (*getPayload(s.cfg.maxDatagram))[:0]
 }
 
 func (s *session) putBuf(b []byte) {
-	if cap(b) >= s.cfg.maxDatagram {
-		s.freeBufs.put(b, maxFreeBufs)
+	if cap(b) < s.cfg.maxDatagram {
+		return
 	}
+	if len(s.freeBufs.items) < maxFreeBufs {
+		s.freeBufs.put(b, maxFreeBufs)
+		return
+	}
+	putShared(b)
 }
+
+// putShared puts b in the payload pools. It is a function of its own so
+// that b moves to the heap only on this path, not on every putBuf.
+//
+//go:noinline
+func putShared(b []byte) { putPayload(&b) }
 
 // wholeLimit is the largest payload sent as one message block; larger ones
 // are fragmented. It leaves room in the content block for the MessageID,
