@@ -2,6 +2,7 @@ package knet
 
 import (
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -20,7 +21,11 @@ func (s *session) getBuf() []byte {
 	if b, ok := s.freeBufs.get(); ok {
 		return b[:0]
 	}
-	return (*getPayload(s.cfg.maxDatagram))[:0]
+	p := getPayload(s.cfg.maxDatagram)
+	b := (*p)[:0]
+	*p = nil
+	bufBoxes.Put(p)
+	return b
 }
 
 func (s *session) putBuf(b []byte) {
@@ -34,11 +39,19 @@ func (s *session) putBuf(b []byte) {
 	putShared(b)
 }
 
-// putShared puts b in the payload pools. It is a function of its own so
-// that b moves to the heap only on this path, not on every putBuf.
-//
-//go:noinline
-func putShared(b []byte) { putPayload(&b) }
+// bufBoxes keeps the boxes the payload pools hold datagram buffers in
+// while the buffers are out, so that putting one back allocates nothing.
+var bufBoxes sync.Pool
+
+// putShared puts b in the payload pools.
+func putShared(b []byte) {
+	p, ok := bufBoxes.Get().(*[]byte)
+	if !ok {
+		p = new([]byte)
+	}
+	*p = b
+	putPayload(p)
+}
 
 // wholeLimit is the largest payload sent as one message block; larger ones
 // are fragmented. It leaves room in the content block for the MessageID,
