@@ -14,7 +14,9 @@ import (
 //
 // Receiver: fragments are kept per TransferID in arrival order, those before
 // their FragmentStart included, and put in order once all have come. Memory
-// grows with the bytes received, never with a FragmentCount announced.
+// grows with the bytes received, except that a large transfer's arena is
+// reserved whole from its FragmentStart within the same bounds (see
+// reserve), so that fragments arriving in order are copied once.
 
 var (
 	errFragCount       = errors.New("knet: FragmentCount below 2")
@@ -207,7 +209,11 @@ func (r *reassembly) reserve(t *transfer, announced int) {
 	if announced <= cap(t.arena) || announced <= smallArena {
 		return
 	}
-	if !r.oldest(t) && r.reserved+announced > r.budget {
+	size := announced
+	if k := payloadClass(announced); k <= maxPayloadClass {
+		size = 1 << k // what getPayload will hand out
+	}
+	if !r.oldest(t) && r.reserved+size > r.budget {
 		return
 	}
 	if t.frags == nil || cap(t.frags) <= smallArena/fragRecordCost {
