@@ -99,6 +99,7 @@ type transfer struct {
 	frags   []fragLoc
 	seq     uint64 // arrival order of the first fragment, for the budget
 	sorted  bool
+	whole   bool // add returned the arena itself as the message
 }
 
 // startOrder is what the session needs to apply a reassembled message as if
@@ -319,6 +320,7 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	if t.sorted {
 		// Arrived in order, as they mostly do: the arena is the
 		// message.
+		t.whole = true
 		return t, t.arena, nil
 	}
 	msg = make([]byte, 0, len(t.arena))
@@ -334,6 +336,13 @@ func (r *reassembly) finish(t *transfer) {
 	t.active = false
 	t.started = false
 	r.active--
+	if t.whole && t.abuf != nil {
+		// The message returned is the arena and was not lent: it
+		// stays the caller's, left to the garbage collector.
+		r.reserved -= cap(*t.abuf)
+		t.abuf = nil
+	}
+	t.whole = false
 	// Keep a modest arena for the next transfer; give large ones back.
 	if cap(t.arena) > smallArena || t.abuf != nil {
 		r.dropArena(t)

@@ -423,3 +423,27 @@ func TestReassemblyOutgrowsReservation(t *testing.T) {
 	r.finish(tr)
 	assert.Zero(t, r.bytes)
 }
+
+// A message add returned stays the caller's after finish when it was not
+// lent: finish does not put its arena back in the pool.
+func TestReassemblyFinishWithoutLend(t *testing.T) {
+	r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+	payload := randomPayload(8, 100<<10)
+	frags := fragmentsOf(6, 4, payload, 470)
+	var whole []byte
+	var tr *transfer
+	for i := range frags {
+		var err error
+		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(i)}, startOrder{reliable: true})
+		require.NoError(t, err)
+	}
+	r.finish(tr)
+	assert.Zero(t, r.reserved)
+	for range 4 {
+		b := getPayload(len(payload))
+		assert.NotSame(t, &(*b)[:1][0], &whole[0], "the message's arena was pooled")
+		*b = append((*b)[:0], make([]byte, len(payload))...)
+		putPayload(b)
+	}
+	assert.Equal(t, payload, whole)
+}
