@@ -14,9 +14,9 @@ import (
 //
 // Receiver: fragments are kept per TransferID in arrival order, those before
 // their FragmentStart included, and put in order once all have come. Memory
-// grows with the bytes received, except that a large transfer's arena is
-// reserved whole from its FragmentStart within the same bounds (see
-// reserve), so that fragments arriving in order are copied once.
+// grows with the bytes received, never with a FragmentCount announced; a
+// large transfer's arena grows by doubling in pooled buffers (grow), and
+// when its fragments came in order it is the message itself.
 
 var (
 	errFragCount       = errors.New("knet: FragmentCount below 2")
@@ -95,11 +95,14 @@ type transfer struct {
 	start   msgRef // where the FragmentStart was
 	order   startOrder
 	arena   []byte
-	abuf    *[]byte // the pooled buffer behind a reserved arena
-	frags   []fragLoc
-	seq     uint64 // arrival order of the first fragment, for the budget
-	sorted  bool
-	whole   bool // add returned the arena itself as the message
+	abuf    *[]byte // the pooled buffer behind a large arena
+	// announced is the size the FragmentStart announced, an upper bound
+	// for the arena's growth, never a reservation.
+	announced int
+	frags     []fragLoc
+	seq       uint64 // arrival order of the first fragment, for the budget
+	sorted    bool
+	whole     bool // add returned the arena itself as the message
 }
 
 // startOrder is what the session needs to apply a reassembled message as if
@@ -122,7 +125,7 @@ type reassembly struct {
 	budget     int // bytes all but the oldest transfer may hold together
 	maxMessage int
 	seq        uint64
-	reserved   int // capacity of the arenas reserved from announced sizes
+	reserved   int // capacity of the pooled arenas
 }
 
 func (r *reassembly) get(tid uint8) *transfer {
@@ -198,31 +201,25 @@ func getFrags() []fragLoc {
 	return nil
 }
 
-// reserve gives a transfer whose FragmentStart announces more than a small
-// arena holds an arena of the announced size from the payload pools, so
-// that its fragments are copied once, in place, instead of into an arena
-// grown by doubling (a megabyte message copied about twice more). It is
-// the one place memory follows an announced size rather than the bytes
-// received, so it is bounded the same way: the oldest transfer, which may
-// grow to MaxMessageSize anyway, or within the budget counting every
-// reservation; otherwise the arena grows with the bytes as before.
-func (r *reassembly) reserve(t *transfer, announced int) {
-	if announced <= cap(t.arena) || announced <= smallArena {
-		return
-	}
-	size := announced
-	if k := payloadClass(announced); k <= maxPayloadClass {
-		size = 1 << k // what getPayload will hand out
-	}
-	if !r.oldest(t) && r.reserved+size > r.budget {
-		return
+// grow makes room in a large transfer's arena for need bytes: a buffer
+// from the payload pools at least twice the old one (so that each byte is
+// copied about once more in all; a power-of-two buffer, so at most four
+// times the bytes held), but never beyond what the FragmentStart
+// announced unless the bytes go past it: memory follows the bytes
+// received, never an announced size. In the end a transfer whose
+// fragments came in order has its message whole in a pooled buffer,
+// handed on without another copy (lend).
+func (r *reassembly) grow(t *transfer, need int) {
+	size := max(need, 2*len(t.arena), smallArena)
+	if t.announced >= need {
+		size = min(size, t.announced)
 	}
 	if t.frags == nil || cap(t.frags) <= smallArena/fragRecordCost {
 		if f := getFrags(); cap(f) > cap(t.frags) {
 			t.frags = append(f, t.frags...)
 		}
 	}
-	b := getPayload(announced)
+	b := getPayload(size)
 	*b = append((*b)[:0], t.arena...)
 	r.dropArena(t)
 	t.abuf = b
@@ -272,9 +269,9 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.order.rel = order.rel
 		t.order.deps = append(t.order.deps[:0], order.deps...)
 		number = 0
-		// The last fragment may be shorter: a message exactly a power
-		// of two long fits that size class.
-		r.reserve(t, int(m.fragCount-1)*len(m.payload)+1)
+		// An upper bound for grow, not an allocation: the last
+		// fragment may be shorter.
+		t.announced = int(m.fragCount) * len(m.payload)
 		for _, f := range t.frags {
 			if f.number >= t.count {
 				return nil, nil, errFragNumber
@@ -297,11 +294,8 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.sorted = true
 	}
 	t.frags = append(t.frags, fragLoc{number: number, off: len(t.arena), len: len(m.payload)})
-	if t.abuf != nil && len(t.arena)+len(m.payload) > cap(t.arena) {
-		// Longer than announced (fragments of uneven sizes): the
-		// reservation ends; the arena grows with the bytes.
-		r.reserved -= cap(*t.abuf)
-		t.abuf = nil
+	if need := len(t.arena) + len(m.payload); need > cap(t.arena) && (t.abuf != nil || need > smallArena) {
+		r.grow(t, need)
 	}
 	t.arena = append(t.arena, m.payload...)
 	r.bytes += len(m.payload) + fragRecordCost
@@ -343,6 +337,7 @@ func (r *reassembly) finish(t *transfer) {
 		t.abuf = nil
 	}
 	t.whole = false
+	t.announced = 0
 	// Keep a modest arena for the next transfer; give large ones back.
 	if cap(t.arena) > smallArena || t.abuf != nil {
 		r.dropArena(t)
