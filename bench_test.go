@@ -62,6 +62,7 @@ func benchOneWay(b *testing.B, size int) {
 
 func BenchmarkOneWay64(b *testing.B)   { benchOneWay(b, 64) }
 func BenchmarkOneWay1200(b *testing.B) { benchOneWay(b, 1200) }
+func BenchmarkOneWay1MiB(b *testing.B) { benchOneWay(b, 1<<20) }
 
 func BenchmarkPingPong(b *testing.B) {
 	client, server := benchPair(b, &Config{DisconnectTimeout: time.Second})

@@ -488,13 +488,18 @@ func (c *Conn) finish() {
 
 // Session host.
 
-func (c *Conn) deliver(id uint32, payload []byte, reliable, inOrder bool) bool {
+func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
 	if !reliable && c.recvq.used()+len(payload) > c.cfg.recvBuffer {
+		putPayload(buf)
 		return false
 	}
-	c.recvq.push(id, payload, reliable, inOrder)
+	if buf != nil {
+		c.recvq.pushOwned(id, payload, buf, reliable, inOrder)
+	} else {
+		c.recvq.push(id, payload, reliable, inOrder)
+	}
 	c.delivered = true
 	return true
 }

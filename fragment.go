@@ -3,6 +3,7 @@ package knet
 import (
 	"errors"
 	"slices"
+	"sync"
 )
 
 // Fragmented transfers (spec "Fragmented Transfers", DECISIONS §6).
@@ -13,7 +14,9 @@ import (
 //
 // Receiver: fragments are kept per TransferID in arrival order, those before
 // their FragmentStart included, and put in order once all have come. Memory
-// grows with the bytes received, never with a FragmentCount announced.
+// grows with the bytes received, never with a FragmentCount announced; a
+// large transfer's arena grows by doubling in pooled buffers (grow), and
+// when its fragments came in order it is the message itself.
 
 var (
 	errFragCount       = errors.New("knet: FragmentCount below 2")
@@ -92,9 +95,14 @@ type transfer struct {
 	start   msgRef // where the FragmentStart was
 	order   startOrder
 	arena   []byte
-	frags   []fragLoc
-	seq     uint64 // arrival order of the first fragment, for the budget
-	sorted  bool
+	abuf    *[]byte // the pooled buffer behind a large arena
+	// announced is the size the FragmentStart announced, an upper bound
+	// for the arena's growth, never a reservation.
+	announced int
+	frags     []fragLoc
+	seq       uint64 // arrival order of the first fragment, for the budget
+	sorted    bool
+	whole     bool // add returned the arena itself as the message
 }
 
 // startOrder is what the session needs to apply a reassembled message as if
@@ -117,6 +125,7 @@ type reassembly struct {
 	budget     int // bytes all but the oldest transfer may hold together
 	maxMessage int
 	seq        uint64
+	reserved   int // capacity of the pooled arenas
 }
 
 func (r *reassembly) get(tid uint8) *transfer {
@@ -175,7 +184,58 @@ const (
 	// minFragAverage bounds the fragments of one transfer to
 	// MaxMessageSize/minFragAverage; real senders use hundreds of bytes.
 	minFragAverage = 16
+	// smallArena is the arena a transfer keeps for the next one; a
+	// larger one goes back to the pool when the transfer ends.
+	smallArena = 64 << 10
 )
+
+// fragPool keeps the fragment records of large transfers: a megabyte
+// message has a few thousand, which a transfer would otherwise grow anew
+// each time.
+var fragPool sync.Pool
+
+func getFrags() []fragLoc {
+	if p, ok := fragPool.Get().(*[]fragLoc); ok {
+		return (*p)[:0]
+	}
+	return nil
+}
+
+// grow makes room in a large transfer's arena for need bytes: a buffer
+// from the payload pools at least twice the old one (so that each byte is
+// copied about once more in all; a power-of-two buffer, so at most four
+// times the bytes held), but never beyond what the FragmentStart
+// announced unless the bytes go past it: memory follows the bytes
+// received, never an announced size. In the end a transfer whose
+// fragments came in order has its message whole in a pooled buffer,
+// handed on without another copy (lend).
+func (r *reassembly) grow(t *transfer, need int) {
+	size := max(need, 2*len(t.arena), smallArena)
+	if t.announced >= need {
+		size = min(size, t.announced)
+	}
+	if t.frags == nil || cap(t.frags) <= smallArena/fragRecordCost {
+		if f := getFrags(); cap(f) > cap(t.frags) {
+			t.frags = append(f, t.frags...)
+		}
+	}
+	b := getPayload(size)
+	*b = append((*b)[:0], t.arena...)
+	r.dropArena(t)
+	t.abuf = b
+	t.arena = *b
+	r.reserved += cap(*b)
+}
+
+// dropArena returns a transfer's large arena to the pool.
+func (r *reassembly) dropArena(t *transfer) {
+	if t.abuf != nil {
+		r.reserved -= cap(*t.abuf)
+		putPayload(t.abuf)
+	}
+	t.abuf = nil
+	t.arena = nil
+}
 
 // add takes one fragment, copying its payload. When the transfer is
 // complete it returns the whole message in msg, which stays valid until the
@@ -209,6 +269,9 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.order.rel = order.rel
 		t.order.deps = append(t.order.deps[:0], order.deps...)
 		number = 0
+		// An upper bound for grow, not an allocation: the last
+		// fragment may be shorter.
+		t.announced = int(m.fragCount) * len(m.payload)
 		for _, f := range t.frags {
 			if f.number >= t.count {
 				return nil, nil, errFragNumber
@@ -231,6 +294,9 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.sorted = true
 	}
 	t.frags = append(t.frags, fragLoc{number: number, off: len(t.arena), len: len(m.payload)})
+	if need := len(t.arena) + len(m.payload); need > cap(t.arena) && (t.abuf != nil || need > smallArena) {
+		r.grow(t, need)
+	}
 	t.arena = append(t.arena, m.payload...)
 	r.bytes += len(m.payload) + fragRecordCost
 	if !t.started || uint32(len(t.frags)) < t.count {
@@ -245,6 +311,12 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 			return nil, nil, errFragDuplicate
 		}
 	}
+	if t.sorted {
+		// Arrived in order, as they mostly do: the arena is the
+		// message.
+		t.whole = true
+		return t, t.arena, nil
+	}
 	msg = make([]byte, 0, len(t.arena))
 	for _, f := range t.frags {
 		msg = append(msg, t.arena[f.off:f.off+f.len]...)
@@ -258,9 +330,37 @@ func (r *reassembly) finish(t *transfer) {
 	t.active = false
 	t.started = false
 	r.active--
+	if t.whole && t.abuf != nil {
+		// The message returned is the arena and was not lent: it
+		// stays the caller's, left to the garbage collector.
+		r.reserved -= cap(*t.abuf)
+		t.abuf = nil
+	}
+	t.whole = false
+	t.announced = 0
 	// Keep a modest arena for the next transfer; give large ones back.
-	if cap(t.arena) > 64<<10 {
-		t.arena = nil
+	if cap(t.arena) > smallArena || t.abuf != nil {
+		r.dropArena(t)
+		if cap(t.frags) > smallArena/fragRecordCost {
+			f := t.frags[:0]
+			fragPool.Put(&f)
+		}
 		t.frags = nil
 	}
+}
+
+// lend hands a completed transfer's pooled arena, which the message add
+// returned aliases when its fragments came in order, to the caller, who
+// puts it back with putPayload once done with the message; finish then
+// forgets it without pooling it. It returns nil if the arena is not pooled
+// or not the message.
+func (r *reassembly) lend(t *transfer, msg []byte) *[]byte {
+	b := t.abuf
+	if b == nil || len(msg) == 0 || len(t.arena) == 0 || &msg[0] != &t.arena[0] {
+		return nil
+	}
+	r.reserved -= cap(*b)
+	t.abuf = nil
+	*b = msg
+	return b
 }

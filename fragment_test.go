@@ -370,3 +370,81 @@ func TestReassemblyEmptyStart(t *testing.T) {
 	}
 	assert.Equal(t, "hello", string(whole))
 }
+
+// A large transfer's arena follows the bytes received, never the size its
+// FragmentStart announces (a hostile peer could announce MaxMessageSize in
+// one datagram): it grows in pooled buffers, at most four times what came; in
+// order, the arena is the message, lent without a copy.
+func TestReassemblyGrowsWithTheBytes(t *testing.T) {
+	r := reassembly{budget: 200 << 10, maxMessage: 1 << 20}
+	payload := randomPayload(5, 300<<10)
+	frags := fragmentsOf(6, 1, payload, 470)
+	_, _, err := r.add(&frags[0], msgRef{pid: 1}, startOrder{reliable: true})
+	require.NoError(t, err)
+	assert.Less(t, cap(r.get(1).arena), 300<<10, "nothing reserved from the announced size")
+	var whole []byte
+	var tr *transfer
+	for i := 1; i < len(frags); i++ {
+		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(10 + i)}, startOrder{})
+		require.NoError(t, err)
+		if whole == nil {
+			got := len(r.get(1).arena)
+			assert.LessOrEqual(t, cap(r.get(1).arena), max(4*got, 2*smallArena), "at most four times the bytes received (doubling, in power-of-two buffers)")
+		}
+	}
+	require.Equal(t, payload, whole)
+	b := r.lend(tr, whole)
+	require.NotNil(t, b)
+	assert.Same(t, &(*b)[0], &whole[0])
+	assert.Zero(t, r.reserved)
+	r.finish(tr)
+	assert.Equal(t, payload, whole, "finish leaves a lent arena alone")
+	putPayload(b)
+}
+
+// Fragments longer than the FragmentStart announced go past its bound;
+// the message is still whole.
+func TestReassemblyOutgrowsAnnounced(t *testing.T) {
+	r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+	payload := randomPayload(7, 200<<10)
+	const first = 80 << 10 // announcing 160 KiB, 200 KiB to come
+	frags := []message{
+		{fragStart: true, fragment: true, id: 6, transferID: 3, fragCount: 2, payload: payload[:first]},
+		{fragment: true, transferID: 3, fragNumber: 1, payload: payload[first:]},
+	}
+	_, _, err := r.add(&frags[0], msgRef{pid: 1}, startOrder{})
+	require.NoError(t, err)
+	tr, whole, err := r.add(&frags[1], msgRef{pid: 2}, startOrder{})
+	require.NoError(t, err)
+	require.Equal(t, payload, whole)
+	if b := r.lend(tr, whole); b != nil {
+		putPayload(b)
+	}
+	r.finish(tr)
+	assert.Zero(t, r.bytes)
+	assert.Zero(t, r.reserved)
+}
+
+// A message add returned stays the caller's after finish when it was not
+// lent: finish does not put its arena back in the pool.
+func TestReassemblyFinishWithoutLend(t *testing.T) {
+	r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+	payload := randomPayload(8, 100<<10)
+	frags := fragmentsOf(6, 4, payload, 470)
+	var whole []byte
+	var tr *transfer
+	for i := range frags {
+		var err error
+		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(i)}, startOrder{reliable: true})
+		require.NoError(t, err)
+	}
+	r.finish(tr)
+	assert.Zero(t, r.reserved)
+	for range 4 {
+		b := getPayload(len(payload))
+		assert.NotSame(t, &(*b)[:1][0], &whole[0], "the message's arena was pooled")
+		*b = append((*b)[:0], make([]byte, len(payload))...)
+		putPayload(b)
+	}
+	assert.Equal(t, payload, whole)
+}

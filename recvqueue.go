@@ -1,31 +1,45 @@
 package knet
 
 // recvQueue holds received messages until the application takes them.
-// Payloads sit back to back in one arena.
+// Payloads sit back to back in one arena, except those handed over in a
+// pooled buffer of their own (a reassembled large message), which the queue
+// keeps rather than copy.
 type recvQueue struct {
 	entries []recvEntry
 	head    int
 	arena   []byte
 	start   int // arena bytes before start are consumed
+	owned   int // unread bytes of the entries with their own buffer
 }
 
 type recvEntry struct {
 	id       uint32
 	off, n   int
+	buf      *[]byte // the payload's own pooled buffer, or nil: in arena
 	reliable bool
 	inOrder  bool
 }
 
 func (q *recvQueue) len() int { return len(q.entries) - q.head }
 
-func (q *recvQueue) used() int { return len(q.arena) - q.start }
+func (q *recvQueue) used() int { return len(q.arena) - q.start + q.owned }
+
+// pushOwned queues payload, which is (*buf)[:len(payload)], keeping buf:
+// the queue puts it back in the pool once the message is read, unless
+// take gives it to the application.
+func (q *recvQueue) pushOwned(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) {
+	q.entries = append(q.entries, recvEntry{id: id, n: len(payload), buf: buf, reliable: reliable, inOrder: inOrder})
+	q.owned += len(payload)
+}
 
 func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
 	if q.start > 64<<10 && q.start > len(q.arena)/2 {
 		n := copy(q.arena, q.arena[q.start:])
 		q.arena = q.arena[:n]
 		for i := q.head; i < len(q.entries); i++ {
-			q.entries[i].off -= q.start
+			if q.entries[i].buf == nil {
+				q.entries[i].off -= q.start
+			}
 		}
 		q.start = 0
 	}
@@ -35,10 +49,23 @@ func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
 
 func (q *recvQueue) peek() *recvEntry { return &q.entries[q.head] }
 
-func (q *recvQueue) bytes(e *recvEntry) []byte { return q.arena[e.off : e.off+e.n] }
+func (q *recvQueue) bytes(e *recvEntry) []byte {
+	if e.buf != nil {
+		return (*e.buf)[e.off : e.off+e.n]
+	}
+	return q.arena[e.off : e.off+e.n]
+}
 
-// take pops the head entry, returning a copy of its payload.
+// take pops the head entry, returning a copy of its payload, or the
+// payload's own buffer, which is then the application's.
 func (q *recvQueue) take(e *recvEntry) []byte {
+	if e.buf != nil {
+		p := q.bytes(e)
+		q.owned -= e.n
+		e.buf = nil
+		q.advance()
+		return p
+	}
 	p := append([]byte(nil), q.bytes(e)...)
 	if p == nil {
 		p = []byte{}
@@ -49,7 +76,18 @@ func (q *recvQueue) take(e *recvEntry) []byte {
 
 func (q *recvQueue) pop() {
 	e := &q.entries[q.head]
-	q.start = e.off + e.n
+	if e.buf != nil {
+		q.owned -= e.n
+		putPayload(e.buf)
+		e.buf = nil
+	} else {
+		q.start = e.off + e.n
+	}
+	q.advance()
+}
+
+// advance drops the head entry, whose bytes are accounted for.
+func (q *recvQueue) advance() {
 	q.head++
 	if q.head == len(q.entries) {
 		q.entries = q.entries[:0]
@@ -74,7 +112,11 @@ func (q *recvQueue) read(p []byte) int {
 		} else {
 			e.off += k
 			e.n -= k
-			q.start = e.off
+			if e.buf != nil {
+				q.owned -= k
+			} else {
+				q.start = e.off
+			}
 		}
 	}
 	return n

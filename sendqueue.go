@@ -6,11 +6,16 @@ import (
 )
 
 // Payload buffers of queued messages come from pools by size class (64
-// bytes to 64 KiB, powers of two), so that Send allocates nothing in steady
+// bytes to 16 MiB, powers of two), so that Send allocates nothing in steady
 // state; the session returns them once a message is packed or dropped.
+// Large messages use them too: a fresh megabyte buffer per message costs
+// its zeroing, the garbage collector's work and the scavenger's madvise
+// calls, more than the copy into it. Reassembly takes its arenas from the
+// same pools, and the receive queue keeps them until the application has
+// read the message.
 const (
 	minPayloadClass = 6  // 64 bytes
-	maxPayloadClass = 16 // 64 KiB
+	maxPayloadClass = 24 // 16 MiB, the default MaxMessageSize
 )
 
 var payloadPools [maxPayloadClass - minPayloadClass + 1]sync.Pool

@@ -46,8 +46,10 @@ func (s *session) takeEvents() sessEvent {
 // host is what the session needs from its connection.
 type host interface {
 	// deliver hands an application message to the receive queue, which
-	// copies the payload. It reports false if there was no room.
-	deliver(id uint32, payload []byte, reliable, inOrder bool) bool
+	// copies the payload, or, if buf is not nil, takes buf, the pooled
+	// buffer payload aliases: it keeps it or puts it back. It reports
+	// false if there was no room.
+	deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool
 	// recvUsed is how many payload bytes wait in the receive queue.
 	recvUsed() int
 	// sendDone returns n payload bytes to the send buffer.
@@ -137,6 +139,7 @@ type session struct {
 	needAnchor              bool
 	freeMsgs                freeList[*outMsg]
 	freeBufs                freeList[[]byte]
+	lent                    *[]byte // see takeLent
 
 	// Flow control (flowcontrol.go): the rate we ask of the peer.
 	arrivals    int

@@ -135,7 +135,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 		if s.state != stateOK && s.state != stateClosing {
 			return
 		}
-		if s.host.deliver(id, payload, reliable, inOrder) {
+		if s.host.deliver(id, payload, s.takeLent(payload), reliable, inOrder) {
 			s.stats.MessagesReceived++
 		} else {
 			s.stats.DroppedMessages++
@@ -210,8 +210,27 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	deps := append(s.wdeps[:0], t.order.deps...)
 	s.wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
+	s.lent = s.reasm.lend(t, whole)
 	s.reasm.finish(t)
 	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
+	if s.lent != nil {
+		// Held or dropped, not delivered: a held message has its copy.
+		putPayload(s.lent)
+		s.lent = nil
+	}
+}
+
+// takeLent returns the pooled buffer behind a reassembled message being
+// applied, for the receive queue to keep instead of copying the message,
+// if payload is that message (and not another one its application
+// released).
+func (s *session) takeLent(payload []byte) *[]byte {
+	b := s.lent
+	if b == nil || len(payload) == 0 || cap(*b) == 0 || &payload[0] != &(*b)[:1][0] {
+		return nil
+	}
+	s.lent = nil
+	return b
 }
 
 // expireHeld delivers the unreliable in-order messages that waited their

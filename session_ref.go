@@ -382,9 +382,15 @@ func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
 		return
 	}
 	reliable, inOrder, id, rel := t.order.reliable, t.order.inOrder, t.id, t.order.rel
+	s.lent = s.reasm.lend(t, whole)
 	s.reasm.finish(t)
 	if i := slices.Index(s.relOpen, rel); i >= 0 && reliable && inOrder {
 		s.relOpen = slices.Delete(s.relOpen, i, i+1)
 	}
 	s.refDeliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
+	if s.lent != nil {
+		// Held (a copy) or dropped, not delivered.
+		putPayload(s.lent)
+		s.lent = nil
+	}
 }

@@ -2,6 +2,7 @@ package knet
 
 import (
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -12,17 +13,44 @@ func (s *session) ackDelay() time.Duration {
 }
 
 // getBuf returns an empty buffer for a reliable datagram, kept until acked.
+// Reliable datagram buffers are kept on the session's free list, a burst's
+// worth; beyond it, in the shared payload pools, so that a large message,
+// hundreds of datagrams in flight at once, does not allocate them afresh
+// every time while a connection still keeps no more than before.
 func (s *session) getBuf() []byte {
 	if b, ok := s.freeBufs.get(); ok {
 		return b[:0]
 	}
-	return make([]byte, 0, s.cfg.maxDatagram)
+	p := getPayload(s.cfg.maxDatagram)
+	b := (*p)[:0]
+	*p = nil
+	bufBoxes.Put(p)
+	return b
 }
 
 func (s *session) putBuf(b []byte) {
-	if cap(b) >= s.cfg.maxDatagram {
-		s.freeBufs.put(b, maxFreeBufs)
+	if cap(b) < s.cfg.maxDatagram {
+		return
 	}
+	if len(s.freeBufs.items) < maxFreeBufs {
+		s.freeBufs.put(b, maxFreeBufs)
+		return
+	}
+	putShared(b)
+}
+
+// bufBoxes keeps the boxes the payload pools hold datagram buffers in
+// while the buffers are out, so that putting one back allocates nothing.
+var bufBoxes sync.Pool
+
+// putShared puts b in the payload pools.
+func putShared(b []byte) {
+	p, ok := bufBoxes.Get().(*[]byte)
+	if !ok {
+		p = new([]byte)
+	}
+	*p = b
+	putPayload(p)
 }
 
 // wholeLimit is the largest payload sent as one message block; larger ones

@@ -20,7 +20,8 @@ type simHost struct {
 	eof      bool
 }
 
-func (h *simHost) deliver(id uint32, payload []byte, reliable, inOrder bool) bool {
+func (h *simHost) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
+	defer putPayload(buf)
 	h.msgs = append(h.msgs, Message{ID: id, Payload: append([]byte{}, payload...), Reliable: reliable, InOrder: inOrder})
 	if h.hold {
 		h.used += len(payload)
