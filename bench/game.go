@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -99,7 +100,12 @@ type gameServerResult struct {
 	MemBase      uint64  `json:"mem_base"` // heap in use + stacks after GC, no clients
 	MemAfter     uint64  `json:"mem_after"`
 	Goroutines   int     `json:"goroutines"`
-	GCs          uint32  `json:"gcs"` // GC cycles during the window
+	GCs          uint32  `json:"gcs"`           // GC cycles during the window
+	RcvbufErrors uint64  `json:"rcvbuf_errors"` // system-wide, over the window
+	SchedP50     float64 `json:"sched_p50_us"`  // goroutines' wait while runnable, over the window
+	SchedP99     float64 `json:"sched_p99_us"`
+	SchedN       uint64  `json:"sched_n"` // goroutine schedulings in the window
+	Extra        string  `json:"extra,omitempty"`
 	Profile      string  `json:"profile,omitempty"`
 }
 
@@ -114,6 +120,7 @@ type gameClientResult struct {
 	LatMax    float64 `json:"lat_max_us"`
 	CPU       float64 `json:"cpu_s"` // whole life of the process
 	Life      float64 `json:"life_s"`
+	Extra     string  `json:"extra,omitempty"`
 }
 
 // ---------------------------------------------------------------- parent
@@ -350,6 +357,82 @@ type gameServer interface {
 	close()
 }
 
+// extraNoter is a server or client set with counters worth a note.
+type extraNoter interface{ extra() string }
+
+func extraOf(v any) string {
+	if x, ok := v.(extraNoter); ok {
+		return x.extra()
+	}
+	return ""
+}
+
+// schedHist reads the runtime's histogram of how long goroutines waited
+// to run once runnable.
+func schedHist() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// schedQuantiles gives the p50 and p99 (µs, upper bucket bounds) and the
+// count of b's samples not in a.
+func schedQuantiles(a, b *metrics.Float64Histogram) (p50, p99 float64, n uint64) {
+	if a == nil || b == nil || len(a.Counts) != len(b.Counts) {
+		return 0, 0, 0
+	}
+	d := make([]uint64, len(b.Counts))
+	for i := range d {
+		d[i] = b.Counts[i] - a.Counts[i]
+		n += d[i]
+	}
+	q := func(p float64) float64 {
+		want := uint64(float64(n)*p + 0.5)
+		var acc uint64
+		for i, c := range d {
+			acc += c
+			if acc >= max(want, 1) {
+				return b.Buckets[i+1] * 1e6
+			}
+		}
+		return 0
+	}
+	if n == 0 {
+		return 0, 0, 0
+	}
+	return q(0.5), q(0.99), n
+}
+
+// udpRcvbufErrors is the system's count of UDP datagrams dropped for a
+// full socket receive buffer (all processes).
+func udpRcvbufErrors() uint64 {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0
+	}
+	var head []string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if head == nil {
+			head = f
+			continue
+		}
+		for i, name := range head {
+			if name == "RcvbufErrors" && i < len(f) {
+				v, _ := strconv.ParseUint(f[i], 10, 64)
+				return v
+			}
+		}
+	}
+	return 0
+}
+
 // eventTurn reports whether client i gets this tick's reliable event:
 // each client once a second, spread over the ticks.
 func eventTurn(i, t int) bool { return i%gameTickHz == t%gameTickHz }
@@ -385,6 +468,8 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 		warmEnd, windowEnd  time.Time
 		work, late          []time.Duration
 		cpu0                float64
+		rcv0                uint64
+		sched0              *metrics.Float64Histogram
 		sent0, miss0, evS0  uint64
 		evM0, in0           uint64
 		gc0                 uint32
@@ -441,12 +526,16 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			}
 			gc0 = gcCount()
 			sent0, miss0, evS0, evM0, in0 = s.counters()
+			rcv0 = udpRcvbufErrors()
+			sched0 = schedHist()
 			cpu0 = cpuTime()
 			windowStart = time.Now()
 			windowEnd = windowStart.Add(g.dur)
 		case phase == phaseMeasure && now.After(windowEnd):
 			cpu1 = cpuTime()
 			res.Window = time.Since(windowStart).Seconds()
+			res.RcvbufErrors = udpRcvbufErrors() - rcv0
+			res.SchedP50, res.SchedP99, res.SchedN = schedQuantiles(sched0, schedHist())
 			sent1, miss1, evS1, evM1, in1 = s.counters()
 			if profFile != nil {
 				pprof.StopCPUProfile()
@@ -464,6 +553,7 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			res.TickP50, res.TickP99 = us(percentile(work, 0.5)), us(percentile(work, 0.99))
 			res.TickMax, res.LateP99 = us(work[len(work)-1]), us(percentile(late, 0.99))
 			res.Goroutines = runtime.NumGoroutine()
+			res.Extra = extraOf(s)
 			res.MemAfter = memInUse()
 			b, _ := json.Marshal(res)
 			say("result %s", b)
@@ -500,6 +590,7 @@ func gameClients(g gameFlags, say func(string, ...any)) error {
 	res := gameClientResult{Connected: k, Snaps: st.snaps.Load(), Events: st.events.Load(), InputsOK: st.inputs.Load()}
 	res.LatP50, res.LatP99, res.LatMax = st.lat.quantile(0.5), st.lat.quantile(0.99), st.lat.max()
 	res.CPU, res.Life = cpuTime(), time.Since(born).Seconds()
+	res.Extra = extraOf(c)
 	b, _ := json.Marshal(res)
 	say("result %s", b)
 	c.close()
@@ -669,9 +760,10 @@ func newKnetGameServer() (*knetGameServer, error) {
 	return s, nil
 }
 
-func (s *knetGameServer) addr() string { return s.l.Addr().String() }
-func (s *knetGameServer) clients() int { return int(s.n.Load()) }
-func (s *knetGameServer) close()       { s.l.Close() }
+func (s *knetGameServer) extra() string { return knetTotals(s.conns) }
+func (s *knetGameServer) addr() string  { return s.l.Addr().String() }
+func (s *knetGameServer) clients() int  { return int(s.n.Load()) }
+func (s *knetGameServer) close()        { s.l.Close() }
 func (s *knetGameServer) counters() (uint64, uint64, uint64, uint64, uint64) {
 	return s.snapsSent.Load(), s.snapsMissed.Load(), s.eventsSent.Load(), s.eventsMissed.Load(), s.inputs.Load()
 }
@@ -765,6 +857,38 @@ func (c *knetGameClients) dial(ctx context.Context, addr string, n int, st *game
 func (c *knetGameClients) send(i int, in []byte) bool {
 	// Unreliable sequenced: never an older input after a newer one.
 	return c.conns[i].TrySend(knet.Message{ID: gameKnetInputID, Payload: in, InOrder: true, Channel: 1}) == nil
+}
+
+func (c *knetGameClients) extra() string { return knetTotals(c.conns) }
+
+// knetTotals sums the connections' counters (over their whole life).
+func knetTotals(conns []*knet.Conn) string {
+	var t knet.Stats
+	var rate, rtt []float64
+	for _, c := range conns {
+		s := c.Stats()
+		rate = append(rate, s.SendRate)
+		rtt = append(rtt, float64(s.RTT)/1e6)
+		t.QueuedBytes = max(t.QueuedBytes, s.QueuedBytes)
+		t.DatagramsSent += s.DatagramsSent
+		t.DatagramsReceived += s.DatagramsReceived
+		t.Retransmits += s.Retransmits
+		t.DroppedDatagrams += s.DroppedDatagrams
+		t.DroppedMessages += s.DroppedMessages
+		t.MessagesSent += s.MessagesSent
+		t.MessagesReceived += s.MessagesReceived
+	}
+	slices.Sort(rate)
+	slices.Sort(rtt)
+	q := func(v []float64, p float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		return v[min(int(float64(len(v))*p), len(v)-1)]
+	}
+	return fmt.Sprintf("knet totals over %d conns: msgs sent %d, received %d, dgrams sent %d, received %d, retransmits %d, dropped dgrams %d, dropped unreliable msgs %d; send rate allowed min %.0f / median %.0f dgram/s, RTT median %.1f ms / max %.1f ms, largest send queue %d B",
+		len(conns), t.MessagesSent, t.MessagesReceived, t.DatagramsSent, t.DatagramsReceived, t.Retransmits, t.DroppedDatagrams, t.DroppedMessages,
+		q(rate, 0), q(rate, 0.5), q(rtt, 0.5), q(rtt, 1), t.QueuedBytes)
 }
 
 func (c *knetGameClients) close() {
@@ -1159,10 +1283,17 @@ func gameNote(r gameResult) string {
 	if r.srv.Profile != "" {
 		profile = ", CPU profile of the window in " + r.srv.Profile
 	}
-	return fmt.Sprintf("server: %d connected, %.2f s CPU in %.2f s, %d ticks (work p50 %.0f µs, p99 %.0f µs, max %.0f µs; start late p99 %.0f µs), snapshots sent %d, missed %d (send buffer/window full), events sent %d, missed %d, inputs received %d (%.0f/s/client), %d goroutines, %d GCs in the window, memory %.1f MiB → %.1f MiB%s; clients: %d connected, %d snapshots and %d events of the window received, inputs accepted %d, latency max %.1f ms, clients process CPU %.1f s in %.1f s (%.2f cores)",
-		r.srv.Connected, r.srv.CPU, r.srv.Window, r.srv.Ticks, r.srv.TickP50, r.srv.TickP99, r.srv.TickMax, r.srv.LateP99,
+	return fmt.Sprintf("server: %d connected, %.2f s CPU in %.2f s, %d ticks (work p50 %.0f µs, p99 %.0f µs, max %.0f µs; start late p99 %.0f µs), goroutines waited to run p50 %.0f µs, p99 %.0f µs (%d schedulings), snapshots sent %d, missed %d (send buffer/window full), events sent %d, missed %d, inputs received %d (%.0f/s/client), %d goroutines, %d GCs in the window, memory %.1f MiB → %.1f MiB, system-wide UDP receive-buffer drops in the window %d%s%s; clients: %d connected, %d snapshots and %d events of the window received, inputs accepted %d, latency max %.1f ms, clients process CPU %.1f s in %.1f s (%.2f cores)%s",
+		r.srv.Connected, r.srv.CPU, r.srv.Window, r.srv.Ticks, r.srv.TickP50, r.srv.TickP99, r.srv.TickMax, r.srv.LateP99, r.srv.SchedP50, r.srv.SchedP99, r.srv.SchedN,
 		r.srv.SnapsSent, r.srv.SnapsMissed, r.srv.EventsSent, r.srv.EventsMissed, r.srv.Inputs,
 		float64(r.srv.Inputs)/r.srv.Window/float64(max(r.srv.N, 1)), r.srv.Goroutines, r.srv.GCs,
-		float64(r.srv.MemBase)/(1<<20), float64(r.srv.MemAfter)/(1<<20), profile,
-		r.cli.Connected, r.cli.Snaps, r.cli.Events, r.cli.InputsOK, r.cli.LatMax/1000, r.cli.CPU, r.cli.Life, r.cli.CPU/r.cli.Life)
+		float64(r.srv.MemBase)/(1<<20), float64(r.srv.MemAfter)/(1<<20), r.srv.RcvbufErrors, prefixed("; ", r.srv.Extra), profile,
+		r.cli.Connected, r.cli.Snaps, r.cli.Events, r.cli.InputsOK, r.cli.LatMax/1000, r.cli.CPU, r.cli.Life, r.cli.CPU/r.cli.Life, prefixed("; ", r.cli.Extra))
+}
+
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
 }
