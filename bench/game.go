@@ -104,7 +104,9 @@ type gameServerResult struct {
 	RcvbufErrors uint64  `json:"rcvbuf_errors"` // system-wide, over the window
 	SchedP50     float64 `json:"sched_p50_us"`  // goroutines' wait while runnable, over the window
 	SchedP99     float64 `json:"sched_p99_us"`
-	SchedN       uint64  `json:"sched_n"` // goroutine schedulings in the window
+	SchedN       uint64  `json:"sched_n"`  // goroutine schedulings in the window
+	VolCS        uint64  `json:"vol_cs"`   // the process's voluntary context switches in the window
+	InvolCS      uint64  `json:"invol_cs"` // and involuntary ones (preempted by the OS)
 	Extra        string  `json:"extra,omitempty"`
 	Profile      string  `json:"profile,omitempty"`
 }
@@ -470,6 +472,7 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 		cpu0                float64
 		rcv0                uint64
 		sched0              *metrics.Float64Histogram
+		vcs0, ics0          uint64
 		sent0, miss0, evS0  uint64
 		evM0, in0           uint64
 		gc0                 uint32
@@ -528,6 +531,7 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			sent0, miss0, evS0, evM0, in0 = s.counters()
 			rcv0 = udpRcvbufErrors()
 			sched0 = schedHist()
+			vcs0, ics0 = ctxSwitches()
 			cpu0 = cpuTime()
 			windowStart = time.Now()
 			windowEnd = windowStart.Add(g.dur)
@@ -536,6 +540,8 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			res.Window = time.Since(windowStart).Seconds()
 			res.RcvbufErrors = udpRcvbufErrors() - rcv0
 			res.SchedP50, res.SchedP99, res.SchedN = schedQuantiles(sched0, schedHist())
+			vcs1, ics1 := ctxSwitches()
+			res.VolCS, res.InvolCS = vcs1-vcs0, ics1-ics0
 			sent1, miss1, evS1, evM1, in1 = s.counters()
 			if profFile != nil {
 				pprof.StopCPUProfile()
@@ -1283,8 +1289,8 @@ func gameNote(r gameResult) string {
 	if r.srv.Profile != "" {
 		profile = ", CPU profile of the window in " + r.srv.Profile
 	}
-	return fmt.Sprintf("server: %d connected, %.2f s CPU in %.2f s, %d ticks (work p50 %.0f µs, p99 %.0f µs, max %.0f µs; start late p99 %.0f µs), goroutines waited to run p50 %.0f µs, p99 %.0f µs (%d schedulings), snapshots sent %d, missed %d (send buffer/window full), events sent %d, missed %d, inputs received %d (%.0f/s/client), %d goroutines, %d GCs in the window, memory %.1f MiB → %.1f MiB, system-wide UDP receive-buffer drops in the window %d%s%s; clients: %d connected, %d snapshots and %d events of the window received, inputs accepted %d, latency max %.1f ms, clients process CPU %.1f s in %.1f s (%.2f cores)%s",
-		r.srv.Connected, r.srv.CPU, r.srv.Window, r.srv.Ticks, r.srv.TickP50, r.srv.TickP99, r.srv.TickMax, r.srv.LateP99, r.srv.SchedP50, r.srv.SchedP99, r.srv.SchedN,
+	return fmt.Sprintf("server: %d connected, %.2f s CPU in %.2f s, %d ticks (work p50 %.0f µs, p99 %.0f µs, max %.0f µs; start late p99 %.0f µs), goroutines waited to run p50 %.0f µs, p99 %.0f µs (%d schedulings sampled), %.0f voluntary and %.0f involuntary context switches/s, snapshots sent %d, missed %d (send buffer/window full), events sent %d, missed %d, inputs received %d (%.0f/s/client), %d goroutines, %d GCs in the window, memory %.1f MiB → %.1f MiB, system-wide UDP receive-buffer drops in the window %d%s%s; clients: %d connected, %d snapshots and %d events of the window received, inputs accepted %d, latency max %.1f ms, clients process CPU %.1f s in %.1f s (%.2f cores)%s",
+		r.srv.Connected, r.srv.CPU, r.srv.Window, r.srv.Ticks, r.srv.TickP50, r.srv.TickP99, r.srv.TickMax, r.srv.LateP99, r.srv.SchedP50, r.srv.SchedP99, r.srv.SchedN, float64(r.srv.VolCS)/r.srv.Window, float64(r.srv.InvolCS)/r.srv.Window,
 		r.srv.SnapsSent, r.srv.SnapsMissed, r.srv.EventsSent, r.srv.EventsMissed, r.srv.Inputs,
 		float64(r.srv.Inputs)/r.srv.Window/float64(max(r.srv.N, 1)), r.srv.Goroutines, r.srv.GCs,
 		float64(r.srv.MemBase)/(1<<20), float64(r.srv.MemAfter)/(1<<20), r.srv.RcvbufErrors, prefixed("; ", r.srv.Extra), profile,

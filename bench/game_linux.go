@@ -14,6 +14,16 @@ func cpuTime() float64 {
 	return tv(ru.Utime) + tv(ru.Stime)
 }
 
+// ctxSwitches is this process's voluntary and involuntary context
+// switches so far (every thread's).
+func ctxSwitches() (vol, invol uint64) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0
+	}
+	return uint64(ru.Nvcsw), uint64(ru.Nivcsw)
+}
+
 // raiseNoFile lifts the open-file limit to its hard limit: thousands of
 // clients are thousands of sockets.
 func raiseNoFile() {
