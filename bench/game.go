@@ -137,6 +137,17 @@ func (r gameResult) cpuPerClient() float64 { // µs of CPU per client per second
 	return r.srv.CPU / r.srv.Window / float64(r.srv.N) * 1e6
 }
 
+// cpuPerMessage is µs of server CPU per message handled: inputs
+// received, snapshots and events sent. Unlike CPU per client it does not
+// fall when the server falls behind and handles less.
+func (r gameResult) cpuPerMessage() float64 {
+	n := r.srv.Inputs + r.srv.SnapsSent + r.srv.EventsSent
+	if n == 0 {
+		return 0
+	}
+	return r.srv.CPU / float64(n) * 1e6
+}
+
 func (r gameResult) memPerConn() float64 { // KiB
 	if r.srv.MemAfter < r.srv.MemBase {
 		return 0
@@ -561,6 +572,12 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			res.Goroutines = runtime.NumGoroutine()
 			res.Extra = extraOf(s)
 			res.MemAfter = memInUse()
+			if res.Profile != "" {
+				if f, err := os.Create(res.Profile + ".heap"); err == nil {
+					pprof.Lookup("heap").WriteTo(f, 0)
+					f.Close()
+				}
+			}
 			b, _ := json.Marshal(res)
 			say("result %s", b)
 		}
@@ -1277,6 +1294,7 @@ func (h *harness) gameLegend() []string {
 			gameInputLen, gameInputHz, gameTickHz, gameSnapLen, gameEventLen, h.o.gameDur, h.o.gameWarmup),
 		"Game server CPU per client: the server process's user+sys CPU time over the window / window / N, in µs of CPU per client per second (the clients' process is not counted).",
 		"Game snapshot latency: client receive time - the server tick's start time stamped in the snapshot (wall clock shared by the two processes), over the window's snapshots that arrived.",
+		"Game server CPU per message: the same CPU time / (inputs received + snapshots and events sent) in the window: it does not shrink when a server that falls behind handles fewer messages.",
 		"Game memory per connection: the server process's heap in use + goroutine stacks after GC at the window's end, minus the same before any client, / N.",
 		"Game tick work p99: wall time of the tick loop's own work (take what arrived, send every snapshot and event), 99th percentile over the window's ticks; the period is 33.3 ms.",
 		fmt.Sprintf("Game snapshots delivered: snapshots of the window received by the clients / (N × ticks run). On time: tick work p99 under 33.3 ms, at least %.0f %% of the window's ticks ran, and at least %.0f %% of the snapshots delivered. Largest N on time: the largest N tried that was on time in most runs.", gameOnTimeShare*100, gameOnTimeShare*100),

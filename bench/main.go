@@ -83,7 +83,7 @@ func main() {
 	gameClients := flag.String("game-clients", "100,1000,5000", "game scenario: comma-separated numbers of clients (100 with -quick unless given)")
 	flag.DurationVar(&o.gameWarmup, "game-warmup", 2*time.Second, "game scenario: warm-up once all clients are connected")
 	flag.DurationVar(&o.gameDur, "game-duration", 5*time.Second, "game scenario: measurement window")
-	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write a CPU profile of the server process over the window to FILE.<lib>-<N> (the last run's)")
+	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write a CPU profile of knet's server process over the window to FILE.knet-<N>, and its heap at the window's end to FILE.knet-<N>.heap (the last run's)")
 	var gf gameFlags
 	flag.StringVar(&gf.role, "game-role", "", "internal: run as the game scenario's server or clients process")
 	flag.StringVar(&gf.lib, "game-lib", "", "internal: library of a game process (knet, kcp, udp)")
@@ -411,6 +411,7 @@ func (h *harness) declare() {
 	for _, n := range o.gameClients {
 		game := fmt.Sprintf("Game %d clients", n)
 		t.add("game", gameRowID("cpu", n), game+": server CPU per client", "us", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("cpum", n), game+": server CPU per message", "us", true, colKnetU, colQUIC)
 		t.add("game", gameRowID("p50", n), game+": snapshot latency p50", "us", true, colKnetU, colQUIC)
 		t.add("game", gameRowID("p99", n), game+": snapshot latency p99", "us", true, colKnetU, colQUIC)
 		t.add("game", gameRowID("mem", n), game+": server memory per connection", "KiB", true, colKnetU, colQUIC)
@@ -690,7 +691,7 @@ func (h *harness) scenario(name string) []job {
 		for _, col := range cols {
 			add(col, func() {
 				for _, n := range o.gameClients {
-					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n)}
+					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n), gameRowID("cpum", n)}
 					h.measure(fmt.Sprintf("%s %d", name, n), col, ids, limit, func(e *env, r *results) error {
 						profile := ""
 						if col == colKnet {
@@ -704,6 +705,10 @@ func (h *harness) scenario(name string) []job {
 							return nil // ended early: the env says why
 						}
 						r.set(ids[0], res.cpuPerClient())
+						r.set(ids[7], res.cpuPerMessage())
+						if !res.onTime() {
+							r.mark(ids[0], "in some run the server was not on time: it ran fewer ticks or handled fewer inputs than due, so its CPU per client understates the load's cost (see CPU per message, and the notes)")
+						}
 						if res.cli.Snaps > 0 {
 							r.set(ids[1], res.cli.LatP50)
 							r.set(ids[2], res.cli.LatP99)
