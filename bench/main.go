@@ -1,7 +1,7 @@
 // Command bench compares knet with kcp-go, quic-go and raw UDP on loopback.
 //
 //	go run .                 # full run: 3 runs of everything, about 13 minutes
-//	go run . -quick          # smoke run: 1 short run, about 1.5 minutes
+//	go run . -quick          # smoke run: 1 short run, about 1 minute
 //	go run . -only=pingpong,lossy -libs=knet,kcp-go
 //
 // Every scenario runs for every library in the same process, one after
@@ -60,7 +60,7 @@ func main() {
 	var o options
 	only := flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(scenarioNames, ","))
 	libsFlag := flag.String("libs", "knet,knet-unordered,kcp-go,quic-go,udp", "comma-separated libraries: knet (in order), knet-unordered, kcp-go, quic-go, udp")
-	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 1.5 minutes: one run of short windows (overrides the duration flags)")
+	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 1 minute: one run of short windows (overrides the duration flags)")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "loopback scenarios: warm-up before each measurement window")
 	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "loopback scenarios: measurement window")
 	flag.DurationVar(&o.pathWarmup, "path-warmup", 2*time.Second, "relay scenarios (lossy, capped): warm-up")
