@@ -137,11 +137,13 @@ func (r gameResult) cpuPerClient() float64 { // µs of CPU per client per second
 	return r.srv.CPU / r.srv.Window / float64(r.srv.N) * 1e6
 }
 
-// cpuPerMessage is µs of server CPU per message handled: inputs
-// received, snapshots and events sent. Unlike CPU per client it does not
-// fall when the server falls behind and handles less.
+// cpuPerMessage is µs of server CPU per message carried: inputs the
+// server received, snapshots the clients received, events sent. Unlike
+// CPU per client it does not fall when the server falls behind and
+// carries less (snapshots sent counts those a newer one replaced in the
+// send queue, which cost little: hence the clients' count).
 func (r gameResult) cpuPerMessage() float64 {
-	n := r.srv.Inputs + r.srv.SnapsSent + r.srv.EventsSent
+	n := r.srv.Inputs + r.cli.Snaps + r.srv.EventsSent
 	if n == 0 {
 		return 0
 	}
@@ -1306,7 +1308,7 @@ func (h *harness) gameLegend() []string {
 			gameInputLen, gameInputHz, gameTickHz, gameSnapLen, gameEventLen, h.o.gameDur, h.o.gameWarmup),
 		"Game server CPU per client: the server process's user+sys CPU time over the window / window / N, in µs of CPU per client per second (the clients' process is not counted).",
 		"Game snapshot latency: client receive time - the server tick's start time stamped in the snapshot (wall clock shared by the two processes), over the window's snapshots that arrived.",
-		"Game server CPU per message: the same CPU time / (inputs received + snapshots and events sent) in the window: it does not shrink when a server that falls behind handles fewer messages.",
+		"Game server CPU per message: the same CPU time / (inputs the server received + snapshots the clients received + events sent) in the window: it does not shrink when a server that falls behind carries fewer messages.",
 		"Game memory per connection: the server process's heap in use + goroutine stacks after GC at the window's end, minus the same before any client, / N.",
 		"Game tick work p99: wall time of the tick loop's own work (take what arrived, send every snapshot and event), 99th percentile over the window's ticks; the period is 33.3 ms.",
 		fmt.Sprintf("Game snapshots delivered: snapshots of the window received by the clients / (N × ticks run). On time: tick work p99 under 33.3 ms, at least %.0f %% of the window's ticks ran, and at least %.0f %% of the snapshots delivered. Largest N on time: the largest N tried that was on time in most runs, every smaller N tried being on time too; a larger N on time after one that was not is named in brackets (noise).", gameOnTimeShare*100, gameOnTimeShare*100),
