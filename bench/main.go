@@ -1,6 +1,6 @@
 // Command bench compares knet with kcp-go, quic-go and raw UDP on loopback.
 //
-//	go run .                 # full run: 3 runs of everything, about 8 minutes
+//	go run .                 # full run: 3 runs of everything, about 13 minutes
 //	go run . -quick          # smoke run: 1 short run, about 1 minute
 //	go run . -only=pingpong,lossy -libs=knet,kcp-go
 //
@@ -45,9 +45,12 @@ type options struct {
 	acceptDelay, acceptT  time.Duration
 	seed                  uint64
 	largeSize             int
+	gameClients           []int // game scenario: client counts
+	gameWarmup, gameDur   time.Duration
+	gameProfile           string // base name of the game server's CPU profiles
 }
 
-var scenarioNames = []string{"pingpong", "throughput", "large", "sessions", "lossy", "capped", "late"}
+var scenarioNames = []string{"pingpong", "throughput", "large", "sessions", "lossy", "capped", "late", "game"}
 
 func main() {
 	// quic-go warns on stderr when the kernel caps its socket buffers
@@ -77,8 +80,22 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the relay's random drops")
 	flag.IntVar(&o.largeSize, "large-size", 1<<20, "large scenario: message size, bytes")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	gameClients := flag.String("game-clients", "100,1000,5000", "game scenario: comma-separated numbers of clients (100 with -quick unless given)")
+	flag.DurationVar(&o.gameWarmup, "game-warmup", 2*time.Second, "game scenario: warm-up once all clients are connected")
+	flag.DurationVar(&o.gameDur, "game-duration", 5*time.Second, "game scenario: measurement window")
+	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write a CPU profile of knet's server process over the window to FILE.knet-<N>, and its heap at the window's end to FILE.knet-<N>.heap (the last run's)")
+	var gf gameFlags
+	flag.StringVar(&gf.role, "game-role", "", "internal: run as the game scenario's server or clients process")
+	flag.StringVar(&gf.lib, "game-lib", "", "internal: library of a game process (knet, kcp, udp)")
+	flag.StringVar(&gf.addr, "game-addr", "", "internal: server address for the game clients process")
+	flag.IntVar(&gf.n, "game-n", 0, "internal: number of game clients")
 	flag.DurationVar(&o.trace, "trace", 0, "relay scenarios: print knet's counters on both ends to stderr at this interval (e.g. 100ms)")
 	flag.Parse()
+	if gf.role != "" {
+		gf.warmup, gf.dur, gf.cpuprofile = o.gameWarmup, o.gameDur, o.gameProfile
+		gameChild(gf)
+		return
+	}
 	o.runs = *runs
 	explicit := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
@@ -97,7 +114,24 @@ func main() {
 		}
 		o.pacedRates = append(o.pacedRates, v)
 	}
+	if o.quick && !explicit["game-clients"] {
+		*gameClients = "100"
+	}
+	for _, f := range strings.Split(*gameClients, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v <= 0 {
+			fmt.Fprintf(os.Stderr, "bad -game-clients entry %q: want a positive number of clients\n", f)
+			os.Exit(2)
+		}
+		o.gameClients = append(o.gameClients, v)
+	}
 	if o.quick {
+		if !explicit["game-warmup"] {
+			o.gameWarmup = time.Second
+		}
+		if !explicit["game-duration"] {
+			o.gameDur = 2 * time.Second
+		}
 		o.warmup, o.duration = 200*time.Millisecond, 400*time.Millisecond
 		o.pathWarmup, o.pathDur = 400*time.Millisecond, 800*time.Millisecond
 		o.pacedWarmup, o.pacedDur = 400*time.Millisecond, 800*time.Millisecond
@@ -176,6 +210,7 @@ func main() {
 	fmt.Fprintf(w, "### knet benchmark (loopback, one process)\n\n")
 	fmt.Fprintf(w, "Machine: %s/%s, %d CPUs (%s), %s. %s.  \n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), cpuModel(), runtime.Version(), depVersions())
 	fmt.Fprintf(w, "Command: `%s` (%s, total %v, %d run(s) per scenario). Load average (1 min) before: %s; after each run: %s.\n\n", strings.Join(append([]string{"go run ."}, os.Args[1:]...), " "), time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second), o.runs, loadBefore, strings.Join(h.loads, ", "))
+	h.gameLargestOnTime()
 	h.t.write(w, sel)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, h.legend())
@@ -373,6 +408,18 @@ func (h *harness) declare() {
 	t.add("capped", "cl", capped+": relay drop rate", "%", true, colUDP).ratios = false
 	t.add("late", "la", fmt.Sprintf("Late accept (%v): first message after Accept", o.acceptDelay), "ms", true, colUDP)
 	t.add("late", "lf", fmt.Sprintf("Late accept (%v): message sent after Accept arrives", o.acceptDelay), "ms", true, colUDP)
+	for _, n := range o.gameClients {
+		game := fmt.Sprintf("Game %d clients", n)
+		t.add("game", gameRowID("cpu", n), game+": server CPU per client", "us", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("cpum", n), game+": server CPU per message", "us", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("p50", n), game+": snapshot latency p50", "us", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("p99", n), game+": snapshot latency p99", "us", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("mem", n), game+": server memory per connection", "KiB", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("tick", n), game+": server tick work p99", "us", true, colKnetU, colQUIC)
+		t.add("game", gameRowID("dlv", n), game+": snapshots delivered", "%", false, colKnetU, colQUIC).ratios = false
+		t.add("game", gameRowID("ok", n), game+": on time", "", false, colKnetU, colQUIC).ratios = false
+	}
+	t.add("game", "g.maxn", "Game: largest N on time (of those tried)", "clients", false, colKnetU, colQUIC).ratios = false
 }
 
 func (h *harness) lossyLabel() string {
@@ -399,7 +446,7 @@ func sizeName(n int) string {
 
 func (h *harness) legend() string {
 	o := h.o
-	return strings.Join([]string{
+	return strings.Join(append([]string{
 		"Each cell: the median of the runs, and (lowest–highest). Ratios are medians divided: knet's value over the peer's, and knet in order over knet unordered; the last column says whether lower or higher is better.",
 		"knet sends reliable messages InOrder on one channel, the service a kcp-go session or a QUIC stream gives; \"knet (unordered)\" sends them reliable and unordered.",
 		"quic-go encrypts and authenticates every packet (TLS 1.3, AES-GCM or ChaCha20); knet, kcp-go (no block cipher, no FEC) and raw UDP send plaintext.",
@@ -408,7 +455,7 @@ func (h *harness) legend() string {
 		"Latency = receive time - send time stamped in the payload before Send (queueing in the sender's buffers included).",
 		fmt.Sprintf("Time stalled: share of the window spent in gaps of at least %v between two deliveries to the application.", stallGap),
 		"Late accept: the client sends a 64 B message every 1 ms from Dial on; times are from Accept's return.",
-	}, "  \n")
+	}, h.gameLegend()...), "  \n")
 }
 
 // targets sums up the issue's acceptance figures for the lossy path, when
@@ -424,6 +471,7 @@ func (h *harness) targets() string {
 			out = append(out, fmt.Sprintf("Paced %d msg/s: knet in-order p99 / kcp-go p99 = %s (target ≤ 1×).", rate, s))
 		}
 	}
+	out = append(out, h.gameTargets()...)
 	return strings.Join(out, "  \n")
 }
 
@@ -626,6 +674,57 @@ func (h *harness) scenario(name string) []job {
 						res.relay.Offered, res.relay.QueueDrops, res.relay.Overflow, res.byteRate())
 					return nil
 				})
+			})
+		}
+
+	case "game":
+		cols := []string{}
+		for _, lb := range h.libs {
+			if lb.Name() == colKnet || lb.Name() == colKCP {
+				cols = append(cols, lb.Name())
+			}
+		}
+		if h.udp {
+			cols = append(cols, colUDP)
+		}
+		limit := gameConnectLimit + o.gameWarmup + o.gameDur + 40*time.Second
+		for _, col := range cols {
+			add(col, func() {
+				for _, n := range o.gameClients {
+					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n), gameRowID("cpum", n)}
+					h.measure(fmt.Sprintf("%s %d", name, n), col, ids, limit, func(e *env, r *results) error {
+						profile := ""
+						if col == colKnet {
+							profile = o.gameProfile
+						}
+						res, err := runGame(e, col, n, o.gameWarmup, o.gameDur, profile)
+						if err != nil {
+							return err
+						}
+						if res.srv.Window == 0 {
+							return nil // ended early: the env says why
+						}
+						r.set(ids[0], res.cpuPerClient())
+						r.set(ids[7], res.cpuPerMessage())
+						if !res.onTime() {
+							r.mark(ids[0], "in some run the server was not on time: it ran fewer ticks or handled fewer inputs than due, so its CPU per client understates the load's cost (see CPU per message, and the notes)")
+						}
+						if res.cli.Snaps > 0 {
+							r.set(ids[1], res.cli.LatP50)
+							r.set(ids[2], res.cli.LatP99)
+						}
+						r.set(ids[3], res.memPerConn())
+						r.set(ids[4], res.srv.TickP99)
+						r.set(ids[5], 100*res.delivered())
+						if res.onTime() {
+							r.setText(ids[6], 1, "yes")
+						} else {
+							r.setText(ids[6], 0, "no")
+						}
+						e.note("%s", gameNote(res))
+						return nil
+					})
+				}
 			})
 		}
 
