@@ -508,7 +508,10 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 		t.packed = true
 		t.at = at
 		t.wire = append(t.wire[:0], refs...)
-		if len(refs) > 0 {
+		if len(refs) > 0 && t.reliable {
+			// Only a reliable message's resolution waits for what it
+			// depends on (resolvedWithin); an unreliable one's is its
+			// age, and a latest-state update names up to 8 versions.
 			t.deps = append(t.deps[:0], m.deps...)
 		}
 		t.lastPID = h.packetID
