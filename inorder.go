@@ -702,6 +702,24 @@ func (o *sendOrder) dropTail(t *track) {
 	}
 }
 
+// trim lets go of storage unused since it last ran (see session.tidy).
+func (o *sendOrder) trim() {
+	o.free.trim()
+	if o.fifoAt == len(o.fifo) {
+		o.fifo, o.fifoAt = nil, 0
+	}
+	if len(o.chans) == 0 {
+		o.chans = nil
+	}
+	// Emptied maps keep their buckets.
+	if len(o.byRef) == 0 {
+		o.byRef = nil
+	}
+	if len(o.latest) == 0 {
+		o.latest = nil
+	}
+}
+
 // reset forgets everything.
 func (o *sendOrder) reset() {
 	for _, t := range o.fifo[o.fifoAt:] {

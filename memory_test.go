@@ -30,10 +30,10 @@ import (
 // TestMemoryClients), so that the server's heap is all this process
 // holds: the figures are the server side's, per connection.
 var (
-	memTest    = flag.Bool("knet.mem", false, "run TestMemoryPerConnection (about 30s)")
+	memTest    = flag.Bool("knet.mem", false, "run TestMemoryPerConnection (about 40s)")
 	memConns   = flag.Int("knet.mem.conns", 200, "TestMemoryPerConnection: connections")
 	memLoad    = flag.Duration("knet.mem.load", 5*time.Second, "TestMemoryPerConnection: how long the game load runs before measuring")
-	memIdle    = flag.Duration("knet.mem.idle", 6*time.Second, "TestMemoryPerConnection: how long connections stay idle before measuring")
+	memIdle    = flag.Duration("knet.mem.idle", 11*time.Second, "TestMemoryPerConnection: how long connections stay idle before measuring")
 	memProfile = flag.String("knet.mem.profile", "", "TestMemoryPerConnection: write the heap profile under load to this file (and .idle for the idle one)")
 )
 

@@ -252,13 +252,18 @@ func (s *session) prepare(m *outMsg) {
 }
 
 // freeList keeps released values for reuse, so that steady traffic
-// allocates nothing.
+// allocates nothing. trim, run now and then, lets go of the values that
+// were not needed since its last run: a burst's are returned once it is
+// over, steady traffic keeps what it uses.
 type freeList[T any] struct {
 	items []T
+	low   int  // the fewest items kept since the last trim
+	asked bool // get ran since the last trim
 }
 
 // get returns a kept value, ok false if there is none.
 func (f *freeList[T]) get() (v T, ok bool) {
+	f.asked = true
 	k := len(f.items)
 	if k == 0 {
 		return v, false
@@ -267,6 +272,7 @@ func (f *freeList[T]) get() (v T, ok bool) {
 	var zero T
 	f.items[k-1] = zero
 	f.items = f.items[:k-1]
+	f.low = min(f.low, k-1)
 	return v, true
 }
 
@@ -275,6 +281,21 @@ func (f *freeList[T]) put(v T, limit int) {
 	if limit == 0 || len(f.items) < limit {
 		f.items = append(f.items, v)
 	}
+}
+
+// trim drops the values none of the gets since the last trim took: those
+// at the bottom of the stack; and the list's own storage if none ran.
+func (f *freeList[T]) trim() {
+	switch {
+	case !f.asked:
+		clear(f.items)
+		f.items = nil
+	case f.low > 0:
+		n := copy(f.items, f.items[f.low:])
+		clear(f.items[n:])
+		f.items = f.items[:n]
+	}
+	f.low, f.asked = len(f.items), false
 }
 
 // Free-list limits: a burst's worth is kept, not the burst.

@@ -135,6 +135,7 @@ type session struct {
 	anchor, lastWhole       msgRef
 	hasAnchor, hasLastWhole bool
 	needAnchor              bool
+	tidyAt                  time.Time // see tidy
 	freeMsgs                freeList[*outMsg]
 	freeBufs                freeList[[]byte]
 
