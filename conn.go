@@ -304,9 +304,9 @@ func (c *Conn) flush(now time.Time) {
 	n := 0
 	for {
 		if w == nil {
-			w = getWriteBatch(c.ep.uc, c.cfg.maxDatagram)
+			w = getWriteBatch(c.cfg.maxDatagram)
 		}
-		b := c.sess.poll(now, w.bufs[n][:0])
+		b := c.sess.poll(now, w.buf(n))
 		if b == nil {
 			break
 		}

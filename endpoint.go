@@ -124,6 +124,12 @@ func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) error {
 		}
 		return nil
 	}
+	if len(ps) == 1 {
+		return ep.uc.WriteOne(&ps[0]) // the plain call: no batch state
+	}
+	if w.w == nil {
+		w.w = ep.uc.NewWriter()
+	}
 	_, err := ep.uc.WriteBatch(w.w, ps)
 	return err
 }
@@ -168,26 +174,34 @@ func (ep *endpoint) reportRefusal() {
 }
 
 // writeBatch is what a connection's goroutine needs to send a batch:
-// pooled, since few connections send at any one moment.
+// pooled, since few connections send at any one moment. Its parts are
+// made as a flush first needs them: a busy server has many connections
+// flushing at once, most of them a datagram or two, and a batch made whole
+// (64 buffers of MaxDatagramSize and the system call's state, about 100
+// KiB) for each of them cost more than all their sessions.
 type writeBatch struct {
-	w    *udp.Writer
+	w    *udp.Writer // made for the first batch of several datagrams
 	ps   [udp.MaxBatch]udp.Packet
-	bufs [udp.MaxBatch][]byte // for datagrams built on the spot
+	bufs [udp.MaxBatch][]byte // for datagrams built on the spot, made when first used
 	size int
 	used int // entries of ps that may hold references
 }
 
 var writeBatches sync.Pool
 
-func getWriteBatch(c *udp.Conn, size int) *writeBatch {
+func getWriteBatch(size int) *writeBatch {
 	if w, ok := writeBatches.Get().(*writeBatch); ok && w.size == size {
 		return w
 	}
-	w := &writeBatch{w: c.NewWriter(), size: size}
-	for i := range w.bufs {
-		w.bufs[i] = make([]byte, 0, size)
+	return &writeBatch{size: size}
+}
+
+// buf returns the n-th buffer, empty.
+func (w *writeBatch) buf(n int) []byte {
+	if w.bufs[n] == nil {
+		w.bufs[n] = make([]byte, 0, w.size)
 	}
-	return w
+	return w.bufs[n][:0]
 }
 
 func putWriteBatch(w *writeBatch) {

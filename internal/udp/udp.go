@@ -97,6 +97,13 @@ func (c *Conn) WriteBatch(w *Writer, ps []Packet) (int, error) {
 	return c.sys.writeBatch(&w.sys, ps)
 }
 
+// WriteOne writes one packet, as WriteBatch would, with no Writer: a
+// single datagram needs no batch state.
+func (c *Conn) WriteOne(p *Packet) error {
+	p.Err = c.writeOne(p)
+	return p.Err
+}
+
 // portable is the loop of single calls, for systems without batches and
 // as the fallback.
 func (c *Conn) readOne(p *Packet) error {
