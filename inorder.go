@@ -647,6 +647,9 @@ func appendLive(deps []depOn, d depOn) []depOn {
 	return deps
 }
 
+// tracking reports whether any track is live.
+func (o *sendOrder) tracking() bool { return o.fifoAt < len(o.fifo) }
+
 // forget recycles tracks that no later message needs: resolved ones, in
 // order.
 func (o *sendOrder) forget(resolved func(t *track) bool) {

@@ -136,6 +136,7 @@ type session struct {
 	hasAnchor, hasLastWhole bool
 	needAnchor              bool
 	tidyAt                  time.Time // see tidy
+	forgotAt                time.Time // see poll
 	freeMsgs                freeList[*outMsg]
 	freeBufs                freeList[[]byte]
 

@@ -111,6 +111,15 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
+	if now != s.forgotAt && s.order.tracking() {
+		// Acks forget resolved tracks too, but a connection that sends
+		// only unreliable messages hears none: their tracks resolve with
+		// age, and went only when a reliable one was acked, 60 of them
+		// kept between a game server's reliable events 2s apart. Once a
+		// flush.
+		s.forgotAt = now
+		s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	}
 	if b := s.pollReliable(now); b != nil {
 		return b
 	}
