@@ -314,7 +314,7 @@ func (c *Conn) flush(now time.Time) {
 		// acked; nothing is acked before the batch goes out.
 		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
 		w.used = max(w.used, n+1)
-		if n++; n == len(w.ps) {
+		if n++; n == len(w.ps) && !w.grow() {
 			c.write(w, w.ps[:n])
 			n = 0
 		}
