@@ -175,4 +175,5 @@ func (s *session) tidy(now time.Time) {
 	if len(s.latestQueued) == 0 {
 		s.latestQueued = nil // an emptied map keeps its buckets
 	}
+	s.events |= evTidy
 }
