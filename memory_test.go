@@ -240,3 +240,84 @@ func TestMemoryClients(t *testing.T) {
 		}
 	}
 }
+
+func TestFreeListTrim(t *testing.T) {
+	var f freeList[*int]
+	for range 10 {
+		f.put(new(int), 0)
+	}
+	f.trim() // nothing asked since the list was made: all go
+	require.Nil(t, f.items)
+	for range 10 {
+		f.put(new(int), 0)
+	}
+	f.trim()
+	for range 10 {
+		f.put(new(int), 0)
+	}
+	// A round that takes 3 and gives them back: the 7 never taken go.
+	var got []*int
+	for range 3 {
+		v, ok := f.get()
+		require.True(t, ok)
+		got = append(got, v)
+	}
+	for _, v := range got {
+		f.put(v, 0)
+	}
+	f.trim()
+	require.Len(t, f.items, 3)
+	for _, v := range got {
+		require.Contains(t, f.items, v, "the values in use are the ones kept")
+	}
+	// Steady use keeps what it takes at once.
+	for range 5 {
+		v, _ := f.get()
+		w, _ := f.get()
+		f.put(v, 0)
+		f.put(w, 0)
+	}
+	f.trim()
+	require.Len(t, f.items, 2)
+	// A run past the list's end: as many are kept as were taken.
+	f.get()
+	f.get()
+	_, ok := f.get()
+	require.False(t, ok)
+	for range 5 {
+		f.put(new(int), 0)
+	}
+	f.trim()
+	require.Len(t, f.items, 3)
+	f.trim()
+	require.Nil(t, f.items)
+}
+
+func TestRecvQueueTrim(t *testing.T) {
+	var q recvQueue
+	payload := make([]byte, 1000)
+	fill := func(n int) {
+		for range n {
+			q.push(StreamMessageID, payload, true, true)
+		}
+		for q.len() > 0 {
+			q.pop()
+		}
+	}
+	fill(100)
+	q.trim() // used as much as it holds: kept
+	require.NotNil(t, q.arena)
+	fill(1)
+	q.trim() // a burst's worth, a message used: goes
+	require.Nil(t, q.arena)
+	require.Nil(t, q.entries)
+	fill(1)
+	q.trim()
+	require.NotNil(t, q.arena)
+	q.trim() // not used at all: goes
+	require.Nil(t, q.arena)
+	require.Nil(t, q.entries)
+	q.push(StreamMessageID, payload, true, true)
+	q.trim() // not empty: kept
+	require.Equal(t, payload, q.bytes(q.peek()))
+}

@@ -257,7 +257,8 @@ func (s *session) prepare(m *outMsg) {
 // over, steady traffic keeps what it uses.
 type freeList[T any] struct {
 	items []T
-	low   int  // the fewest items kept since the last trim
+	high  int  // the most items kept since the last trim
+	need  int  // the most taken since then below a high point: what is kept
 	asked bool // get ran since the last trim
 }
 
@@ -266,13 +267,16 @@ func (f *freeList[T]) get() (v T, ok bool) {
 	f.asked = true
 	k := len(f.items)
 	if k == 0 {
+		// The value made instead will be put back: count it as kept.
+		f.high++
+		f.need = max(f.need, f.high)
 		return v, false
 	}
 	v = f.items[k-1]
 	var zero T
 	f.items[k-1] = zero
 	f.items = f.items[:k-1]
-	f.low = min(f.low, k-1)
+	f.need = max(f.need, f.high-(k-1))
 	return v, true
 }
 
@@ -280,22 +284,24 @@ func (f *freeList[T]) get() (v T, ok bool) {
 func (f *freeList[T]) put(v T, limit int) {
 	if limit == 0 || len(f.items) < limit {
 		f.items = append(f.items, v)
+		f.high = max(f.high, len(f.items))
 	}
 }
 
-// trim drops the values none of the gets since the last trim took: those
-// at the bottom of the stack; and the list's own storage if none ran.
+// trim keeps as many values as the gets since the last trim took at most
+// in a row, dropping the others (from the bottom of the stack, those
+// least recently used), and the list's own storage if no get ran.
 func (f *freeList[T]) trim() {
-	switch {
+	switch drop := len(f.items) - f.need; {
 	case !f.asked:
 		clear(f.items)
 		f.items = nil
-	case f.low > 0:
-		n := copy(f.items, f.items[f.low:])
+	case drop > 0:
+		n := copy(f.items, f.items[drop:])
 		clear(f.items[n:])
 		f.items = f.items[:n]
 	}
-	f.low, f.asked = len(f.items), false
+	f.high, f.need, f.asked = len(f.items), 0, false
 }
 
 // Free-list limits: a burst's worth is kept, not the burst.
