@@ -541,6 +541,15 @@ func (w *sentWindow) firstUnacked() *sent {
 	return w.at(0) // trim keeps an unacked datagram at the front
 }
 
+// shrink lets go of the ring once it is empty, and of the entries kept
+// for reuse that were not reused (see tidy).
+func (w *sentWindow) shrink() {
+	if w.n == 0 {
+		w.byID, w.head = nil, 0
+	}
+	w.free.trim()
+}
+
 // clear drops everything, releasing the buffers.
 func (w *sentWindow) clear(release func(b []byte)) {
 	for k := range w.n {

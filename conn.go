@@ -34,6 +34,9 @@ type Conn struct {
 	sess     *session
 	released int // send buffer bytes to hand back
 	inWork   []*packet
+	// The most datagrams and messages one round took from the inbox and
+	// the send queue since the last tidy.
+	inPeak, sendPeak int
 	// Datagrams the system refused to send, and their bytes (counted
 	// sent by the session, taken off in the Stats).
 	sendErrs, unsentBytes uint64
@@ -240,6 +243,7 @@ func (c *Conn) drainInbox() time.Time {
 	c.inbox = c.inWork[:0]
 	c.inMu.Unlock()
 	now := time.Now()
+	c.inPeak = max(c.inPeak, len(work))
 	for i, p := range work {
 		c.sess.handleDatagram(now, p.b)
 		c.ep.putPacket(p)
@@ -260,6 +264,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	if flow > 0 {
 		c.sess.sendFlowControl(flow)
 	}
+	c.sendPeak = max(c.sendPeak, len(q))
 	for i := range q {
 		m := c.sess.newMsg()
 		deps := m.deps[:0] // keep the recycled message's storage
@@ -330,6 +335,37 @@ func (c *Conn) handleEvents() {
 	if ev&evPeerClosed != 0 {
 		c.peerClosed()
 	}
+	if ev&evTidy != 0 {
+		c.tidy()
+	}
+}
+
+// tidy lets go of the queues' storage that a burst grew and the last
+// keepalive's worth of rounds did not use (see session.tidy): steady
+// traffic keeps what it uses, an idle connection little.
+func (c *Conn) tidy() {
+	// The inbox and the send queue each swap two slices every round.
+	big := func(n, peak int) bool { return n > 0 && (peak == 0 || n > 2*peak+16) }
+	if big(cap(c.inWork), c.inPeak) {
+		c.inWork = nil
+	}
+	c.inMu.Lock()
+	if len(c.inbox) == 0 && big(cap(c.inbox), c.inPeak) {
+		c.inbox = nil
+	}
+	c.inMu.Unlock()
+	if big(cap(c.sendSpare), c.sendPeak) {
+		c.sendSpare = nil
+	}
+	c.sendMu.Lock()
+	if len(c.sendq) == 0 && big(cap(c.sendq), c.sendPeak) {
+		c.sendq = nil
+	}
+	c.sendMu.Unlock()
+	c.inPeak, c.sendPeak = 0, 0
+	c.recvMu.Lock()
+	c.recvq.trim()
+	c.recvMu.Unlock()
 }
 
 // flush sends every datagram the session has ready, in batches of one
@@ -339,9 +375,9 @@ func (c *Conn) flush(now time.Time) {
 	n := 0
 	for {
 		if w == nil {
-			w = getWriteBatch(c.ep.uc, c.cfg.maxDatagram)
+			w = getWriteBatch(c.cfg.maxDatagram)
 		}
-		b := c.sess.poll(now, w.bufs[n][:0])
+		b := c.sess.poll(now, w.buf(n))
 		if b == nil {
 			break
 		}
@@ -349,7 +385,7 @@ func (c *Conn) flush(now time.Time) {
 		// acked; nothing is acked before the batch goes out.
 		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
 		w.used = max(w.used, n+1)
-		if n++; n == len(w.ps) {
+		if n++; n == len(w.ps) && !w.grow() {
 			c.write(w, w.ps[:n])
 			n = 0
 		}

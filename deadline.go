@@ -41,8 +41,9 @@ type deadline struct {
 	notify  chan struct{} // signalled on every change, for waiters to look again
 }
 
+// init sets the channel signalled on changes. The deadline's own channel
+// is made when a deadline is first set: most connections never set one.
 func (d *deadline) init(notify chan struct{}) {
-	d.ch = make(chan struct{})
 	d.notify = notify
 }
 
@@ -60,7 +61,7 @@ func (d *deadline) set(t time.Time) {
 	}
 	if t.IsZero() {
 		if d.done {
-			d.ch = make(chan struct{})
+			d.ch = nil // made again when needed
 			d.done = false
 		}
 		return
@@ -68,12 +69,15 @@ func (d *deadline) set(t time.Time) {
 	dur := time.Until(t)
 	if dur <= 0 {
 		if !d.done {
+			if d.ch == nil {
+				d.ch = make(chan struct{})
+			}
 			close(d.ch)
 			d.done = true
 		}
 		return
 	}
-	if d.done {
+	if d.done || d.ch == nil {
 		d.ch = make(chan struct{})
 		d.done = false
 	}

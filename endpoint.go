@@ -127,6 +127,12 @@ func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) error {
 		}
 		return nil
 	}
+	if len(ps) == 1 {
+		return ep.uc.WriteOne(&ps[0]) // the plain call: no batch state
+	}
+	if w.w == nil || w.w.Size() < len(ps) {
+		w.w = ep.uc.NewWriterSize(len(w.ps))
+	}
 	_, err := ep.uc.WriteBatch(w.w, ps)
 	return err
 }
@@ -171,26 +177,50 @@ func (ep *endpoint) reportRefusal() {
 }
 
 // writeBatch is what a connection's goroutine needs to send a batch:
-// pooled, since few connections send at any one moment.
+// pooled, since few connections send at any one moment. It starts small
+// and grows as flushes need: a busy server has many connections flushing
+// at once, most of them a datagram or two, and a batch made whole (64
+// buffers of MaxDatagramSize and the system call's state, about 100 KiB)
+// for each of them cost more than all their sessions.
 type writeBatch struct {
-	w    *udp.Writer
-	ps   [udp.MaxBatch]udp.Packet
-	bufs [udp.MaxBatch][]byte // for datagrams built on the spot
+	w    *udp.Writer  // as long as ps, made for the first batch of several datagrams
+	ps   []udp.Packet // firstBatch long, then doubling to udp.MaxBatch
+	bufs [][]byte     // for datagrams built on the spot, each made when first used
 	size int
 	used int // entries of ps that may hold references
 }
 
+// firstBatch is how many datagrams a new batch holds.
+const firstBatch = 4
+
 var writeBatches sync.Pool
 
-func getWriteBatch(c *udp.Conn, size int) *writeBatch {
+func getWriteBatch(size int) *writeBatch {
 	if w, ok := writeBatches.Get().(*writeBatch); ok && w.size == size {
 		return w
 	}
-	w := &writeBatch{w: c.NewWriter(), size: size}
-	for i := range w.bufs {
-		w.bufs[i] = make([]byte, 0, size)
+	return &writeBatch{size: size, ps: make([]udp.Packet, firstBatch), bufs: make([][]byte, firstBatch)}
+}
+
+// buf returns the n-th buffer, empty.
+func (w *writeBatch) buf(n int) []byte {
+	if w.bufs[n] == nil {
+		w.bufs[n] = make([]byte, 0, w.size)
 	}
-	return w
+	return w.bufs[n][:0]
+}
+
+// grow doubles the batch, up to udp.MaxBatch; it reports false at that
+// size. What the batch holds stays.
+func (w *writeBatch) grow() bool {
+	n := len(w.ps)
+	if n >= udp.MaxBatch {
+		return false
+	}
+	n = min(2*n, udp.MaxBatch)
+	w.ps = append(w.ps, make([]udp.Packet, n-len(w.ps))...)
+	w.bufs = append(w.bufs, make([][]byte, n-len(w.bufs))...)
+	return true
 }
 
 func putWriteBatch(w *writeBatch) {

@@ -505,16 +505,32 @@ type sendOrder struct {
 	byRef  map[Ref]*track // messages sent with SendRef
 	fifo   []*track       // in Ref order, for forgetting resolved ones
 	fifoAt int
-	chans  *[256]chanTails // allocated with the first InOrder message
+	chans  []chanTails // the channels with a live tail, few as a rule
 	latest map[contentKey]depOn
 	free   freeList[*track]
 }
 
 // chanTails are the last messages of one channel.
 type chanTails struct {
-	rel   depOn // reliable InOrder
-	any   depOn // InOrder of either kind
-	unrel depOn // unreliable InOrder
+	channel uint8
+	rel     depOn // reliable InOrder
+	any     depOn // InOrder of either kind
+	unrel   depOn // unreliable InOrder
+}
+
+// tails returns the channel's tails, nil if it has none.
+//
+// A connection uses few channels at a time, and a channel's entry goes
+// once its tails are all forgotten: a short list searched in order costs
+// less than an array of all 256 (18 KiB per connection), even when many
+// channels are busy.
+func (o *sendOrder) tails(channel uint8) *chanTails {
+	for i := range o.chans {
+		if o.chans[i].channel == channel {
+			return &o.chans[i]
+		}
+	}
+	return nil
 }
 
 // add registers a newly queued message, in send order, and fills m.deps with
@@ -531,10 +547,10 @@ func (o *sendOrder) add(m *outMsg) {
 	reliable := m.reliable || m.frag
 	var ch *chanTails
 	if m.inOrder {
-		if o.chans == nil {
-			o.chans = new([256]chanTails)
+		if ch = o.tails(m.channel); ch == nil {
+			o.chans = append(o.chans, chanTails{channel: m.channel})
+			ch = &o.chans[len(o.chans)-1]
 		}
-		ch = &o.chans[m.channel]
 		if reliable {
 			m.deps = appendLive(m.deps, ch.rel)
 		} else {
@@ -631,6 +647,9 @@ func appendLive(deps []depOn, d depOn) []depOn {
 	return deps
 }
 
+// tracking reports whether any track is live.
+func (o *sendOrder) tracking() bool { return o.fifoAt < len(o.fifo) }
+
 // forget recycles tracks that no later message needs: resolved ones, in
 // order.
 func (o *sendOrder) forget(resolved func(t *track) bool) {
@@ -655,19 +674,53 @@ func (o *sendOrder) drop(t *track) {
 	if t.explicit {
 		delete(o.byRef, t.ref)
 	}
-	if t.inOrder && o.chans != nil {
-		ch := &o.chans[t.channel]
-		for _, d := range [...]*depOn{&ch.rel, &ch.any, &ch.unrel} {
-			if d.t == t {
-				*d = depOn{}
-			}
-		}
+	if t.inOrder {
+		o.dropTail(t)
 	}
 	if t.hasKey && o.latest[t.key].t == t {
 		delete(o.latest, t.key)
 	}
 	t.ref = 0 // any depOn still naming it now reads as resolved
 	o.free.put(t, 0)
+}
+
+// dropTail clears t from its channel's tails.
+func (o *sendOrder) dropTail(t *track) {
+	ch := o.tails(t.channel)
+	if ch == nil {
+		return
+	}
+	for _, d := range [...]*depOn{&ch.rel, &ch.any, &ch.unrel} {
+		if d.t == t {
+			*d = depOn{}
+		}
+	}
+	if ch.rel.t == nil && ch.any.t == nil && ch.unrel.t == nil {
+		// Nothing left to order after: the entry goes, as good as
+		// tails all resolved.
+		last := len(o.chans) - 1
+		*ch = o.chans[last]
+		o.chans[last] = chanTails{}
+		o.chans = o.chans[:last]
+	}
+}
+
+// trim lets go of storage unused since it last ran (see session.tidy).
+func (o *sendOrder) trim() {
+	o.free.trim()
+	if o.fifoAt == len(o.fifo) {
+		o.fifo, o.fifoAt = nil, 0
+	}
+	if len(o.chans) == 0 {
+		o.chans = nil
+	}
+	// Emptied maps keep their buckets.
+	if len(o.byRef) == 0 {
+		o.byRef = nil
+	}
+	if len(o.latest) == 0 {
+		o.latest = nil
+	}
 }
 
 // reset forgets everything.

@@ -10,6 +10,8 @@ type recvQueue struct {
 	arena   []byte
 	start   int // arena bytes before start are consumed
 	owned   int // unread bytes of the entries with their own buffer
+	// The most entries and arena bytes in use since the last trim.
+	peakEntries, peakBytes int
 }
 
 type recvEntry struct {
@@ -45,6 +47,24 @@ func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
 	}
 	q.entries = append(q.entries, recvEntry{id: id, off: len(q.arena), n: len(payload), reliable: reliable, inOrder: inOrder})
 	q.arena = append(q.arena, payload...)
+	q.peakEntries = max(q.peakEntries, len(q.entries))
+	q.peakBytes = max(q.peakBytes, len(q.arena))
+}
+
+// trim lets go of the storage of an empty queue when it is much more than
+// the queue used since trim last ran, or the queue was not used: steady
+// traffic keeps what it uses, a burst's storage goes once the burst is
+// over, an idle connection's altogether.
+func (q *recvQueue) trim() {
+	if q.len() == 0 {
+		if q.peakEntries == 0 || cap(q.arena) > 2*q.peakBytes+256 {
+			q.arena, q.start = nil, 0
+		}
+		if q.peakEntries == 0 || cap(q.entries) > 2*q.peakEntries+8 {
+			q.entries, q.head = nil, 0
+		}
+	}
+	q.peakEntries, q.peakBytes = 0, 0
 }
 
 func (q *recvQueue) peek() *recvEntry { return &q.entries[q.head] }

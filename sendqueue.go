@@ -257,21 +257,31 @@ func (s *session) prepare(m *outMsg) {
 }
 
 // freeList keeps released values for reuse, so that steady traffic
-// allocates nothing.
+// allocates nothing. trim, run now and then, lets go of the values that
+// were not needed since its last run: a burst's are returned once it is
+// over, steady traffic keeps what it uses.
 type freeList[T any] struct {
 	items []T
+	high  int  // the most items kept since the last trim
+	need  int  // the most taken since then below a high point: what is kept
+	asked bool // get ran since the last trim
 }
 
 // get returns a kept value, ok false if there is none.
 func (f *freeList[T]) get() (v T, ok bool) {
+	f.asked = true
 	k := len(f.items)
 	if k == 0 {
+		// The value made instead will be put back: count it as kept.
+		f.high++
+		f.need = max(f.need, f.high)
 		return v, false
 	}
 	v = f.items[k-1]
 	var zero T
 	f.items[k-1] = zero
 	f.items = f.items[:k-1]
+	f.need = max(f.need, f.high-(k-1))
 	return v, true
 }
 
@@ -279,7 +289,24 @@ func (f *freeList[T]) get() (v T, ok bool) {
 func (f *freeList[T]) put(v T, limit int) {
 	if limit == 0 || len(f.items) < limit {
 		f.items = append(f.items, v)
+		f.high = max(f.high, len(f.items))
 	}
+}
+
+// trim keeps as many values as the gets since the last trim took at most
+// in a row, dropping the others (from the bottom of the stack, those
+// least recently used), and the list's own storage if no get ran.
+func (f *freeList[T]) trim() {
+	switch drop := len(f.items) - f.need; {
+	case !f.asked:
+		clear(f.items)
+		f.items = nil
+	case drop > 0:
+		n := copy(f.items, f.items[drop:])
+		clear(f.items[n:])
+		f.items = f.items[:n]
+	}
+	f.high, f.need, f.asked = len(f.items), 0, false
 }
 
 // Free-list limits: a burst's worth is kept, not the burst.

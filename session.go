@@ -34,6 +34,7 @@ const (
 	evAdmit       sessEvent = 1 << iota // server: a ConnectSyn waits for the application's decision (admitted)
 	evEstablished                       // the handshake completed
 	evPeerClosed                        // the peer's Disconnect: the receive queue ends after what it holds
+	evTidy                              // the session tidied up (see tidy): the connection's turn
 )
 
 // takeEvents returns what happened since it was last called.
@@ -137,6 +138,8 @@ type session struct {
 	anchor, lastWhole       msgRef
 	hasAnchor, hasLastWhole bool
 	needAnchor              bool
+	tidyAt                  time.Time // see tidy
+	forgotAt                time.Time // see poll
 	freeMsgs                freeList[*outMsg]
 	freeBufs                freeList[[]byte]
 	lent                    *[]byte // see takeLent

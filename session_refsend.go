@@ -281,7 +281,9 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	if t := m.track; t != nil {
 		t.packed = true
 		t.at = msgRef{s.nextPID, uint16(p.count - 1)}
-		t.deps = append(t.deps[:0], m.deps...)
+		if t.reliable {
+			t.deps = append(t.deps[:0], m.deps...) // as in place
+		}
 		t.lastPID = s.nextPID
 		t.relLast = msg.relNum
 		t.complete = !m.frag

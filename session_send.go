@@ -139,6 +139,15 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
+	if now != s.forgotAt && s.order.tracking() {
+		// Acks forget resolved tracks too, but a connection that sends
+		// only unreliable messages hears none: their tracks resolve with
+		// age, and went only when a reliable one was acked, 60 of them
+		// kept between a game server's reliable events 2s apart. Once a
+		// flush.
+		s.forgotAt = now
+		s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	}
 	if b := s.pollReliable(now); b != nil {
 		return b
 	}
@@ -536,7 +545,10 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 		t.packed = true
 		t.at = at
 		t.wire = append(t.wire[:0], refs...)
-		if len(refs) > 0 {
+		if len(refs) > 0 && t.reliable {
+			// Only a reliable message's resolution waits for what it
+			// depends on (resolvedWithin); an unreliable one's is its
+			// age, and a latest-state update names up to 8 versions.
 			t.deps = append(t.deps[:0], m.deps...)
 		}
 		t.lastPID = h.packetID

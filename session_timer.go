@@ -152,4 +152,28 @@ func (s *session) advanceOpen(now time.Time) {
 	}
 	s.expireHeld(now)
 	s.flushRelHeld(now)
+	if !now.Before(s.tidyAt) {
+		s.tidyAt = now.Add(s.cfg.keepalive())
+		s.tidy(now)
+	}
+}
+
+// tidy returns what the connection holds but did not use since it last
+// ran, one keepalive ago: it runs with the ping timer, which wakes every
+// open connection, busy or idle, at that pace. Steady traffic keeps the
+// buffers it uses and allocates nothing; a burst's go once it is over;
+// an idle connection keeps little beyond its own state.
+func (s *session) tidy(now time.Time) {
+	// Tracks resolve with time as well as with acks, and an idle
+	// connection hears no acks.
+	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	s.order.trim()
+	s.freeMsgs.trim()
+	s.freeBufs.trim()
+	s.loss.sent.shrink()
+	s.res.free.trim()
+	if len(s.latestQueued) == 0 {
+		s.latestQueued = nil // an emptied map keeps its buckets
+	}
+	s.events |= evTidy
 }

@@ -65,15 +65,24 @@ func (c *Conn) NewReader() *Reader {
 
 // Writer is the state of one writing goroutine.
 type Writer struct {
-	sys sysWriter
+	sys  sysWriter
+	size int
 }
 
 // NewWriter returns the state for writing batches of up to MaxBatch.
-func (c *Conn) NewWriter() *Writer {
-	w := &Writer{}
-	w.sys.init(c)
+func (c *Conn) NewWriter() *Writer { return c.NewWriterSize(MaxBatch) }
+
+// NewWriterSize returns the state for writing batches of up to n
+// datagrams a call (1 to MaxBatch); a longer batch takes more calls. The
+// state is about 140 bytes a datagram.
+func (c *Conn) NewWriterSize(n int) *Writer {
+	w := &Writer{size: min(max(n, 1), MaxBatch)}
+	w.sys.init(c, w.size)
 	return w
 }
+
+// Size is how many datagrams w writes a call.
+func (w *Writer) Size() int { return w.size }
 
 // Want is how many of max packets the next ReadBatch may fill: 1 while
 // the reader takes datagrams one at a time, so that a quiet socket need
@@ -95,6 +104,13 @@ func (c *Conn) WriteBatch(w *Writer, ps []Packet) (int, error) {
 		ps[i].Err = nil
 	}
 	return c.sys.writeBatch(&w.sys, ps)
+}
+
+// WriteOne writes one packet, as WriteBatch would, with no Writer: a
+// single datagram needs no batch state.
+func (c *Conn) WriteOne(p *Packet) error {
+	p.Err = c.writeOne(p)
+	return p.Err
 }
 
 // portable is the loop of single calls, for systems without batches and

@@ -290,11 +290,12 @@ func groSegment(oob []byte) int {
 }
 
 type sysWriter struct {
-	hdrs  [MaxBatch]unix.Mmsghdr
-	iovs  [MaxBatch]unix.Iovec
-	names [MaxBatch]sockaddr
-	oobs  [MaxBatch][cmsgSegmentSpace]byte
-	runs  [MaxBatch]int // datagrams in each message
+	// Each as long as the batch a call writes.
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []sockaddr
+	oobs  [][cmsgSegmentSpace]byte
+	runs  []int // datagrams in each message
 	n     int
 	sent  int
 	errno syscall.Errno
@@ -305,7 +306,14 @@ type sysWriter struct {
 // unix.CmsgSpace(2) is 24 on 64-bit systems, 16 on 32-bit ones.
 const cmsgSegmentSpace = 24
 
-func (w *sysWriter) init(c *Conn) { w.fn = w.send }
+func (w *sysWriter) init(c *Conn, n int) {
+	w.hdrs = make([]unix.Mmsghdr, n)
+	w.iovs = make([]unix.Iovec, n)
+	w.names = make([]sockaddr, n)
+	w.oobs = make([][cmsgSegmentSpace]byte, n)
+	w.runs = make([]int, n)
+	w.fn = w.send
+}
 
 func (w *sysWriter) send(fd uintptr) bool {
 	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&w.hdrs[w.sent])), uintptr(w.n-w.sent), unix.MSG_DONTWAIT, 0, 0)
@@ -356,8 +364,8 @@ func (s *sysConn) writeBatch(w *sysWriter, ps []Packet) (int, error) {
 	for done < len(ps) {
 		gso := s.gso.Load()
 		n, used := 0, 0 // messages, datagrams
-		for used < len(ps)-done && used < MaxBatch {
-			k := run(ps[done+used:done+min(len(ps)-done, MaxBatch)], gso)
+		for used < len(ps)-done && used < len(w.hdrs) {
+			k := run(ps[done+used:done+min(len(ps)-done, len(w.hdrs))], gso)
 			p0 := &ps[done+used]
 			for i := range k {
 				p := &ps[done+used+i]
