@@ -26,11 +26,7 @@ type Conn struct {
 	cfg     *config
 	dialect Dialect // DialectSpec or DialectReference
 
-	// Owned by whoever holds turn: the connection's goroutine (loop), or
-	// the socket reader running a round inline (see runInline).
-	turn     sync.Mutex
-	timer    *time.Timer // wakes the loop at the session's next deadline
-	armed    time.Time   // what timer is set to
+	// Owned by loop.
 	sess     *session
 	released int // send buffer bytes to hand back
 	inWork   []*packet
@@ -113,7 +109,6 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 	}
 	c.readDL.init(c.recvReady)
 	c.writeDL.init(c.sendSpace)
-	c.timer = time.AfterFunc(time.Hour, func() { signal(c.wake) })
 	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
 	return c
 }
@@ -141,9 +136,8 @@ func (c *Conn) push(p *packet) bool {
 }
 
 // pushRun hands over several datagrams at once; what does not fit the
-// inbox is dropped. It reports whether any went in; the caller wakes the
-// connection (or runs it inline).
-func (c *Conn) pushRun(run []*packet) bool {
+// inbox is dropped.
+func (c *Conn) pushRun(run []*packet) {
 	c.inMu.Lock()
 	room := max(0, maxInbox-len(c.inbox))
 	take := min(room, len(run))
@@ -153,47 +147,33 @@ func (c *Conn) pushRun(run []*packet) bool {
 	for _, p := range run[take:] {
 		c.ep.putPacket(p)
 	}
-	return take > 0
+	if take > 0 {
+		signal(c.wake)
+	}
 }
 
 // maxInbox bounds the datagrams waiting for a connection's goroutine.
 const maxInbox = 2048
 
-// loop is the connection's goroutine: it owns the session, sharing it
-// only with a socket reader that runs a round inline while the loop
-// waits (runInline); turn keeps them apart.
+// loop is the connection's goroutine: it owns the session.
 func (c *Conn) loop() {
 	defer c.finish()
-	defer c.timer.Stop()
-	for {
-		c.turn.Lock()
-		done := c.round()
-		c.turn.Unlock()
-		if done {
-			return
-		}
-		<-c.wake
-	}
-}
-
-// round does what is due: the datagrams that came in, the messages
-// queued, the session's events, what there is to send, then the timers
-// due, and arms the timer for the next. It reports whether the session
-// is over. Call it holding turn.
-func (c *Conn) round() bool {
+	// The timer only wakes the loop, so that waiting is one channel
+	// receive; it is moved only when the next deadline changes.
+	var armed time.Time
+	timer := time.AfterFunc(time.Hour, func() { signal(c.wake) })
+	defer timer.Stop()
 	s := c.sess
+	var now time.Time
 	for {
-		// What arrived goes before the timers: a held message must not
-		// outlive its reorder window because the datagram that completes
-		// it sat in the inbox.
-		now := c.drainInbox()
+		now = c.drainInbox()
 		c.drainSendQueue(now)
 		c.handleEvents()
 		c.flush(now)
 		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
 		if s.done() {
-			return true
+			return
 		}
 		now = time.Now()
 		next := s.nextDeadline(now)
@@ -201,33 +181,18 @@ func (c *Conn) round() bool {
 			s.advance(now)
 			continue
 		}
-		if next != c.armed {
-			c.timer.Reset(next.Sub(now))
-			c.armed = next
+		if next != armed {
+			timer.Reset(next.Sub(now))
+			armed = next
 		}
-		return false
-	}
-}
-
-// runInline runs a round on the calling goroutine (the socket reader,
-// which has just put datagrams in the inbox) when the connection's own
-// goroutine is waiting, saving a hand-off per datagram; otherwise, or
-// when the round could block on the application (admission) or end the
-// connection, it wakes the connection's goroutine as push does.
-func (c *Conn) runInline() {
-	if !c.turn.TryLock() {
-		signal(c.wake)
-		return
-	}
-	if c.sess.state != stateOK || c.sess.closeAsked {
-		c.turn.Unlock()
-		signal(c.wake)
-		return
-	}
-	done := c.round()
-	c.turn.Unlock()
-	if done {
-		signal(c.wake) // the loop ends it
+		<-c.wake
+		if now = time.Now(); !now.Before(next) {
+			// What arrived while we waited goes before the timers: a
+			// held message must not outlive its reorder window because
+			// the datagram that completes it sat in the inbox.
+			now = c.drainInbox()
+			s.advance(now)
+		}
 	}
 }
 
@@ -697,9 +662,6 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	c.sendUsed += n
 	room := c.sendUsed < c.cfg.sendBuffer
 	c.sendMu.Unlock()
-	// Not run inline, unlike the reader's datagrams: the loop packs what
-	// several Sends queued meanwhile into one datagram (tried: inline
-	// rounds from Send cut 64-byte streams by a third).
 	signal(c.wake)
 	if room {
 		signal(c.sendSpace) // let another waiting sender look

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +32,6 @@ type endpoint struct {
 	mu      sync.Mutex
 	conns   map[netip.AddrPort]*Conn
 	rd      refDatagram    // the reader's, for stray reference datagrams
-	woken   []*Conn        // dispatch's: connections that got datagrams
 	runBuf  []*packet      // the reader's, for dispatch
 	pending map[*Conn]bool // server connections not yet established
 	closing bool
@@ -291,14 +289,14 @@ func (ep *endpoint) readLoop() {
 func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 	var run []*packet
 	var runConn *Conn
-	woken := ep.woken[:0]
 	flush := func() {
-		if runConn != nil && len(run) > 0 && runConn.pushRun(run) && !slices.Contains(woken, runConn) {
-			woken = append(woken, runConn)
+		if runConn != nil && len(run) > 0 {
+			runConn.pushRun(run)
 		}
 		run = run[:0]
 	}
 	ep.mu.Lock()
+	defer ep.mu.Unlock()
 	run = ep.runBuf[:0]
 	for i := range ps {
 		p := pkts[i]
@@ -334,26 +332,7 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 	}
 	flush()
 	ep.runBuf = run[:0]
-	ep.mu.Unlock()
-	// A small batch, the datagrams of a quiet moment, is processed here on
-	// the reader when its connections' goroutines are waiting: one
-	// goroutine hand-off less per datagram. A large one is handed to the
-	// connections' goroutines, to use every core.
-	inline := len(ps) <= maxInlineBatch
-	for i, c := range woken {
-		if inline {
-			c.runInline()
-		} else {
-			signal(c.wake)
-		}
-		woken[i] = nil
-	}
-	ep.woken = woken[:0]
 }
-
-// maxInlineBatch is the largest read batch whose datagrams the reader
-// processes itself (runInline).
-const maxInlineBatch = 4
 
 // remove forgets c's address.
 func (ep *endpoint) remove(c *Conn) {
