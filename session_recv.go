@@ -42,11 +42,7 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		return
 	}
 	d := &s.rd
-	s.stats.DatagramsReceived++
-	s.stats.BytesReceived += uint64(len(b))
-	if !s.client && !s.wasOpen {
-		s.preIn += len(b)
-	}
+	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
 		s.recvConnecting(now, d)
@@ -121,6 +117,16 @@ func (s *session) recvClosing(now time.Time, d *datagram) {
 		return
 	}
 	s.recvOpen(now, d)
+}
+
+// countIn counts a well-formed datagram of n bytes in, and, on a server
+// not yet open, the credit it earns (anti-amplification).
+func (s *session) countIn(n int) {
+	s.stats.DatagramsReceived++
+	s.stats.BytesReceived += uint64(n)
+	if !s.client && !s.wasOpen {
+		s.preIn += n
+	}
 }
 
 // seenBefore handles a datagram whose PacketID tells it is not new: one

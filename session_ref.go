@@ -44,11 +44,7 @@ func (s *session) handleRefDatagram(now time.Time, b []byte) {
 		return
 	}
 	d := &s.rrd
-	s.stats.DatagramsReceived++
-	s.stats.BytesReceived += uint64(len(b))
-	if !s.client && !s.wasOpen {
-		s.preIn += len(b)
-	}
+	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
 		// Any datagram opens the connection.

@@ -279,16 +279,8 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	p.appBytes += len(msg.payload)
 	m.off = len(msg.payload)
 	if t := m.track; t != nil {
-		t.packed = true
-		t.at = msgRef{s.nextPID, uint16(p.count - 1)}
-		if t.reliable {
-			t.deps = append(t.deps[:0], m.deps...) // as in place
-		}
-		t.lastPID = s.nextPID
+		t.placed(now, msgRef{s.nextPID, uint16(p.count - 1)}, m, true)
 		t.relLast = msg.relNum
-		t.complete = !m.frag
-		t.fragmented = m.frag
-		t.sentAt = now
 	}
 	if !m.frag {
 		m.done = true

@@ -76,6 +76,23 @@ const (
 
 // fragSize is the payload of each fragment: at most MaxFragmentSize, and
 // sized so that whole fragments fill a datagram with little left over.
+// placed records that m, tracked by t, had its (first) block placed at
+// at. Only a reliable message's resolution waits for what it depends on
+// (resolvedWithin), so only then are its dependencies kept (named says
+// whether it has any on the wire); an unreliable one's is its age, and a
+// latest-state update names up to 8 versions.
+func (t *track) placed(now time.Time, at msgRef, m *outMsg, named bool) {
+	t.packed = true
+	t.at = at
+	if named && t.reliable {
+		t.deps = append(t.deps[:0], m.deps...)
+	}
+	t.lastPID = at.pid
+	t.complete = !m.frag
+	t.fragmented = m.frag
+	t.sentAt = now
+}
+
 func (c *config) fragSize() int {
 	const perFrag = 7 // header, TransferID, FragmentNumber at its longest
 	avail := c.maxDatagram - minHeaderSize - 16
@@ -542,19 +559,8 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 	p.appBytes += len(msg.payload)
 	m.off = len(msg.payload)
 	if t := m.track; t != nil {
-		t.packed = true
-		t.at = at
 		t.wire = append(t.wire[:0], refs...)
-		if len(refs) > 0 && t.reliable {
-			// Only a reliable message's resolution waits for what it
-			// depends on (resolvedWithin); an unreliable one's is its
-			// age, and a latest-state update names up to 8 versions.
-			t.deps = append(t.deps[:0], m.deps...)
-		}
-		t.lastPID = h.packetID
-		t.complete = !m.frag
-		t.fragmented = m.frag
-		t.sentAt = now
+		t.placed(now, at, m, len(refs) > 0)
 	}
 	if !m.frag {
 		m.done = true
