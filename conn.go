@@ -28,7 +28,8 @@ type Conn struct {
 
 	// Owned by loop.
 	sess     *session
-	released int // send buffer bytes to hand back
+	sec      *secureState // a secure session's keys, nil if plaintext
+	released int          // send buffer bytes to hand back
 	inWork   []*packet
 	// The most datagrams and messages one round took from the inbox and
 	// the send queue since the last tidy.
@@ -110,6 +111,10 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 	c.readDL.init(c.recvReady)
 	c.writeDL.init(c.sendSpace)
 	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
+	if !client && cfg.privateKey != nil {
+		// The key was checked by Listen.
+		c.sec, _ = newServerSecure(cfg.privateKey, cfg.publicKey)
+	}
 	return c
 }
 
@@ -210,7 +215,14 @@ func (c *Conn) drainInbox() time.Time {
 	now := time.Now()
 	c.inPeak = max(c.inPeak, len(work))
 	for i, p := range work {
-		c.sess.handleDatagram(now, p.b)
+		if c.sec == nil {
+			c.sess.handleDatagram(now, p.b)
+		} else if b := c.openIn(p.b); b != nil {
+			c.sess.handleDatagram(now, b)
+			if c.sess.client {
+				c.finishClientHandshake()
+			}
+		}
 		c.ep.putPacket(p)
 		work[i] = nil
 	}
@@ -256,13 +268,19 @@ func (c *Conn) admit() {
 	var reply []byte
 	var err error
 	syn := append([]byte(nil), c.sess.syn...)
+	if c.sec != nil {
+		// A plaintext client, or one with another server's key, is
+		// refused here: its ConnectSyn is no handshake for our key.
+		syn, err = c.sec.readSyn(syn)
+	}
 	switch {
+	case err != nil:
 	case c.cfg.admitConn != nil:
 		reply, err = c.cfg.admitConn(c, syn)
 	case c.cfg.admit != nil:
 		reply, err = c.cfg.admit(c.remote, syn)
 	}
-	if err == nil && c.dialect != DialectReference && len(reply) > c.cfg.handshakeLimit() {
+	if err == nil && c.dialect != DialectReference && len(reply) > c.cfg.payloadLimit() {
 		// Cutting it would hand the client something the server never
 		// meant to say: refuse, and let the server's stats show why.
 		err = ErrHandshakeTooLarge
@@ -270,6 +288,10 @@ func (c *Conn) admit() {
 	}
 	if err == nil && c.ep.l != nil && !c.ep.l.roomToAccept() {
 		err = errServerFull
+	}
+	if err == nil && c.sec != nil {
+		c.sess.syn = syn
+		reply, err = c.sec.writeSynAck(reply)
 	}
 	if err == nil {
 		c.sess.admitted(time.Now(), reply, true)
@@ -340,11 +362,14 @@ func (c *Conn) flush(now time.Time) {
 	n := 0
 	for {
 		if w == nil {
-			w = getWriteBatch(c.cfg.maxDatagram)
+			w = getWriteBatch(c.cfg.maxDatagram + sealOverhead)
 		}
 		b := c.sess.poll(now, w.buf(n))
 		if b == nil {
 			break
+		}
+		if c.sec != nil {
+			b = c.sealOut(b, w.bufs[n])
 		}
 		// A reliable datagram is the session's own buffer, kept until
 		// acked; nothing is acked before the batch goes out.
@@ -396,6 +421,10 @@ func (c *Conn) snapshot() Stats {
 	st.DatagramsSent -= c.sendErrs
 	st.BytesSent -= c.unsentBytes
 	st.SendErrors = c.sendErrs
+	if c.sec != nil {
+		st.InvalidDatagrams += c.sec.invalid
+		st.DuplicateDatagrams += c.sec.replays
+	}
 	if c.ep.l == nil {
 		st.SendErrors += c.ep.sendErrs.Load() // the socket is ours alone
 	}
@@ -517,6 +546,9 @@ func (c *Conn) sendDone(n int) { c.released += n }
 func (c *Conn) established() {
 	c.stateMu.Lock()
 	c.syn, c.synAck = c.sess.syn, c.sess.synAck
+	if c.sec != nil {
+		c.syn, c.synAck = c.sec.payload, c.sec.reply
+	}
 	c.stateMu.Unlock()
 	if c.ep.l != nil && !c.ep.l.offer(c) {
 		// The backlog filled up since admission: refuse after all, with

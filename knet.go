@@ -34,6 +34,7 @@
 package knet
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -195,6 +196,20 @@ type Config struct {
 	// At most 256.
 	Sockets int
 
+	// PrivateKey is a server's static private key (GenerateKey). With it,
+	// the Listener accepts only secure sessions: a Noise NK handshake in
+	// the ConnectSyn and ConnectSynAck, then every datagram encrypted and
+	// authenticated (see SECURE.md). A plaintext attempt is refused with
+	// ErrHandshakeFailed's text (ignored, with Stealth); reference-dialect
+	// peers are not served. The ConnectPayload and Admit reply limits are
+	// 48 bytes lower, and datagrams carry 16 bytes less payload.
+	PrivateKey []byte
+	// ServerKey is, for Dial, the server's public key. With it, Dial runs
+	// the secure handshake and fails with ErrHandshakeFailed unless the
+	// server proves it holds the matching private key; the ConnectPayload
+	// and the Admit reply travel encrypted.
+	ServerKey []byte
+
 	// Simulate, when not nil, makes every datagram this Conn or Listener
 	// sends cross a simulated bad network first: to test a game under
 	// loss, latency, reordering and the rest without a real one. Give each
@@ -301,6 +316,8 @@ type config struct {
 	dialect                                    Dialect
 	group                                      *Group
 	logger                                     *slog.Logger
+	// Secure sessions: a server's keys, or the key a client expects.
+	privateKey, publicKey, serverKey []byte
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -382,6 +399,12 @@ func (c *Config) resolve() *config {
 		group:            c.Group,
 		logger:           c.Logger,
 	}
+	r.privateKey = bytes.Clone(c.PrivateKey)
+	r.serverKey = bytes.Clone(c.ServerKey)
+	if r.privateKey != nil || r.serverKey != nil {
+		// The tag takes room from every datagram.
+		r.maxDatagram -= sealOverhead
+	}
 	if r.dialect > DialectReference {
 		r.dialect = DialectAuto
 	}
@@ -407,6 +430,15 @@ func (c *config) longestReorderWindow() time.Duration {
 // the connection is open), in a datagram of at most MaxDatagramSize, and
 // below the 2048 bytes a peer with the default MaxDatagramSize reads.
 func (c *config) handshakeLimit() int { return c.wholeLimit() - startRoom }
+
+// payloadLimit is the most bytes of ConnectPayload or Admit reply: the
+// handshake's room, less the Noise message's own in a secure session.
+func (c *config) payloadLimit() int {
+	if c.privateKey != nil || c.serverKey != nil {
+		return c.handshakeLimit() - noiseOverhead
+	}
+	return c.handshakeLimit()
+}
 
 // keepalive is how often a PingRequest goes out: PingInterval, or more often
 // if ConnectionLostTimeout would otherwise expire between two pings.

@@ -55,6 +55,9 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 		return nil, err
 	}
 	rc := cfg.resolve()
+	if err := rc.secureListener(); err != nil {
+		return nil, err
+	}
 	var pcs []*net.UDPConn
 	fail := func(err error) (*Listener, error) {
 		for _, pc := range pcs {
@@ -310,8 +313,11 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 		return nil, err
 	}
 	rc := cfg.resolve()
-	if n := len(rc.connectPayload); n > rc.handshakeLimit() && rc.dialect != DialectReference {
-		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.handshakeLimit())
+	if err := rc.secureDialer(); err != nil {
+		return nil, err
+	}
+	if n := len(rc.connectPayload); n > rc.payloadLimit() && rc.dialect != DialectReference {
+		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.payloadLimit())
 	}
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
@@ -332,6 +338,15 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 		dialect = DialectReference
 	}
 	c := newConn(ep, unmap(raddr.AddrPort()), rc, true, dialect)
+	if rc.serverKey != nil {
+		sec, msg1, err := newClientSecure(rc.serverKey, rc.connectPayload)
+		if err != nil {
+			pc.Close()
+			return nil, err
+		}
+		c.sec = sec
+		c.sess.syn = msg1
+	}
 	ep.conns[c.raddr] = c
 	go ep.readLoop()
 	go c.loop()
@@ -342,6 +357,9 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 		}
 		return c, nil
 	case <-c.done:
+		if c.sec != nil {
+			return nil, secureRefusal(c.Err())
+		}
 		return nil, c.Err()
 	case <-ctx.Done():
 		c.shutdown()

@@ -1,0 +1,460 @@
+package knet
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/ecdh"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/flynn/noise"
+)
+
+// Secure sessions (Config.PrivateKey, Config.ServerKey): a Noise NK
+// handshake carried in the ConnectSyn and ConnectSynAck contents, then
+// every datagram sealed with AES-256-GCM, its header in clear as the
+// associated data. See SECURE.md for the design, the datagram layout and
+// what is left to do.
+
+const (
+	// KeySize is the size of a static private or public key (X25519).
+	KeySize = 32
+	// sealOverhead is what sealing adds to a datagram: the AEAD tag.
+	sealOverhead = 16
+	// noiseOverhead is what the Noise NK messages add to the ConnectSyn
+	// and ConnectSynAck contents: an ephemeral public key and a tag.
+	noiseOverhead = KeySize + 16
+)
+
+// noisePrologue is mixed into the handshake hash: both sides must agree
+// on it, so that a handshake for another protocol (or a later version of
+// this one) cannot be taken for ours.
+var noisePrologue = []byte("kNet-over-UDP secure v1")
+
+var noiseSuite = noise.NewCipherSuite(noise.DH25519, noise.CipherAESGCM, noise.HashSHA256)
+
+var (
+	// ErrHandshakeFailed is Dial's error when the secure handshake did
+	// not complete: the server could not read the client's first message
+	// (it does not hold the private key of Config.ServerKey) or its answer
+	// did not authenticate. It is also the reason a secure server gives a
+	// client whose ConnectSyn is no secure handshake (a plaintext client).
+	ErrHandshakeFailed = errors.New("knet: secure handshake failed")
+	errBadKey          = errors.New("knet: a key must be 32 bytes (X25519)")
+	errSecureRef       = errors.New("knet: the reference dialect cannot be secure")
+)
+
+// GenerateKey returns a new static key pair for a server (X25519, 32 bytes
+// each): the private key goes in the server's Config.PrivateKey, the
+// public key in its clients' Config.ServerKey.
+func GenerateKey() (private, public []byte, err error) {
+	k, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	return k.Bytes(), k.PublicKey().Bytes(), nil
+}
+
+// publicKeyOf returns the X25519 public key of private.
+func publicKeyOf(private []byte) ([]byte, error) {
+	if len(private) != KeySize {
+		return nil, errBadKey
+	}
+	k, err := ecdh.X25519().NewPrivateKey(private)
+	if err != nil {
+		return nil, err
+	}
+	return k.PublicKey().Bytes(), nil
+}
+
+// Secure reports whether the connection is encrypted and the server
+// authenticated: both ends were configured for it (Config.ServerKey,
+// Config.PrivateKey) and the handshake completed.
+func (c *Conn) Secure() bool { return c.sec != nil && c.sec.ready.Load() }
+
+// secureState is a connection's half of a secure session: the handshake
+// until it completes, then the keys of each direction. Owned by the
+// connection's goroutine, but ready, which Secure reads.
+type secureState struct {
+	hs      *noise.HandshakeState // until the keys are derived
+	payload []byte                // the ConnectPayload, in clear
+	reply   []byte                // the Admit reply, in clear
+	ready   atomic.Bool
+
+	send, recv cipher.AEAD
+	sendNonce  [12]byte
+	recvNonce  [12]byte
+	sendTop    uint64 // highest packet number sealed
+	replay     replayWindow
+	h          header // parsed headers, reused
+
+	// Counters, added to the connection's Stats.
+	invalid uint64 // failed authentication, or clear when it must not be
+	replays uint64 // unreliable datagrams received before
+}
+
+// newClientSecure starts the initiator's side of the handshake and
+// returns it with its first message, the ConnectSyn content.
+func newClientSecure(serverKey, payload []byte) (*secureState, []byte, error) {
+	hs, err := noise.NewHandshakeState(noise.Config{
+		CipherSuite: noiseSuite,
+		Pattern:     noise.HandshakeNK,
+		Initiator:   true,
+		Prologue:    noisePrologue,
+		PeerStatic:  serverKey,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	msg1, _, _, err := hs.WriteMessage(nil, payload)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &secureState{hs: hs, payload: payload}, msg1, nil
+}
+
+// newServerSecure prepares the responder's side: the handshake starts
+// with the client's first message (readSyn).
+func newServerSecure(private, public []byte) (*secureState, error) {
+	hs, err := noise.NewHandshakeState(noise.Config{
+		CipherSuite:   noiseSuite,
+		Pattern:       noise.HandshakeNK,
+		Initiator:     false,
+		Prologue:      noisePrologue,
+		StaticKeypair: noise.DHKey{Private: private, Public: public},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &secureState{hs: hs}, nil
+}
+
+// readSyn reads the client's first handshake message and returns the
+// ConnectPayload it carries.
+func (s *secureState) readSyn(msg1 []byte) ([]byte, error) {
+	if s.hs == nil {
+		return nil, ErrHandshakeFailed
+	}
+	payload, _, _, err := s.hs.ReadMessage(nil, msg1)
+	if err != nil {
+		s.hs = nil
+		return nil, ErrHandshakeFailed
+	}
+	s.payload = payload
+	return payload, nil
+}
+
+// writeSynAck seals the Admit reply in the responder's message, the
+// ConnectSynAck content, and derives the session keys.
+func (s *secureState) writeSynAck(reply []byte) ([]byte, error) {
+	msg2, toServer, toClient, err := s.hs.WriteMessage(nil, reply)
+	s.hs = nil
+	if err != nil {
+		return nil, err
+	}
+	if err := s.keys(toClient, toServer); err != nil {
+		return nil, err
+	}
+	s.reply = reply
+	return msg2, nil
+}
+
+// readSynAck reads the responder's message, proof that the server holds
+// the private key, and derives the session keys. It returns the Admit
+// reply.
+func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
+	if s.hs == nil {
+		return nil, ErrHandshakeFailed
+	}
+	reply, toServer, toClient, err := s.hs.ReadMessage(nil, msg2)
+	s.hs = nil
+	if err != nil {
+		return nil, fmt.Errorf("%w: the server did not prove it holds the private key of Config.ServerKey", ErrHandshakeFailed)
+	}
+	if err := s.keys(toServer, toClient); err != nil {
+		return nil, err
+	}
+	s.reply = reply
+	return reply, nil
+}
+
+// keys sets up the AEAD of each direction from the Noise Split, whose
+// keys feed the standard library's AES-GCM (hardware accelerated, and
+// sealing without allocating, the nonce in s).
+func (s *secureState) keys(send, recv *noise.CipherState) error {
+	var err error
+	if s.send, err = newGCM(send.UnsafeKey()); err != nil {
+		return err
+	}
+	if s.recv, err = newGCM(recv.UnsafeKey()); err != nil {
+		return err
+	}
+	s.ready.Store(true)
+	return nil
+}
+
+func newGCM(k [32]byte) (cipher.AEAD, error) {
+	b, err := aes.NewCipher(k[:])
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(b)
+}
+
+// nonceFor writes n as Noise's AESGCM nonce: 32 zero bits, then n as a
+// big-endian 64-bit integer (Noise spec 12.4).
+func nonceFor(nonce *[12]byte, n uint64) []byte {
+	binary.BigEndian.PutUint64(nonce[4:], n)
+	return nonce[:]
+}
+
+// seal encrypts the datagram b into dst (which may be b itself, with
+// sealOverhead bytes of spare capacity) and returns it: the header stays
+// in clear as the associated data, the rest is encrypted and followed by
+// the tag. The nonce is the datagram's 64-bit packet number, expanded
+// from its PacketID: a datagram sent again (same PacketID) is the same
+// bytes under the same nonce, hence the same ciphertext.
+func (s *secureState) seal(dst, b []byte) ([]byte, error) {
+	n, err := parseHeader(b, &s.h)
+	if err != nil {
+		return nil, err
+	}
+	pn := expandPacketNumber(s.h.packetID, s.sendTop)
+	s.sendTop = max(s.sendTop, pn)
+	if len(dst) == 0 || &dst[:1][0] != &b[0] {
+		dst = append(dst[:0], b[:n]...)
+	} else {
+		dst = b[:n]
+	}
+	return s.send.Seal(dst, nonceFor(&s.sendNonce, pn), b[n:], b[:n]), nil
+}
+
+// open authenticates and decrypts the datagram b in place and returns its
+// plaintext form, or nil if it is to be dropped: it failed authentication
+// (counted invalid), or is an unreliable datagram received before, or too
+// old for the replay window (counted replays). Nothing changes unless it
+// authenticates. A reliable datagram received before is returned: it may
+// be the peer's retransmission, whose ack was lost, and the session acks
+// it again (and drops it as a duplicate).
+func (s *secureState) open(b []byte) []byte {
+	n, err := parseHeader(b, &s.h)
+	if err != nil || len(b)-n < sealOverhead {
+		s.invalid++
+		return nil
+	}
+	pn := expandPacketNumber(s.h.packetID, s.replay.top)
+	fresh, inWindow := s.replay.check(pn)
+	if !inWindow || !fresh && !s.h.reliable {
+		s.replays++
+		return nil
+	}
+	pt, err := s.recv.Open(b[n:n], nonceFor(&s.recvNonce, pn), b[n:], b[:n])
+	if err != nil {
+		s.invalid++
+		return nil
+	}
+	s.replay.mark(pn)
+	return b[:n+len(pt)]
+}
+
+// Packet numbers: 64 bits, of which the wire carries the low 22 (the
+// PacketID). A receiver takes the value nearest the one after the highest
+// it authenticated (QUIC's algorithm, RFC 9000 A.3); a sender the one
+// nearest the one after the highest it sealed. Both start from 0, as the
+// session's PacketIDs do, and a sender never has a datagram unacked
+// 2^15 or more behind its newest (recvSpan), far within the 2^21 either
+// way the expansion tolerates.
+const (
+	pnWindow = 1 << 22
+	pnHalf   = pnWindow / 2
+)
+
+func expandPacketNumber(pid uint32, top uint64) uint64 {
+	expected := top + 1
+	cand := expected&^(pnWindow-1) | uint64(pid&packetIDMask)
+	switch {
+	case cand+pnHalf <= expected && cand < 1<<62:
+		return cand + pnWindow
+	case cand > expected+pnHalf && cand >= pnWindow:
+		return cand - pnWindow
+	}
+	return cand
+}
+
+// replayWindow remembers which of the last recvSpan packet numbers have
+// been authenticated: as far back as a sender may resend (spanFull).
+type replayWindow struct {
+	top     uint64
+	started bool
+	bits    [recvSpan / 64]uint64
+}
+
+// check reports whether packet number n is new, and whether it is within
+// the window at all (older ones are dropped).
+func (w *replayWindow) check(n uint64) (fresh, inWindow bool) {
+	if !w.started || n > w.top {
+		return true, true
+	}
+	if w.top-n >= recvSpan {
+		return false, false
+	}
+	i := n % recvSpan
+	return w.bits[i/64]&(1<<(i%64)) == 0, true
+}
+
+// mark records packet number n as received.
+func (w *replayWindow) mark(n uint64) {
+	switch {
+	case !w.started:
+		w.started = true
+		w.top = n
+	case n > w.top:
+		if n-w.top >= recvSpan {
+			clear(w.bits[:])
+		} else {
+			for i := w.top + 1; i < n; i++ {
+				j := i % recvSpan
+				w.bits[j/64] &^= 1 << (j % 64)
+			}
+		}
+		w.top = n
+	}
+	i := n % recvSpan
+	w.bits[i/64] |= 1 << (i % 64)
+}
+
+// secureListener checks and completes a Listener's resolved Config: its
+// private key, whose public half it derives, and the dialect (a secure
+// listener serves the specification's only).
+func (c *config) secureListener() error {
+	if c.privateKey == nil {
+		if c.serverKey != nil { // a Config shared with clients
+			c.serverKey = nil
+			c.maxDatagram += sealOverhead
+		}
+		return nil
+	}
+	pub, err := publicKeyOf(c.privateKey)
+	if err != nil {
+		return fmt.Errorf("knet: Config.PrivateKey: %w", err)
+	}
+	if c.dialect == DialectReference {
+		return errSecureRef
+	}
+	c.publicKey = pub
+	c.dialect = DialectSpec
+	return nil
+}
+
+// secureDialer checks a Dial's resolved Config: the server's key.
+func (c *config) secureDialer() error {
+	if c.serverKey == nil {
+		if c.privateKey != nil { // a Config shared with a server
+			c.privateKey = nil
+			c.maxDatagram += sealOverhead
+		}
+		return nil
+	}
+	c.privateKey = nil
+	if len(c.serverKey) != KeySize {
+		return fmt.Errorf("knet: Config.ServerKey: %w", errBadKey)
+	}
+	if _, err := ecdh.X25519().NewPublicKey(c.serverKey); err != nil {
+		return fmt.Errorf("knet: Config.ServerKey: %w", err)
+	}
+	if c.dialect == DialectReference {
+		return errSecureRef
+	}
+	return nil
+}
+
+// Conn side.
+
+// sealOut encrypts an outgoing datagram once the connection is open
+// securely; the handshake's datagrams (ConnectSyn, ConnectSynAck, a
+// refusal) go in clear, their contents being the Noise messages. spare is
+// a buffer of the write batch the datagram may be sealed into, when b is
+// the session's own (kept for retransmission, so never sealed in place).
+func (c *Conn) sealOut(b, spare []byte) []byte {
+	s := c.sec
+	if !s.ready.Load() || !c.sess.wasOpen {
+		return b
+	}
+	dst := spare[:0]
+	if &spare[:1][0] == &b[0] {
+		dst = b
+	}
+	out, err := s.seal(dst, b)
+	if err != nil {
+		// The session built a datagram we cannot parse: a bug, and
+		// nothing may go out in clear.
+		panic("knet: sealing a malformed datagram: " + err.Error())
+	}
+	return out
+}
+
+// openIn authenticates and decrypts an incoming datagram, or says to drop
+// it (nil). Before the handshake completes only the handshake's clear
+// datagrams are taken; after it, only sealed ones, but for a client's
+// ConnectSyn sent again while the server's ConnectSynAck is on its way
+// (the session answers it with the ConnectSynAck again).
+func (c *Conn) openIn(b []byte) []byte {
+	s := c.sec
+	client := c.ep.l == nil
+	if !s.ready.Load() {
+		var ok bool
+		if client {
+			ok, _ = holds(b, idConnectSynAck)
+			if !ok {
+				ok, _ = holds(b, idDisconnectAck)
+			}
+		} else {
+			ok, _ = holds(b, idConnectSyn)
+		}
+		if !ok {
+			s.invalid++
+			return nil
+		}
+		return b
+	}
+	invalid := s.invalid
+	if p := s.open(b); p != nil {
+		return p
+	}
+	if s.invalid != invalid {
+		if syn, _ := holds(b, idConnectSyn); syn && !client && !c.sess.wasOpen {
+			s.invalid--
+			return b
+		}
+	}
+	return nil
+}
+
+// finishClientHandshake reads the ConnectSynAck's content, once the
+// session took one: the server's proof, and the keys.
+func (c *Conn) finishClientHandshake() {
+	s := c.sec
+	if s.ready.Load() || !c.sess.wasOpen {
+		return
+	}
+	reply, err := s.readSynAck(c.sess.synAck)
+	if err != nil {
+		c.sess.events &^= evEstablished
+		c.sess.fail(err)
+		return
+	}
+	c.sess.syn, c.sess.synAck = s.payload, reply
+}
+
+// secureRefusal maps a refusal for a failed handshake to
+// ErrHandshakeFailed, with the refusal.
+func secureRefusal(err error) error {
+	var re *RefusedError
+	if errors.As(err, &re) && re.Reason == ErrHandshakeFailed.Error() {
+		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
+	}
+	return err
+}
