@@ -59,7 +59,7 @@ func main() {
 
 	var o options
 	only := flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(scenarioNames, ","))
-	libsFlag := flag.String("libs", "knet,knet-unordered,kcp-go,quic-go,udp", "comma-separated libraries: knet (in order), knet-unordered, kcp-go, quic-go, udp")
+	libsFlag := flag.String("libs", "knet,knet-unordered,knet-secure,kcp-go,quic-go,udp", "comma-separated libraries: knet (in order), knet-unordered, knet-secure (in order, encrypted), kcp-go, quic-go, udp")
 	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 1 minute: one run of short windows (overrides the duration flags)")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "loopback scenarios: warm-up before each measurement window")
 	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "loopback scenarios: measurement window")
@@ -157,6 +157,8 @@ func main() {
 			h.libs = append(h.libs, knetLib{})
 		case "knet-unordered", "knet (unordered)", "unordered":
 			h.libs = append(h.libs, knetLib{unordered: true})
+		case "knet-secure", "knet (secure)", "secure":
+			h.libs = append(h.libs, knetLib{secure: true})
 		case "kcp-go", "kcp":
 			h.libs = append(h.libs, kcpLib{})
 		case "quic-go", "quic":
@@ -387,7 +389,7 @@ func (h *harness) declare() {
 	t.add("pingpong", "pp50", "Ping-pong RTT p50, 32 B", "us", true)
 	t.add("pingpong", "pp99", "Ping-pong RTT p99, 32 B", "us", true)
 	t.add("throughput", "tp64", "One-way 64 B msgs (raw UDP: 1 msg/datagram)", "msg/s", false)
-	t.add("throughput", "tp64p", "One-way 64 B msgs vs raw UDP 16 msgs/datagram (same knet run)", "msg/s", false, colKnetU, colKCP, colQUIC)
+	t.add("throughput", "tp64p", "One-way 64 B msgs vs raw UDP 16 msgs/datagram (same knet run)", "msg/s", false, colKnetU, colKnetS, colKCP, colQUIC)
 	t.add("throughput", "tp1200", "One-way 1200 B msgs", "MB/s", false)
 	t.add("throughput", "tp1200m", "One-way 1200 B msgs", "msg/s", false)
 	t.add("large", "lg", fmt.Sprintf("One-way %s msgs", sizeName(o.largeSize)), "msg/s", false, colUDP)
@@ -410,16 +412,16 @@ func (h *harness) declare() {
 	t.add("late", "lf", fmt.Sprintf("Late accept (%v): message sent after Accept arrives", o.acceptDelay), "ms", true, colUDP)
 	for _, n := range o.gameClients {
 		game := fmt.Sprintf("Game %d clients", n)
-		t.add("game", gameRowID("cpu", n), game+": server CPU per client", "us", true, colKnetU, colQUIC)
-		t.add("game", gameRowID("cpum", n), game+": server CPU per message", "us", true, colKnetU, colQUIC)
-		t.add("game", gameRowID("p50", n), game+": snapshot latency p50", "us", true, colKnetU, colQUIC)
-		t.add("game", gameRowID("p99", n), game+": snapshot latency p99", "us", true, colKnetU, colQUIC)
-		t.add("game", gameRowID("mem", n), game+": server memory per connection", "KiB", true, colKnetU, colQUIC)
-		t.add("game", gameRowID("tick", n), game+": server tick work p99", "us", true, colKnetU, colQUIC)
-		t.add("game", gameRowID("dlv", n), game+": snapshots delivered", "%", false, colKnetU, colQUIC).ratios = false
-		t.add("game", gameRowID("ok", n), game+": on time", "", false, colKnetU, colQUIC).ratios = false
+		t.add("game", gameRowID("cpu", n), game+": server CPU per client", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("cpum", n), game+": server CPU per message", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("p50", n), game+": snapshot latency p50", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("p99", n), game+": snapshot latency p99", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("mem", n), game+": server memory per connection", "KiB", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("tick", n), game+": server tick work p99", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("dlv", n), game+": snapshots delivered", "%", false, colKnetU, colKnetS, colQUIC).ratios = false
+		t.add("game", gameRowID("ok", n), game+": on time", "", false, colKnetU, colKnetS, colQUIC).ratios = false
 	}
-	t.add("game", "g.maxn", "Game: largest N on time (of those tried)", "clients", false, colKnetU, colQUIC).ratios = false
+	t.add("game", "g.maxn", "Game: largest N on time (of those tried)", "clients", false, colKnetU, colKnetS, colQUIC).ratios = false
 }
 
 func (h *harness) lossyLabel() string {

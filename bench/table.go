@@ -14,12 +14,13 @@ import (
 const (
 	colKnet  = "knet"
 	colKnetU = "knet (unordered)"
+	colKnetS = "knet (secure)"
 	colKCP   = "kcp-go"
 	colQUIC  = "quic-go"
 	colUDP   = "raw UDP"
 )
 
-var columns = []string{colKnet, colKnetU, colKCP, colQUIC, colUDP}
+var columns = []string{colKnet, colKnetU, colKnetS, colKCP, colQUIC, colUDP}
 
 // heads are the column headings where they say more than the name.
 var heads = map[string]string{colQUIC: "quic-go (TLS 1.3)"}
@@ -30,6 +31,8 @@ var ratioCols = []struct{ num, den, head string }{
 	{colKnet, colQUIC, "knet/quic-go"},
 	{colKnet, colUDP, "knet/raw UDP"},
 	{colKnet, colKnetU, "ordered/unordered"},
+	{colKnetS, colKnet, "secure/plain"},
+	{colKnetS, colQUIC, "secure/quic-go"},
 }
 
 // sample is one run's measurement.

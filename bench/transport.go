@@ -62,12 +62,17 @@ const benchMsgID = 100
 // knetLib is knet with reliable messages on one channel: InOrder (knet's
 // main column, the same service as a kcp-go session or a QUIC stream) or
 // unordered (an extra column: what the application gets when it does not
-// need the order).
-type knetLib struct{ unordered bool }
+// need the order); secure is the main column's service over a secure
+// session (Noise NK handshake, AES-256-GCM on every datagram), to set
+// beside the plain one and quic-go, which always encrypts.
+type knetLib struct{ unordered, secure bool }
 
 func (k knetLib) Name() string {
-	if k.unordered {
+	switch {
+	case k.unordered:
 		return colKnetU
+	case k.secure:
+		return colKnetS
 	}
 	return colKnet
 }
@@ -79,8 +84,38 @@ func knetConfig() *knet.Config {
 	return &knet.Config{DisconnectTimeout: time.Second}
 }
 
+// benchKeys is the secure column's server key pair, one for the run.
+var benchKeys = sync.OnceValues(func() ([2][]byte, error) {
+	priv, pub, err := knet.GenerateKey()
+	return [2][]byte{priv, pub}, err
+})
+
+// config is knetConfig with the keys of a secure session when k is the
+// secure column: the server's private key, the client's copy of its
+// public key.
+func (k knetLib) config(server bool) (*knet.Config, error) {
+	cfg := knetConfig()
+	if !k.secure {
+		return cfg, nil
+	}
+	keys, err := benchKeys()
+	if err != nil {
+		return nil, err
+	}
+	if server {
+		cfg.PrivateKey = keys[0]
+	} else {
+		cfg.ServerKey = keys[1]
+	}
+	return cfg, nil
+}
+
 func (k knetLib) Listen(addr string) (msgListener, error) {
-	l, err := knet.Listen("udp", addr, knetConfig())
+	cfg, err := k.config(true)
+	if err != nil {
+		return nil, err
+	}
+	l, err := knet.Listen("udp", addr, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -88,9 +123,17 @@ func (k knetLib) Listen(addr string) (msgListener, error) {
 }
 
 func (k knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
-	c, err := knet.Dial(ctx, "udp", addr, knetConfig())
+	cfg, err := k.config(false)
 	if err != nil {
 		return nil, err
+	}
+	c, err := knet.Dial(ctx, "udp", addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if k.secure && !c.Secure() {
+		c.Close()
+		return nil, errors.New("knet: the secure column's connection is not secure")
 	}
 	return newKnetConn(c, !k.unordered), nil
 }
