@@ -291,6 +291,7 @@ func (c *Conn) admit() {
 	}
 	if err == nil && c.sec != nil {
 		c.sess.syn = syn
+		c.sec.cid = c.ep.l.newCID(c)
 		reply, err = c.sec.writeSynAck(reply)
 	}
 	if err == nil {
@@ -362,7 +363,7 @@ func (c *Conn) flush(now time.Time) {
 	n := 0
 	for {
 		if w == nil {
-			w = getWriteBatch(c.cfg.maxDatagram + sealOverhead)
+			w = getWriteBatch(c.cfg.maxDatagram + wireOverhead)
 		}
 		b := c.sess.poll(now, w.buf(n))
 		if b == nil {

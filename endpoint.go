@@ -66,7 +66,11 @@ func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
 		conns:      make(map[netip.AddrPort]*Conn),
 		readerDone: make(chan struct{}),
 	}
-	ep.pool = packetPool(max(cfg.maxDatagram, 2048) + 1)
+	size := cfg.maxDatagram
+	if cfg.privateKey != nil || cfg.serverKey != nil {
+		size += wireOverhead // what maxDatagram leaves for sealing
+	}
+	ep.pool = packetPool(max(size, 2048) + 1)
 	return ep
 }
 
@@ -343,6 +347,7 @@ func (ep *endpoint) remove(c *Conn) {
 	ep.mu.Unlock()
 	if ep.l != nil {
 		ep.l.established(c) // no longer pending, whatever became of it
+		ep.l.dropCID(c)
 	}
 }
 

@@ -434,7 +434,13 @@ func (c *config) handshakeLimit() int { return c.wholeLimit() - startRoom }
 // payloadLimit is the most bytes of ConnectPayload or Admit reply: the
 // handshake's room, less the Noise message's own in a secure session.
 func (c *config) payloadLimit() int {
-	if c.privateKey != nil || c.serverKey != nil {
+	if c.privateKey != nil {
+		// The reply follows the connection ID (secure.go).
+		return c.handshakeLimit() - noiseOverhead - cidSize
+	}
+	if c.serverKey != nil {
+		// A client's maxDatagram lost cidSize already (its datagrams
+		// carry the ID), so that both ends' limits agree.
 		return c.handshakeLimit() - noiseOverhead
 	}
 	return c.handshakeLimit()

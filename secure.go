@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync/atomic"
 
 	"github.com/flynn/noise"
@@ -27,6 +28,12 @@ const (
 	// noiseOverhead is what the Noise NK messages add to the ConnectSyn
 	// and ConnectSynAck contents: an ephemeral public key and a tag.
 	noiseOverhead = KeySize + 16
+	// cidSize is the connection ID's size: the server picks it, tells
+	// it in the ConnectSynAck's content, and the client's sealed
+	// datagrams carry it after their header (see Migration in SECURE.md).
+	cidSize = 4
+	// wireOverhead is the most a sealed datagram adds to the session's.
+	wireOverhead = sealOverhead + cidSize
 )
 
 // noisePrologue is mixed into the handshake hash: both sides must agree
@@ -91,6 +98,11 @@ type secureState struct {
 	replay     replayWindow
 	h          header // parsed headers, reused
 
+	// initiator: the client, whose sealed datagrams carry cid; the
+	// server's carry none (its address does not change).
+	initiator bool
+	cid       uint32 // connection ID, the server's choice; 0 until known
+
 	// Counters, added to the connection's Stats.
 	invalid uint64 // failed authentication, or clear when it must not be
 	replays uint64 // unreliable datagrams received before
@@ -113,7 +125,7 @@ func newClientSecure(serverKey, payload []byte) (*secureState, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return &secureState{hs: hs, payload: payload}, msg1, nil
+	return &secureState{hs: hs, payload: payload, initiator: true}, msg1, nil
 }
 
 // newServerSecure prepares the responder's side: the handshake starts
@@ -147,10 +159,12 @@ func (s *secureState) readSyn(msg1 []byte) ([]byte, error) {
 	return payload, nil
 }
 
-// writeSynAck seals the Admit reply in the responder's message, the
-// ConnectSynAck content, and derives the session keys.
+// writeSynAck seals the connection ID (s.cid) and the Admit reply in the
+// responder's message, the ConnectSynAck content, and derives the session
+// keys.
 func (s *secureState) writeSynAck(reply []byte) ([]byte, error) {
-	msg2, toServer, toClient, err := s.hs.WriteMessage(nil, reply)
+	payload := binary.LittleEndian.AppendUint32(make([]byte, 0, cidSize+len(reply)), s.cid)
+	msg2, toServer, toClient, err := s.hs.WriteMessage(nil, append(payload, reply...))
 	s.hs = nil
 	if err != nil {
 		return nil, err
@@ -164,16 +178,21 @@ func (s *secureState) writeSynAck(reply []byte) ([]byte, error) {
 
 // readSynAck reads the responder's message, proof that the server holds
 // the private key, and derives the session keys. It returns the Admit
-// reply.
+// reply, and keeps the connection ID that came before it.
 func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
 	if s.hs == nil {
 		return nil, ErrHandshakeFailed
 	}
-	reply, toServer, toClient, err := s.hs.ReadMessage(nil, msg2)
+	payload, toServer, toClient, err := s.hs.ReadMessage(nil, msg2)
 	s.hs = nil
 	if err != nil {
 		return nil, fmt.Errorf("%w: the server did not prove it holds the private key of Config.ServerKey", ErrHandshakeFailed)
 	}
+	if len(payload) < cidSize {
+		return nil, fmt.Errorf("%w: no connection ID in the server's answer", ErrHandshakeFailed)
+	}
+	s.cid = binary.LittleEndian.Uint32(payload)
+	reply := payload[cidSize:]
 	if err := s.keys(toServer, toClient); err != nil {
 		return nil, err
 	}
@@ -212,11 +231,13 @@ func nonceFor(nonce *[12]byte, n uint64) []byte {
 }
 
 // seal encrypts the datagram b into dst (which may be b itself, with
-// sealOverhead bytes of spare capacity) and returns it: the header stays
+// wireOverhead bytes of spare capacity) and returns it: the header stays
 // in clear as the associated data, the rest is encrypted and followed by
-// the tag. The nonce is the datagram's 64-bit packet number, expanded
-// from its PacketID: a datagram sent again (same PacketID) is the same
-// bytes under the same nonce, hence the same ciphertext.
+// the tag. A client's datagram carries the connection ID after the
+// header, in clear and authenticated with it. The nonce is the
+// datagram's 64-bit packet number, expanded from its PacketID: a
+// datagram sent again (same PacketID) is the same bytes under the same
+// nonce, hence the same ciphertext.
 func (s *secureState) seal(dst, b []byte) ([]byte, error) {
 	n, err := parseHeader(b, &s.h)
 	if err != nil {
@@ -224,24 +245,86 @@ func (s *secureState) seal(dst, b []byte) ([]byte, error) {
 	}
 	pn := expandPacketNumber(s.h.packetID, s.sendTop)
 	s.sendTop = max(s.sendTop, pn)
+	ad := n
+	if s.initiator {
+		ad += cidSize
+	}
+	var body []byte
 	if len(dst) == 0 || &dst[:1][0] != &b[0] {
 		dst = append(dst[:0], b[:n]...)
+		body = b[n:]
 	} else {
-		dst = b[:n]
+		// In place: the body moves up to make room for the ID.
+		dst = b[:len(b)+ad-n]
+		body = dst[ad:]
+		copy(body, b[n:])
+		dst = dst[:n]
 	}
-	return s.send.Seal(dst, nonceFor(&s.sendNonce, pn), b[n:], b[:n]), nil
+	if s.initiator {
+		dst = binary.LittleEndian.AppendUint32(dst, s.cid)
+	}
+	return s.send.Seal(dst, nonceFor(&s.sendNonce, pn), body, dst[:ad]), nil
+}
+
+// sealedCID returns the connection ID of a client's sealed datagram: the
+// four bytes after its header. ok is false when b is too short to be one.
+// It reads the header without keeping it, and allocates nothing.
+func sealedCID(b []byte) (id uint32, ok bool) {
+	n := headerSize(b)
+	if n < 0 || len(b)-n < cidSize+sealOverhead {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(b[n:]), true
+}
+
+// headerSize is the length of the datagram header at the start of b, or
+// -1 if b is too short for it (see parseHeader).
+func headerSize(b []byte) int {
+	if len(b) < minHeaderSize {
+		return -1
+	}
+	n := minHeaderSize
+	if b[2]&(headerFlagInOrder>>16) == 0 {
+		return n
+	}
+	if len(b) < n+1 {
+		return -1
+	}
+	count := int(b[n])
+	n++
+	// 2 x count VLE-1.7/8: one byte each, or two when the first has its
+	// top bit set.
+	for range 2 * count {
+		if n >= len(b) {
+			return -1
+		}
+		if b[n] >= 0x80 {
+			n++
+		}
+		n++
+	}
+	if n > len(b) {
+		return -1
+	}
+	return n
 }
 
 // open authenticates and decrypts the datagram b in place and returns its
-// plaintext form, or nil if it is to be dropped: it failed authentication
-// (counted invalid), or is an unreliable datagram received before, or too
-// old for the replay window (counted replays). Nothing changes unless it
-// authenticates. A reliable datagram received before is returned: it may
-// be the peer's retransmission, whose ack was lost, and the session acks
-// it again (and drops it as a duplicate).
+// plaintext form (without the connection ID), or nil if it is to be
+// dropped: it failed authentication or bears another connection ID
+// (counted invalid), or is an unreliable datagram received before, or
+// too old for the replay window (counted replays). Nothing changes unless
+// it authenticates. A reliable
+// datagram received before is returned: it may be the peer's
+// retransmission, whose ack was lost, and the session acks it again (and
+// drops it as a duplicate).
 func (s *secureState) open(b []byte) []byte {
 	n, err := parseHeader(b, &s.h)
-	if err != nil || len(b)-n < sealOverhead {
+	ad := n
+	if !s.initiator {
+		ad += cidSize
+	}
+	if err != nil || len(b)-ad < sealOverhead || ad > n && binary.LittleEndian.Uint32(b[n:]) != s.cid {
 		s.invalid++
 		return nil
 	}
@@ -251,12 +334,17 @@ func (s *secureState) open(b []byte) []byte {
 		s.replays++
 		return nil
 	}
-	pt, err := s.recv.Open(b[n:n], nonceFor(&s.recvNonce, pn), b[n:], b[:n])
+	pt, err := s.recv.Open(b[ad:ad], nonceFor(&s.recvNonce, pn), b[ad:], b[:ad])
 	if err != nil {
 		s.invalid++
 		return nil
 	}
 	s.replay.mark(pn)
+	if ad > n {
+		// Drop the ID: the header moves up against the plaintext.
+		copy(b[ad-n:ad], b[:n])
+		b = b[ad-n:]
+	}
 	return b[:n+len(pt)]
 }
 
@@ -368,6 +456,8 @@ func (c *config) secureDialer() error {
 	if c.dialect == DialectReference {
 		return errSecureRef
 	}
+	// The connection ID takes room from every datagram too.
+	c.maxDatagram -= cidSize
 	return nil
 }
 
@@ -457,4 +547,36 @@ func secureRefusal(err error) error {
 		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
 	}
 	return err
+}
+
+// Listener side.
+
+// newCID registers c under a new connection ID and returns it.
+func (l *Listener) newCID(c *Conn) uint32 {
+	l.cidMu.Lock()
+	defer l.cidMu.Unlock()
+	if l.cids == nil {
+		l.cids = make(map[uint32]*Conn)
+	}
+	for {
+		// Not a secret: it only names the connection whose keys a
+		// datagram must then authenticate under.
+		id := mrand.Uint32()
+		if id != 0 && l.cids[id] == nil {
+			l.cids[id] = c
+			return id
+		}
+	}
+}
+
+// dropCID forgets c's connection ID.
+func (l *Listener) dropCID(c *Conn) {
+	if c.sec == nil || c.sec.cid == 0 {
+		return
+	}
+	l.cidMu.Lock()
+	if l.cids[c.sec.cid] == c {
+		delete(l.cids, c.sec.cid)
+	}
+	l.cidMu.Unlock()
 }

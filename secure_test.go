@@ -382,11 +382,13 @@ func securePair(t testing.TB) (client, server *secureState) {
 	got, err := server.readSyn(msg1)
 	require.NoError(t, err)
 	require.Equal(t, "hello", string(got))
+	server.cid = 0x04030201
 	msg2, err := server.writeSynAck([]byte("welcome"))
 	require.NoError(t, err)
 	reply, err := client.readSynAck(msg2)
 	require.NoError(t, err)
 	require.Equal(t, "welcome", string(reply))
+	require.Equal(t, server.cid, client.cid)
 	return client, server
 }
 
@@ -407,8 +409,12 @@ func TestSecureSealOpen(t *testing.T) {
 	d := plainDatagram(0, true, []byte("abc"))
 	sealed, err := c.seal(nil, d)
 	require.NoError(t, err)
-	assert.Len(t, sealed, len(d)+sealOverhead)
+	assert.Len(t, sealed, len(d)+cidSize+sealOverhead)
 	assert.Equal(t, d[:3], sealed[:3], "the header is in clear")
+	assert.Equal(t, []byte{1, 2, 3, 4}, sealed[3:7], "the connection ID follows it")
+	id, ok := sealedCID(sealed)
+	assert.True(t, ok)
+	assert.Equal(t, s.cid, id)
 	// A resend of the same datagram is the same bytes: nothing new is
 	// revealed, the nonce is used for one plaintext only.
 	again, err := c.seal(nil, d)
@@ -445,6 +451,16 @@ func TestSecureSealOpen(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, &buf[:1][0], &out[0])
 	assert.Equal(t, "in place", string(s.open(out)[3+3:]))
+	// The server's datagrams carry no ID, sealed in place or not.
+	back := plainDatagram(0, false, []byte("down"))
+	sealed, err = s.seal(nil, back)
+	require.NoError(t, err)
+	assert.Len(t, sealed, len(back)+sealOverhead)
+	buf = append(make([]byte, 0, 64), back...)
+	out, err = s.seal(buf, buf)
+	require.NoError(t, err)
+	assert.Equal(t, sealed, out)
+	assert.Equal(t, back, c.open(out))
 }
 
 func TestSecureOldReplayDropped(t *testing.T) {
@@ -531,12 +547,49 @@ func FuzzSecureOpen(f *testing.F) {
 	f.Add([]byte{0, 0, 0x80, 2, 1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		s := &secureState{recv: s0.recv}
+		s := &secureState{recv: s0.recv, cid: s0.cid}
 		before := s.replay
 		if s.open(b) == nil {
 			if before != s.replay {
 				t.Fatal("a dropped datagram changed the replay window")
 			}
+		}
+	})
+}
+
+func TestHeaderSize(t *testing.T) {
+	for _, h := range []header{
+		{packetID: 5},
+		{packetID: 7, reliable: true, inOrder: true},
+		{packetID: 9, inOrder: true, deltas: []uint16{1, 300}, indices: []uint16{0, 200}},
+	} {
+		b := appendHeader(nil, &h)
+		assert.Equal(t, len(b), headerSize(append(b, 1, 2, 3)))
+		assert.Equal(t, -1, headerSize(b[:len(b)-1]))
+	}
+}
+
+// FuzzSealedCID: the listener's look at a datagram from an unknown
+// address never panics, and finds the header where parseHeader does.
+func FuzzSealedCID(f *testing.F) {
+	c, _ := securePair(f)
+	for _, d := range [][]byte{plainDatagram(3, true, []byte("x")), appendHeader(nil, &header{inOrder: true, deltas: []uint16{200}, indices: []uint16{1}})} {
+		b, err := c.seal(nil, d)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Add([]byte{0, 0, 0x80, 3, 0x81})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h header
+		n, err := parseHeader(b, &h)
+		if err != nil {
+			n = -1
+		}
+		if got := headerSize(b); got != n {
+			t.Fatalf("headerSize %d, parseHeader %d", got, n)
+		}
+		if _, ok := sealedCID(b); ok != (n >= 0 && len(b)-n >= cidSize+sealOverhead) {
+			t.Fatal("sealedCID disagrees")
 		}
 	})
 }
