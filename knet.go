@@ -549,6 +549,11 @@ type Stats struct {
 	// With Config.Simulate, a datagram is sent once it enters the
 	// simulated network; failures to deliver it from there count here.
 	SendErrors uint64
+	// Migrations counts the moves of a secure connection to a new
+	// address of its client (NAT rebinding, another network), each once
+	// the client proved it receives there (see Conn.RemoteAddr). Only a
+	// server's connections move; a client's count stays 0.
+	Migrations uint64
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked

@@ -9,7 +9,10 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
+	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/flynn/noise"
 )
@@ -101,11 +104,15 @@ type secureState struct {
 	// initiator: the client, whose sealed datagrams carry cid; the
 	// server's carry none (its address does not change).
 	initiator bool
-	cid       uint32 // connection ID, the server's choice; 0 until known
+	cid       uint32    // connection ID, the server's choice; 0 until known
+	newest    bool      // the last datagram open returned had the highest packet number so far
+	path      pathCheck // server: a new client address being checked
 
 	// Counters, added to the connection's Stats.
-	invalid uint64 // failed authentication, or clear when it must not be
-	replays uint64 // unreliable datagrams received before
+	invalid    uint64 // failed authentication, or clear when it must not be
+	replays    uint64 // unreliable datagrams received before
+	migrations uint64
+	challenges atomic.Uint64 // PathChallenges sent (for tests)
 }
 
 // newClientSecure starts the initiator's side of the handshake and
@@ -314,11 +321,13 @@ func headerSize(b []byte) int {
 // dropped: it failed authentication or bears another connection ID
 // (counted invalid), or is an unreliable datagram received before, or
 // too old for the replay window (counted replays). Nothing changes unless
-// it authenticates. A reliable
+// it authenticates; then s.newest says whether its packet number is the
+// highest yet (only such a datagram may start a migration). A reliable
 // datagram received before is returned: it may be the peer's
 // retransmission, whose ack was lost, and the session acks it again (and
 // drops it as a duplicate).
 func (s *secureState) open(b []byte) []byte {
+	s.newest = false
 	n, err := parseHeader(b, &s.h)
 	ad := n
 	if !s.initiator {
@@ -339,6 +348,7 @@ func (s *secureState) open(b []byte) []byte {
 		s.invalid++
 		return nil
 	}
+	s.newest = !s.replay.started || pn > s.replay.top
 	s.replay.mark(pn)
 	if ad > n {
 		// Drop the ID: the header moves up against the plaintext.
@@ -486,14 +496,20 @@ func (c *Conn) sealOut(b, spare []byte) []byte {
 	return out
 }
 
-// openIn authenticates and decrypts an incoming datagram, or says to drop
-// it (nil). Before the handshake completes only the handshake's clear
-// datagrams are taken; after it, only sealed ones, but for a client's
-// ConnectSyn sent again while the server's ConnectSynAck is on its way
-// (the session answers it with the ConnectSynAck again).
-func (c *Conn) openIn(b []byte) []byte {
+// openIn authenticates and decrypts an incoming datagram from the address
+// from, or says to drop it (nil). Before the handshake completes only the
+// handshake's clear datagrams are taken; after it, only sealed ones, but
+// for a client's ConnectSyn sent again while the server's ConnectSynAck
+// is on its way (the session answers it with the ConnectSynAck again).
+// Clear datagrams are taken only from the connection's address: from
+// another, only a sealed one can be a client that moved.
+func (c *Conn) openIn(b []byte, from netip.AddrPort) []byte {
 	s := c.sec
 	client := c.ep.l == nil
+	if from != c.raddr && !s.ready.Load() {
+		s.invalid++
+		return nil
+	}
 	if !s.ready.Load() {
 		var ok bool
 		if client {
@@ -514,13 +530,36 @@ func (c *Conn) openIn(b []byte) []byte {
 	if p := s.open(b); p != nil {
 		return p
 	}
-	if s.invalid != invalid {
+	if s.invalid != invalid && from == c.raddr {
 		if syn, _ := holds(b, idConnectSyn); syn && !client && !c.sess.wasOpen {
 			s.invalid--
 			return b
 		}
 	}
 	return nil
+}
+
+// takeSecure hands the session a datagram of a secure connection, if it
+// authenticates (or is one of the handshake's clear ones), and on a
+// server checks where it came from.
+func (c *Conn) takeSecure(now time.Time, p *packet) {
+	size := len(p.b)
+	b := c.openIn(p.b, p.from)
+	switch {
+	case b == nil:
+	case c.sess.client:
+		c.sess.handleDatagram(now, b)
+		c.finishClientHandshake()
+	default:
+		if c.sec.ready.Load() {
+			c.checkPath(now, p.from, size)
+		}
+		c.sess.handleDatagram(now, b)
+		if c.sess.pathGot {
+			c.sess.pathGot = false
+			c.pathAnswered(p.from)
+		}
+	}
 }
 
 // finishClientHandshake reads the ConnectSynAck's content, once the
@@ -537,6 +576,7 @@ func (c *Conn) finishClientHandshake() {
 		return
 	}
 	c.sess.syn, c.sess.synAck = s.payload, reply
+	c.sess.pathMsgs = true
 }
 
 // secureRefusal maps a refusal for a failed handshake to
@@ -547,6 +587,137 @@ func secureRefusal(err error) error {
 		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
 	}
 	return err
+}
+
+// Migration (SECURE.md, "Migration"): a server's connection follows its
+// client to a new address once the client proved it receives there.
+//
+// A sealed datagram from an address the listener does not know finds its
+// connection by the connection ID it carries (Listener.routeByID). If it
+// authenticates, its content is taken like any other; if it is also the
+// newest (highest packet number yet), the connection checks the address:
+// a PathChallenge, 8 random bytes in a sealed datagram, goes there, and
+// the connection moves when a sealed PathResponse with those bytes comes
+// back from there. Until then everything else still goes to the old
+// address, and the new one gets no more than amplification times the
+// bytes of authenticated datagrams it sent (QUIC's rule, RFC 9000 8.1).
+
+// Path messages: MessageID 0 (idPath, reserved by the spec and ignored by
+// kNet receivers), content u8 kind, then 8 bytes.
+const (
+	pathChallenge = 1
+	pathResponse  = 2
+	pathDataSize  = 8
+	// amplification bounds what an unproven address gets: this many times
+	// what it sent.
+	amplification = 3
+	// maxChallenges is how many PathChallenges one address gets; each
+	// waits an RTO for its answer, and goes only when a datagram comes
+	// from there (the address is not chased on a timer).
+	maxChallenges = 4
+	// challengeSize is a sealed datagram holding a PathChallenge: header,
+	// message block header, the MessageID, the content, the tag.
+	challengeSize = minHeaderSize + 2 + 1 + 1 + pathDataSize + sealOverhead
+)
+
+// pathCheck is the check of one new address of the client.
+type pathCheck struct {
+	to        netip.AddrPort // the address being checked; zero if none
+	challenge [pathDataSize]byte
+	in, out   int // bytes received from it (authenticated) and sent to it
+	sends     int
+	sentAt    time.Time
+}
+
+// due reports whether a PathChallenge may go now: fewer than
+// maxChallenges went, the last one an rto ago, and the address sent
+// enough to earn it.
+func (pc *pathCheck) due(now time.Time, rto time.Duration) bool {
+	if pc.sends >= maxChallenges || pc.sends > 0 && now.Sub(pc.sentAt) < rto {
+		return false
+	}
+	return pc.out+challengeSize <= amplification*pc.in
+}
+
+// checkPath runs after a datagram of size bytes on the wire, from the
+// address from, authenticated on a server's connection.
+func (c *Conn) checkPath(now time.Time, from netip.AddrPort, size int) {
+	s := c.sec
+	pc := &s.path
+	switch {
+	case from == c.raddr:
+		if s.newest {
+			// The client is where it was (a copy of its datagram,
+			// racing it from elsewhere, started the check).
+			*pc = pathCheck{}
+		}
+		return
+	case pc.to == from:
+		pc.in += size
+	case s.newest:
+		*pc = pathCheck{to: from, in: size}
+		rand.Read(pc.challenge[:])
+	default:
+		// Late from an old address, or a copy of an older datagram:
+		// its content counts, the connection stays.
+		return
+	}
+	c.challenge(now)
+}
+
+// challenge sends the address being checked a PathChallenge, when one is
+// due and the amplification limit allows.
+func (c *Conn) challenge(now time.Time) {
+	pc := &c.sec.path
+	if !pc.due(now, c.sess.loss.rto()) {
+		return
+	}
+	var content [1 + pathDataSize]byte
+	content[0] = pathChallenge
+	copy(content[1:], pc.challenge[:])
+	buf := make([]byte, 0, challengeSize)
+	b := c.sess.control(buf, idPath, content[:])
+	b, err := c.sec.seal(b, b)
+	if err != nil || len(b) != challengeSize {
+		panic("knet: a PathChallenge of the wrong size")
+	}
+	c.ep.write(b, pc.to)
+	pc.out += len(b)
+	pc.sends++
+	pc.sentAt = now
+	c.sec.challenges.Add(1)
+}
+
+// pathAnswered takes the PathResponse the session heard in a datagram
+// from the address from: the connection moves there if it answers the
+// challenge sent there.
+func (c *Conn) pathAnswered(from netip.AddrPort) {
+	pc := &c.sec.path
+	if pc.sends == 0 || from != pc.to || c.sess.pathHeard != pc.challenge {
+		return
+	}
+	c.moveTo(from)
+	*pc = pathCheck{}
+}
+
+// moveTo makes to the connection's address: the endpoint routes it here
+// and everything goes there.
+func (c *Conn) moveTo(to netip.AddrPort) {
+	ep := c.ep
+	ep.mu.Lock()
+	if ep.conns[c.raddr] == c {
+		delete(ep.conns, c.raddr)
+	}
+	// Another connection there is stale: the client proved it is here.
+	ep.conns[to] = c
+	c.raddr = to
+	ep.mu.Unlock()
+	c.remote.Store(net.UDPAddrFromAddrPort(to))
+	c.sec.migrations++
+	c.sess.ackNow = true // news for the client at once, from here
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection moved", "remote", to)
+	}
 }
 
 // Listener side.
@@ -579,4 +750,29 @@ func (l *Listener) dropCID(c *Conn) {
 		delete(l.cids, c.sec.cid)
 	}
 	l.cidMu.Unlock()
+}
+
+// routeByID hands a datagram from an address with no connection to the
+// secure connection its connection ID names, and reports whether it did.
+// The connection authenticates it; a clear ConnectSyn is never taken
+// for one (it is a connection attempt).
+func (l *Listener) routeByID(p *packet) bool {
+	if l.cfg.privateKey == nil {
+		return false
+	}
+	id, ok := sealedCID(p.b)
+	if !ok {
+		return false
+	}
+	l.cidMu.Lock()
+	c := l.cids[id]
+	l.cidMu.Unlock()
+	if c == nil {
+		return false
+	}
+	if syn, _ := isConnectSyn(p.b); syn {
+		return false
+	}
+	c.push(p)
+	return true
 }
