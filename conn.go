@@ -21,8 +21,8 @@ import (
 // A Conn is safe for concurrent use.
 type Conn struct {
 	ep      *endpoint
-	raddr   netip.AddrPort
-	remote  *net.UDPAddr
+	raddr   netip.AddrPort // owned by loop; changed under ep.mu (moveTo)
+	remote  atomic.Pointer[net.UDPAddr]
 	cfg     *config
 	dialect Dialect // DialectSpec or DialectReference
 
@@ -99,7 +99,6 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		dialect:   dialect,
 		ep:        ep,
 		raddr:     raddr,
-		remote:    net.UDPAddrFromAddrPort(raddr),
 		cfg:       cfg,
 		wake:      make(chan struct{}, 1),
 		sendSpace: make(chan struct{}, 1),
@@ -108,6 +107,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		closed:    make(chan struct{}),
 		done:      make(chan struct{}),
 	}
+	c.remote.Store(net.UDPAddrFromAddrPort(raddr))
 	c.readDL.init(c.recvReady)
 	c.writeDL.init(c.sendSpace)
 	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
@@ -217,11 +217,8 @@ func (c *Conn) drainInbox() time.Time {
 	for i, p := range work {
 		if c.sec == nil {
 			c.sess.handleDatagram(now, p.b)
-		} else if b := c.openIn(p.b); b != nil {
-			c.sess.handleDatagram(now, b)
-			if c.sess.client {
-				c.finishClientHandshake()
-			}
+		} else {
+			c.takeSecure(now, p)
 		}
 		c.ep.putPacket(p)
 		work[i] = nil
@@ -278,7 +275,7 @@ func (c *Conn) admit() {
 	case c.cfg.admitConn != nil:
 		reply, err = c.cfg.admitConn(c, syn)
 	case c.cfg.admit != nil:
-		reply, err = c.cfg.admit(c.remote, syn)
+		reply, err = c.cfg.admit(c.remote.Load(), syn)
 	}
 	if err == nil && c.dialect != DialectReference && len(reply) > c.cfg.payloadLimit() {
 		// Cutting it would hand the client something the server never
@@ -291,7 +288,9 @@ func (c *Conn) admit() {
 	}
 	if err == nil && c.sec != nil {
 		c.sess.syn = syn
+		c.sec.cid = c.ep.l.newCID(c)
 		reply, err = c.sec.writeSynAck(reply)
+		c.sess.pathMsgs = true
 	}
 	if err == nil {
 		c.sess.admitted(time.Now(), reply, true)
@@ -301,7 +300,7 @@ func (c *Conn) admit() {
 		c.ep.refused.Add(1)
 	}
 	if l := c.cfg.logger; l != nil {
-		l.Info("knet: connection refused", "remote", c.remote, "reason", err)
+		l.Info("knet: connection refused", "remote", c.remote.Load(), "reason", err)
 	}
 	var why []byte
 	if !c.cfg.stealth && c.dialect != DialectReference {
@@ -362,7 +361,7 @@ func (c *Conn) flush(now time.Time) {
 	n := 0
 	for {
 		if w == nil {
-			w = getWriteBatch(c.cfg.maxDatagram + sealOverhead)
+			w = getWriteBatch(c.cfg.maxDatagram + wireOverhead)
 		}
 		b := c.sess.poll(now, w.buf(n))
 		if b == nil {
@@ -424,6 +423,7 @@ func (c *Conn) snapshot() Stats {
 	if c.sec != nil {
 		st.InvalidDatagrams += c.sec.invalid
 		st.DuplicateDatagrams += c.sec.replays
+		st.Migrations = c.sec.migrations
 	}
 	if c.ep.l == nil {
 		st.SendErrors += c.ep.sendErrs.Load() // the socket is ours alone
@@ -491,7 +491,7 @@ func (c *Conn) finish() {
 		if !graceful {
 			level = slog.LevelWarn
 		}
-		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote, "reason", err)
+		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote.Load(), "reason", err)
 	}
 	c.stateMu.Lock()
 	c.err = err
@@ -559,7 +559,7 @@ func (c *Conn) established() {
 	}
 	c.estOnce.Do(func() { close(c.estab) })
 	if l := c.cfg.logger; l != nil {
-		l.Info("knet: connection established", "remote", c.remote, "dialect", c.dialect, "client", c.ep.l == nil)
+		l.Info("knet: connection established", "remote", c.remote.Load(), "dialect", c.dialect, "client", c.ep.l == nil)
 	}
 }
 
@@ -995,14 +995,17 @@ func (c *Conn) Write(b []byte) (int, error) {
 }
 
 func (c *Conn) opError(op string, err error) error {
-	return &net.OpError{Op: op, Net: "knet", Source: c.LocalAddr(), Addr: c.remote, Err: err}
+	return &net.OpError{Op: op, Net: "knet", Source: c.LocalAddr(), Addr: c.remote.Load(), Err: err}
 }
 
 // LocalAddr returns the local address of the socket.
 func (c *Conn) LocalAddr() net.Addr { return c.ep.pc.LocalAddr() }
 
-// RemoteAddr returns the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.remote }
+// RemoteAddr returns the peer's address. A secure connection's client may
+// move (NAT rebinding, another network): on the server, the address
+// changes once the client proved it receives at the new one (see
+// Stats.Migrations).
+func (c *Conn) RemoteAddr() net.Addr { return c.remote.Load() }
 
 // SetDeadline sets the read and write deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {

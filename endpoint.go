@@ -14,8 +14,9 @@ import (
 
 // packet is a datagram read from the socket, in a pooled buffer.
 type packet struct {
-	buf []byte
-	b   []byte
+	buf  []byte
+	b    []byte
+	from netip.AddrPort // the sender
 }
 
 // endpoint is one UDP socket and the goroutine that reads it, shared by a
@@ -66,7 +67,11 @@ func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
 		conns:      make(map[netip.AddrPort]*Conn),
 		readerDone: make(chan struct{}),
 	}
-	ep.pool = packetPool(max(cfg.maxDatagram, 2048) + 1)
+	size := cfg.maxDatagram
+	if cfg.privateKey != nil || cfg.serverKey != nil {
+		size += wireOverhead // what maxDatagram leaves for sealing
+	}
+	ep.pool = packetPool(max(size, 2048) + 1)
 	return ep
 }
 
@@ -309,6 +314,7 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 		}
 		p.b = p.buf[:ps[i].N]
 		addr := unmap(ps[i].Addr)
+		p.from = addr
 		c := ep.conns[addr]
 		if c != runConn {
 			flush()
@@ -319,7 +325,9 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			run = append(run, p)
 		case ep.l != nil:
 			ep.mu.Unlock()
-			ep.l.handleNew(ep, addr, p)
+			if !ep.l.routeByID(p) { // a secure connection's client that moved
+				ep.l.handleNew(ep, addr, p)
+			}
 			ep.mu.Lock()
 			runConn = nil
 		default:
@@ -343,6 +351,7 @@ func (ep *endpoint) remove(c *Conn) {
 	ep.mu.Unlock()
 	if ep.l != nil {
 		ep.l.established(c) // no longer pending, whatever became of it
+		ep.l.dropCID(c)
 	}
 }
 

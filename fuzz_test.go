@@ -228,6 +228,16 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	}
 	write("FuzzPacketAck", "seed-runs", bytesLit(append(appendPacketAck(nil, packetAck{base: 1000, more: 0x3ffffffff}), appendPacketAck(nil, packetAck{base: 1010, more: 5})...)))
 	write("FuzzReassembly", "seed-clean", bytesLit(nil), "uint16(5000)", "uint16(470)")
+	// A client's sealed datagrams: their structure, not their keys, is
+	// what the listener reads (the bytes after the header stand for the
+	// connection ID and the ciphertext).
+	for i, h := range []header{{packetID: 3, reliable: true}, {packetID: 9, inOrder: true, deltas: []uint16{1, 300}, indices: []uint16{0, 200}}} {
+		b := appendHeader(nil, &h)
+		b = binary.LittleEndian.AppendUint32(b, 0x04030201)
+		b = append(b, make([]byte, 5+sealOverhead)...)
+		write("FuzzSealedCID", fmt.Sprintf("seed-%02d", i), bytesLit(b))
+		write("FuzzSealedCID", fmt.Sprintf("seed-%02d-short", i), bytesLit(b[:len(b)-6-sealOverhead]))
+	}
 	write("FuzzInOrder", "seed-mixed", "uint64(5)", "byte('d')", "byte('\\n')", "byte('\\x14')")
 	for i, c := range fuzzConfigSeeds {
 		f := fmt.Sprintf("float64(%v)", c.loss)

@@ -434,7 +434,13 @@ func (c *config) handshakeLimit() int { return c.wholeLimit() - startRoom }
 // payloadLimit is the most bytes of ConnectPayload or Admit reply: the
 // handshake's room, less the Noise message's own in a secure session.
 func (c *config) payloadLimit() int {
-	if c.privateKey != nil || c.serverKey != nil {
+	if c.privateKey != nil {
+		// The reply follows the connection ID (secure.go).
+		return c.handshakeLimit() - noiseOverhead - cidSize
+	}
+	if c.serverKey != nil {
+		// A client's maxDatagram lost cidSize already (its datagrams
+		// carry the ID), so that both ends' limits agree.
 		return c.handshakeLimit() - noiseOverhead
 	}
 	return c.handshakeLimit()
@@ -543,6 +549,11 @@ type Stats struct {
 	// With Config.Simulate, a datagram is sent once it enters the
 	// simulated network; failures to deliver it from there count here.
 	SendErrors uint64
+	// Migrations counts the moves of a secure connection to a new
+	// address of its client (NAT rebinding, another network), each once
+	// the client proved it receives there (see Conn.RemoteAddr). Only a
+	// server's connections move; a client's count stays 0.
+	Migrations uint64
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked

@@ -26,6 +26,11 @@ type Listener struct {
 	mu      sync.Mutex
 	pending map[*Conn]bool // connections not yet established
 	closing bool
+
+	// Secure connections by connection ID (secure.go), across sockets:
+	// a client that moved may reach another of them.
+	cidMu sync.Mutex
+	cids  map[uint32]*Conn
 }
 
 // ListenerStats are a Listener's counters.

@@ -8,7 +8,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/flynn/noise"
 )
@@ -27,6 +31,12 @@ const (
 	// noiseOverhead is what the Noise NK messages add to the ConnectSyn
 	// and ConnectSynAck contents: an ephemeral public key and a tag.
 	noiseOverhead = KeySize + 16
+	// cidSize is the connection ID's size: the server picks it, tells
+	// it in the ConnectSynAck's content, and the client's sealed
+	// datagrams carry it after their header (see Migration in SECURE.md).
+	cidSize = 4
+	// wireOverhead is the most a sealed datagram adds to the session's.
+	wireOverhead = sealOverhead + cidSize
 )
 
 // noisePrologue is mixed into the handshake hash: both sides must agree
@@ -91,9 +101,18 @@ type secureState struct {
 	replay     replayWindow
 	h          header // parsed headers, reused
 
+	// initiator: the client, whose sealed datagrams carry cid; the
+	// server's carry none (its address does not change).
+	initiator bool
+	cid       uint32    // connection ID, the server's choice; 0 until known
+	newest    bool      // the last datagram open returned had the highest packet number so far
+	path      pathCheck // server: a new client address being checked
+
 	// Counters, added to the connection's Stats.
-	invalid uint64 // failed authentication, or clear when it must not be
-	replays uint64 // unreliable datagrams received before
+	invalid    uint64 // failed authentication, or clear when it must not be
+	replays    uint64 // unreliable datagrams received before
+	migrations uint64
+	challenges atomic.Uint64 // PathChallenges sent (for tests)
 }
 
 // newClientSecure starts the initiator's side of the handshake and
@@ -113,7 +132,7 @@ func newClientSecure(serverKey, payload []byte) (*secureState, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return &secureState{hs: hs, payload: payload}, msg1, nil
+	return &secureState{hs: hs, payload: payload, initiator: true}, msg1, nil
 }
 
 // newServerSecure prepares the responder's side: the handshake starts
@@ -147,10 +166,12 @@ func (s *secureState) readSyn(msg1 []byte) ([]byte, error) {
 	return payload, nil
 }
 
-// writeSynAck seals the Admit reply in the responder's message, the
-// ConnectSynAck content, and derives the session keys.
+// writeSynAck seals the connection ID (s.cid) and the Admit reply in the
+// responder's message, the ConnectSynAck content, and derives the session
+// keys.
 func (s *secureState) writeSynAck(reply []byte) ([]byte, error) {
-	msg2, toServer, toClient, err := s.hs.WriteMessage(nil, reply)
+	payload := binary.LittleEndian.AppendUint32(make([]byte, 0, cidSize+len(reply)), s.cid)
+	msg2, toServer, toClient, err := s.hs.WriteMessage(nil, append(payload, reply...))
 	s.hs = nil
 	if err != nil {
 		return nil, err
@@ -164,16 +185,21 @@ func (s *secureState) writeSynAck(reply []byte) ([]byte, error) {
 
 // readSynAck reads the responder's message, proof that the server holds
 // the private key, and derives the session keys. It returns the Admit
-// reply.
+// reply, and keeps the connection ID that came before it.
 func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
 	if s.hs == nil {
 		return nil, ErrHandshakeFailed
 	}
-	reply, toServer, toClient, err := s.hs.ReadMessage(nil, msg2)
+	payload, toServer, toClient, err := s.hs.ReadMessage(nil, msg2)
 	s.hs = nil
 	if err != nil {
 		return nil, fmt.Errorf("%w: the server did not prove it holds the private key of Config.ServerKey", ErrHandshakeFailed)
 	}
+	if len(payload) < cidSize {
+		return nil, fmt.Errorf("%w: no connection ID in the server's answer", ErrHandshakeFailed)
+	}
+	s.cid = binary.LittleEndian.Uint32(payload)
+	reply := payload[cidSize:]
 	if err := s.keys(toServer, toClient); err != nil {
 		return nil, err
 	}
@@ -212,11 +238,13 @@ func nonceFor(nonce *[12]byte, n uint64) []byte {
 }
 
 // seal encrypts the datagram b into dst (which may be b itself, with
-// sealOverhead bytes of spare capacity) and returns it: the header stays
+// wireOverhead bytes of spare capacity) and returns it: the header stays
 // in clear as the associated data, the rest is encrypted and followed by
-// the tag. The nonce is the datagram's 64-bit packet number, expanded
-// from its PacketID: a datagram sent again (same PacketID) is the same
-// bytes under the same nonce, hence the same ciphertext.
+// the tag. A client's datagram carries the connection ID after the
+// header, in clear and authenticated with it. The nonce is the
+// datagram's 64-bit packet number, expanded from its PacketID: a
+// datagram sent again (same PacketID) is the same bytes under the same
+// nonce, hence the same ciphertext.
 func (s *secureState) seal(dst, b []byte) ([]byte, error) {
 	n, err := parseHeader(b, &s.h)
 	if err != nil {
@@ -224,24 +252,88 @@ func (s *secureState) seal(dst, b []byte) ([]byte, error) {
 	}
 	pn := expandPacketNumber(s.h.packetID, s.sendTop)
 	s.sendTop = max(s.sendTop, pn)
+	ad := n
+	if s.initiator {
+		ad += cidSize
+	}
+	var body []byte
 	if len(dst) == 0 || &dst[:1][0] != &b[0] {
 		dst = append(dst[:0], b[:n]...)
+		body = b[n:]
 	} else {
-		dst = b[:n]
+		// In place: the body moves up to make room for the ID.
+		dst = b[:len(b)+ad-n]
+		body = dst[ad:]
+		copy(body, b[n:])
+		dst = dst[:n]
 	}
-	return s.send.Seal(dst, nonceFor(&s.sendNonce, pn), b[n:], b[:n]), nil
+	if s.initiator {
+		dst = binary.LittleEndian.AppendUint32(dst, s.cid)
+	}
+	return s.send.Seal(dst, nonceFor(&s.sendNonce, pn), body, dst[:ad]), nil
+}
+
+// sealedCID returns the connection ID of a client's sealed datagram: the
+// four bytes after its header. ok is false when b is too short to be one.
+// It reads the header without keeping it, and allocates nothing.
+func sealedCID(b []byte) (id uint32, ok bool) {
+	n := headerSize(b)
+	if n < 0 || len(b)-n < cidSize+sealOverhead {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(b[n:]), true
+}
+
+// headerSize is the length of the datagram header at the start of b, or
+// -1 if b is too short for it (see parseHeader).
+func headerSize(b []byte) int {
+	if len(b) < minHeaderSize {
+		return -1
+	}
+	n := minHeaderSize
+	if b[2]&(headerFlagInOrder>>16) == 0 {
+		return n
+	}
+	if len(b) < n+1 {
+		return -1
+	}
+	count := int(b[n])
+	n++
+	// 2 x count VLE-1.7/8: one byte each, or two when the first has its
+	// top bit set.
+	for range 2 * count {
+		if n >= len(b) {
+			return -1
+		}
+		if b[n] >= 0x80 {
+			n++
+		}
+		n++
+	}
+	if n > len(b) {
+		return -1
+	}
+	return n
 }
 
 // open authenticates and decrypts the datagram b in place and returns its
-// plaintext form, or nil if it is to be dropped: it failed authentication
-// (counted invalid), or is an unreliable datagram received before, or too
-// old for the replay window (counted replays). Nothing changes unless it
-// authenticates. A reliable datagram received before is returned: it may
-// be the peer's retransmission, whose ack was lost, and the session acks
-// it again (and drops it as a duplicate).
+// plaintext form (without the connection ID), or nil if it is to be
+// dropped: it failed authentication or bears another connection ID
+// (counted invalid), or is an unreliable datagram received before, or
+// too old for the replay window (counted replays). Nothing changes unless
+// it authenticates; then s.newest says whether its packet number is the
+// highest yet (only such a datagram may start a migration). A reliable
+// datagram received before is returned: it may be the peer's
+// retransmission, whose ack was lost, and the session acks it again (and
+// drops it as a duplicate).
 func (s *secureState) open(b []byte) []byte {
+	s.newest = false
 	n, err := parseHeader(b, &s.h)
-	if err != nil || len(b)-n < sealOverhead {
+	ad := n
+	if !s.initiator {
+		ad += cidSize
+	}
+	if err != nil || len(b)-ad < sealOverhead || ad > n && binary.LittleEndian.Uint32(b[n:]) != s.cid {
 		s.invalid++
 		return nil
 	}
@@ -251,12 +343,18 @@ func (s *secureState) open(b []byte) []byte {
 		s.replays++
 		return nil
 	}
-	pt, err := s.recv.Open(b[n:n], nonceFor(&s.recvNonce, pn), b[n:], b[:n])
+	pt, err := s.recv.Open(b[ad:ad], nonceFor(&s.recvNonce, pn), b[ad:], b[:ad])
 	if err != nil {
 		s.invalid++
 		return nil
 	}
+	s.newest = !s.replay.started || pn > s.replay.top
 	s.replay.mark(pn)
+	if ad > n {
+		// Drop the ID: the header moves up against the plaintext.
+		copy(b[ad-n:ad], b[:n])
+		b = b[ad-n:]
+	}
 	return b[:n+len(pt)]
 }
 
@@ -368,6 +466,8 @@ func (c *config) secureDialer() error {
 	if c.dialect == DialectReference {
 		return errSecureRef
 	}
+	// The connection ID takes room from every datagram too.
+	c.maxDatagram -= cidSize
 	return nil
 }
 
@@ -396,14 +496,20 @@ func (c *Conn) sealOut(b, spare []byte) []byte {
 	return out
 }
 
-// openIn authenticates and decrypts an incoming datagram, or says to drop
-// it (nil). Before the handshake completes only the handshake's clear
-// datagrams are taken; after it, only sealed ones, but for a client's
-// ConnectSyn sent again while the server's ConnectSynAck is on its way
-// (the session answers it with the ConnectSynAck again).
-func (c *Conn) openIn(b []byte) []byte {
+// openIn authenticates and decrypts an incoming datagram from the address
+// from, or says to drop it (nil). Before the handshake completes only the
+// handshake's clear datagrams are taken; after it, only sealed ones, but
+// for a client's ConnectSyn sent again while the server's ConnectSynAck
+// is on its way (the session answers it with the ConnectSynAck again).
+// Clear datagrams are taken only from the connection's address: from
+// another, only a sealed one can be a client that moved.
+func (c *Conn) openIn(b []byte, from netip.AddrPort) []byte {
 	s := c.sec
 	client := c.ep.l == nil
+	if from != c.raddr && !s.ready.Load() {
+		s.invalid++
+		return nil
+	}
 	if !s.ready.Load() {
 		var ok bool
 		if client {
@@ -424,13 +530,36 @@ func (c *Conn) openIn(b []byte) []byte {
 	if p := s.open(b); p != nil {
 		return p
 	}
-	if s.invalid != invalid {
+	if s.invalid != invalid && from == c.raddr {
 		if syn, _ := holds(b, idConnectSyn); syn && !client && !c.sess.wasOpen {
 			s.invalid--
 			return b
 		}
 	}
 	return nil
+}
+
+// takeSecure hands the session a datagram of a secure connection, if it
+// authenticates (or is one of the handshake's clear ones), and on a
+// server checks where it came from.
+func (c *Conn) takeSecure(now time.Time, p *packet) {
+	size := len(p.b)
+	b := c.openIn(p.b, p.from)
+	switch {
+	case b == nil:
+	case c.sess.client:
+		c.sess.handleDatagram(now, b)
+		c.finishClientHandshake()
+	default:
+		if c.sec.ready.Load() {
+			c.checkPath(now, p.from, size)
+		}
+		c.sess.handleDatagram(now, b)
+		if c.sess.pathGot {
+			c.sess.pathGot = false
+			c.pathAnswered(p.from)
+		}
+	}
 }
 
 // finishClientHandshake reads the ConnectSynAck's content, once the
@@ -447,6 +576,7 @@ func (c *Conn) finishClientHandshake() {
 		return
 	}
 	c.sess.syn, c.sess.synAck = s.payload, reply
+	c.sess.pathMsgs = true
 }
 
 // secureRefusal maps a refusal for a failed handshake to
@@ -457,4 +587,192 @@ func secureRefusal(err error) error {
 		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
 	}
 	return err
+}
+
+// Migration (SECURE.md, "Migration"): a server's connection follows its
+// client to a new address once the client proved it receives there.
+//
+// A sealed datagram from an address the listener does not know finds its
+// connection by the connection ID it carries (Listener.routeByID). If it
+// authenticates, its content is taken like any other; if it is also the
+// newest (highest packet number yet), the connection checks the address:
+// a PathChallenge, 8 random bytes in a sealed datagram, goes there, and
+// the connection moves when a sealed PathResponse with those bytes comes
+// back from there. Until then everything else still goes to the old
+// address, and the new one gets no more than amplification times the
+// bytes of authenticated datagrams it sent (QUIC's rule, RFC 9000 8.1).
+
+// Path messages: MessageID 0 (idPath, reserved by the spec and ignored by
+// kNet receivers), content u8 kind, then 8 bytes.
+const (
+	pathChallenge = 1
+	pathResponse  = 2
+	pathDataSize  = 8
+	// amplification bounds what an unproven address gets: this many times
+	// what it sent.
+	amplification = 3
+	// maxChallenges is how many PathChallenges one address gets; each
+	// waits an RTO for its answer, and goes only when a datagram comes
+	// from there (the address is not chased on a timer).
+	maxChallenges = 4
+	// challengeSize is a sealed datagram holding a PathChallenge: header,
+	// message block header, the MessageID, the content, the tag.
+	challengeSize = minHeaderSize + 2 + 1 + 1 + pathDataSize + sealOverhead
+)
+
+// pathCheck is the check of one new address of the client.
+type pathCheck struct {
+	to        netip.AddrPort // the address being checked; zero if none
+	challenge [pathDataSize]byte
+	in, out   int // bytes received from it (authenticated) and sent to it
+	sends     int
+	sentAt    time.Time
+}
+
+// due reports whether a PathChallenge may go now: fewer than
+// maxChallenges went, the last one an rto ago, and the address sent
+// enough to earn it.
+func (pc *pathCheck) due(now time.Time, rto time.Duration) bool {
+	if pc.sends >= maxChallenges || pc.sends > 0 && now.Sub(pc.sentAt) < rto {
+		return false
+	}
+	return pc.out+challengeSize <= amplification*pc.in
+}
+
+// checkPath runs after a datagram of size bytes on the wire, from the
+// address from, authenticated on a server's connection.
+func (c *Conn) checkPath(now time.Time, from netip.AddrPort, size int) {
+	s := c.sec
+	pc := &s.path
+	switch {
+	case from == c.raddr:
+		if s.newest {
+			// The client is where it was (a copy of its datagram,
+			// racing it from elsewhere, started the check).
+			*pc = pathCheck{}
+		}
+		return
+	case pc.to == from:
+		pc.in += size
+	case s.newest:
+		*pc = pathCheck{to: from, in: size}
+		rand.Read(pc.challenge[:])
+	default:
+		// Late from an old address, or a copy of an older datagram:
+		// its content counts, the connection stays.
+		return
+	}
+	c.challenge(now)
+}
+
+// challenge sends the address being checked a PathChallenge, when one is
+// due and the amplification limit allows.
+func (c *Conn) challenge(now time.Time) {
+	pc := &c.sec.path
+	if !pc.due(now, c.sess.loss.rto()) {
+		return
+	}
+	var content [1 + pathDataSize]byte
+	content[0] = pathChallenge
+	copy(content[1:], pc.challenge[:])
+	buf := make([]byte, 0, challengeSize)
+	b := c.sess.control(buf, idPath, content[:])
+	b, err := c.sec.seal(b, b)
+	if err != nil || len(b) != challengeSize {
+		panic("knet: a PathChallenge of the wrong size")
+	}
+	c.ep.write(b, pc.to)
+	pc.out += len(b)
+	pc.sends++
+	pc.sentAt = now
+	c.sec.challenges.Add(1)
+}
+
+// pathAnswered takes the PathResponse the session heard in a datagram
+// from the address from: the connection moves there if it answers the
+// challenge sent there.
+func (c *Conn) pathAnswered(from netip.AddrPort) {
+	pc := &c.sec.path
+	if pc.sends == 0 || from != pc.to || c.sess.pathHeard != pc.challenge {
+		return
+	}
+	c.moveTo(from)
+	*pc = pathCheck{}
+}
+
+// moveTo makes to the connection's address: the endpoint routes it here
+// and everything goes there.
+func (c *Conn) moveTo(to netip.AddrPort) {
+	ep := c.ep
+	ep.mu.Lock()
+	if ep.conns[c.raddr] == c {
+		delete(ep.conns, c.raddr)
+	}
+	// Another connection there is stale: the client proved it is here.
+	ep.conns[to] = c
+	c.raddr = to
+	ep.mu.Unlock()
+	c.remote.Store(net.UDPAddrFromAddrPort(to))
+	c.sec.migrations++
+	c.sess.ackNow = true // news for the client at once, from here
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection moved", "remote", to)
+	}
+}
+
+// Listener side.
+
+// newCID registers c under a new connection ID and returns it.
+func (l *Listener) newCID(c *Conn) uint32 {
+	l.cidMu.Lock()
+	defer l.cidMu.Unlock()
+	if l.cids == nil {
+		l.cids = make(map[uint32]*Conn)
+	}
+	for {
+		// Not a secret: it only names the connection whose keys a
+		// datagram must then authenticate under.
+		id := mrand.Uint32()
+		if id != 0 && l.cids[id] == nil {
+			l.cids[id] = c
+			return id
+		}
+	}
+}
+
+// dropCID forgets c's connection ID.
+func (l *Listener) dropCID(c *Conn) {
+	if c.sec == nil || c.sec.cid == 0 {
+		return
+	}
+	l.cidMu.Lock()
+	if l.cids[c.sec.cid] == c {
+		delete(l.cids, c.sec.cid)
+	}
+	l.cidMu.Unlock()
+}
+
+// routeByID hands a datagram from an address with no connection to the
+// secure connection its connection ID names, and reports whether it did.
+// The connection authenticates it; a clear ConnectSyn is never taken
+// for one (it is a connection attempt).
+func (l *Listener) routeByID(p *packet) bool {
+	if l.cfg.privateKey == nil {
+		return false
+	}
+	id, ok := sealedCID(p.b)
+	if !ok {
+		return false
+	}
+	l.cidMu.Lock()
+	c := l.cids[id]
+	l.cidMu.Unlock()
+	if c == nil {
+		return false
+	}
+	if syn, _ := isConnectSyn(p.b); syn {
+		return false
+	}
+	c.push(p)
+	return true
 }

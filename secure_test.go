@@ -3,10 +3,14 @@ package knet
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -382,11 +386,13 @@ func securePair(t testing.TB) (client, server *secureState) {
 	got, err := server.readSyn(msg1)
 	require.NoError(t, err)
 	require.Equal(t, "hello", string(got))
+	server.cid = 0x04030201
 	msg2, err := server.writeSynAck([]byte("welcome"))
 	require.NoError(t, err)
 	reply, err := client.readSynAck(msg2)
 	require.NoError(t, err)
 	require.Equal(t, "welcome", string(reply))
+	require.Equal(t, server.cid, client.cid)
 	return client, server
 }
 
@@ -407,8 +413,12 @@ func TestSecureSealOpen(t *testing.T) {
 	d := plainDatagram(0, true, []byte("abc"))
 	sealed, err := c.seal(nil, d)
 	require.NoError(t, err)
-	assert.Len(t, sealed, len(d)+sealOverhead)
+	assert.Len(t, sealed, len(d)+cidSize+sealOverhead)
 	assert.Equal(t, d[:3], sealed[:3], "the header is in clear")
+	assert.Equal(t, []byte{1, 2, 3, 4}, sealed[3:7], "the connection ID follows it")
+	id, ok := sealedCID(sealed)
+	assert.True(t, ok)
+	assert.Equal(t, s.cid, id)
 	// A resend of the same datagram is the same bytes: nothing new is
 	// revealed, the nonce is used for one plaintext only.
 	again, err := c.seal(nil, d)
@@ -445,6 +455,16 @@ func TestSecureSealOpen(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, &buf[:1][0], &out[0])
 	assert.Equal(t, "in place", string(s.open(out)[3+3:]))
+	// The server's datagrams carry no ID, sealed in place or not.
+	back := plainDatagram(0, false, []byte("down"))
+	sealed, err = s.seal(nil, back)
+	require.NoError(t, err)
+	assert.Len(t, sealed, len(back)+sealOverhead)
+	buf = append(make([]byte, 0, 64), back...)
+	out, err = s.seal(buf, buf)
+	require.NoError(t, err)
+	assert.Equal(t, sealed, out)
+	assert.Equal(t, back, c.open(out))
 }
 
 func TestSecureOldReplayDropped(t *testing.T) {
@@ -531,12 +551,506 @@ func FuzzSecureOpen(f *testing.F) {
 	f.Add([]byte{0, 0, 0x80, 2, 1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		s := &secureState{recv: s0.recv}
+		s := &secureState{recv: s0.recv, cid: s0.cid}
 		before := s.replay
 		if s.open(b) == nil {
 			if before != s.replay {
 				t.Fatal("a dropped datagram changed the replay window")
 			}
+		}
+	})
+}
+
+// natRelay stands for a NAT between one client and a server: the client
+// talks to pc, the relay to the server from its outer socket. rebind
+// replaces the outer socket by a new one (a new source port, as when a
+// NAT's mapping changes); the old one stays open but passes nothing on,
+// as a NAT that forgot the mapping, and counts what reaches it. Every
+// datagram to the server is recorded.
+type natRelay struct {
+	t      *testing.T
+	pc     *net.UDPConn // facing the client
+	server netip.AddrPort
+	client atomic.Pointer[netip.AddrPort]
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	outer   *net.UDPConn
+	old     []*net.UDPConn
+	oldIn   int      // bytes the old outer sockets received since they were replaced
+	sent    [][]byte // datagrams to the server, in order
+	hold    bool     // keep back the next unreliable datagram to the server
+	held    []byte
+	heldNow chan struct{}
+	divert  *net.UDPConn // the next divertN datagrams to the server go from here instead
+	divertN int
+}
+
+func newNATRelay(t *testing.T, server net.Addr) *natRelay {
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	r := &natRelay{t: t, pc: pc, server: server.(*net.UDPAddr).AddrPort(), heldNow: make(chan struct{}, 1)}
+	r.outer = r.newOuter()
+	r.wg.Go(func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			r.client.Store(&from)
+			b := append([]byte(nil), buf[:n]...)
+			r.mu.Lock()
+			r.sent = append(r.sent, b)
+			out := r.outer
+			switch {
+			case r.hold && b[2]&(headerFlagReliable>>16) == 0:
+				r.hold = false
+				r.held = b
+				signal(r.heldNow)
+				out = nil
+			case r.divertN > 0:
+				r.divertN--
+				out = r.divert
+			}
+			r.mu.Unlock()
+			if out != nil {
+				out.WriteToUDPAddrPort(b, r.server)
+			}
+		}
+	})
+	t.Cleanup(r.close)
+	return r
+}
+
+// newOuter opens an outer socket and passes what it receives to the
+// client while it is the current one.
+func (r *natRelay) newOuter() *net.UDPConn {
+	o, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(r.t, err)
+	r.wg.Go(func() {
+		buf := make([]byte, 65536)
+		for {
+			n, err := o.Read(buf)
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			r.mu.Lock()
+			current := o == r.outer
+			if !current {
+				r.oldIn += n
+			}
+			r.mu.Unlock()
+			if to := r.client.Load(); current && err == nil && to != nil {
+				r.pc.WriteToUDPAddrPort(buf[:n], *to)
+			}
+		}
+	})
+	return o
+}
+
+func (r *natRelay) Addr() string { return r.pc.LocalAddr().String() }
+
+// outerAddr is where the server sees the client now.
+func (r *natRelay) outerAddr() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.outer.LocalAddr().String()
+}
+
+// rebind moves the client to a new outer address.
+func (r *natRelay) rebind() {
+	o := r.newOuter()
+	r.mu.Lock()
+	r.old = append(r.old, r.outer)
+	r.outer = o
+	r.mu.Unlock()
+}
+
+// fromOld sends b to the server from the first outer address, which the
+// NAT no longer uses: a datagram late or copied from there.
+func (r *natRelay) fromOld(b []byte) {
+	r.mu.Lock()
+	o := r.old[0]
+	r.mu.Unlock()
+	_, err := o.WriteToUDPAddrPort(b, r.server)
+	require.NoError(r.t, err)
+}
+
+func (r *natRelay) recorded() [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sent)
+}
+
+func (r *natRelay) oldReceived() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.oldIn
+}
+
+func (r *natRelay) close() {
+	r.pc.Close()
+	r.mu.Lock()
+	r.outer.Close()
+	for _, o := range r.old {
+		o.Close()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// echoServer sends every message of c back as it came, but ID 9's.
+func echoServer(t *testing.T, c *Conn) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			m, err := c.Receive(context.Background())
+			if err != nil {
+				return
+			}
+			if m.ID != 9 && c.Send(m) != nil {
+				return
+			}
+		}
+	})
+	t.Cleanup(func() { c.Close(); wg.Wait() })
+}
+
+// echoBoth sends a reliable and an unreliable message and waits for their
+// echoes: afterwards the server has taken everything the client sent
+// before, and published its stats of the round that did.
+func echoBoth(t *testing.T, c *Conn, tag byte) {
+	t.Helper()
+	for _, rel := range []bool{true, false} {
+		m := Message{ID: 6, Payload: []byte{tag, 0xee}, Reliable: rel}
+		got := echoOnce(t, c, m)
+		require.Equal(t, m.Payload, got.Payload)
+		require.Equal(t, rel, got.Reliable)
+	}
+}
+
+// mustNotReceive checks that nothing waits at pc.
+func mustNotReceive(t *testing.T, pc *net.UDPConn) {
+	t.Helper()
+	require.NoError(t, pc.SetReadDeadline(time.Now()))
+	n, _, err := pc.ReadFromUDPAddrPort(make([]byte, 2048))
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded, "%d bytes arrived", n)
+}
+
+func loopbackSocket(t *testing.T) *net.UDPConn {
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+func TestSecureMigration(t *testing.T) {
+	// The client's NAT rebinds mid-session: the connection carries on
+	// from the new address, the server moves to it after the path
+	// check, nothing reliable is lost, and datagrams late or copied from
+	// the old address do not move it back.
+	scfg, ccfg := secureConfigs(t)
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	first := r.outerAddr()
+	require.Equal(t, first, sc.RemoteAddr().String())
+	for i := range 10 {
+		echoBoth(t, c, byte(i))
+	}
+
+	// An unreliable datagram sent before the rebinding is held back, to
+	// come late from the old address.
+	r.mu.Lock()
+	r.hold = true
+	r.mu.Unlock()
+	require.NoError(t, c.Send(Message{ID: 9, Payload: []byte("late")}))
+	select {
+	case <-r.heldNow:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay held back nothing")
+	}
+	before := len(r.recorded())
+
+	r.rebind()
+	second := r.outerAddr()
+	require.NotEqual(t, first, second)
+	const n = 20
+	for i := range n {
+		require.NoError(t, c.Send(Message{ID: 7, Payload: []byte{byte(i)}, Reliable: true, InOrder: true}))
+	}
+	for i := range n {
+		got, err := c.Receive(within(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, uint32(7), got.ID, "message %d", i)
+		require.Equal(t, []byte{byte(i)}, got.Payload, "reliable messages lost or out of order")
+	}
+	// The echoes came through the new address only: the server moved.
+	assert.Equal(t, second, sc.RemoteAddr().String())
+	for i := range 10 {
+		echoBoth(t, c, byte(100+i))
+	}
+	st := sc.Stats()
+	assert.Equal(t, uint64(1), st.Migrations)
+	assert.Zero(t, st.InvalidDatagrams)
+	assert.Zero(t, c.Stats().Migrations)
+	challenges := sc.sec.challenges.Load()
+	assert.GreaterOrEqual(t, challenges, uint64(1))
+	assert.LessOrEqual(t, challenges, uint64(maxChallenges))
+
+	// Late and copied datagrams from the old address: taken (the late
+	// one is new to the server), but the connection stays, and nothing
+	// goes there.
+	oldIn := r.oldReceived()
+	r.mu.Lock()
+	held := r.held
+	r.mu.Unlock()
+	r.fromOld(held)
+	for _, b := range r.recorded()[:before] {
+		// (A ConnectSyn again would be a new connection attempt.)
+		if syn, _ := isConnectSyn(b); !syn {
+			r.fromOld(b)
+		}
+	}
+	echoBoth(t, c, 200)
+	echoBoth(t, c, 201)
+	st = sc.Stats()
+	assert.Equal(t, second, sc.RemoteAddr().String())
+	assert.Equal(t, uint64(1), st.Migrations)
+	assert.Equal(t, challenges, sc.sec.challenges.Load())
+	assert.Positive(t, st.DuplicateDatagrams)
+	assert.Zero(t, st.InvalidDatagrams)
+	assert.Equal(t, oldIn, r.oldReceived(), "the server sent to the old address")
+	assert.Zero(t, l.Stats().StrayDatagrams+l.Stats().InvalidDatagrams)
+	require.NoError(t, c.Close())
+}
+
+func TestSecureMigrationAcrossSockets(t *testing.T) {
+	// A listener with several sockets: the kernel spreads peers over them
+	// by address, so a client that moved may reach another socket than
+	// its connection's; it is found by its connection ID all the same.
+	// Several moves in a row, each checked and counted.
+	if runtime.GOOS != "linux" {
+		t.Skip("Config.Sockets above 1 needs Linux")
+	}
+	scfg, ccfg := secureConfigs(t)
+	scfg.Sockets = 4
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	echoBoth(t, c, 0)
+	const moves = 6
+	for i := range moves {
+		r.rebind()
+		for j := range 5 {
+			require.NoError(t, c.Send(Message{ID: 7, Payload: []byte{byte(i), byte(j)}, Reliable: true, InOrder: true}))
+		}
+		for j := range 5 {
+			got, err := c.Receive(within(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, []byte{byte(i), byte(j)}, got.Payload)
+		}
+		require.Equal(t, r.outerAddr(), sc.RemoteAddr().String(), "move %d", i)
+	}
+	echoBoth(t, c, 1)
+	assert.Equal(t, uint64(moves), sc.Stats().Migrations)
+	assert.Equal(t, 1, l.Stats().Connections)
+}
+
+func TestSecureMigrationCopyFromElsewhere(t *testing.T) {
+	// Copies of the client's datagrams, already delivered, sent from
+	// another address (a spoofer replaying what it saw): dropped or
+	// acked as duplicates to the real client; no path check, no move,
+	// nothing sent to the spoofer.
+	scfg, ccfg := secureConfigs(t)
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	for i := range 5 {
+		echoBoth(t, c, byte(i))
+	}
+	spoofer := loopbackSocket(t)
+	sent := r.recorded()
+	dups := sc.Stats().DuplicateDatagrams
+	for _, b := range sent[1:] { // the ConnectSyn is no copy of interest
+		_, err := spoofer.WriteToUDPAddrPort(b, r.server)
+		require.NoError(t, err)
+	}
+	echoBoth(t, c, 50)
+	echoBoth(t, c, 51)
+	st := sc.Stats()
+	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
+	assert.Zero(t, st.Migrations)
+	assert.Zero(t, sc.sec.challenges.Load())
+	assert.GreaterOrEqual(t, st.DuplicateDatagrams-dups, uint64(len(sent)-2))
+	mustNotReceive(t, spoofer)
+}
+
+func TestSecureMigrationForgedDropped(t *testing.T) {
+	// From a new address: a datagram bearing the connection's ID that
+	// does not authenticate (bit-flipped, truncated, another ID in its
+	// place) is dropped and counted, and changes nothing; one bearing
+	// no known ID is the listener's stray.
+	scfg, ccfg := secureConfigs(t)
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	echoBoth(t, c, 1)
+	sent := r.recorded()
+	real := sent[len(sent)-1] // sealed, the last one echoed
+	id, ok := sealedCID(real)
+	require.True(t, ok)
+	require.Equal(t, sc.sec.cid, id)
+	n := headerSize(real)
+
+	forger := loopbackSocket(t)
+	send := func(b []byte) {
+		_, err := forger.WriteToUDPAddrPort(b, r.server)
+		require.NoError(t, err)
+	}
+	// Under a PacketID the server has not seen (else the replay window
+	// drops it before any decryption): the old body under a new header,
+	// then with a bit flipped, or cut short.
+	fresh := slices.Clone(real)
+	v := uint32(fresh[0]) | uint32(fresh[1])<<8 | uint32(fresh[2])<<16
+	v = v&^packetIDMask | (v+100)&packetIDMask
+	fresh[0], fresh[1], fresh[2] = byte(v), byte(v>>8), byte(v>>16)
+	forged := [][]byte{fresh, fresh[:len(fresh)-1]}
+	for i := n + cidSize; i < len(fresh); i += 3 { // body and tag
+		b := slices.Clone(fresh)
+		b[i] ^= 0x01
+		forged = append(forged, b)
+	}
+	for _, b := range forged {
+		send(b)
+	}
+	stray := l.Stats().StrayDatagrams + l.Stats().InvalidDatagrams
+	unknown := slices.Clone(real)
+	binary.LittleEndian.PutUint32(unknown[n:], id+1)
+	send(unknown)
+	echoBoth(t, c, 2)
+	echoBoth(t, c, 3)
+	st := sc.Stats()
+	assert.Equal(t, uint64(len(forged)), st.InvalidDatagrams)
+	assert.Zero(t, st.Migrations)
+	assert.Zero(t, sc.sec.challenges.Load())
+	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
+	assert.Equal(t, stray+1, l.Stats().StrayDatagrams+l.Stats().InvalidDatagrams)
+	mustNotReceive(t, forger)
+}
+
+func TestSecureMigrationAmplificationBound(t *testing.T) {
+	// An on-path attacker sends the client's next datagrams from a victim
+	// instead (they authenticate, and are the newest): the victim gets
+	// path challenges, at most 3x the bytes "it" sent, never the
+	// connection's traffic, and the connection stays where it is.
+	scfg, ccfg := secureConfigs(t)
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	echoBoth(t, c, 1)
+	victim := loopbackSocket(t)
+	r.mu.Lock()
+	r.divert, r.divertN = victim, 3
+	before := len(r.sent)
+	r.mu.Unlock()
+	// Sent through the victim: the server takes them, acks and echoes
+	// them to the client's real address.
+	for i := range 3 {
+		require.NoError(t, c.Send(Message{ID: 7, Payload: make([]byte, 10+i), Reliable: true}))
+	}
+	require.NoError(t, victim.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 2048)
+	got, _, err := victim.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err, "no path challenge came")
+	assert.Equal(t, challengeSize, got)
+	for range 3 {
+		m, err := c.Receive(within(t, 5*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, uint32(7), m.ID)
+	}
+	echoBoth(t, c, 2)
+	r.mu.Lock()
+	require.Zero(t, r.divertN)
+	divertedBytes := 0
+	for _, b := range r.sent[before : before+3] {
+		divertedBytes += len(b)
+	}
+	r.mu.Unlock()
+	for {
+		require.NoError(t, victim.SetReadDeadline(time.Now()))
+		n, _, err := victim.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			break
+		}
+		got += n
+	}
+	assert.LessOrEqual(t, got, amplification*divertedBytes)
+	assert.Equal(t, uint64(got/challengeSize), sc.sec.challenges.Load())
+	assert.Zero(t, sc.Stats().Migrations)
+	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
+}
+
+func TestSecurePathCheckBudget(t *testing.T) {
+	// The amplification limit and the pace of PathChallenges.
+	now := time.Unix(1000, 0)
+	rto := 200 * time.Millisecond
+	pc := pathCheck{in: 20}
+	require.True(t, pc.due(now, rto))
+	pc.out, pc.sends, pc.sentAt = challengeSize, 1, now
+	assert.False(t, pc.due(now.Add(rto), rto), "60 bytes earned, 31 spent: no second one")
+	pc.in += 20
+	assert.False(t, pc.due(now.Add(rto/2), rto), "not before an RTO")
+	assert.True(t, pc.due(now.Add(rto), rto))
+	pc = pathCheck{in: 1 << 20, sends: maxChallenges, sentAt: now}
+	assert.False(t, pc.due(now.Add(time.Hour), rto), "at most maxChallenges")
+	assert.Equal(t, 31, challengeSize)
+}
+
+func TestHeaderSize(t *testing.T) {
+	for _, h := range []header{
+		{packetID: 5},
+		{packetID: 7, reliable: true, inOrder: true},
+		{packetID: 9, inOrder: true, deltas: []uint16{1, 300}, indices: []uint16{0, 200}},
+	} {
+		b := appendHeader(nil, &h)
+		assert.Equal(t, len(b), headerSize(append(b, 1, 2, 3)))
+		assert.Equal(t, -1, headerSize(b[:len(b)-1]))
+	}
+}
+
+// FuzzSealedCID: the listener's look at a datagram from an unknown
+// address never panics, and finds the header where parseHeader does.
+func FuzzSealedCID(f *testing.F) {
+	c, _ := securePair(f)
+	for _, d := range [][]byte{plainDatagram(3, true, []byte("x")), appendHeader(nil, &header{inOrder: true, deltas: []uint16{200}, indices: []uint16{1}})} {
+		b, err := c.seal(nil, d)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Add([]byte{0, 0, 0x80, 3, 0x81})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h header
+		n, err := parseHeader(b, &h)
+		if err != nil {
+			n = -1
+		}
+		if got := headerSize(b); got != n {
+			t.Fatalf("headerSize %d, parseHeader %d", got, n)
+		}
+		if _, ok := sealedCID(b); ok != (n >= 0 && len(b)-n >= cidSize+sealOverhead) {
+			t.Fatal("sealedCID disagrees")
 		}
 	})
 }

@@ -115,6 +115,16 @@ type session struct {
 	nextPingID  uint8
 	pingReplies []uint8
 
+	// Path checks, in secure sessions only (secure.go): pathMsgs says the
+	// connection understands them; a client owes the PathResponse to the
+	// last PathChallenge (pathAnswer), a server's connection reads the
+	// PathResponse heard (pathGot) after each datagram.
+	pathMsgs   bool
+	pathAnswer bool
+	pathGot    bool
+	pathData   [pathDataSize]byte // the challenge to answer
+	pathHeard  [pathDataSize]byte // the response heard
+
 	// Sending: the queues (sendqueue.go), packing (session_send.go),
 	// dependencies on the wire (session_deps.go), recovery (loss.go) and
 	// the rate (pacer.go, congestion.go).

@@ -305,6 +305,12 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 	case idDisconnect, idDisconnectAck:
 		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
 		return
+	case idPath:
+		// Ignored, as any reserved message, unless the connection is
+		// secure.
+		if s.pathMsgs {
+			s.handlePath(m.payload)
+		}
 	default:
 		if m.id >= MinMessageID && m.id <= MaxMessageID {
 			s.establishServer(now)
@@ -317,6 +323,22 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 	// named by later messages (the first in-order message of a connection
 	// names the ConnectAck): release what waits for it.
 	s.cascade(now, ref)
+}
+
+// handlePath takes a PathChallenge (a client answers the latest one) or a
+// PathResponse (a server's connection checks it against its challenge).
+func (s *session) handlePath(p []byte) {
+	if len(p) != 1+pathDataSize {
+		return
+	}
+	switch {
+	case p[0] == pathChallenge && s.client:
+		copy(s.pathData[:], p[1:])
+		s.pathAnswer = true
+	case p[0] == pathResponse && !s.client:
+		copy(s.pathHeard[:], p[1:])
+		s.pathGot = true
+	}
 }
 
 func heldKindOf(id uint32) heldKind {

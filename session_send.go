@@ -389,12 +389,20 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		return s.pollRefUnreliable(now, buf)
 	}
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
+	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.pathAnswer {
 		return nil
 	}
 	h := &s.wh
 	*h = header{packetID: s.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
+	if s.pathAnswer {
+		s.pathAnswer = false
+		var resp [1 + pathDataSize]byte
+		resp[0] = pathResponse
+		copy(resp[1:], s.pathData[:])
+		p.body = appendMessage(p.body, &message{id: idPath, payload: resp[:]})
+		p.count++
+	}
 	var one [1]byte
 	for _, id := range s.pingReplies {
 		one[0] = id
