@@ -295,3 +295,18 @@ func (h *tokenHeap) Pop() any {
 	*h = old[:len(old)-1]
 	return x
 }
+
+// Token returns the connect token a secure server checked for this
+// connection (Config.TokenKey): who the backend says the client is. Nil on
+// a client, or when the server takes no tokens. It is set before
+// Config.AdmitConn runs, and the caller may keep and change the copy it
+// gets.
+func (c *Conn) Token() *Token {
+	if c.sec == nil || c.sec.token == nil {
+		return nil
+	}
+	t := *c.sec.token
+	t.UserData = append([]byte(nil), t.UserData...)
+	t.Servers = append([]netip.AddrPort(nil), t.Servers...)
+	return &t
+}
