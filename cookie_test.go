@@ -3,6 +3,7 @@ package knet
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -254,4 +255,28 @@ func TestFloodOfBadTokensPastThreshold(t *testing.T) {
 	c := dial(t, l.Addr().String(), ccfg)
 	assert.Equal(t, 1, c.sec.retries)
 	assert.Equal(t, int32(1), admitted.Load())
+}
+
+// FuzzCookieCheck feeds the cookie check anything: it never panics, a
+// cookie it accepts is exactly the one the listener would have made for
+// that address, handshake and time, and the one it made is accepted until
+// it is stale. Seeds: testdata/fuzz/FuzzCookieCheck.
+func FuzzCookieCheck(f *testing.F) {
+	j := newCookieJar()
+	now := time.Unix(1_800_000_000, 0)
+	f.Fuzz(func(t *testing.T, msg1, cookie, ip []byte, port uint16, age int16) {
+		a, ok := netip.AddrFromSlice(ip)
+		if !ok {
+			a = netip.IPv4Unspecified()
+		}
+		addr := netip.AddrPortFrom(a, port)
+		at := now.Add(time.Duration(age) * time.Second)
+		made := j.appendCookie(nil, addr, msg1, now)
+		fresh := age >= -1 && time.Duration(age)*time.Second <= cookieLifetime
+		require.Equal(t, fresh, j.check(made, addr, msg1, at))
+		if j.check(cookie, addr, msg1, at) {
+			issued := time.Unix(int64(binary.LittleEndian.Uint64(cookie)), 0)
+			require.Equal(t, j.appendCookie(nil, addr, msg1, issued), cookie)
+		}
+	})
 }

@@ -161,3 +161,41 @@ func TestTokenReplayCacheBound(t *testing.T) {
 	assert.Less(t, len(tc.seen), maxTokenCache)
 	assert.Equal(t, len(tc.seen), tc.byExp.Len())
 }
+
+// fuzzTokenKey and fuzzNow fix what FuzzOpenToken's seeds were made with
+// (testdata/fuzz/FuzzOpenToken: valid, largest, expired, another key's,
+// cut short).
+var (
+	fuzzTokenKey = bytes.Repeat([]byte{0x6b}, TokenKeySize)
+	fuzzNow      = time.Unix(1_700_000_000, 0)
+)
+
+// FuzzOpenToken feeds the token check anything: it never panics, and
+// what it accepts is within the limits a token has.
+func FuzzOpenToken(f *testing.F) {
+	aead, err := tokenAEAD(fuzzTokenKey)
+	require.NoError(f, err)
+	tok := sampleToken()
+	tok.Expires = fuzzNow.Add(time.Minute)
+	b, err := IssueToken(fuzzTokenKey, tok)
+	require.NoError(f, err)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		orig := bytes.Clone(b)
+		tok, nonce, err := openToken(aead, b, fuzzNow)
+		if err != nil {
+			require.ErrorIs(t, err, ErrTokenRejected)
+			return
+		}
+		require.True(t, tok.Expires.After(fuzzNow))
+		require.False(t, tok.Expires.After(fuzzNow.Add(MaxTokenLifetime+tokenSkew)))
+		require.NotEmpty(t, tok.Servers)
+		require.LessOrEqual(t, len(tok.Servers), MaxTokenServers)
+		require.LessOrEqual(t, len(tok.UserData), MaxTokenUserData)
+		require.Equal(t, orig[9:tokenHeadSize], nonce[:])
+		// Opened in place, but the token does not alias the buffer.
+		ud := bytes.Clone(tok.UserData)
+		clear(b)
+		require.Equal(t, ud, tok.UserData)
+	})
+}
