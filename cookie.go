@@ -48,39 +48,46 @@ const cookieAD = "knet cookie v1"
 // issue time inside each cookie makes rotating it unnecessary). Safe for
 // concurrent use.
 type cookieJar struct {
-	macs sync.Pool // hash.Hash: HMAC-SHA256 under the secret
+	macs sync.Pool // *cookieMAC
+}
+
+// cookieMAC is an HMAC-SHA256 under a jar's secret, with room for its
+// input and output, so that a flood of ConnectSyns allocates nothing.
+type cookieMAC struct {
+	h   hash.Hash
+	in  [len(cookieAD) + 16 + 2 + 8]byte
+	sum [sha256.Size]byte
 }
 
 func newCookieJar() *cookieJar {
 	secret := make([]byte, 32)
 	rand.Read(secret) // never fails (crypto/rand)
-	return &cookieJar{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}}
+	return &cookieJar{macs: sync.Pool{New: func() any { return &cookieMAC{h: hmac.New(sha256.New, secret)} }}}
 }
 
-// mac writes into dst the MAC of a cookie issued at issued (Unix seconds)
-// for the ConnectSyn whose Noise message is msg1, from addr.
-func (j *cookieJar) mac(dst *[sha256.Size]byte, addr netip.AddrPort, issued uint64, msg1 []byte) {
-	m := j.macs.Get().(hash.Hash)
-	m.Reset()
-	var b [len(cookieAD) + 16 + 2 + 8]byte
-	copy(b[:], cookieAD)
+// appendMAC appends the 16-byte MAC of a cookie issued at issued (Unix
+// seconds) for the ConnectSyn whose Noise message is msg1, from addr.
+func (j *cookieJar) appendMAC(b []byte, addr netip.AddrPort, issued uint64, msg1 []byte) []byte {
+	m := j.macs.Get().(*cookieMAC)
+	m.h.Reset()
+	in := m.in[:]
+	copy(in, cookieAD)
 	ip := addr.Addr().Unmap().As16()
-	copy(b[len(cookieAD):], ip[:])
-	binary.LittleEndian.PutUint16(b[len(cookieAD)+16:], addr.Port())
-	binary.LittleEndian.PutUint64(b[len(cookieAD)+18:], issued)
-	m.Write(b[:])
-	m.Write(msg1)
-	m.Sum(dst[:0])
+	copy(in[len(cookieAD):], ip[:])
+	binary.LittleEndian.PutUint16(in[len(cookieAD)+16:], addr.Port())
+	binary.LittleEndian.PutUint64(in[len(cookieAD)+18:], issued)
+	m.h.Write(in)
+	m.h.Write(msg1)
+	b = append(b, m.h.Sum(m.sum[:0])[:cookieSize-8]...)
 	j.macs.Put(m)
+	return b
 }
 
 // appendCookie appends a cookie for msg1 from addr at now.
 func (j *cookieJar) appendCookie(b []byte, addr netip.AddrPort, msg1 []byte, now time.Time) []byte {
 	issued := uint64(now.Unix())
-	var sum [sha256.Size]byte
-	j.mac(&sum, addr, issued, msg1)
 	b = binary.LittleEndian.AppendUint64(b, issued)
-	return append(b, sum[:cookieSize-8]...)
+	return j.appendMAC(b, addr, issued, msg1)
 }
 
 // check reports whether cookie is one this jar made for msg1 from addr,
@@ -94,9 +101,8 @@ func (j *cookieJar) check(cookie []byte, addr netip.AddrPort, msg1 []byte, now t
 	if int64(issued) < 0 || age < -1 || age > int64(cookieLifetime/time.Second) {
 		return false // -1: our clock stepped back a little
 	}
-	var sum [sha256.Size]byte
-	j.mac(&sum, addr, issued, msg1)
-	return hmac.Equal(sum[:cookieSize-8], cookie[8:])
+	var mac [cookieSize - 8]byte
+	return hmac.Equal(j.appendMAC(mac[:0], addr, issued, msg1), cookie[8:])
 }
 
 // appendRetry appends the datagram that asks for cookie to be echoed: a
