@@ -203,8 +203,10 @@ type Config struct {
 	// the ConnectSyn and ConnectSynAck, then every datagram encrypted and
 	// authenticated (see SECURE.md). A plaintext attempt is refused with
 	// ErrHandshakeFailed's text (ignored, with Stealth); reference-dialect
-	// peers are not served. The ConnectPayload and Admit reply limits are
-	// 48 bytes lower, and datagrams carry 16 bytes less payload.
+	// peers are not served. The Admit reply's limit is 48 bytes lower,
+	// the ConnectPayload's 75 (and a connect token's length), and
+	// datagrams carry 16 bytes less payload. See also TokenKey and
+	// CookieThreshold.
 	PrivateKey []byte
 	// ServerKey is, for Dial, the server's public key. With it, Dial runs
 	// the secure handshake and fails with ErrHandshakeFailed unless the

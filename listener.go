@@ -47,7 +47,7 @@ type ListenerStats struct {
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
-	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
+	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog, or by a secure listener for their handshake or token
 	SendErrors       uint64 // datagrams the system refused to send that were no connection's: refusals, and deliveries of Config.Simulate
 	OversizedReplies uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
 	RejectedTokens   uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
