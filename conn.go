@@ -111,10 +111,9 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 	c.readDL.init(c.recvReady)
 	c.writeDL.init(c.sendSpace)
 	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
-	if !client && cfg.privateKey != nil {
-		// The key was checked by Listen.
-		c.sec, _ = newServerSecure(cfg.privateKey, cfg.publicKey)
-	}
+	// A secure connection's c.sec is set by its maker: Dial, or the
+	// listener once the client's handshake message and token are read
+	// (admitSecure).
 	return c
 }
 
@@ -266,12 +265,10 @@ func (c *Conn) admit() {
 	var err error
 	syn := append([]byte(nil), c.sess.syn...)
 	if c.sec != nil {
-		// A plaintext client, or one with another server's key, is
-		// refused here: its ConnectSyn is no handshake for our key.
-		syn, err = c.sec.readSyn(syn)
+		// The listener read the handshake message (admitSecure).
+		syn = c.sec.payload
 	}
 	switch {
-	case err != nil:
 	case c.cfg.admitConn != nil:
 		reply, err = c.cfg.admitConn(c, syn)
 	case c.cfg.admit != nil:

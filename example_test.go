@@ -2,8 +2,10 @@ package knet_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log"
+	"net/netip"
 	"time"
 
 	"github.com/knet-go/knet"
@@ -153,4 +155,54 @@ func ExampleSimulation() {
 	fmt.Println("reliable messages received:", <-got)
 	// Output:
 	// reliable messages received: 100
+}
+
+// A backend that shares tokenKey with its game servers issues a client a
+// connect token; the game server admits only clients holding one, and
+// learns from it who they are.
+func ExampleIssueToken() {
+	priv, pub, err := knet.GenerateKey()
+	if err != nil {
+		log.Fatal(err)
+	}
+	tokenKey := make([]byte, knet.TokenKeySize)
+	rand.Read(tokenKey)
+
+	// The game server.
+	l, err := knet.Listen("udp", "127.0.0.1:0", &knet.Config{
+		PrivateKey: priv,
+		TokenKey:   tokenKey,
+		AdmitConn: func(c *knet.Conn, _ []byte) ([]byte, error) {
+			t := c.Token()
+			fmt.Printf("player %d (%s) joins\n", t.ClientID, t.UserData)
+			return nil, nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	server := netip.MustParseAddrPort(l.Addr().String())
+
+	// The backend, once the player logged in.
+	token, err := knet.IssueToken(tokenKey, knet.Token{
+		ClientID: 42,
+		UserData: []byte("team=red"),
+		Expires:  time.Now().Add(30 * time.Second),
+		Servers:  []netip.AddrPort{server},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The player.
+	c, err := knet.Dial(context.Background(), "udp", server.String(), &knet.Config{ServerKey: pub, Token: token})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Println("secure:", c.Secure())
+	// Output:
+	// player 42 (team=red) joins
+	// secure: true
 }

@@ -5,11 +5,9 @@ go 1.26.8
 require (
 	github.com/flynn/noise v1.1.0
 	github.com/stretchr/testify v1.12.1
+	golang.org/x/crypto v0.58.0
 	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.49.0
 )
 
-require (
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/crypto v0.58.0 // indirect
-)
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

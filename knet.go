@@ -40,6 +40,8 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -201,14 +203,47 @@ type Config struct {
 	// the ConnectSyn and ConnectSynAck, then every datagram encrypted and
 	// authenticated (see SECURE.md). A plaintext attempt is refused with
 	// ErrHandshakeFailed's text (ignored, with Stealth); reference-dialect
-	// peers are not served. The ConnectPayload and Admit reply limits are
-	// 48 bytes lower, and datagrams carry 16 bytes less payload.
+	// peers are not served. The Admit reply's limit is 48 bytes lower,
+	// the ConnectPayload's 75 (and a connect token's length), and
+	// datagrams carry 16 bytes less payload. See also TokenKey and
+	// CookieThreshold.
 	PrivateKey []byte
 	// ServerKey is, for Dial, the server's public key. With it, Dial runs
 	// the secure handshake and fails with ErrHandshakeFailed unless the
 	// server proves it holds the matching private key; the ConnectPayload
 	// and the Admit reply travel encrypted.
 	ServerKey []byte
+
+	// TokenKey is, for a secure Listener (PrivateKey), the secret of
+	// TokenKeySize bytes it shares with the backend that issues connect
+	// tokens (IssueToken). With it, the Listener admits only clients
+	// whose handshake carries a token sealed under this key, not expired,
+	// never used before and naming one of its PublicAddrs. Others are
+	// refused with ErrTokenRejected's text and why (ignored, with
+	// Stealth) before anything is allocated for them, and counted in
+	// ListenerStats.RejectedTokens. Config.AdmitConn finds the token in
+	// Conn.Token.
+	TokenKey []byte
+	// PublicAddrs are the addresses clients reach a Listener at, one of
+	// which a connect token must name (TokenKey). Default: the socket's
+	// address, which must then be a specific one (Listen fails on
+	// ":port" with a TokenKey and no PublicAddrs). Behind a NAT or a load
+	// balancer, list the public addresses.
+	PublicAddrs []netip.AddrPort
+	// Token is, for Dial with ServerKey, the connect token the backend
+	// issued (IssueToken): it travels encrypted in the handshake. Its
+	// length comes off the ConnectPayload's limit. A refused token fails
+	// Dial with ErrTokenRejected.
+	Token []byte
+	// CookieThreshold is, for a secure Listener, how many handshakes may
+	// be under way before it answers connection attempts with a
+	// stateless cookie that the client must echo (QUIC's Retry; Dial
+	// does it by itself, at the cost of a round trip): proof that the
+	// client receives at its address, before the listener does any key
+	// exchange or keeps anything for it. Handshakes under way are the
+	// pending connections plus the attempts whose handshake failed within
+	// the last second or two. Default 64; negative: always ask.
+	CookieThreshold int
 
 	// Simulate, when not nil, makes every datagram this Conn or Listener
 	// sends cross a simulated bad network first: to test a game under
@@ -318,6 +353,9 @@ type config struct {
 	logger                                     *slog.Logger
 	// Secure sessions: a server's keys, or the key a client expects.
 	privateKey, publicKey, serverKey []byte
+	tokenKey, token                  []byte
+	publicAddrs                      []netip.AddrPort
+	cookieThreshold                  int
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -401,6 +439,13 @@ func (c *Config) resolve() *config {
 	}
 	r.privateKey = bytes.Clone(c.PrivateKey)
 	r.serverKey = bytes.Clone(c.ServerKey)
+	r.tokenKey = bytes.Clone(c.TokenKey)
+	r.token = bytes.Clone(c.Token)
+	r.publicAddrs = slices.Clone(c.PublicAddrs)
+	r.cookieThreshold = max(pick(c.CookieThreshold, defaultCookieThreshold), 0)
+	if c.CookieThreshold < 0 {
+		r.cookieThreshold = 0 // every attempt is asked for a cookie
+	}
 	if r.privateKey != nil || r.serverKey != nil {
 		// The tag takes room from every datagram.
 		r.maxDatagram -= sealOverhead
@@ -444,6 +489,16 @@ func (c *config) payloadLimit() int {
 		return c.handshakeLimit() - noiseOverhead
 	}
 	return c.handshakeLimit()
+}
+
+// synPayloadLimit is the most bytes of ConnectPayload a client sends:
+// payloadLimit, less, in a secure session, what its ConnectSyn carries
+// besides (room for a cookie, the connect token).
+func (c *config) synPayloadLimit() int {
+	if c.serverKey != nil {
+		return c.payloadLimit() - secureSynExtra - len(c.token)
+	}
+	return c.payloadLimit()
 }
 
 // keepalive is how often a PingRequest goes out: PingInterval, or more often

@@ -23,9 +23,21 @@ type Listener struct {
 	open      atomic.Bool
 	loops     sync.WaitGroup
 
+	// Secure listeners: connect tokens, if it takes them, and cookies.
+	tokens  *tokenChecker
+	cookies *cookieJar
+
 	mu      sync.Mutex
 	pending map[*Conn]bool // connections not yet established
 	closing bool
+	load    handshakeLoad // handshakes that failed lately
+
+	// Atomic.
+	rejectedTokens atomic.Uint64
+	cookiesSent    atomic.Uint64
+	// Bytes of the connection attempts a secure listener handled before
+	// allocating anything, and of its answers to them.
+	unprovenIn, unprovenOut atomic.Uint64
 
 	// Secure connections by connection ID (secure.go), across sockets:
 	// a client that moved may reach another of them.
@@ -40,9 +52,11 @@ type ListenerStats struct {
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
-	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog
+	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog, or by a secure listener for their handshake or token
 	SendErrors       uint64 // datagrams the system refused to send that were no connection's: refusals, and deliveries of Config.Simulate
 	OversizedReplies uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
+	RejectedTokens   uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
+	CookiesSent      uint64 // secure attempts answered with a cookie to echo instead of a handshake (Config.CookieThreshold)
 	Sockets          int    // sockets sharing the address (Config.Sockets)
 }
 
@@ -92,6 +106,22 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 		pending: make(map[*Conn]bool),
 	}
 	l.open.Store(true)
+	if rc.privateKey != nil {
+		l.cookies = newCookieJar()
+		if rc.tokenKey != nil {
+			addrs := rc.publicAddrs
+			if len(addrs) == 0 {
+				a := unmap(laddr.AddrPort())
+				if a.Addr().IsUnspecified() {
+					return fail(errTokenAddrs)
+				}
+				addrs = []netip.AddrPort{a}
+			}
+			if l.tokens, err = newTokenChecker(rc.tokenKey, addrs); err != nil {
+				return fail(err)
+			}
+		}
+	}
 	for i, pc := range pcs {
 		ep := newEndpoint(pc, false, rc)
 		ep.simulate(1 + uint64(i)*2)
@@ -166,6 +196,8 @@ func (l *Listener) Stats() ListenerStats {
 		st.SendErrors += ep.sendErrs.Load()
 		st.OversizedReplies += ep.oversized.Load()
 	}
+	st.RejectedTokens = l.rejectedTokens.Load()
+	st.CookiesSent = l.cookiesSent.Load()
 	l.mu.Lock()
 	st.Pending = len(l.pending)
 	l.mu.Unlock()
@@ -245,6 +277,14 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		ep.putPacket(p)
 		return
 	}
+	var sec *secureState
+	if l.cfg.privateKey != nil {
+		// Before anything is allocated: cookie, handshake, token.
+		if sec = l.admitSecure(ep, addr, p.b); sec == nil {
+			ep.putPacket(p)
+			return
+		}
+	}
 	l.mu.Lock()
 	if l.closing || len(l.pending) >= l.cfg.maxPending {
 		l.mu.Unlock()
@@ -253,6 +293,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	c := newConn(ep, addr, l.cfg, false, dialect)
+	c.sec = sec
 	l.pending[c] = true
 	l.loops.Add(1)
 	l.mu.Unlock()
@@ -321,8 +362,8 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	if err := rc.secureDialer(); err != nil {
 		return nil, err
 	}
-	if n := len(rc.connectPayload); n > rc.payloadLimit() && rc.dialect != DialectReference {
-		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.payloadLimit())
+	if n := len(rc.connectPayload); n > rc.synPayloadLimit() && rc.dialect != DialectReference {
+		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.synPayloadLimit())
 	}
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
@@ -344,13 +385,13 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	}
 	c := newConn(ep, unmap(raddr.AddrPort()), rc, true, dialect)
 	if rc.serverKey != nil {
-		sec, msg1, err := newClientSecure(rc.serverKey, rc.connectPayload)
+		sec, syn, err := newClientSecure(rc.serverKey, rc.token, rc.connectPayload)
 		if err != nil {
 			pc.Close()
 			return nil, err
 		}
 		c.sec = sec
-		c.sess.syn = msg1
+		c.sess.syn = syn
 	}
 	ep.conns[c.raddr] = c
 	go ep.readLoop()

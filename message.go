@@ -22,7 +22,7 @@ import (
 
 // Reserved message IDs (DECISIONS §2).
 const (
-	idPath               = 0 // knet's extension, in secure sessions only (secure.go)
+	idPath               = 0 // knet's extensions, in secure sessions only: path messages (secure.go), Retry (cookie.go)
 	idPingRequest        = 1
 	idPingReply          = 2
 	idFlowControlRequest = 3

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/ecdh"
@@ -11,6 +12,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +57,9 @@ var (
 	ErrHandshakeFailed = errors.New("knet: secure handshake failed")
 	errBadKey          = errors.New("knet: a key must be 32 bytes (X25519)")
 	errSecureRef       = errors.New("knet: the reference dialect cannot be secure")
+	errTokenInClear    = errors.New("knet: Config.Token needs Config.ServerKey: a connect token travels only in a secure handshake")
+	errTokenKeyAlone   = errors.New("knet: Config.TokenKey needs Config.PrivateKey: connect tokens are checked only by a secure listener")
+	errTokenAddrs      = errors.New("knet: Config.TokenKey on an unspecified address needs Config.PublicAddrs, the addresses tokens name")
 )
 
 // GenerateKey returns a new static key pair for a server (X25519, 32 bytes
@@ -93,6 +98,13 @@ type secureState struct {
 	payload []byte                // the ConnectPayload, in clear
 	reply   []byte                // the Admit reply, in clear
 	ready   atomic.Bool
+	token   *Token // a server's: the client's connect token, checked
+
+	// A client's, for a listener asking for a cookie: the handshake
+	// message, the last cookie received, how many were answered at once.
+	msg1    []byte
+	cookie  []byte
+	retries int
 
 	send, recv cipher.AEAD
 	sendNonce  [12]byte
@@ -116,8 +128,10 @@ type secureState struct {
 }
 
 // newClientSecure starts the initiator's side of the handshake and
-// returns it with its first message, the ConnectSyn content.
-func newClientSecure(serverKey, payload []byte) (*secureState, []byte, error) {
+// returns it with its first message, the ConnectSyn content: the Noise
+// message whose payload carries the connect token and the ConnectPayload,
+// with no cookie yet (appendSecureSyn).
+func newClientSecure(serverKey, token, payload []byte) (*secureState, []byte, error) {
 	hs, err := noise.NewHandshakeState(noise.Config{
 		CipherSuite: noiseSuite,
 		Pattern:     noise.HandshakeNK,
@@ -128,11 +142,11 @@ func newClientSecure(serverKey, payload []byte) (*secureState, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	msg1, _, _, err := hs.WriteMessage(nil, payload)
+	msg1, _, _, err := hs.WriteMessage(nil, appendSynPayload(nil, token, payload))
 	if err != nil {
 		return nil, nil, err
 	}
-	return &secureState{hs: hs, payload: payload, initiator: true}, msg1, nil
+	return &secureState{hs: hs, payload: payload, msg1: msg1, initiator: true}, appendSecureSyn(nil, nil, msg1), nil
 }
 
 // newServerSecure prepares the responder's side: the handshake starts
@@ -152,7 +166,7 @@ func newServerSecure(private, public []byte) (*secureState, error) {
 }
 
 // readSyn reads the client's first handshake message and returns the
-// ConnectPayload it carries.
+// payload it carries (appendSynPayload).
 func (s *secureState) readSyn(msg1 []byte) ([]byte, error) {
 	if s.hs == nil {
 		return nil, ErrHandshakeFailed
@@ -162,7 +176,6 @@ func (s *secureState) readSyn(msg1 []byte) ([]byte, error) {
 		s.hs = nil
 		return nil, ErrHandshakeFailed
 	}
-	s.payload = payload
 	return payload, nil
 }
 
@@ -428,6 +441,10 @@ func (w *replayWindow) mark(n uint64) {
 // private key, whose public half it derives, and the dialect (a secure
 // listener serves the specification's only).
 func (c *config) secureListener() error {
+	c.token = nil
+	if c.tokenKey != nil && c.privateKey == nil {
+		return errTokenKeyAlone
+	}
 	if c.privateKey == nil {
 		if c.serverKey != nil { // a Config shared with clients
 			c.serverKey = nil
@@ -449,6 +466,10 @@ func (c *config) secureListener() error {
 
 // secureDialer checks a Dial's resolved Config: the server's key.
 func (c *config) secureDialer() error {
+	c.tokenKey = nil
+	if c.token != nil && c.serverKey == nil {
+		return errTokenInClear
+	}
 	if c.serverKey == nil {
 		if c.privateKey != nil { // a Config shared with a server
 			c.privateKey = nil
@@ -465,6 +486,9 @@ func (c *config) secureDialer() error {
 	}
 	if c.dialect == DialectReference {
 		return errSecureRef
+	}
+	if len(c.token) > maxTokenSize {
+		return fmt.Errorf("knet: Config.Token of %d bytes, a connect token has at most %d", len(c.token), maxTokenSize)
 	}
 	// The connection ID takes room from every datagram too.
 	c.maxDatagram -= cidSize
@@ -513,6 +537,10 @@ func (c *Conn) openIn(b []byte, from netip.AddrPort) []byte {
 	if !s.ready.Load() {
 		var ok bool
 		if client {
+			if retry, _ := holds(b, idRetry); retry {
+				c.takeCookie(b)
+				return nil
+			}
 			ok, _ = holds(b, idConnectSynAck)
 			if !ok {
 				ok, _ = holds(b, idDisconnectAck)
@@ -562,6 +590,35 @@ func (c *Conn) takeSecure(now time.Time, p *packet) {
 	}
 }
 
+// takeCookie takes the cookie of a listener under load (a Retry
+// datagram, b): the ConnectSyn goes again at once, echoing it, for the
+// first maxRetries different cookies; later ones ride the next timed
+// ConnectSyn. A forged Retry can cost the client a few ConnectSyns and
+// its cookie, which the next genuine one replaces.
+func (c *Conn) takeCookie(b []byte) {
+	s := c.sec
+	var cookie []byte
+	var h header
+	scanDatagram(b, &h, func(m message) {
+		if !m.fragment && m.id == idRetry {
+			cookie = m.payload
+		}
+	})
+	if len(cookie) != cookieSize || c.sess.state != stateSyn {
+		s.invalid++
+		return
+	}
+	if bytes.Equal(cookie, s.cookie) {
+		return // the answer to a ConnectSyn sent again
+	}
+	s.cookie = append(s.cookie[:0], cookie...)
+	c.sess.syn = appendSecureSyn(nil, s.cookie, s.msg1)
+	if s.retries < maxRetries {
+		s.retries++
+		c.sess.needSyn = true
+	}
+}
+
 // finishClientHandshake reads the ConnectSynAck's content, once the
 // session took one: the server's proof, and the keys.
 func (c *Conn) finishClientHandshake() {
@@ -580,11 +637,16 @@ func (c *Conn) finishClientHandshake() {
 }
 
 // secureRefusal maps a refusal for a failed handshake to
-// ErrHandshakeFailed, with the refusal.
+// ErrHandshakeFailed, and one for the connect token to ErrTokenRejected,
+// with the refusal.
 func secureRefusal(err error) error {
 	var re *RefusedError
-	if errors.As(err, &re) && re.Reason == ErrHandshakeFailed.Error() {
+	switch {
+	case !errors.As(err, &re):
+	case re.Reason == ErrHandshakeFailed.Error():
 		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
+	case strings.HasPrefix(re.Reason, ErrTokenRejected.Error()):
+		return fmt.Errorf("%w (Config.Token): %w", ErrTokenRejected, err)
 	}
 	return err
 }
