@@ -40,6 +40,31 @@ type options struct {
 	stats      bool
 	statsEvery time.Duration
 	trace      bool
+	// Secure sessions: a file holding the listener's private key, the
+	// server's public key for connecting, or a file to write a new
+	// private key to (-genkey).
+	keyFile   string
+	serverKey []byte
+	genKey    string
+}
+
+// hexKey is -serverkey: a public key in hex.
+type hexKey struct{ b *[]byte }
+
+func (h hexKey) String() string {
+	if h.b == nil {
+		return ""
+	}
+	return hex.EncodeToString(*h.b)
+}
+
+func (h hexKey) Set(s string) error {
+	b, err := hex.DecodeString(strings.TrimSpace(s))
+	if err != nil || len(b) != knet.KeySize {
+		return fmt.Errorf("want %d bytes in hex (as -genkey prints)", knet.KeySize)
+	}
+	*h.b = b
+	return nil
 }
 
 // fileList is a repeatable -f.
@@ -75,6 +100,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.stats, "stats", false, "print connection statistics at the end")
 	fs.DurationVar(&o.statsEvery, "stats-every", 0, "print connection statistics this often too")
 	fs.BoolVar(&o.trace, "trace", false, "print every datagram, both ways, decoded")
+	fs.StringVar(&o.keyFile, "key", "", "with -l, serve secure sessions only, with the private key in this file (hex, as -genkey writes it)")
+	fs.Var(hexKey{&o.serverKey}, "serverkey", "connect securely to the server with this public key (hex, as -genkey prints it)")
+	fs.StringVar(&o.genKey, "genkey", "", "write a new private key to this file, print its public key, and exit")
 
 	var pos []string
 	for {
@@ -87,7 +115,17 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+	if o.genKey != "" {
+		if len(pos) != 0 || o.listen != "" {
+			return nil, usageError(fs, "-genkey takes no address")
+		}
+		return o, nil
+	}
 	switch {
+	case o.keyFile != "" && o.listen == "":
+		return nil, usageError(fs, "-key goes with -l (a client gives the server's public key with -serverkey)")
+	case o.serverKey != nil && o.listen != "":
+		return nil, usageError(fs, "-serverkey is for connecting (a server gives its private key with -key)")
 	case o.listen == "" && len(pos) != 1:
 		return nil, usageError(fs, "give one address to connect to, or -l and an address to listen on")
 	case o.listen != "" && len(pos) != 0:
@@ -199,6 +237,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 2
 	}
 	k := &cat{o: o, stdout: stdout, stderr: stderr, countReached: make(chan struct{})}
+	if o.genKey != "" {
+		return k.generateKey()
+	}
 	if o.listen != "" {
 		return k.serve(ctx, stdin)
 	}
@@ -285,7 +326,7 @@ var errCount = errors.New("count reached")
 // connect runs knetcat as a client.
 func (k *cat) connect(ctx context.Context, stdin io.Reader) int {
 	o := k.o
-	cfg := &knet.Config{Dialect: o.dialect}
+	cfg := &knet.Config{Dialect: o.dialect, ServerKey: o.serverKey}
 	addr := o.addr
 	var rl *relay
 	if o.trace {
@@ -315,7 +356,7 @@ func (k *cat) connect(ctx context.Context, stdin io.Reader) int {
 		peer = c.RemoteAddr().String()
 	}
 	if o.verbose {
-		k.logf("connected to %s (%v dialect)", peer, c.Dialect())
+		k.logf("connected to %s (%v dialect%s)", peer, c.Dialect(), secureNote(c))
 	}
 
 	recvDone := make(chan error, 1)
@@ -445,7 +486,19 @@ func (k *cat) serve(ctx context.Context, stdin io.Reader) int {
 	if o.trace {
 		addr = "127.0.0.1:0"
 	}
-	l, err := knet.Listen("udp", addr, &knet.Config{Dialect: o.dialect})
+	cfg := &knet.Config{Dialect: o.dialect}
+	if o.keyFile != "" {
+		key, err := readKey(o.keyFile)
+		if err != nil {
+			k.logf("-key: %v", err)
+			return 1
+		}
+		cfg.PrivateKey = key
+		if o.dialect == knet.DialectAuto {
+			cfg.Dialect = knet.DialectSpec // the reference dialect has no secure mode
+		}
+	}
+	l, err := knet.Listen("udp", addr, cfg)
 	if err != nil {
 		k.logf("%v", err)
 		return 1
@@ -533,7 +586,7 @@ func (s *server) add(c *knet.Conn) {
 	}
 	s.mu.Unlock()
 	if s.o.verbose {
-		s.logf("%s connected (%v dialect)", name, c.Dialect())
+		s.logf("%s connected (%v dialect%s)", name, c.Dialect(), secureNote(c))
 	}
 	s.wg.Go(func() { s.handle(c, name) })
 }
@@ -590,4 +643,40 @@ func (s *server) broadcast(m knet.Message) error {
 		}
 	}
 	return nil
+}
+
+// generateKey is -genkey: a new key pair, the private key written to the
+// file (hex, readable by its owner only), the public key printed.
+func (k *cat) generateKey() int {
+	priv, pub, err := knet.GenerateKey()
+	if err == nil {
+		err = os.WriteFile(k.o.genKey, []byte(hex.EncodeToString(priv)+"\n"), 0o600)
+	}
+	if err != nil {
+		k.logf("-genkey: %v", err)
+		return 1
+	}
+	fmt.Fprintln(k.stdout, hex.EncodeToString(pub))
+	return 0
+}
+
+// readKey reads a private key written by -genkey.
+func readKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(key) != knet.KeySize {
+		return nil, fmt.Errorf("%s: want %d bytes in hex (as -genkey writes)", path, knet.KeySize)
+	}
+	return key, nil
+}
+
+// secureNote is what -v adds about a secure connection.
+func secureNote(c *knet.Conn) string {
+	if c.Secure() {
+		return ", secure"
+	}
+	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -523,5 +524,58 @@ func TestErrors(t *testing.T) {
 		if code := k.wait(t, ctx); code != 2 {
 			t.Errorf("%q: status %d, want 2", args, code)
 		}
+	}
+}
+
+// TestSecure: -genkey makes a key pair, -l -key serves secure sessions
+// only, -serverkey connects securely; a client with another key, or none,
+// is refused.
+func TestSecure(t *testing.T) {
+	ctx := testContext(t)
+	keyFile := filepath.Join(t.TempDir(), "server.key")
+	g := start(ctx, strings.NewReader(""), "-genkey", keyFile)
+	if code := g.wait(t, ctx); code != 0 {
+		t.Fatalf("-genkey: status %d, stderr %q", code, g.stderr)
+	}
+	pub := strings.TrimSpace(g.stdout.String())
+	if len(pub) != 2*knet.KeySize {
+		t.Fatalf("-genkey printed %q, want a public key in hex", pub)
+	}
+	if fi, err := os.Stat(keyFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, %v; want mode 0600", fi, err)
+	}
+
+	srv := start(ctx, strings.NewReader(""), "-l", "127.0.0.1:0", "-key", keyFile, "-echo", "-v")
+	addr := srv.listenAddr(t, ctx)
+	k := start(ctx, strings.NewReader("secret one\nsecret two\n"), "-serverkey", pub, "-inorder", "-n", "2", "-v", addr)
+	if code := k.wait(t, ctx); code != 0 {
+		t.Fatalf("status %d, stderr %q", code, k.stderr)
+	}
+	if got, want := k.stdout.String(), addr+" id=100 reliable inorder 10 bytes: secret one\n"+addr+" id=100 reliable inorder 10 bytes: secret two\n"; got != want {
+		t.Errorf("stdout %q, want %q", got, want)
+	}
+	if !strings.Contains(k.stderr.String(), "dialect, secure)") {
+		t.Errorf("stderr %q does not report a secure connection", k.stderr)
+	}
+
+	_, otherPub, err := knet.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"-serverkey", hex.EncodeToString(otherPub), addr}, // another server's key
+		{addr}, // plaintext
+	} {
+		k := start(ctx, strings.NewReader("x\n"), append([]string{"-n", "1"}, args...)...)
+		if code := k.wait(t, ctx); code != 1 {
+			t.Errorf("%v: status %d, want 1; stderr %q", args, code, k.stderr)
+		}
+		if !strings.Contains(k.stderr.String(), "secure handshake failed") {
+			t.Errorf("%v: stderr %q does not say the handshake failed", args, k.stderr)
+		}
+	}
+	srv.cancel()
+	if code := srv.wait(t, ctx); code != 0 {
+		t.Fatalf("server status %d, stderr %q", code, srv.stderr)
 	}
 }

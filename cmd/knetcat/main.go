@@ -24,6 +24,9 @@
 //	knetcat -id 200 -unreliable -inorder -channel 3 host:7000
 //	knetcat -dialect reference host:2345       # talk to the C++ reference kNet
 //	knetcat -trace -stats host:7000            # print every datagram decoded, and the statistics at the end
+//	knetcat -genkey server.key                 # a key pair for secure sessions: prints the public key
+//	knetcat -l :7000 -key server.key           # a secure server (encrypted, authenticated sessions only)
+//	knetcat -serverkey 3b6a...e1 host:7000     # connect securely: fails unless the server holds the key
 //
 // Flags:
 //
@@ -43,6 +46,9 @@
 //	-stats           print each connection's statistics on standard error when it ends
 //	-stats-every d   and every d while it runs
 //	-trace           print every datagram, both ways, decoded (knet.DescribeDatagram), on standard error
+//	-genkey path     write a new private key to path (hex, mode 0600), print its public key in hex, and exit
+//	-key path        with -l: serve secure sessions only, with the private key in path
+//	-serverkey hex   connect securely to the server with this public key
 //
 // At the end of the input knetcat closes gracefully: knet delivers what is
 // queued, then disconnects; a reply still on its way is not printed (use
