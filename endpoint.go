@@ -196,11 +196,18 @@ type writeBatch struct {
 // firstBatch is how many datagrams a new batch holds.
 const firstBatch = 4
 
-var writeBatches sync.Pool
+// writeBatches holds a pool of batches for each buffer size in use: one as
+// a rule, a few when connections differ (a secure client's datagrams
+// leave room for the connection ID, a server's do not; MaxDatagramSize
+// may differ between Configs). One pool for all sizes would drop and
+// remake a batch whenever two sizes took turns.
+var writeBatches sync.Map // int -> *sync.Pool
 
 func getWriteBatch(size int) *writeBatch {
-	if w, ok := writeBatches.Get().(*writeBatch); ok && w.size == size {
-		return w
+	if p, ok := writeBatches.Load(size); ok {
+		if w, ok := p.(*sync.Pool).Get().(*writeBatch); ok {
+			return w
+		}
 	}
 	return &writeBatch{size: size, ps: make([]udp.Packet, firstBatch), bufs: make([][]byte, firstBatch)}
 }
@@ -229,7 +236,11 @@ func (w *writeBatch) grow() bool {
 func putWriteBatch(w *writeBatch) {
 	clear(w.ps[:w.used])
 	w.used = 0
-	writeBatches.Put(w)
+	p, ok := writeBatches.Load(w.size)
+	if !ok {
+		p, _ = writeBatches.LoadOrStore(w.size, new(sync.Pool))
+	}
+	p.(*sync.Pool).Put(w)
 }
 
 // readLoop reads the socket, a batch at a time, and hands each datagram to
