@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/knet-go/knet/internal/netsim"
+	"github.com/stretchr/testify/require"
 )
 
 // The chaos matrix: every delivery mode × network condition × seed, over
@@ -845,9 +846,17 @@ func TestChaosConn(t *testing.T) {
 			t.Run(fmt.Sprintf("reference-%s/%d", cond.name, seed+1), func(t *testing.T) {
 				runChaosConn(t, mode, cond.sim, seed+1, DialectReference)
 			})
+			t.Run(fmt.Sprintf("secure-%s/%d", cond.name, seed+1), func(t *testing.T) {
+				runChaosConn(t, mode, cond.sim, seed+1, dialectSecure)
+			})
 		}
 	}
 }
+
+// dialectSecure asks runChaosConn for a secure session (spec dialect,
+// every datagram sealed): the chaos then also goes through the sealing,
+// the packet numbers and the replay window.
+const dialectSecure Dialect = 255
 
 func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dialect Dialect) {
 	cfgs := [2]*Config{testConfig(), testConfig()}
@@ -856,6 +865,13 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dia
 		s.Seed = chaosSeed(t.Name(), i)
 		cfg.Simulate = &s
 		cfg.ConnectTimeout = 10 * time.Second
+	}
+	secure := dialect == dialectSecure
+	if secure {
+		priv, pub, err := GenerateKey()
+		require.NoError(t, err)
+		cfgs[0].ServerKey, cfgs[1].PrivateKey = pub, priv
+		dialect = DialectSpec
 	}
 	cfgs[0].Dialect = dialect // the listener tells from the first datagram
 	ctx := within(t, 60*time.Second)
@@ -876,6 +892,7 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dia
 		t.Fatal("no connection accepted")
 	}
 	t.Cleanup(func() { conns[1].Close() })
+	require.Equal(t, secure, conns[0].Secure() && conns[1].Secure(), "secure session")
 
 	plans := [2][]chaosMsg{chaosPlan(mode, seed, 0, false), chaosPlan(mode, seed, 1, false)}
 	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
