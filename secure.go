@@ -673,10 +673,13 @@ const (
 	// amplification bounds what an unproven address gets: this many times
 	// what it sent.
 	amplification = 3
-	// maxChallenges is how many PathChallenges one address gets; each
-	// waits an RTO for its answer, and goes only when a datagram comes
-	// from there (the address is not chased on a timer).
-	maxChallenges = 4
+	// A PathChallenge goes only when a datagram comes from the address
+	// checked (the address is not chased on a timer), and waits for its
+	// answer an RTO, then two, then four at most (challengeBackoff
+	// doublings). There is no cap on their number: the amplification
+	// limit bounds what the address gets, and a client whose challenges
+	// were lost must not be stranded at an address its NAT forgot.
+	challengeBackoff = 2
 	// challengeSize is a sealed datagram holding a PathChallenge: header,
 	// message block header, the MessageID, the content, the tag.
 	challengeSize = minHeaderSize + 2 + 1 + 1 + pathDataSize + sealOverhead
@@ -691,11 +694,11 @@ type pathCheck struct {
 	sentAt    time.Time
 }
 
-// due reports whether a PathChallenge may go now: fewer than
-// maxChallenges went, the last one an rto ago, and the address sent
-// enough to earn it.
+// due reports whether a PathChallenge may go now: the last one long
+// enough ago (an rto, doubling with each one up to challengeBackoff
+// times), and the address sent enough to earn it.
 func (pc *pathCheck) due(now time.Time, rto time.Duration) bool {
-	if pc.sends >= maxChallenges || pc.sends > 0 && now.Sub(pc.sentAt) < rto {
+	if pc.sends > 0 && now.Sub(pc.sentAt) < rto<<min(pc.sends-1, challengeBackoff) {
 		return false
 	}
 	return pc.out+challengeSize <= amplification*pc.in

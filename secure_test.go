@@ -590,6 +590,8 @@ type natRelay struct {
 	heldNow chan struct{}
 	divert  *net.UDPConn // the next divertN datagrams to the server go from here instead
 	divertN int
+	dropIn  int // datagrams from the server to drop at the current outer socket
+	dropped int
 }
 
 func newNATRelay(t *testing.T, server net.Addr) *natRelay {
@@ -645,6 +647,10 @@ func (r *natRelay) newOuter() *net.UDPConn {
 			current := o == r.outer
 			if !current {
 				r.oldIn += n
+			} else if r.dropIn > 0 {
+				r.dropIn--
+				r.dropped++
+				current = false
 			}
 			r.mu.Unlock()
 			if to := r.client.Load(); current && err == nil && to != nil {
@@ -805,7 +811,7 @@ func TestSecureMigration(t *testing.T) {
 	assert.Zero(t, c.Stats().Migrations)
 	challenges := sc.sec.challenges.Load()
 	assert.GreaterOrEqual(t, challenges, uint64(1))
-	assert.LessOrEqual(t, challenges, uint64(maxChallenges))
+	assert.LessOrEqual(t, challenges, uint64(4), "lossless: a challenge or two")
 
 	// Late and copied datagrams from the old address: taken (the late
 	// one is new to the server), but the connection stays, and nothing
@@ -832,6 +838,42 @@ func TestSecureMigration(t *testing.T) {
 	assert.Equal(t, oldIn, r.oldReceived(), "the server sent to the old address")
 	assert.Zero(t, l.Stats().StrayDatagrams+l.Stats().InvalidDatagrams)
 	require.NoError(t, c.Close())
+}
+
+// TestSecureMigrationChallengesLost: the first path challenges to the new
+// address are lost; the check goes on as long as the client sends from
+// there (within the amplification limit), and the connection moves. A cap
+// on the challenges once stranded such a connection: everything went to
+// the old address, which the NAT had forgotten.
+func TestSecureMigrationChallengesLost(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	echoBoth(t, c, 1)
+
+	r.rebind()
+	r.mu.Lock()
+	r.dropIn = 6 // before the move only challenges go there
+	r.mu.Unlock()
+	const n = 20
+	for i := range n {
+		require.NoError(t, c.Send(Message{ID: 7, Payload: []byte{byte(i)}, Reliable: true, InOrder: true}))
+	}
+	for i := range n {
+		got, err := c.Receive(within(t, 20*time.Second))
+		require.NoError(t, err, "message %d", i)
+		require.Equal(t, []byte{byte(i)}, got.Payload, "reliable messages lost or out of order")
+	}
+	r.mu.Lock()
+	dropped := r.dropped
+	r.mu.Unlock()
+	assert.Equal(t, 6, dropped)
+	assert.Equal(t, uint64(1), sc.Stats().Migrations)
+	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
+	assert.Greater(t, sc.sec.challenges.Load(), uint64(6))
 }
 
 func TestSecureMigrationAcrossSockets(t *testing.T) {
@@ -1019,8 +1061,13 @@ func TestSecurePathCheckBudget(t *testing.T) {
 	pc.in += 20
 	assert.False(t, pc.due(now.Add(rto/2), rto), "not before an RTO")
 	assert.True(t, pc.due(now.Add(rto), rto))
-	pc = pathCheck{in: 1 << 20, sends: maxChallenges, sentAt: now}
-	assert.False(t, pc.due(now.Add(time.Hour), rto), "at most maxChallenges")
+	// The wait doubles, up to four RTOs; the number is not capped.
+	pc = pathCheck{in: 1 << 20, sends: 2, sentAt: now}
+	assert.False(t, pc.due(now.Add(2*rto-1), rto))
+	assert.True(t, pc.due(now.Add(2*rto), rto))
+	pc.sends = 50
+	assert.False(t, pc.due(now.Add(4*rto-1), rto))
+	assert.True(t, pc.due(now.Add(4*rto), rto))
 	assert.Equal(t, 31, challengeSize)
 }
 
