@@ -592,6 +592,10 @@ type natRelay struct {
 	divertN int
 	dropIn  int // datagrams from the server to drop at the current outer socket
 	dropped int
+	// swapTo, when set, becomes the outer socket as the next datagram to
+	// the server goes out from the old one: the NAT rebinds between the
+	// client's datagram and the server's answer, which is lost.
+	swapTo *net.UDPConn
 }
 
 func newNATRelay(t *testing.T, server net.Addr) *natRelay {
@@ -620,6 +624,9 @@ func newNATRelay(t *testing.T, server net.Addr) *natRelay {
 			case r.divertN > 0:
 				r.divertN--
 				out = r.divert
+			case r.swapTo != nil:
+				r.old = append(r.old, r.outer)
+				r.outer, r.swapTo = r.swapTo, nil
 			}
 			r.mu.Unlock()
 			if out != nil {
@@ -874,6 +881,36 @@ func TestSecureMigrationChallengesLost(t *testing.T) {
 	assert.Equal(t, uint64(1), sc.Stats().Migrations)
 	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
 	assert.Greater(t, sc.sec.challenges.Load(), uint64(6))
+}
+
+// TestSecureMigrationQuietClient: the NAT rebinds while the client's
+// last message is unacked and the client has nothing new to send: its
+// resends (old packet numbers, which cannot start a migration) come from
+// the new address, the server's answers go to the forgotten one. A
+// probe timeout makes a secure client send a fresh datagram too (a
+// ping), so that the server checks the new address at once rather than
+// at the next keepalive.
+func TestSecureMigrationQuietClient(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	ccfg.PingInterval = time.Minute // the keepalive would hide the wait
+	scfg.PingInterval = time.Minute
+	l := listen(t, scfg)
+	r := newNATRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	sc := serverConn(t, l)
+	echoServer(t, sc)
+	echoBoth(t, c, 1)
+
+	spare := r.newOuter()
+	r.mu.Lock()
+	r.swapTo = spare
+	r.mu.Unlock()
+	require.NoError(t, c.Send(Message{ID: 7, Payload: []byte("last words"), Reliable: true}))
+	got, err := c.Receive(within(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "last words", string(got.Payload))
+	assert.Equal(t, uint64(1), sc.Stats().Migrations)
+	assert.Equal(t, spare.LocalAddr().String(), sc.RemoteAddr().String())
 }
 
 func TestSecureMigrationAcrossSockets(t *testing.T) {
