@@ -386,6 +386,21 @@ func (l *lossState) retryNow(now time.Time) bool {
 	return true
 }
 
+// resendAll sends every datagram in flight again at once and restarts the
+// probe timer, when the path they took is gone (the peer moved: see
+// Conn.moveTo); no congestion signal. It reports false if one of them
+// reached its send limit.
+func (l *lossState) resendAll(now time.Time) bool {
+	l.ptoCount = 0
+	l.lastSend = now
+	for d := l.sent.oldestUnlost(); d != nil; d = l.sent.oldestUnlost() {
+		if !l.markLost(d, false) {
+			return false
+		}
+	}
+	return true
+}
+
 // drop forgets everything in flight and returns the application payload
 // bytes it held.
 func (l *lossState) drop() (released int) {

@@ -780,6 +780,12 @@ func (c *Conn) moveTo(to netip.AddrPort) {
 	c.remote.Store(net.UDPAddrFromAddrPort(to))
 	c.sec.migrations++
 	c.sess.ackNow = true // news for the client at once, from here
+	// What is in flight went to the old address, which the client left:
+	// it goes again now rather than at the probe timeouts (a second and
+	// more before the connection has a round-trip time).
+	if !c.sess.loss.resendAll(time.Now()) {
+		c.sess.fail(ErrRetransmitLimit)
+	}
 	if l := c.cfg.logger; l != nil {
 		l.Info("knet: connection moved", "remote", to)
 	}
