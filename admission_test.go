@@ -55,7 +55,8 @@ func TestTokenUserDataReachesAdmit(t *testing.T) {
 			return []byte("welcome"), nil
 		}
 	})
-	ccfg.Token = issue(t, key, sampleToken(addrPort(t, l.Addr())))
+	want := sampleToken(addrPort(t, l.Addr()))
+	ccfg.Token = issue(t, key, want)
 	ccfg.ConnectPayload = []byte("hello")
 	c := dial(t, l.Addr().String(), ccfg)
 	require.True(t, c.Secure())
@@ -67,7 +68,7 @@ func TestTokenUserDataReachesAdmit(t *testing.T) {
 	assert.Equal(t, uint64(0x0102030405060708), s.tok.ClientID)
 	assert.Equal(t, "team=red;rank=gold", string(s.tok.UserData))
 	assert.Equal(t, "hello", s.payload, "the ConnectPayload came apart from the token")
-	assert.Equal(t, sampleToken().Expires.Unix(), s.tok.Expires.Unix())
+	assert.Equal(t, want.Expires.Unix(), s.tok.Expires.Unix())
 	assert.Equal(t, uint64(0), l.Stats().RejectedTokens)
 }
 
@@ -112,10 +113,16 @@ func TestTokenReplayRejected(t *testing.T) {
 		first.CompareAndSwap(nil, &b)
 		return [][]byte{b}
 	}, nil)
-	ccfg.Token = issue(t, key, sampleToken(addrPort(t, l.Addr())))
+	want := sampleToken(addrPort(t, l.Addr()))
+	ccfg.Token = issue(t, key, want)
 	c := dial(t, r.Addr(), ccfg)
 	require.True(t, c.Secure())
 	require.Equal(t, int32(1), admitted.Load())
+	// A round trip: the server's side is established (no longer pending)
+	// before the counts below.
+	require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("hi"), Reliable: true}))
+	_, err := c.Receive(within(t, 5*time.Second))
+	require.NoError(t, err)
 
 	// An on-path attacker replays the client's ConnectSyn from its own
 	// address: the token was used.
@@ -164,7 +171,8 @@ func TestTokenPublicAddrs(t *testing.T) {
 	ccfg.Token = issue(t, key, sampleToken(public))
 	dial(t, l.Addr().String(), ccfg)
 	// The socket's own address is not one of PublicAddrs.
-	ccfg.Token = issue(t, key, sampleToken(addrPort(t, l.Addr())))
+	want := sampleToken(addrPort(t, l.Addr()))
+	ccfg.Token = issue(t, key, want)
 	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
 	assert.ErrorIs(t, err, ErrTokenRejected)
 	assert.Contains(t, err.Error(), "not for this server")

@@ -878,6 +878,9 @@ func TestSecureMigrationChallengesLost(t *testing.T) {
 	dropped := r.dropped
 	r.mu.Unlock()
 	assert.Equal(t, 6, dropped)
+	// One more round trip: the server's round that moved it published
+	// its Stats before it took this message.
+	echoOnce(t, c, Message{ID: 6, Payload: []byte("after"), Reliable: true})
 	assert.Equal(t, uint64(1), sc.Stats().Migrations)
 	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
 	assert.Greater(t, sc.sec.challenges.Load(), uint64(6))
@@ -909,6 +912,9 @@ func TestSecureMigrationQuietClient(t *testing.T) {
 	got, err := c.Receive(within(t, 10*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, "last words", string(got.Payload))
+	// One more round trip: the server's round that moved it published
+	// its Stats before it took this message.
+	echoOnce(t, c, Message{ID: 6, Payload: []byte("after"), Reliable: true})
 	assert.Equal(t, uint64(1), sc.Stats().Migrations)
 	assert.Equal(t, spare.LocalAddr().String(), sc.RemoteAddr().String())
 }
@@ -944,8 +950,12 @@ func TestSecureMigrationUnderLoss(t *testing.T) {
 				require.Equal(t, []byte{byte(i)}, got.Payload, "reliable messages lost or out of order")
 			}
 			// A reliable round trip: the server's answers reach the
-			// client (unreliable ones may be lost on this path).
-			got := echoOnce(t, c, Message{ID: 6, Payload: []byte("after"), Reliable: true})
+			// client (unreliable ones may be lost on this path; a lost
+			// echo waits for the server's probe timeout, which a lossy
+			// handshake may have left at its initial second).
+			require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("after"), Reliable: true}))
+			got, err := c.Receive(within(t, 20*time.Second))
+			require.NoError(t, err)
 			require.Equal(t, "after", string(got.Payload))
 			assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String())
 			assert.Equal(t, uint64(1), sc.Stats().Migrations)
