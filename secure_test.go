@@ -764,17 +764,26 @@ func loopbackSocket(t *testing.T) *net.UDPConn {
 	return pc
 }
 
+// behindNAT starts a secure echo server and a client that reaches it
+// through a natRelay, and returns them with the server's side of the
+// connection.
+func behindNAT(t *testing.T, scfg, ccfg *Config) (l *Listener, r *natRelay, c, sc *Conn) {
+	t.Helper()
+	l = listen(t, scfg)
+	r = newNATRelay(t, l.Addr())
+	c = dial(t, r.Addr(), ccfg)
+	sc = serverConn(t, l)
+	echoServer(t, sc)
+	return l, r, c, sc
+}
+
 func TestSecureMigration(t *testing.T) {
 	// The client's NAT rebinds mid-session: the connection carries on
 	// from the new address, the server moves to it after the path
 	// check, nothing reliable is lost, and datagrams late or copied from
 	// the old address do not move it back.
 	scfg, ccfg := secureConfigs(t)
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	l, r, c, sc := behindNAT(t, scfg, ccfg)
 	first := r.outerAddr()
 	require.Equal(t, first, sc.RemoteAddr().String())
 	for i := range 10 {
@@ -854,11 +863,7 @@ func TestSecureMigration(t *testing.T) {
 // the old address, which the NAT had forgotten.
 func TestSecureMigrationChallengesLost(t *testing.T) {
 	scfg, ccfg := secureConfigs(t)
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	_, r, c, sc := behindNAT(t, scfg, ccfg)
 	echoBoth(t, c, 1)
 
 	r.rebind()
@@ -897,11 +902,7 @@ func TestSecureMigrationQuietClient(t *testing.T) {
 	scfg, ccfg := secureConfigs(t)
 	ccfg.PingInterval = time.Minute // the keepalive would hide the wait
 	scfg.PingInterval = time.Minute
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	_, r, c, sc := behindNAT(t, scfg, ccfg)
 	echoBoth(t, c, 1)
 
 	spare := r.newOuter()
@@ -932,11 +933,7 @@ func TestSecureMigrationUnderLoss(t *testing.T) {
 					ReorderDelay: 3 * time.Millisecond, Delay: time.Millisecond, Seed: 2*seed + uint64(i) + 1}
 				cfg.ConnectTimeout = 10 * time.Second
 			}
-			l := listen(t, scfg)
-			r := newNATRelay(t, l.Addr())
-			c := dial(t, r.Addr(), ccfg)
-			sc := serverConn(t, l)
-			echoServer(t, sc)
+			_, r, c, sc := behindNAT(t, scfg, ccfg)
 			const n = 60
 			for i := range n {
 				if i == n/3 {
@@ -973,11 +970,7 @@ func TestSecureMigrationAcrossSockets(t *testing.T) {
 	}
 	scfg, ccfg := secureConfigs(t)
 	scfg.Sockets = 4
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	l, r, c, sc := behindNAT(t, scfg, ccfg)
 	echoBoth(t, c, 0)
 	const moves = 6
 	for i := range moves {
@@ -1003,11 +996,7 @@ func TestSecureMigrationCopyFromElsewhere(t *testing.T) {
 	// acked as duplicates to the real client; no path check, no move,
 	// nothing sent to the spoofer.
 	scfg, ccfg := secureConfigs(t)
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	_, r, c, sc := behindNAT(t, scfg, ccfg)
 	for i := range 5 {
 		echoBoth(t, c, byte(i))
 	}
@@ -1034,11 +1023,7 @@ func TestSecureMigrationForgedDropped(t *testing.T) {
 	// place) is dropped and counted, and changes nothing; one bearing
 	// no known ID is the listener's stray.
 	scfg, ccfg := secureConfigs(t)
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	l, r, c, sc := behindNAT(t, scfg, ccfg)
 	echoBoth(t, c, 1)
 	sent := r.recorded()
 	real := sent[len(sent)-1] // sealed, the last one echoed
@@ -1089,11 +1074,7 @@ func TestSecureMigrationAmplificationBound(t *testing.T) {
 	// path challenges, at most 3x the bytes "it" sent, never the
 	// connection's traffic, and the connection stays where it is.
 	scfg, ccfg := secureConfigs(t)
-	l := listen(t, scfg)
-	r := newNATRelay(t, l.Addr())
-	c := dial(t, r.Addr(), ccfg)
-	sc := serverConn(t, l)
-	echoServer(t, sc)
+	_, r, c, sc := behindNAT(t, scfg, ccfg)
 	echoBoth(t, c, 1)
 	victim := loopbackSocket(t)
 	r.mu.Lock()
