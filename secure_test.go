@@ -1175,3 +1175,41 @@ func FuzzSealedCID(f *testing.F) {
 		}
 	})
 }
+
+// TestSecureGroup: a secure listener serving its connections through a
+// Group: the events are those of a plaintext one, the messages in clear
+// to the game loop, and the connection secure.
+func TestSecureGroup(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	g := NewGroup()
+	scfg.Group = g
+	l := listen(t, scfg)
+	c := dial(t, l.Addr().String(), ccfg)
+	const msgs = 20
+	for i := range msgs {
+		require.NoError(t, c.Send(Message{ID: 100, Reliable: true, InOrder: true, Payload: []byte{byte(i)}}))
+	}
+	events := make([]Event, 8)
+	ctx := within(t, 10*time.Second)
+	next := 0
+	var sc *Conn
+	for next < msgs {
+		require.NoError(t, g.Wait(ctx))
+		for _, e := range events[:g.Poll(events)] {
+			switch e.Kind {
+			case EventConnected:
+				require.Nil(t, sc, "connected twice")
+				sc = e.Conn
+				assert.True(t, sc.Secure())
+			case EventMessage:
+				require.Same(t, sc, e.Conn)
+				require.Equal(t, []byte{byte(next)}, e.Message.Payload)
+				next++
+			}
+		}
+	}
+	require.NoError(t, sc.Send(Message{ID: 101, Reliable: true, Payload: []byte("from the loop")}))
+	got, err := c.Receive(within(t, 5*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, "from the loop", string(got.Payload))
+}
