@@ -115,8 +115,17 @@ func benchPingPong(b *testing.B, cfg *Config) {
 
 // BenchmarkSessions: 100 clients doing ping-pong with one server at once;
 // one op is one round trip.
-func BenchmarkSessions(b *testing.B) {
-	l, err := Listen("udp", "127.0.0.1:0", &Config{DisconnectTimeout: time.Second})
+func BenchmarkSessions(b *testing.B) { benchSessions(b, &Config{DisconnectTimeout: time.Second}) }
+
+// BenchmarkSecureSessions is BenchmarkSessions over secure sessions.
+func BenchmarkSecureSessions(b *testing.B) {
+	priv, pub, err := GenerateKey()
+	require.NoError(b, err)
+	benchSessions(b, &Config{DisconnectTimeout: time.Second, PrivateKey: priv, ServerKey: pub})
+}
+
+func benchSessions(b *testing.B, cfg *Config) {
+	l, err := Listen("udp", "127.0.0.1:0", cfg)
 	require.NoError(b, err)
 	defer l.Close()
 	go func() {
@@ -140,7 +149,7 @@ func BenchmarkSessions(b *testing.B) {
 	const sessions = 100
 	clients := make([]*Conn, sessions)
 	for i := range clients {
-		clients[i], err = Dial(context.Background(), "udp", l.Addr().String(), &Config{DisconnectTimeout: time.Second})
+		clients[i], err = Dial(context.Background(), "udp", l.Addr().String(), cfg)
 		require.NoError(b, err)
 		defer clients[i].Close()
 	}
