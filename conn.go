@@ -38,9 +38,19 @@ type Conn struct {
 	// sent by the session, taken off in the Stats).
 	sendErrs, unsentBytes uint64
 
+	// The goroutine's own, kept while it is parked: the timer, when it
+	// is set for, the next deadline, whether the round did anything, and
+	// since when nothing was done.
+	timer     *time.Timer
+	armed     time.Time
+	next      time.Time
+	active    bool
+	quietFrom time.Time
+
 	refusals atomic.Uint32 // port unreachable reports, from the reader
 
-	wake chan struct{} // capacity 1: inbox, send queue or Close
+	wake   chan struct{} // capacity 1: inbox, send queue or Close
+	parked atomic.Bool   // the goroutine ended while idle: kick starts it
 
 	// Guarded by inMu.
 	inMu  sync.Mutex
@@ -135,7 +145,7 @@ func (c *Conn) push(p *packet) bool {
 	}
 	c.inbox = append(c.inbox, p)
 	c.inMu.Unlock()
-	signal(c.wake)
+	c.kick()
 	return true
 }
 
@@ -152,51 +162,125 @@ func (c *Conn) pushRun(run []*packet) {
 		c.ep.putPacket(p)
 	}
 	if take > 0 {
-		signal(c.wake)
+		c.kick()
 	}
 }
 
 // maxInbox bounds the datagrams waiting for a connection's goroutine.
 const maxInbox = 2048
 
-// loop is the connection's goroutine: it owns the session.
+// loop is the connection's goroutine: it owns the session. It ends when
+// the session is done, or, for a while, when the connection has been idle
+// for parkAfter: kick starts it again.
 func (c *Conn) loop() {
-	defer c.finish()
-	// The timer only wakes the loop, so that waiting is one channel
-	// receive; it is moved only when the next deadline changes.
-	var armed time.Time
-	timer := time.AfterFunc(time.Hour, func() { signal(c.wake) })
-	defer timer.Stop()
+	if c.timer == nil {
+		// The timer only wakes the loop, so that waiting is one channel
+		// receive; it is moved only when the next deadline changes.
+		c.timer = time.AfterFunc(time.Hour, c.kick)
+		c.quietFrom = time.Now()
+	}
+	if c.run() {
+		c.timer.Stop()
+		c.finish()
+		if l := c.ep.l; l != nil {
+			l.loops.Done() // Add in handleNew: the connection's goroutine, parked or not, is done
+		}
+	}
+}
+
+// parkAfter is how long a connection's goroutine waits with nothing done
+// before it ends, to be started again by whatever wakes the connection (a
+// datagram, a Send, Close, its timer): an idle connection then holds no
+// goroutine and no stack (4 KiB or more). Connections that are busy, as a
+// game client sending inputs every frame, never reach it.
+var parkAfter atomic.Int64 // nanoseconds; a second, unless a test says otherwise
+
+func init() { parkAfter.Store(int64(time.Second)) }
+
+// run drives the session until it is done (true) or the connection idle
+// (false: the goroutine parked, see park).
+func (c *Conn) run() (done bool) {
 	s := c.sess
-	var now time.Time
 	for {
-		now = c.drainInbox()
+		now := c.drainInbox()
+		if !c.next.IsZero() && !now.Before(c.next) {
+			// What arrived while we waited went before the timers: a
+			// held message must not outlive its reorder window because
+			// the datagram that completes it sat in the inbox.
+			s.advance(now)
+		}
 		c.drainSendQueue(now)
 		c.handleEvents()
 		c.flush(now)
 		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
 		if s.done() {
-			return
+			return true
 		}
 		now = time.Now()
+		if c.active {
+			c.active = false
+			c.quietFrom = now
+		}
 		next := s.nextDeadline(now)
 		if !next.After(now) {
-			s.advance(now)
+			c.next = now // due: the next round runs the timers
 			continue
 		}
-		if next != armed {
-			timer.Reset(next.Sub(now))
-			armed = next
+		c.next = next
+		wait := next
+		if idle := c.quietFrom.Add(time.Duration(parkAfter.Load())); idle.Before(next) {
+			if !now.Before(idle) {
+				c.setTimer(next, now)
+				if c.park() {
+					return false
+				}
+				continue
+			}
+			wait = idle // to park then, unless something comes
 		}
+		c.setTimer(wait, now)
 		<-c.wake
-		if now = time.Now(); !now.Before(next) {
-			// What arrived while we waited goes before the timers: a
-			// held message must not outlive its reorder window because
-			// the datagram that completes it sat in the inbox.
-			now = c.drainInbox()
-			s.advance(now)
+	}
+}
+
+// setTimer has the timer kick the connection at t.
+func (c *Conn) setTimer(t, now time.Time) {
+	if t != c.armed {
+		c.timer.Reset(t.Sub(now))
+		c.armed = t
+	}
+}
+
+// park ends the connection's goroutine, unless a wake came meanwhile
+// (then it reports false and the goroutine goes on). From here kick
+// starts a new one; the session's state passes to it through parked.
+func (c *Conn) park() bool {
+	c.parked.Store(true)
+	select {
+	case <-c.wake:
+		if c.parked.CompareAndSwap(true, false) {
+			return false // ours to go on with
 		}
+		// A kick started another goroutine already: it runs a round
+		// at once, so the wake taken here is not lost.
+	default:
+	}
+	if h := parkHook.Load(); h != nil {
+		(*h)(c)
+	}
+	return true
+}
+
+// parkHook, for tests, hears of each connection's goroutine parking.
+var parkHook atomic.Pointer[func(*Conn)]
+
+// kick wakes the connection's goroutine, or starts it again if it parked.
+// Whatever hands the connection work calls it after handing it over.
+func (c *Conn) kick() {
+	signal(c.wake)
+	if c.parked.Load() && c.parked.CompareAndSwap(true, false) {
+		go c.loop()
 	}
 }
 
@@ -213,6 +297,9 @@ func (c *Conn) drainInbox() time.Time {
 	c.inMu.Unlock()
 	now := time.Now()
 	c.inPeak = max(c.inPeak, len(work))
+	if len(work) > 0 {
+		c.active = true
+	}
 	for i, p := range work {
 		if c.sec == nil {
 			c.sess.handleDatagram(now, p.b)
@@ -238,6 +325,9 @@ func (c *Conn) drainSendQueue(now time.Time) {
 		c.sess.sendFlowControl(flow)
 	}
 	c.sendPeak = max(c.sendPeak, len(q))
+	if len(q) > 0 || closing || flow > 0 {
+		c.active = true
+	}
 	for i := range q {
 		m := c.sess.newMsg()
 		deps := m.deps[:0] // keep the recycled message's storage
@@ -373,11 +463,13 @@ func (c *Conn) flush(now time.Time) {
 		w.used = max(w.used, n+1)
 		if n++; n == len(w.ps) && !w.grow() {
 			c.write(w, w.ps[:n])
+			c.active = true
 			n = 0
 		}
 	}
 	if n > 0 {
 		c.write(w, w.ps[:n])
+		c.active = true
 	}
 	if w != nil {
 		putWriteBatch(w)
@@ -403,7 +495,7 @@ func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
 // never blocks.
 func (c *Conn) refusal() {
 	c.refusals.Add(1)
-	signal(c.wake)
+	c.kick()
 }
 
 // isRefusal reports whether err is the system's word that nothing listens
@@ -691,7 +783,7 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	c.sendUsed += n
 	room := c.sendUsed < c.cfg.sendBuffer
 	c.sendMu.Unlock()
-	signal(c.wake)
+	c.kick()
 	if room {
 		signal(c.sendSpace) // let another waiting sender look
 	}
@@ -768,7 +860,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 			// Reading freed what the peer may be waiting for: let the
 			// loop tell it (flow control) and take what it resends.
 			if q := c.cfg.recvBuffer / 4; before >= q && after < q {
-				signal(c.wake)
+				c.kick()
 			}
 			return nil
 		}
@@ -903,7 +995,7 @@ func (c *Conn) FlowControl(rate int) {
 	c.sendMu.Lock()
 	c.flowReq = max(rate, 1)
 	c.sendMu.Unlock()
-	signal(c.wake)
+	c.kick()
 }
 
 // Close ends the connection gracefully: what was sent is delivered and
@@ -944,7 +1036,7 @@ func (c *Conn) shutdown() {
 		c.closing = true
 		c.sendMu.Unlock()
 		close(c.closed)
-		signal(c.wake)
+		c.kick()
 		signal(c.recvReady)
 		signal(c.sendSpace)
 	})

@@ -211,7 +211,7 @@ func (g *Group) drain(c *Conn, events []Event) int {
 	// Taking messages freed what the peer may be waiting for, as in
 	// Receive.
 	if q := c.cfg.recvBuffer / 4; before >= q && after < q {
-		signal(c.wake)
+		c.kick()
 	}
 	if n < len(events) && empty && c.ended() {
 		c.gEnded = true

@@ -301,10 +301,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	ep.conns[addr] = c
 	ep.mu.Unlock()
 	c.push(p)
-	go func() {
-		defer l.loops.Done()
-		c.loop()
-	}()
+	go c.loop() // its last goroutine calls l.loops.Done (Conn.loop)
 }
 
 // established forgets c from the pending connections.

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"runtime"
@@ -9,9 +10,18 @@ import (
 	"time"
 )
 
+// parkFlag runs the suite with connections parking their goroutine after
+// this much idleness instead of parkAfter's second, so that every wait
+// goes through parking and kick: go test -race -knet.park=1ms .
+var parkFlag = flag.Duration("knet.park", 0, "park idle connections' goroutines after this long (default: parkAfter)")
+
 // TestMain fails the run if any goroutine of the package outlives the tests:
 // every Conn and Listener must clean up after Close.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if *parkFlag > 0 {
+		parkAfter.Store(int64(*parkFlag))
+	}
 	code := m.Run()
 	if code == 0 {
 		if leaked := waitForLeaks(10 * time.Second); leaked != "" {
