@@ -190,6 +190,29 @@ local function parse_content(tvb, m, o, n, cl)
 	return nil
 end
 
+-- The end of a message block in both dialects: the fragment fields, then
+-- the content block. Returns an error and where it was found, or nil.
+local function parse_tail(tvb, m, p, n, cl)
+	if m.fragstart then
+		local x, k = vle32(tvb, p, n)
+		if not x then return "message block truncated", p end
+		m.frag_count, m.frag_count_at, m.frag_count_len = x, p, k
+		p = p + k
+	end
+	if m.fragment then
+		if p >= n then return "message block truncated", p end
+		m.transfer, m.transfer_at = u8(tvb, p), p
+		p = p + 1
+	end
+	if m.fragment and not m.fragstart then
+		local x, k = vle32(tvb, p, n)
+		if not x then return "message block truncated", p end
+		m.frag_number, m.frag_number_at, m.frag_number_len = x, p, k
+		p = p + k
+	end
+	return parse_content(tvb, m, p, n, cl), p
+end
+
 local function parse_spec(tvb)
 	local n = tvb:len()
 	local d = { dialect = "spec", msgs = {}, deltas = {}, indices = {} }
@@ -237,25 +260,8 @@ local function parse_spec(tvb)
 			for i = 1, k do m.multi[i] = u8(tvb, p + i) end
 			p = p + 1 + k
 		end
-		if m.fragstart then
-			local x, k = vle32(tvb, p, n)
-			if not x then return fail(d, p, "message block truncated") end
-			m.frag_count, m.frag_count_at, m.frag_count_len = x, p, k
-			p = p + k
-		end
-		if m.fragment then
-			if p >= n then return fail(d, p, "message block truncated") end
-			m.transfer, m.transfer_at = u8(tvb, p), p
-			p = p + 1
-		end
-		if m.fragment and not m.fragstart then
-			local x, k = vle32(tvb, p, n)
-			if not x then return fail(d, p, "message block truncated") end
-			m.frag_number, m.frag_number_at, m.frag_number_len = x, p, k
-			p = p + k
-		end
-		local e = parse_content(tvb, m, p, n, cl)
-		if e then return fail(d, p, e) end
+		local e, at = parse_tail(tvb, m, p, n, cl)
+		if e then return fail(d, at, e) end
 		-- What scanDatagram refuses besides the encoding.
 		if m.order ~= 0 then
 			if not d.inorder then
@@ -315,25 +321,8 @@ local function parse_ref(tvb)
 			m.relnum = d.relbase + x
 			p = p + k
 		end
-		if m.fragstart then
-			local x, k = vle32(tvb, p, n)
-			if not x then return fail(d, p, "message block truncated") end
-			m.frag_count, m.frag_count_at, m.frag_count_len = x, p, k
-			p = p + k
-		end
-		if m.fragment then
-			if p >= n then return fail(d, p, "message block truncated") end
-			m.transfer, m.transfer_at = u8(tvb, p), p
-			p = p + 1
-		end
-		if m.fragment and not m.fragstart then
-			local x, k = vle32(tvb, p, n)
-			if not x then return fail(d, p, "message block truncated") end
-			m.frag_number, m.frag_number_at, m.frag_number_len = x, p, k
-			p = p + k
-		end
-		local e = parse_content(tvb, m, p, n, cl)
-		if e then return fail(d, p, e) end
+		local e, at = parse_tail(tvb, m, p, n, cl)
+		if e then return fail(d, at, e) end
 		o = o + m.size
 	end
 	return d
