@@ -554,17 +554,14 @@ func (c *Conn) openIn(b []byte, from netip.AddrPort) []byte {
 		}
 		return b
 	}
-	invalid := s.invalid
-	if p := s.open(b); p != nil {
-		return p
-	}
-	if s.invalid != invalid && from == c.raddr {
-		if syn, _ := holds(b, idConnectSyn); syn && !client && !c.sess.wasOpen {
-			s.invalid--
+	if !client && !c.sess.wasOpen && from == c.raddr {
+		// The client sent its ConnectSyn again, our ConnectSynAck not
+		// yet with it: the session answers with the ConnectSynAck again.
+		if syn, _ := holds(b, idConnectSyn); syn {
 			return b
 		}
 	}
-	return nil
+	return s.open(b)
 }
 
 // takeSecure hands the session a datagram of a secure connection, if it
