@@ -292,6 +292,7 @@ func packAcks(dst []packetAck, ids []uint32, max int, bits uint32) ([]packetAck,
 // sent is a reliable datagram in flight.
 type sent struct {
 	packetID uint32
+	pn       uint64 // its packet number, whose low 22 bits are packetID
 	b        []byte // the datagram as sent, re-sent as is
 	sentAt   time.Time
 	sendSeq  uint64 // the number of its last send, counting every send, new or again

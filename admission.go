@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"bytes"
 	"errors"
 	"net/netip"
 	"time"
@@ -48,9 +49,11 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p []byte) *sec
 	}
 	sec, err := newServerSecure(l.cfg.privateKey, l.cfg.publicKey)
 	if err == nil {
+		sec.tap = l.cfg.sealTap
 		var inner []byte
 		inner, err = sec.readSyn(msg1)
 		if err == nil {
+			sec.msg1 = bytes.Clone(msg1) // to know the client's ConnectSyn again
 			err = l.checkSynPayload(sec, inner, now)
 		}
 	}

@@ -871,6 +871,8 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dia
 		priv, pub, err := GenerateKey()
 		require.NoError(t, err)
 		cfgs[0].ServerKey, cfgs[1].PrivateKey = pub, priv
+		ledger := withLedger(t, cfgs[0], cfgs[1]) // no nonce seals two plaintexts
+		t.Cleanup(func() { require.Positive(t, ledger.count(), "the ledger saw every datagram sealed") })
 		dialect = DialectSpec
 	}
 	cfgs[0].Dialect = dialect // the listener tells from the first datagram

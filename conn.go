@@ -374,10 +374,8 @@ func (c *Conn) admit() {
 		err = errServerFull
 	}
 	if err == nil && c.sec != nil {
-		c.sess.syn = syn
 		c.sec.cid = c.ep.l.newCID(c)
 		reply, err = c.sec.writeSynAck(reply)
-		c.sess.pathMsgs = true
 	}
 	if err == nil {
 		c.sess.admitted(time.Now(), reply, true)
@@ -455,7 +453,9 @@ func (c *Conn) flush(now time.Time) {
 			break
 		}
 		if c.sec != nil {
-			b = c.sealOut(b, w.bufs[n])
+			if b = c.sealOut(b, w.bufs[n]); b == nil {
+				continue // the connection failed: nothing goes unsealed
+			}
 		}
 		// A reliable datagram is the session's own buffer, kept until
 		// acked; nothing is acked before the batch goes out.

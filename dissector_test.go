@@ -382,8 +382,8 @@ func simulate(t *testing.T, ref bool) (sent [][2][]byte) {
 	if !ref {
 		// PacketIDs about to wrap, and above 16 bits on the other side.
 		// (A reference peer always starts at 1.)
-		p.client().nextPID = packetIDMask - 20
-		p.server().nextPID = 3_000_000
+		p.client().startPIDAt(packetIDMask - 20)
+		p.server().startPIDAt(3_000_000)
 	}
 	p.connect()
 	for i := range 10 {

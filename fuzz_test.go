@@ -34,7 +34,7 @@ func fuzzScript(steps ...[]byte) []byte {
 // client's next PacketID is then known to seeds.
 func establishedForFuzz(t testing.TB) *simPair {
 	p := newSimPair(t, nil, &Config{ReceiveBuffer: 64 << 10, ReassemblyBuffer: 64 << 10, MaxMessageSize: 256 << 10}, perfect, perfect)
-	p.client().nextPID = 100
+	p.client().startPIDAt(100)
 	p.connect()
 	for i := range 5 {
 		p.send(0, chanMsg(1, i, true, 30))
@@ -143,7 +143,7 @@ func FuzzPacketAck(f *testing.F) {
 	f.Add([]byte{0xe8, 0x03, 0xc0, 0xff, 0xff, 0xff, 0xff, 0x00})
 	f.Fuzz(func(t *testing.T, acks []byte) {
 		p := newSimPair(t, nil, nil, perfect, perfect)
-		p.client().nextPID = 1000
+		p.client().startPIDAt(1000)
 		p.connect()
 		// The server hears nothing: 40 reliable datagrams stay in flight.
 		p.cut[0] = true

@@ -268,6 +268,10 @@ type Config struct {
 	// Warn when lost: a timeout, a protocol error, ...). Nothing is logged
 	// per datagram or per message. Nil logs nothing.
 	Logger *slog.Logger
+
+	// sealTap, for tests, sees every datagram a secure connection seals
+	// (see secureState.tap).
+	sealTap sealTap
 }
 
 // Simulation describes a bad network for Config.Simulate. The zero value
@@ -356,6 +360,7 @@ type config struct {
 	tokenKey, token                  []byte
 	publicAddrs                      []netip.AddrPort
 	cookieThreshold                  int
+	sealTap                          sealTap
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -432,6 +437,7 @@ func (c *Config) resolve() *config {
 		admitConn:        c.AdmitConn,
 		stealth:          c.Stealth,
 		simulate:         c.Simulate,
+		sealTap:          c.sealTap,
 		congestion:       c.CongestionControl,
 		dialect:          c.Dialect,
 		group:            c.Group,

@@ -387,8 +387,9 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 			pc.Close()
 			return nil, err
 		}
+		sec.tap = rc.sealTap
 		c.sec = sec
-		c.sess.syn = syn
+		c.sess.setSyn(syn, false)
 	}
 	ep.conns[c.raddr] = c
 	go ep.readLoop()
@@ -401,7 +402,7 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 		return c, nil
 	case <-c.done:
 		if c.sec != nil {
-			return nil, secureRefusal(c.Err())
+			return nil, c.sec.dialErr(c.Err())
 		}
 		return nil, c.Err()
 	case <-ctx.Done():

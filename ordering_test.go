@@ -233,7 +233,7 @@ func TestDependencyNamedTwiceAppliesOnce(t *testing.T) {
 		p.connect()
 		c := p.client()
 		first := c.nextPID
-		c.nextPID = (c.nextPID + 2) & packetIDMask // the client must not reuse these
+		c.startPIDAt(c.nextPID + 2) // the client must not reuse these
 		dependent := header{packetID: first + 1, reliable: reliable, inOrder: true, deltas: []uint16{0, 0}, indices: []uint16{0, 0}}
 		b := appendHeader(nil, &dependent)
 		b = appendMessage(b, &message{id: 70, payload: []byte("twice"), order: orderMulti, orderMulti: []byte{0, 0, 1}})

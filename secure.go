@@ -6,6 +6,7 @@ import (
 	"crypto/cipher"
 	"crypto/ecdh"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -60,6 +61,10 @@ var (
 	errTokenInClear    = errors.New("knet: Config.Token needs Config.ServerKey: a connect token travels only in a secure handshake")
 	errTokenKeyAlone   = errors.New("knet: Config.TokenKey needs Config.PrivateKey: connect tokens are checked only by a secure listener")
 	errTokenAddrs      = errors.New("knet: Config.TokenKey on an unspecified address needs Config.PublicAddrs, the addresses tokens name")
+	// errNonceReuse ends a secure connection whose session would have a
+	// datagram sealed under a packet number that does not fit: a bug,
+	// and nothing may be sealed twice under one nonce.
+	errNonceReuse = errors.New("knet: secure session: packet number out of sequence")
 )
 
 // GenerateKey returns a new static key pair for a server (X25519, 32 bytes
@@ -85,6 +90,12 @@ func publicKeyOf(private []byte) ([]byte, error) {
 	return k.PublicKey().Bytes(), nil
 }
 
+// sealTap sees a datagram about to be sealed: a fingerprint of the key
+// (its direction's), the packet number (the nonce) and the plaintext, which
+// it must not keep. Tests keep a ledger with it: no nonce may seal two
+// plaintexts.
+type sealTap func(key [8]byte, pn uint64, plaintext []byte)
+
 // Secure reports whether the connection is encrypted and the server
 // authenticated: both ends were configured for it (Config.ServerKey,
 // Config.PrivateKey) and the handshake completed.
@@ -100,16 +111,32 @@ type secureState struct {
 	ready   atomic.Bool
 	token   *Token // a server's: the client's connect token, checked
 
-	// A client's, for a listener asking for a cookie: the handshake
-	// message, the last cookie received, how many were answered at once.
+	// msg1 is the client's Noise message 1: a client's own, sent again
+	// with a listener's cookie; a server's, as the listener read it, to
+	// know the client's ConnectSyn when it comes again. A client keeps the
+	// last cookie received and how many were answered at once.
 	msg1    []byte
 	cookie  []byte
 	retries int
+	// A client's, to read a ConnectSynAck again after one that did not
+	// authenticate (a forgery must not end the handshake): the server's
+	// key, the ephemeral private key and message 1's payload, from which
+	// the handshake state after message 1 is made again (readSynAck).
+	serverKey []byte
+	eph       []byte
+	synInner  []byte
+	// A client's: message 2 as read, to know the server's ConnectSynAck
+	// when it comes again; how many did not authenticate before it.
+	msg2       []byte
+	badSynAcks int
 
 	send, recv cipher.AEAD
+	tap        sealTap // tests only
+	tapKey     [8]byte // with tap, the send key's fingerprint
 	sendNonce  [12]byte
 	recvNonce  [12]byte
 	sendTop    uint64 // highest packet number sealed
+	sealed     bool   // a datagram was sealed: sendTop is one
 	replay     replayWindow
 	h          header // parsed headers, reused
 
@@ -132,21 +159,42 @@ type secureState struct {
 // message whose payload carries the connect token and the ConnectPayload,
 // with no cookie yet (appendSecureSyn).
 func newClientSecure(serverKey, token, payload []byte) (*secureState, []byte, error) {
+	eph := make([]byte, KeySize)
+	if _, err := rand.Read(eph); err != nil {
+		return nil, nil, err
+	}
+	s := &secureState{payload: payload, initiator: true, serverKey: serverKey, eph: eph,
+		synInner: appendSynPayload(nil, token, payload)}
+	var err error
+	if s.msg1, err = s.writeSyn(); err != nil {
+		return nil, nil, err
+	}
+	return s, appendSecureSyn(nil, nil, s.msg1), nil
+}
+
+// writeSyn starts the initiator's handshake with its ephemeral key (the
+// handshake draws it from Random: the same bytes each time) and writes
+// message 1. Writing it again gives the same bytes (the same
+// keys, the payload encrypted under the same key and nonce), and leaves
+// the handshake where the first left it: ready to read message 2.
+func (s *secureState) writeSyn() ([]byte, error) {
 	hs, err := noise.NewHandshakeState(noise.Config{
 		CipherSuite: noiseSuite,
 		Pattern:     noise.HandshakeNK,
 		Initiator:   true,
 		Prologue:    noisePrologue,
-		PeerStatic:  serverKey,
+		PeerStatic:  s.serverKey,
+		Random:      bytes.NewReader(s.eph),
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	msg1, _, _, err := hs.WriteMessage(nil, appendSynPayload(nil, token, payload))
+	msg1, _, _, err := hs.WriteMessage(nil, s.synInner)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return &secureState{hs: hs, payload: payload, msg1: msg1, initiator: true}, appendSecureSyn(nil, nil, msg1), nil
+	s.hs = hs
+	return msg1, nil
 }
 
 // newServerSecure prepares the responder's side: the handshake starts
@@ -199,17 +247,24 @@ func (s *secureState) writeSynAck(reply []byte) ([]byte, error) {
 // readSynAck reads the responder's message, proof that the server holds
 // the private key, and derives the session keys. It returns the Admit
 // reply, and keeps the connection ID that came before it.
+//
+// A message 2 that does not authenticate changes nothing: it may be an
+// attacker's, and the genuine one may still come (a reading spoils the
+// handshake state, which is made again from the ephemeral key for the
+// next).
 func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
 	if s.hs == nil {
-		return nil, ErrHandshakeFailed
+		if _, err := s.writeSyn(); err != nil {
+			return nil, err
+		}
 	}
 	payload, toServer, toClient, err := s.hs.ReadMessage(nil, msg2)
 	s.hs = nil
-	if err != nil {
-		return nil, fmt.Errorf("%w: the server did not prove it holds the private key of Config.ServerKey", ErrHandshakeFailed)
+	if err == nil && len(payload) < cidSize {
+		err = errors.New("no connection ID")
 	}
-	if len(payload) < cidSize {
-		return nil, fmt.Errorf("%w: no connection ID in the server's answer", ErrHandshakeFailed)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the server's answer did not prove it holds the private key of Config.ServerKey", ErrHandshakeFailed)
 	}
 	s.cid = binary.LittleEndian.Uint32(payload)
 	reply := payload[cidSize:]
@@ -217,6 +272,10 @@ func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
 		return nil, err
 	}
 	s.reply = reply
+	s.msg2 = bytes.Clone(msg2)
+	// The handshake is over: what made it again goes.
+	clear(s.eph)
+	s.eph, s.synInner, s.msg1, s.cookie = nil, nil, nil, nil
 	return reply, nil
 }
 
@@ -225,8 +284,13 @@ func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
 // sealing without allocating, the nonce in s).
 func (s *secureState) keys(send, recv *noise.CipherState) error {
 	var err error
-	if s.send, err = newGCM(send.UnsafeKey()); err != nil {
+	k := send.UnsafeKey()
+	if s.send, err = newGCM(k); err != nil {
 		return err
+	}
+	if s.tap != nil {
+		h := sha256.Sum256(k[:])
+		copy(s.tapKey[:], h[:])
 	}
 	if s.recv, err = newGCM(recv.UnsafeKey()); err != nil {
 		return err
@@ -258,13 +322,32 @@ func nonceFor(nonce *[12]byte, n uint64) []byte {
 // datagram's 64-bit packet number, expanded from its PacketID: a
 // datagram sent again (same PacketID) is the same bytes under the same
 // nonce, hence the same ciphertext.
-func (s *secureState) seal(dst, b []byte) ([]byte, error) {
+//
+// pn is the datagram's packet number, as the session numbered it
+// (session.numberNew): a datagram sent again keeps its first send's, and
+// only a fresh (new) datagram may take one above every number sealed
+// before. A number that would break that is refused (errNonceReuse)
+// before anything is sealed: GCM must never seal two plaintexts under one
+// nonce.
+func (s *secureState) seal(dst, b []byte, pn uint64, fresh bool) ([]byte, error) {
 	n, err := parseHeader(b, &s.h)
 	if err != nil {
 		return nil, err
 	}
-	pn := expandPacketNumber(s.h.packetID, s.sendTop)
-	s.sendTop = max(s.sendTop, pn)
+	switch {
+	case uint32(pn)&packetIDMask != s.h.packetID:
+		return nil, fmt.Errorf("%w: packet number %d for PacketID %d", errNonceReuse, pn, s.h.packetID)
+	case fresh && s.sealed && pn <= s.sendTop:
+		return nil, fmt.Errorf("%w: new packet number %d not above %d", errNonceReuse, pn, s.sendTop)
+	case !fresh && (!s.sealed || pn > s.sendTop):
+		return nil, fmt.Errorf("%w: packet number %d sent again was never sealed", errNonceReuse, pn)
+	}
+	if fresh {
+		s.sendTop, s.sealed = pn, true
+	}
+	if s.tap != nil {
+		s.tap(s.tapKey, pn, b)
+	}
 	ad := n
 	if s.initiator {
 		ad += cidSize
@@ -339,7 +422,7 @@ func headerSize(b []byte) int {
 // datagram received before is returned: it may be the peer's
 // retransmission, whose ack was lost, and the session acks it again (and
 // drops it as a duplicate).
-func (s *secureState) open(b []byte) []byte {
+func (s *secureState) open(b []byte) (pt []byte, fresh bool) {
 	s.newest = false
 	n, err := parseHeader(b, &s.h)
 	ad := n
@@ -348,18 +431,18 @@ func (s *secureState) open(b []byte) []byte {
 	}
 	if err != nil || len(b)-ad < sealOverhead || ad > n && binary.LittleEndian.Uint32(b[n:]) != s.cid {
 		s.invalid++
-		return nil
+		return nil, false
 	}
 	pn := expandPacketNumber(s.h.packetID, s.replay.top)
 	fresh, inWindow := s.replay.check(pn)
 	if !inWindow || !fresh && !s.h.reliable {
 		s.replays++
-		return nil
+		return nil, false
 	}
-	pt, err := s.recv.Open(b[ad:ad], nonceFor(&s.recvNonce, pn), b[ad:], b[:ad])
+	pt, err = s.recv.Open(b[ad:ad], nonceFor(&s.recvNonce, pn), b[ad:], b[:ad])
 	if err != nil {
 		s.invalid++
-		return nil
+		return nil, false
 	}
 	s.newest = !s.replay.started || pn > s.replay.top
 	s.replay.mark(pn)
@@ -368,7 +451,7 @@ func (s *secureState) open(b []byte) []byte {
 		copy(b[ad-n:ad], b[:n])
 		b = b[ad-n:]
 	}
-	return b[:n+len(pt)]
+	return b[:n+len(pt)], fresh
 }
 
 // Packet numbers: 64 bits, of which the wire carries the low 22 (the
@@ -495,150 +578,216 @@ func (c *config) secureDialer() error {
 	return nil
 }
 
-// Conn side.
+// The secure layer between a connection's socket and its session.
+//
+// The rule: once keys exist, no clear byte reaches the session; before
+// they exist, a datagram is taken only when it is exactly the handshake
+// message the state expects (a client: the ConnectSynAck, a Retry, a
+// refusal; a server: the ConnectSyn the listener read), and even then the
+// session never sees the datagram: this layer reads the message and tells
+// the session what it means (setSyn, synArrived, synAgain, handshakeDone,
+// refusedBy). Sealed datagrams reach the session once authenticated.
 
-// sealOut encrypts an outgoing datagram once the connection is open
-// securely; the handshake's datagrams (ConnectSyn, ConnectSynAck, a
-// refusal) go in clear, their contents being the Noise messages. spare is
-// a buffer of the write batch the datagram may be sealed into, when b is
-// the session's own (kept for retransmission, so never sealed in place).
-func (c *Conn) sealOut(b, spare []byte) []byte {
-	s := c.sec
-	if !s.ready.Load() || !c.sess.wasOpen {
-		return b
+// handshakeContent returns the content of the handshake message in b: b
+// must be a clear handshake datagram (unreliable, no InOrder flag) holding
+// one whole message with ID id and nothing else, but for the padding that
+// follows a ConnectSyn. ok is false for anything else.
+func handshakeContent(b []byte, id uint32) (pid uint32, content []byte, ok bool) {
+	var h header
+	n, found, extra := 0, false, false
+	err := scanDatagram(b, &h, func(m message) {
+		n++
+		switch {
+		case m.fragment || m.order != orderNone:
+			extra = true
+		case n == 1 && m.id == id:
+			found, content = true, m.payload
+		case n == 2 && id == idConnectSyn && m.id == idPadding:
+		default:
+			extra = true
+		}
+	})
+	if err != nil || !found || extra || h.reliable || h.inOrder {
+		return 0, nil, false
+	}
+	return h.packetID, content, true
+}
+
+// sealOut encrypts an outgoing datagram of sess, the one its last poll
+// returned, once the connection is open securely; the handshake's
+// datagrams (ConnectSyn, ConnectSynAck, a refusal) go in clear, their
+// contents being the Noise messages. spare is a buffer the datagram may be
+// sealed into, when b is the session's own (kept for retransmission, so
+// never sealed in place). An error (a packet number out of sequence: see
+// seal) means b must not go, and the connection must end.
+func (s *secureState) sealOut(sess *session, b, spare []byte) ([]byte, error) {
+	if !s.ready.Load() || !sess.wasOpen {
+		return b, nil
 	}
 	dst := spare[:0]
 	if &spare[:1][0] == &b[0] {
 		dst = b
 	}
-	out, err := s.seal(dst, b)
-	if err != nil {
-		// The session built a datagram we cannot parse: a bug, and
-		// nothing may go out in clear.
-		panic("knet: sealing a malformed datagram: " + err.Error())
-	}
-	return out
+	return s.seal(dst, b, sess.out.pn, sess.out.fresh)
 }
 
-// openIn authenticates and decrypts an incoming datagram from the address
-// from, or says to drop it (nil). Before the handshake completes only the
-// handshake's clear datagrams are taken; after it, only sealed ones, but
-// for a client's ConnectSyn sent again while the server's ConnectSynAck
-// is on its way (the session answers it with the ConnectSynAck again).
-// Clear datagrams are taken only from the connection's address: from
-// another, only a sealed one can be a client that moved.
-func (c *Conn) openIn(b []byte, from netip.AddrPort) []byte {
-	s := c.sec
-	client := c.ep.l == nil
-	if from != c.raddr && !s.ready.Load() {
-		s.invalid++
-		return nil
-	}
+// in takes a datagram b for sess from the connection's address (atPeer)
+// or from another, and returns the authenticated plaintext datagram for
+// the session, or nil when b was a handshake message, taken here, or is
+// dropped (counted in invalid or replays). fresh reports that the
+// datagram returned was never received before: only such a datagram
+// proves the peer alive (a reliable one received before may be the peer's
+// resend, or a replay, and is acked again and delivers nothing).
+func (s *secureState) in(sess *session, now time.Time, b []byte, atPeer bool) (pt []byte, fresh bool) {
+	s.newest = false
 	if !s.ready.Load() {
-		var ok bool
-		if client {
-			if retry, _ := holds(b, idRetry); retry {
-				c.takeCookie(b)
-				return nil
-			}
-			ok, _ = holds(b, idConnectSynAck)
-			if !ok {
-				ok, _ = holds(b, idDisconnectAck)
-			}
-		} else {
-			ok, _ = holds(b, idConnectSyn)
-		}
-		if !ok {
+		// No keys: only the handshake message this side waits for,
+		// in clear, from the peer's address.
+		if !atPeer || !s.handshakeIn(sess, now, b) {
 			s.invalid++
-			return nil
 		}
-		return b
+		return nil, false
 	}
-	if !client && !c.sess.wasOpen && from == c.raddr {
-		// The client sent its ConnectSyn again, our ConnectSynAck not
-		// yet with it: the session answers with the ConnectSynAck again.
-		if syn, _ := holds(b, idConnectSyn); syn {
-			return b
-		}
+	if atPeer && s.clearAgain(sess, b) {
+		return nil, false
 	}
-	return s.open(b)
+	pt, fresh = s.open(b)
+	return pt, fresh
 }
 
-// takeSecure hands the session a datagram of a secure connection, if it
-// authenticates (or is one of the handshake's clear ones), and on a
-// server checks where it came from.
-func (c *Conn) takeSecure(now time.Time, p *packet) {
-	size := len(p.b)
-	b := c.openIn(p.b, p.from)
-	switch {
-	case b == nil:
-	case c.sess.client:
-		c.sess.handleDatagram(now, b)
-		c.finishClientHandshake()
-	default:
-		if c.sec.ready.Load() {
-			c.checkPath(now, p.from, size)
+// handshakeIn takes b, from the peer's address before the keys exist, if
+// it is the handshake message expected, and reports whether it was.
+func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
+	if !s.initiator {
+		// The server's connection is made with message 1 read: the
+		// ConnectSyn it came in, or the client's copies of it.
+		pid, content, ok := handshakeContent(b, idConnectSyn)
+		if !ok || !s.sameSyn(content) {
+			return false
 		}
-		c.sess.handleDatagram(now, b)
-		if c.sess.pathGot {
-			c.sess.pathGot = false
-			c.pathAnswered(p.from)
+		if !sess.synArrived(now, pid, len(b)) {
+			sess.synAgain(len(b))
 		}
+		return true
 	}
+	if !sess.connecting() {
+		return false
+	}
+	if pid, content, ok := handshakeContent(b, idConnectSynAck); ok {
+		reply, err := s.readSynAck(content)
+		if err != nil {
+			// Not the server's (a forgery, or an answer to another
+			// handshake): the genuine one may still come. If none
+			// does, Dial says so (dialErr).
+			s.badSynAcks++
+			return false
+		}
+		sess.handshakeDone(now, pid, len(b), s.payload, reply)
+		return true
+	}
+	if _, reason, ok := handshakeContent(b, idDisconnectAck); ok {
+		// A refusal is in clear and unauthenticated, as on the plain
+		// wire (SECURE.md, threat model).
+		sess.refusedBy(reason, len(b))
+		return true
+	}
+	if _, cookie, ok := handshakeContent(b, idRetry); ok && len(cookie) == cookieSize {
+		s.takeCookie(sess, cookie)
+		return true
+	}
+	return false
 }
 
-// takeCookie takes the cookie of a listener under load (a Retry
-// datagram, b): the ConnectSyn goes again at once, echoing it, for the
-// first maxRetries different cookies; later ones ride the next timed
-// ConnectSyn. A forged Retry can cost the client a few ConnectSyns and
-// its cookie, which the next genuine one replaces.
-func (c *Conn) takeCookie(b []byte) {
-	s := c.sec
-	var cookie []byte
-	var h header
-	scanDatagram(b, &h, func(m message) {
-		if !m.fragment && m.id == idRetry {
-			cookie = m.payload
+// sameSyn reports whether content, a ConnectSyn's, carries the message 1
+// the listener read for this connection (the cookie before it may differ:
+// a client echoes the last one it got).
+func (s *secureState) sameSyn(content []byte) bool {
+	_, msg1, ok := splitSecureSyn(content)
+	return ok && s.msg1 != nil && bytes.Equal(msg1, s.msg1)
+}
+
+// clearAgain takes a copy of a handshake message that comes in clear after
+// the keys exist, from the peer's address, and reports whether b was one:
+// a server not yet open answers the client's ConnectSyn again (its
+// ConnectSynAck was lost); a client drops a copy of the ConnectSynAck it
+// read (counted as a duplicate). Nothing else in clear is taken.
+func (s *secureState) clearAgain(sess *session, b []byte) bool {
+	if !s.initiator {
+		if sess.wasOpen {
+			return false
 		}
-	})
-	if len(cookie) != cookieSize || c.sess.state != stateSyn {
-		s.invalid++
-		return
+		_, content, ok := handshakeContent(b, idConnectSyn)
+		if ok && s.sameSyn(content) {
+			sess.synAgain(len(b))
+			return true
+		}
+		return false
 	}
+	_, content, ok := handshakeContent(b, idConnectSynAck)
+	if ok && bytes.Equal(content, s.msg2) {
+		s.replays++
+		return true
+	}
+	return false
+}
+
+// takeCookie takes the cookie of a listener under load (a Retry): the
+// ConnectSyn goes again at once, echoing it, for the first maxRetries
+// different cookies; later ones ride the next timed ConnectSyn. A forged
+// Retry can cost the client a few ConnectSyns and its cookie, which the
+// next genuine one replaces.
+func (s *secureState) takeCookie(sess *session, cookie []byte) {
 	if bytes.Equal(cookie, s.cookie) {
 		return // the answer to a ConnectSyn sent again
 	}
 	s.cookie = append(s.cookie[:0], cookie...)
-	c.sess.syn = appendSecureSyn(nil, s.cookie, s.msg1)
-	if s.retries < maxRetries {
+	now := s.retries < maxRetries
+	if now {
 		s.retries++
-		c.sess.needSyn = true
 	}
+	sess.setSyn(appendSecureSyn(nil, s.cookie, s.msg1), now)
 }
 
-// finishClientHandshake reads the ConnectSynAck's content, once the
-// session took one: the server's proof, and the keys.
-func (c *Conn) finishClientHandshake() {
-	s := c.sec
-	if s.ready.Load() || !c.sess.wasOpen {
-		return
-	}
-	reply, err := s.readSynAck(c.sess.synAck)
+// sealOut seals what the session sends, or ends the connection if it
+// cannot be sealed (nil: nothing goes).
+func (c *Conn) sealOut(b, spare []byte) []byte {
+	out, err := c.sec.sealOut(c.sess, b, spare)
 	if err != nil {
-		c.sess.events &^= evEstablished
 		c.sess.fail(err)
-		return
+		return nil
 	}
-	c.sess.syn, c.sess.synAck = s.payload, reply
-	c.sess.pathMsgs = true
+	return out
 }
 
-// secureRefusal maps a refusal for a failed handshake to
-// ErrHandshakeFailed, and one for the connect token to ErrTokenRejected,
-// with the refusal.
-func secureRefusal(err error) error {
+// takeSecure hands the session a datagram of a secure connection, if it
+// authenticates (a handshake message is taken by the secure layer), and on
+// a server checks where it came from.
+func (c *Conn) takeSecure(now time.Time, p *packet) {
+	size := len(p.b)
+	b, fresh := c.sec.in(c.sess, now, p.b, p.from == c.raddr)
+	if b == nil {
+		return
+	}
+	if !c.sess.client {
+		c.checkPath(now, p.from, size)
+	}
+	c.sess.handleSealed(now, b, fresh)
+	if data, ok := c.sess.pathResponse(); ok {
+		c.pathAnswered(p.from, data)
+	}
+}
+
+// dialErr is Dial's error for a secure handshake that ended with err: a
+// refusal for a failed handshake is ErrHandshakeFailed, one for the
+// connect token ErrTokenRejected, with the refusal; a timeout after
+// answers that did not authenticate (a plaintext server, another key) is
+// ErrHandshakeFailed too, with the timeout.
+func (s *secureState) dialErr(err error) error {
 	var re *RefusedError
+	var te *TimeoutError
 	switch {
+	case errors.As(err, &te) && s.badSynAcks > 0 && !s.ready.Load():
+		return fmt.Errorf("%w: %d answers from the server did not prove it holds the private key of Config.ServerKey (a plaintext server, or another key?): %w", ErrHandshakeFailed, s.badSynAcks, err)
 	case !errors.As(err, &re):
 	case re.Reason == ErrHandshakeFailed.Error():
 		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
@@ -739,8 +888,15 @@ func (c *Conn) challenge(now time.Time) {
 	copy(content[1:], pc.challenge[:])
 	buf := make([]byte, 0, challengeSize)
 	b := c.sess.control(buf, idPath, content[:])
-	b, err := c.sec.seal(b, b)
-	if err != nil || len(b) != challengeSize {
+	if b == nil {
+		return // no new datagram may go now (session.spanFull)
+	}
+	b, err := c.sec.seal(b, b, c.sess.out.pn, c.sess.out.fresh)
+	if err != nil {
+		c.sess.fail(err)
+		return
+	}
+	if len(b) != challengeSize {
 		panic("knet: a PathChallenge of the wrong size")
 	}
 	c.ep.write(b, pc.to)
@@ -753,9 +909,9 @@ func (c *Conn) challenge(now time.Time) {
 // pathAnswered takes the PathResponse the session heard in a datagram
 // from the address from: the connection moves there if it answers the
 // challenge sent there.
-func (c *Conn) pathAnswered(from netip.AddrPort) {
+func (c *Conn) pathAnswered(from netip.AddrPort, data [pathDataSize]byte) {
 	pc := &c.sec.path
-	if pc.sends == 0 || from != pc.to || c.sess.pathHeard != pc.challenge {
+	if pc.sends == 0 || from != pc.to || data != pc.challenge {
 		return
 	}
 	c.moveTo(from)
@@ -776,13 +932,7 @@ func (c *Conn) moveTo(to netip.AddrPort) {
 	ep.mu.Unlock()
 	c.remote.Store(net.UDPAddrFromAddrPort(to))
 	c.sec.migrations++
-	c.sess.ackNow = true // news for the client at once, from here
-	// What is in flight went to the old address, which the client left:
-	// it goes again now rather than at the probe timeouts (a second and
-	// more before the connection has a round-trip time).
-	if !c.sess.loss.resendAll(time.Now()) {
-		c.sess.fail(ErrRetransmitLimit)
-	}
+	c.sess.moved(time.Now())
 	if l := c.cfg.logger; l != nil {
 		l.Info("knet: connection moved", "remote", to)
 	}

@@ -104,6 +104,7 @@ func secureConfigs(t testing.TB) (server, client *Config) {
 	server, client = testConfig(), testConfig()
 	server.PrivateKey = priv
 	client.ServerKey = pub
+	withLedger(t, server, client) // no nonce seals two plaintexts
 	return server, client
 }
 
@@ -417,7 +418,7 @@ func plainDatagram(pid uint32, reliable bool, payload []byte) []byte {
 func TestSecureSealOpen(t *testing.T) {
 	c, s := securePair(t)
 	d := plainDatagram(0, true, []byte("abc"))
-	sealed, err := c.seal(nil, d)
+	sealed, err := c.seal(nil, d, 0, true)
 	require.NoError(t, err)
 	assert.Len(t, sealed, len(d)+cidSize+sealOverhead)
 	assert.Equal(t, d[:3], sealed[:3], "the header is in clear")
@@ -427,19 +428,22 @@ func TestSecureSealOpen(t *testing.T) {
 	assert.Equal(t, s.cid, id)
 	// A resend of the same datagram is the same bytes: nothing new is
 	// revealed, the nonce is used for one plaintext only.
-	again, err := c.seal(nil, d)
+	again, err := c.seal(nil, d, 0, false)
 	require.NoError(t, err)
 	assert.Equal(t, sealed, again)
 
-	got := s.open(append([]byte(nil), sealed...))
+	got, fresh := s.open(append([]byte(nil), sealed...))
 	require.Equal(t, d, got)
-	// A reliable one again passes (it is acked again), an unreliable
-	// one again does not.
-	assert.NotNil(t, s.open(append([]byte(nil), sealed...)))
-	u, err := c.seal(nil, plainDatagram(1, false, []byte("u")))
+	assert.True(t, fresh)
+	// A reliable one again passes (it is acked again), but not as
+	// fresh; an unreliable one again does not pass.
+	got, fresh = s.open(append([]byte(nil), sealed...))
+	assert.NotNil(t, got)
+	assert.False(t, fresh)
+	u, err := c.seal(nil, plainDatagram(1, false, []byte("u")), 1, true)
 	require.NoError(t, err)
-	assert.NotNil(t, s.open(append([]byte(nil), u...)))
-	assert.Nil(t, s.open(append([]byte(nil), u...)))
+	assert.NotNil(t, opened(s, append([]byte(nil), u...)))
+	assert.Nil(t, opened(s, append([]byte(nil), u...)))
 	assert.Equal(t, uint64(1), s.replays)
 
 	// Any change to the header or the rest fails.
@@ -447,47 +451,78 @@ func TestSecureSealOpen(t *testing.T) {
 		b := append([]byte(nil), sealed...)
 		b[i] ^= 0x10
 		before := s.replay
-		assert.Nil(t, s.open(b), "byte %d changed", i)
+		assert.Nil(t, opened(s, b), "byte %d changed", i)
 		assert.Equal(t, before, s.replay)
 	}
 	assert.Equal(t, uint64(len(sealed)), s.invalid)
 	// The other direction has its own key: our own datagram does not
 	// open as the peer's.
-	assert.Nil(t, c.open(append([]byte(nil), sealed...)))
+	assert.Nil(t, opened(c, append([]byte(nil), sealed...)))
 	// In-place sealing, as for the datagrams built in a write batch.
 	buf := make([]byte, 0, 64)
 	buf = append(buf, plainDatagram(2, false, []byte("in place"))...)
-	out, err := c.seal(buf, buf)
+	out, err := c.seal(buf, buf, 2, true)
 	require.NoError(t, err)
 	assert.Equal(t, &buf[:1][0], &out[0])
-	assert.Equal(t, "in place", string(s.open(out)[3+3:]))
+	assert.Equal(t, "in place", string(opened(s, out)[3+3:]))
 	// The server's datagrams carry no ID, sealed in place or not.
-	back := plainDatagram(0, false, []byte("down"))
-	sealed, err = s.seal(nil, back)
+	back := plainDatagram(0, true, []byte("down"))
+	sealed, err = s.seal(nil, back, 0, true)
 	require.NoError(t, err)
 	assert.Len(t, sealed, len(back)+sealOverhead)
 	buf = append(make([]byte, 0, 64), back...)
-	out, err = s.seal(buf, buf)
+	out, err = s.seal(buf, buf, 0, false)
 	require.NoError(t, err)
 	assert.Equal(t, sealed, out)
-	assert.Equal(t, back, c.open(out))
+	assert.Equal(t, back, opened(c, out))
+}
+
+// opened is what open returns of b, fresh or not.
+func opened(s *secureState, b []byte) []byte {
+	pt, _ := s.open(b)
+	return pt
+}
+
+// TestSecureSealRefusesNonceReuse: a packet number is sealed once as new,
+// and sent again only as what it was; a new one must be above every
+// number sealed before, and must be the datagram's PacketID. Anything
+// else is refused before sealing (the connection then ends).
+func TestSecureSealRefusesNonceReuse(t *testing.T) {
+	c, _ := securePair(t)
+	_, err := c.seal(nil, plainDatagram(5, false, nil), 5, false)
+	assert.ErrorIs(t, err, errNonceReuse, "sent again, never sealed")
+	_, err = c.seal(nil, plainDatagram(5, true, []byte("a")), 5, true)
+	require.NoError(t, err)
+	_, err = c.seal(nil, plainDatagram(5, true, []byte("b")), 5, true)
+	assert.ErrorIs(t, err, errNonceReuse, "a new datagram under a number sealed")
+	_, err = c.seal(nil, plainDatagram(4, true, nil), 4, true)
+	assert.ErrorIs(t, err, errNonceReuse, "a new datagram under an older number")
+	_, err = c.seal(nil, plainDatagram(6, true, nil), 7, true)
+	assert.ErrorIs(t, err, errNonceReuse, "a number that is not the PacketID's")
+	_, err = c.seal(nil, plainDatagram(9, true, nil), 9, false)
+	assert.ErrorIs(t, err, errNonceReuse, "sent again above every number sealed")
+	// The next cycle of PacketIDs: the same PacketID, a new number.
+	_, err = c.seal(nil, plainDatagram(5, true, []byte("c")), pnWindow+5, true)
+	assert.NoError(t, err)
+	_, err = c.seal(nil, plainDatagram(5, true, []byte("a")), 5, false)
+	assert.NoError(t, err, "an old one sent again keeps its number")
 }
 
 func TestSecureOldReplayDropped(t *testing.T) {
 	c, s := securePair(t)
-	first, err := c.seal(nil, plainDatagram(0, true, nil))
+	first, err := c.seal(nil, plainDatagram(0, true, nil), 0, true)
 	require.NoError(t, err)
-	require.NotNil(t, s.open(append([]byte(nil), first...)))
+	require.NotNil(t, opened(s, append([]byte(nil), first...)))
 	// recvSpan datagrams later, the first is out of the window.
 	for pid := uint32(1); pid <= recvSpan; pid += 1000 {
-		b, err := c.seal(nil, plainDatagram(pid, false, nil))
+		b, err := c.seal(nil, plainDatagram(pid, false, nil), uint64(pid), true)
 		require.NoError(t, err)
-		require.NotNil(t, s.open(b))
+		require.NotNil(t, opened(s, b))
 	}
-	last, err := c.seal(nil, plainDatagram(recvSpan, false, nil))
+	last, err := c.seal(nil, plainDatagram(recvSpan, false, nil), recvSpan, true)
 	require.NoError(t, err)
-	require.NotNil(t, s.open(last))
-	assert.Nil(t, s.open(append([]byte(nil), first...)))
+	require.NotNil(t, opened(s, last))
+	assert.Nil(t, opened(s, append([]byte(nil), first...)))
 }
 
 func TestSecurePacketNumbersAcrossWrap(t *testing.T) {
@@ -498,10 +533,10 @@ func TestSecurePacketNumbersAcrossWrap(t *testing.T) {
 	pn := uint64(0)
 	for pn < 3*pnWindow {
 		pid := uint32(pn & packetIDMask)
-		b, err := c.seal(nil, plainDatagram(pid, true, nil))
+		b, err := c.seal(nil, plainDatagram(pid, true, nil), pn, true)
 		require.NoError(t, err)
 		require.Equal(t, pn, c.sendTop)
-		require.NotNil(t, s.open(b), "packet number %d", pn)
+		require.NotNil(t, opened(s, b), "packet number %d", pn)
 		require.Equal(t, pn, s.replay.top)
 		pn += 40000 // more than the window, less than half the PacketIDs
 	}
@@ -520,9 +555,9 @@ func TestSecureNoAllocation(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() {
 		pid++
 		d[0], d[1], d[2] = byte(pid), byte(pid>>8), byte(pid>>16)|0x40
-		b, _ := c.seal(out, d)
+		b, _ := c.seal(out, d, uint64(pid), true)
 		in = append(in[:0], b...)
-		if s.open(in) == nil {
+		if pt, _ := s.open(in); pt == nil {
 			panic("did not open")
 		}
 	})
@@ -538,8 +573,8 @@ func BenchmarkSecureSealOpen1200(b *testing.B) {
 	for b.Loop() {
 		pid++
 		d[0], d[1], d[2] = byte(pid), byte(pid>>8), byte(pid>>16)&0x3f|0x40
-		sealed, _ := c.seal(out, d)
-		if s.open(sealed) == nil {
+		sealed, _ := c.seal(out, d, uint64(pid), true)
+		if pt, _ := s.open(sealed); pt == nil {
 			b.Fatal("did not open")
 		}
 	}
@@ -550,7 +585,7 @@ func BenchmarkSecureSealOpen1200(b *testing.B) {
 func FuzzSecureOpen(f *testing.F) {
 	c, s0 := securePair(f)
 	for i, rel := range []bool{true, false} {
-		b, err := c.seal(nil, plainDatagram(uint32(i), rel, []byte("seed")))
+		b, err := c.seal(nil, plainDatagram(uint32(i), rel, []byte("seed")), uint64(i), true)
 		require.NoError(f, err)
 		f.Add(b)
 	}
@@ -559,7 +594,7 @@ func FuzzSecureOpen(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := &secureState{recv: s0.recv, cid: s0.cid}
 		before := s.replay
-		if s.open(b) == nil {
+		if pt, _ := s.open(b); pt == nil {
 			if before != s.replay {
 				t.Fatal("a dropped datagram changed the replay window")
 			}
@@ -1155,8 +1190,8 @@ func TestHeaderSize(t *testing.T) {
 // address never panics, and finds the header where parseHeader does.
 func FuzzSealedCID(f *testing.F) {
 	c, _ := securePair(f)
-	for _, d := range [][]byte{plainDatagram(3, true, []byte("x")), appendHeader(nil, &header{inOrder: true, deltas: []uint16{200}, indices: []uint16{1}})} {
-		b, err := c.seal(nil, d)
+	for i, d := range [][]byte{plainDatagram(3, true, []byte("x")), appendHeader(nil, &header{packetID: 4, inOrder: true, deltas: []uint16{200}, indices: []uint16{1}})} {
+		b, err := c.seal(nil, d, uint64(3+i), true)
 		require.NoError(f, err)
 		f.Add(b)
 	}

@@ -107,8 +107,11 @@ type session struct {
 	lingerUntil           time.Time
 	needDisc, needDiscAck bool
 
-	// Liveness and pings.
+	// Liveness and pings. lastRecv is when the peer last proved alive: a
+	// new datagram, never one received before (stale: the datagram being
+	// handled, in a secure session, was).
 	lastRecv    time.Time
+	stale       bool
 	nextPing    time.Time
 	pings       [8]pingRecord
 	pingCount   int
@@ -128,7 +131,9 @@ type session struct {
 	// Sending: the queues (sendqueue.go), packing (session_send.go),
 	// dependencies on the wire (session_deps.go), recovery (loss.go) and
 	// the rate (pacer.go, congestion.go).
-	nextPID      uint32
+	nextPID      uint32 // the low 22 bits of nextPN
+	nextPN       uint64 // the packet number of the next new datagram
+	out          outInfo
 	relQ         sendQueue // reliable messages and fragmented transfers
 	unrelQ       sendQueue
 	latestQueued map[contentKey]*outMsg
@@ -225,11 +230,14 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		s.loss.rekeys = true
 		s.acks.bits = refAckBits
 		s.tids.noZero = true
-		s.nextPID = 1 // both sides start at 1; the opening is no datagram
+		s.nextPID, s.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
 		// So the peer's PacketIDs start at 1 too: whichever of its first
 		// datagrams arrives first, those before it are still to come.
 		s.win.add(0)
 	}
+	// A secure session's datagrams are all authenticated: path messages
+	// are the peer's (secure.go).
+	s.pathMsgs = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
 	if client {

@@ -2,6 +2,104 @@ package knet
 
 import "time"
 
+// The handshake as the secure layer drives it (secure.go): it reads the
+// handshake messages itself, the session never sees a clear datagram of a
+// secure connection, and these tell the session what happened.
+
+// connecting reports whether a client waits for the server's answer.
+func (s *session) connecting() bool { return s.client && s.state == stateSyn }
+
+// setSyn replaces a client's ConnectSyn content (one echoing a listener's
+// cookie), sent at once if now, else with the next timed one.
+func (s *session) setSyn(content []byte, now bool) {
+	if !s.connecting() {
+		return
+	}
+	s.syn = content
+	if now {
+		s.needSyn = true
+	}
+}
+
+// synArrived takes a server's first ConnectSyn, a datagram of n bytes
+// with PacketID pid whose content the listener read: the application
+// decides next (evAdmit). It reports false if the ConnectSyn came before.
+func (s *session) synArrived(now time.Time, pid uint32, n int) bool {
+	if s.client || s.state != stateAdmit || s.admitWaiting {
+		return false
+	}
+	s.countIn(n)
+	s.admitWaiting = true
+	s.events |= evAdmit
+	s.lastRecv = now
+	s.win.add(pid)
+	return true
+}
+
+// synAgain takes the client's ConnectSyn again (n bytes, credit for the
+// answer): our ConnectSynAck was lost, and goes again.
+func (s *session) synAgain(n int) {
+	if s.client || s.wasOpen || s.state == stateDone {
+		return
+	}
+	s.countIn(n)
+	if s.state == stateSynAck {
+		s.needSynAck = true
+	}
+}
+
+// handshakeDone completes a client's handshake on the server's answer (a
+// datagram of n bytes, PacketID pid), read and authenticated by the secure
+// layer; syn and synAck are what the handshake carried in clear.
+func (s *session) handshakeDone(now time.Time, pid uint32, n int, syn, synAck []byte) {
+	if !s.connecting() {
+		return
+	}
+	s.countIn(n)
+	s.clientEstablished(now, synAck)
+	s.syn = syn
+	s.arrived(now, pid, false)
+}
+
+// refusedBy ends a client's attempt on the server's refusal (n bytes).
+func (s *session) refusedBy(reason []byte, n int) {
+	if !s.connecting() {
+		return
+	}
+	s.countIn(n)
+	s.fail(refusedErr(reason))
+}
+
+// handleSealed is handleDatagram for a secure connection's datagram, once
+// authenticated: fresh says it was never received before, and only such a
+// datagram proves the peer alive (one received before may be a replay).
+func (s *session) handleSealed(now time.Time, b []byte, fresh bool) {
+	s.stale = !fresh
+	s.handleDatagram(now, b)
+	s.stale = false
+}
+
+// pathResponse returns the PathResponse the last datagram carried, if any
+// (a server's connection checks it against its challenge).
+func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
+	if !s.pathGot {
+		return data, false
+	}
+	s.pathGot = false
+	return s.pathHeard, true
+}
+
+// moved takes a server connection's move to the client's new address:
+// news go there at once, and what is in flight, which went to the address
+// the client left, goes again now rather than at the probe timeouts (a
+// second and more before the connection has a round-trip time).
+func (s *session) moved(now time.Time) {
+	s.ackNow = true
+	if !s.loss.resendAll(now) {
+		s.fail(ErrRetransmitLimit)
+	}
+}
+
 // clientEstablished completes the client's side of the handshake on the
 // ConnectSynAck carrying synAck; the ConnectAck goes next.
 func (s *session) clientEstablished(now time.Time, synAck []byte) {

@@ -138,19 +138,28 @@ func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
 		return true
 	}
 	if s.win.contains(pid) {
+		// Acked again, as our ack may have been lost; but a copy proves
+		// nothing of the peer's life (anyone may replay one).
 		s.stats.DuplicateDatagrams++
 		if reliable {
 			s.acks.add(now, pid)
 		}
-		s.lastRecv = now
 		return true
 	}
 	return false
 }
 
+// alive notes that the datagram being handled proves the peer alive,
+// unless it is a copy of one received before.
+func (s *session) alive(now time.Time) {
+	if !s.stale {
+		s.lastRecv = now
+	}
+}
+
 // arrived records a new datagram, taken in, and owes its ack if reliable.
 func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
-	s.lastRecv = now
+	s.alive(now)
 	s.uniqueIn++
 	switch {
 	case !s.win.started:
@@ -186,7 +195,7 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 		// No room: leave it unacked so it comes again, but take the
 		// acks it carries.
 		s.stats.DroppedDatagrams++
-		s.lastRecv = now
+		s.alive(now)
 		for i := range msgs {
 			if !msgs[i].fragment && msgs[i].id == idPacketAck {
 				s.handlePacketAck(now, msgs[i].payload)

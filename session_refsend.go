@@ -56,7 +56,8 @@ func (s *session) refResend(now time.Time, d *sent) {
 	d.b[1], d.b[2] = byte(hi), byte(hi>>8)
 	s.loss.resendAs(now, d, pid)
 	s.loss.sent.trim(s.trimmed) // the stand-in, if it is at the front
-	s.nextPID = (pid + 1) & packetIDMask
+	d.pn = s.nextPN
+	s.numberNew()
 }
 
 // refPacking is a reference datagram being filled.
@@ -114,7 +115,8 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 		s.fragFlight++
 	}
 	s.relOut = p.nextRel()
-	s.nextPID = (s.nextPID + 1) & packetIDMask
+	d.pn = s.nextPN
+	s.numberNew()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
 	return b

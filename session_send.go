@@ -198,6 +198,9 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	// Before the connection opened (a refusal) there is nothing to be in
 	// order after, and the flag's count byte would make the answer larger
 	// than the smallest ConnectSyn.
+	if s.spanFull() {
+		return nil
+	}
 	h := header{packetID: s.nextPID, inOrder: s.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
@@ -226,13 +229,42 @@ func (s *session) amplifies(b []byte) bool {
 }
 
 func (s *session) sentUnreliable(b []byte) {
-	s.nextPID = (s.nextPID + 1) & packetIDMask
+	s.numberNew()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
 }
 
+// outInfo is what the connection needs to know of the datagram poll
+// returned last, to seal it: its packet number, and whether it is a new
+// datagram (the number never used before) or one sent again.
+type outInfo struct {
+	pn    uint64
+	fresh bool
+}
+
+// numberNew gives the datagram being sent the next packet number, whose
+// low 22 bits are its PacketID (nextPID): packet numbers only grow, one
+// for each new datagram, and a reliable datagram keeps its number for
+// every resend (sent.pn). A secure connection seals with it as the nonce.
+func (s *session) numberNew() {
+	s.out = outInfo{pn: s.nextPN, fresh: true}
+	s.nextPN++
+	s.nextPID = uint32(s.nextPN) & packetIDMask
+}
+
+// startPIDAt has the next new datagram take PacketID pid (tests start near
+// a wrap with it).
+func (s *session) startPIDAt(pid uint32) {
+	s.nextPID = pid & packetIDMask
+	s.nextPN = uint64(s.nextPID)
+}
+
 // spanFull reports whether one more datagram would put the newest PacketID
-// 2^15 or more after the oldest unacked one (DECISIONS §4).
+// 2^15 or more after the oldest unacked one (DECISIONS §4). Then no new
+// datagram may go, whatever it carries: the receiver keeps the last 2^15
+// PacketIDs, and the unacked one's resends, which keep their PacketID,
+// would fall behind them and be taken for duplicates, acked and never
+// delivered. Unreliable messages, acks and pings wait; resends go.
 func (s *session) spanFull() bool {
 	first := s.loss.sent.firstUnacked()
 	return first != nil && seqDiff(first.packetID, s.nextPID) >= recvSpan-1
@@ -249,6 +281,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 			s.refResend(now, d)
 		} else {
 			s.loss.resend(now, d)
+			s.out = outInfo{pn: d.pn}
 		}
 		s.rc.sent(len(d.b))
 		s.stats.Retransmits++
@@ -343,7 +376,8 @@ func (s *session) buildReliable(now time.Time) []byte {
 		s.hasLastWhole = true
 	}
 	d.transfers = append(d.transfers, p.tids...)
-	s.nextPID = (s.nextPID + 1) & packetIDMask
+	d.pn = s.nextPN
+	s.numberNew()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
 	return b
@@ -389,7 +423,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		return s.pollRefUnreliable(now, buf)
 	}
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.pathAnswer {
+	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.pathAnswer || s.spanFull() {
 		return nil
 	}
 	h := &s.wh

@@ -83,8 +83,8 @@ func TestSessionReliableExactlyOnceLossy(t *testing.T) {
 
 func TestSessionPacketIDWrap(t *testing.T) {
 	p := newSimPair(t, nil, nil, lossy(7, 0.1), lossy(8, 0.1))
-	p.client().nextPID = packetIDMask - 50
-	p.server().nextPID = packetIDMask - 5
+	p.client().startPIDAt(packetIDMask - 50)
+	p.server().startPIDAt(packetIDMask - 5)
 	p.connect()
 	const n = 1500
 	for i := range n {

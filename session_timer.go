@@ -58,14 +58,17 @@ func (d *deadlines) at(x time.Time) {
 // probe and loss timers, pings and silence, the close, held messages'
 // reorder windows and the pacer.
 func (s *session) openDeadlines(now time.Time, t *deadlines) {
-	if s.acks.pending() > 0 {
+	held := s.spanFull() // no new datagram until an ack comes (see spanFull)
+	if s.acks.pending() > 0 && !held {
 		t.at(s.acks.oldest.Add(s.ackDelay()))
 	}
 	if x, ok := s.loss.nextTimeout(s.closeAsked); ok {
 		t.at(x)
 	}
 	t.at(s.loss.lossTime)
-	t.at(s.nextPing)
+	if !held {
+		t.at(s.nextPing)
+	}
 	t.at(s.lastRecv.Add(s.cfg.lostTimeout))
 	if s.closeAsked {
 		t.at(s.closeBy)

@@ -72,13 +72,21 @@ type simPair struct {
 	tap func(from int, b []byte)
 	// cut drops everything from a side while set.
 	cut [2]bool
-	// drop, if set, drops the datagrams it picks, after tap.
+	// drop, if set, drops the datagrams it picks, after tap (in a secure
+	// pair, before tap: it sees the plaintext).
 	drop func(from int, b []byte) bool
 	// endpoints makes a side whose session is done answer as its socket
 	// would: the server's, a listener's, answers a Disconnect
 	// statelessly; the client's, a dialed one, only while it lingers.
 	endpoints bool
 	refs      [2]uint64
+	// A secure pair (newSecureSimPair): each side's secure layer, the
+	// server's made from the first ConnectSyn as a listener would; the
+	// server's keys; spare, a buffer to seal into.
+	secure    bool
+	sec       [2]*secureState
+	priv, pub []byte
+	spare     []byte
 }
 
 func newSimPair(t testing.TB, client, server *Config, up, down netsim.Params) *simPair {
@@ -123,8 +131,20 @@ func (p *simPair) flush() {
 		ev := s.takeEvents()
 		if ev&evAdmit != 0 {
 			reply, ok := []byte("ok"), true
+			syn := s.syn
+			if p.sec[i] != nil {
+				syn = p.sec[i].payload
+			}
 			if p.admit != nil {
-				reply, ok = p.admit(s.syn)
+				reply, ok = p.admit(syn)
+			}
+			if ok && p.sec[i] != nil {
+				p.sec[i].cid = 0x01020304
+				var err error
+				reply, err = p.sec[i].writeSynAck(reply)
+				if err != nil {
+					p.t.Fatal(err)
+				}
 			}
 			s.admitted(p.now, reply, ok)
 		}
@@ -139,6 +159,16 @@ func (p *simPair) flush() {
 			if b == nil {
 				break
 			}
+			if p.sec[i] != nil {
+				plain := b
+				var err error
+				if b, err = p.sec[i].sealOut(s, b, p.spare); err != nil {
+					p.t.Fatalf("side %d: %v", i, err)
+				}
+				if p.drop != nil && p.drop(i, plain) {
+					continue // a secure pair's drop sees the plaintext
+				}
+			}
 			p.transmit(i, b)
 		}
 	}
@@ -149,7 +179,7 @@ func (p *simPair) transmit(from int, b []byte) {
 	if p.tap != nil {
 		p.tap(from, b)
 	}
-	if p.cut[from] || p.drop != nil && p.drop(from, b) {
+	if p.cut[from] || !p.secure && p.drop != nil && p.drop(from, b) {
 		return
 	}
 	f := p.links[from].Decide(p.now, len(b))
@@ -167,6 +197,10 @@ func (p *simPair) transmit(from int, b []byte) {
 // and endpoints is set, its socket.
 func (p *simPair) receive(to int, b []byte) {
 	s := p.s[to]
+	if p.secure && !s.done() {
+		p.receiveSecure(to, b, true)
+		return
+	}
 	if !p.endpoints || !s.done() {
 		s.handleDatagram(p.now, b)
 		return
@@ -181,6 +215,10 @@ func (p *simPair) receive(to int, b []byte) {
 
 // inject delivers b to side to now, as if from its peer.
 func (p *simPair) inject(to int, b []byte) {
+	if p.secure {
+		p.receiveSecure(to, b, true)
+		return
+	}
 	p.s[to].handleDatagram(p.now, b)
 }
 
