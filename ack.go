@@ -68,6 +68,16 @@ func (w *recvWindow) contains(id uint32) bool {
 	return w.ring[(w.head+d)&(len(w.ring)-1)]&(1<<(id&63)) != 0
 }
 
+// startAt starts the window before id, nothing received: the peer's
+// PacketIDs start at id, and any of the next ones may arrive first. A
+// secure session's windows start at 0 this way: the handshake's clear
+// datagrams, whose PacketIDs nothing authenticates, are no part of them,
+// and the first sealed datagram to arrive must not make those before it
+// count as seen (add's rule for a first datagram).
+func (w *recvWindow) startAt(id uint32) {
+	*w = recvWindow{started: true, ring: make([]uint64, 4), baseWord: id >> 6, n: 1, newest: (id - 1) & packetIDMask}
+}
+
 // add records id as arrived. Call it only for plausible ids.
 func (w *recvWindow) add(id uint32) {
 	if !w.started {

@@ -661,11 +661,11 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 	if !s.initiator {
 		// The server's connection is made with message 1 read: the
 		// ConnectSyn it came in, or the client's copies of it.
-		pid, content, ok := handshakeContent(b, idConnectSyn)
+		_, content, ok := handshakeContent(b, idConnectSyn)
 		if !ok || !s.sameSyn(content) {
 			return false
 		}
-		if !sess.synArrived(now, pid, len(b)) {
+		if !sess.synArrived(now, len(b)) {
 			sess.synAgain(len(b))
 		}
 		return true
@@ -673,7 +673,7 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 	if !sess.connecting() {
 		return false
 	}
-	if pid, content, ok := handshakeContent(b, idConnectSynAck); ok {
+	if _, content, ok := handshakeContent(b, idConnectSynAck); ok {
 		reply, err := s.readSynAck(content)
 		if err != nil {
 			// Not the server's (a forgery, or an answer to another
@@ -682,7 +682,7 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 			s.badSynAcks++
 			return false
 		}
-		sess.handshakeDone(now, pid, len(b), s.payload, reply)
+		sess.handshakeDone(now, len(b), s.payload, reply)
 		return true
 	}
 	if _, reason, ok := handshakeContent(b, idDisconnectAck); ok {

@@ -238,6 +238,11 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	// A secure session's datagrams are all authenticated: path messages
 	// are the peer's (secure.go).
 	s.pathMsgs = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
+	if s.pathMsgs {
+		// Both ends number from 0; the handshake's datagrams, in clear,
+		// are no part of the window (recvWindow.startAt).
+		s.win.startAt(0)
+	}
 	s.reasm.budget = cfg.reassemblyBuffer
 	s.reasm.maxMessage = cfg.maxMessage
 	if client {

@@ -22,17 +22,21 @@ func (s *session) setSyn(content []byte, now bool) {
 }
 
 // synArrived takes a server's first ConnectSyn, a datagram of n bytes
-// with PacketID pid whose content the listener read: the application
-// decides next (evAdmit). It reports false if the ConnectSyn came before.
-func (s *session) synArrived(now time.Time, pid uint32, n int) bool {
+// whose content the listener read: the application decides next
+// (evAdmit). It reports false if the ConnectSyn came before.
+//
+// The PacketIDs of the handshake's clear datagrams stay out of the
+// receive window: nothing authenticates them, and one taken for received
+// would make the peer's sealed datagram of that PacketID a duplicate.
+func (s *session) synArrived(now time.Time, n int) bool {
 	if s.client || s.state != stateAdmit || s.admitWaiting {
 		return false
 	}
 	s.countIn(n)
+	s.uniqueIn++ // for Stats.LossRate: it took a PacketID
 	s.admitWaiting = true
 	s.events |= evAdmit
 	s.lastRecv = now
-	s.win.add(pid)
 	return true
 }
 
@@ -43,22 +47,26 @@ func (s *session) synAgain(n int) {
 		return
 	}
 	s.countIn(n)
+	s.uniqueIn++
 	if s.state == stateSynAck {
 		s.needSynAck = true
 	}
 }
 
 // handshakeDone completes a client's handshake on the server's answer (a
-// datagram of n bytes, PacketID pid), read and authenticated by the secure
-// layer; syn and synAck are what the handshake carried in clear.
-func (s *session) handshakeDone(now time.Time, pid uint32, n int, syn, synAck []byte) {
+// datagram of n bytes), read and authenticated by the secure layer; syn
+// and synAck are what the handshake carried in clear. (Its PacketID,
+// which nothing authenticates, stays out of the receive window: see
+// synArrived.)
+func (s *session) handshakeDone(now time.Time, n int, syn, synAck []byte) {
 	if !s.connecting() {
 		return
 	}
 	s.countIn(n)
+	s.uniqueIn++
 	s.clientEstablished(now, synAck)
 	s.syn = syn
-	s.arrived(now, pid, false)
+	s.lastRecv = now
 }
 
 // refusedBy ends a client's attempt on the server's refusal (n bytes).
