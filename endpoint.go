@@ -427,7 +427,13 @@ func disconnectAnswer(buf, b []byte) []byte {
 
 // answerDisconnect sends addr the DisconnectAck answering b, if b is a
 // Disconnect (see disconnectAnswer).
+//
+// Not on a secure endpoint: its peers' Disconnects are sealed, and one in
+// clear is nobody's (an answer would only serve whoever forged it).
 func (ep *endpoint) answerDisconnect(addr netip.AddrPort, b []byte) {
+	if ep.cfg.privateKey != nil || ep.cfg.serverKey != nil {
+		return
+	}
 	var buf [16]byte
 	d := disconnectAnswer(buf[:0], b)
 	if d == nil && ep.cfg.dialect != DialectSpec {

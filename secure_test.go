@@ -1248,3 +1248,41 @@ func TestSecureGroup(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "from the loop", string(got.Payload))
 }
+
+// TestSecureListenerAnswersNoClearDisconnect: a listener answers a stray
+// Disconnect statelessly, for a peer whose DisconnectAck was lost; a
+// secure listener's peers seal theirs, so one in clear is nobody's and
+// gets no answer. The refusal of a later ConnectSyn from the same socket
+// (a plaintext one: "secure handshake failed") shows the listener read
+// the Disconnect before it.
+func TestSecureListenerAnswersNoClearDisconnect(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(fmt.Sprint("secure=", secure), func(t *testing.T) {
+			scfg, _ := secureConfigs(t)
+			if !secure {
+				scfg.PrivateKey = nil
+			}
+			l := listen(t, scfg)
+			if !secure {
+				l.SetListenOpen(false) // a plaintext listener refuses the ConnectSyn then
+			}
+			c, err := net.DialUDP("udp", nil, l.Addr().(*net.UDPAddr))
+			require.NoError(t, err)
+			defer c.Close()
+			c.Write(clearDatagram(7, false, message{id: idDisconnect}))
+			// No secure ConnectSyn, padded to earn the refusal's reason.
+			c.Write(clearDatagram(8, false, message{id: idConnectSyn, payload: []byte{1, 2, 3}}, message{id: idPadding, payload: make([]byte, 200)}))
+			buf := make([]byte, 2048)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			require.NoError(t, err)
+			_, content, ok := handshakeContent(buf[:n], idDisconnectAck)
+			require.True(t, ok, "a DisconnectAck")
+			if secure {
+				assert.Equal(t, ErrHandshakeFailed.Error(), string(content), "the refusal, not an answer to the Disconnect")
+			} else {
+				assert.Empty(t, content, "the stateless answer to the Disconnect comes first")
+			}
+		})
+	}
+}

@@ -680,3 +680,27 @@ func TestSecureSimHandshakePacketIDsUntrusted(t *testing.T) {
 		})
 	}
 }
+
+// An ICMP port unreachable is unauthenticated: anyone who knows the
+// addresses can forge one. A secure connection, once open, does not let
+// them end it (a peer that is gone is found by the lost timeout); a
+// plaintext one, or one still connecting, fails fast as before.
+func TestSecureOpenIgnoresICMP(t *testing.T) {
+	p := newSecureSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	for range 10 {
+		p.client().checkReach(3)
+		p.client().unreachable(errConnRefused)
+	}
+	p.client().checkReach(0)
+	assert.Equal(t, stateOK, p.client().state)
+
+	q := newSimPair(t, nil, nil, perfect, perfect)
+	q.connect()
+	q.client().checkReach(3)
+	assert.Equal(t, stateDone, q.client().state)
+
+	r := newSecureSimPair(t, nil, nil, perfect, perfect)
+	r.client().checkReach(2)
+	assert.Equal(t, stateDone, r.client().state, "connecting: fails fast")
+}

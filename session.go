@@ -118,11 +118,12 @@ type session struct {
 	nextPingID  uint8
 	pingReplies []uint8
 
-	// Path checks, in secure sessions only (secure.go): pathMsgs says the
-	// connection understands them; a client owes the PathResponse to the
-	// last PathChallenge (pathAnswer), a server's connection reads the
-	// PathResponse heard (pathGot) after each datagram.
-	pathMsgs   bool
+	// A secure session (secure.go): every datagram it is handed was
+	// authenticated, and it understands path checks: a client owes the
+	// PathResponse to the last PathChallenge (pathAnswer), a server's
+	// connection reads the PathResponse heard (pathGot) after each
+	// datagram.
+	secure     bool
 	pathAnswer bool
 	pathGot    bool
 	pathData   [pathDataSize]byte // the challenge to answer
@@ -235,10 +236,8 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		// datagrams arrives first, those before it are still to come.
 		s.win.add(0)
 	}
-	// A secure session's datagrams are all authenticated: path messages
-	// are the peer's (secure.go).
-	s.pathMsgs = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
-	if s.pathMsgs {
+	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
+	if s.secure {
 		// Both ends number from 0; the handshake's datagrams, in clear,
 		// are no part of the window (recvWindow.startAt).
 		s.win.startAt(0)
@@ -339,11 +338,19 @@ const (
 // one counts while handshaking, only port unreachable once open (other
 // send errors are counted in Stats.SendErrors and left to the timeouts).
 func (s *session) unreachable(err error) {
-	if isRefusal(err) || s.state == stateSyn {
+	if isRefusal(err) && s.trustsICMP() || s.state == stateSyn {
 		s.strikes++
 		s.strikeErr = err
 	}
 }
+
+// trustsICMP reports whether the system's reports of an ICMP port
+// unreachable count against the connection. Nothing authenticates them:
+// anyone who knows the addresses and ports can forge one. A secure
+// connection, once open, leaves a peer that is gone to the lost timeout
+// rather than let a forgery end it; while connecting it fails fast, as it
+// does on a refusal, which is no more authenticated (SECURE.md).
+func (s *session) trustsICMP() bool { return !s.secure || !s.wasOpen }
 
 // checkReach ends the connection when the reports are many enough,
 // refusals more having come from the socket's reader (ICMP port
@@ -352,7 +359,7 @@ func (s *session) checkReach(refusals int) {
 	if got := s.stats.DatagramsReceived; got != s.heard {
 		s.heard, s.strikes = got, 0 // the peer is there after all
 	}
-	if refusals > 0 {
+	if refusals > 0 && s.trustsICMP() {
 		s.strikes += refusals
 		s.strikeErr = errConnRefused
 	}

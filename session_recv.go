@@ -317,7 +317,7 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 	case idPath:
 		// Ignored, as any reserved message, unless the connection is
 		// secure.
-		if s.pathMsgs {
+		if s.secure {
 			s.handlePath(m.payload)
 		}
 	default:

@@ -13,7 +13,7 @@ func (s *session) onProbeTimeout(now time.Time) {
 	if probed {
 		s.rc.cc.OnTimeout(now)
 	}
-	if s.client && s.pathMsgs {
+	if s.client && s.secure {
 		// A secure client may have moved (a NAT rebinding) without
 		// knowing: resends keep their packet numbers, which cannot start
 		// the server's check of a new address, so a fresh datagram (a
