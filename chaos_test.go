@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -124,6 +125,7 @@ type chaosMsg struct {
 	seq       int    // place in its order group: channel or ContentID
 	contentID uint32 // not zero for chaosContent
 	deps      []int  // plan indices it names in DependsOn
+	priority  int8
 }
 
 // chaosGroup is a set of messages with an order among them: a reliable
@@ -146,7 +148,7 @@ func (m *chaosMsg) group() (chaosGroup, bool) {
 
 func (g chaosGroup) String() string {
 	if g.kind == chaosContent {
-		return fmt.Sprintf("content key %d", g.ch)
+		return fmt.Sprintf("content (ID %d, ContentID %d)", 110+g.ch/2, 1+g.ch%2)
 	}
 	return fmt.Sprintf("%v ch%d", g.kind, g.ch)
 }
@@ -227,6 +229,13 @@ func (g *chaosGen) content() chaosMsg {
 	return chaosMsg{kind: chaosContent, id: 110 + uint32(k/2), contentID: 1 + uint32(k%2), channel: uint8(k), size: g.small()}
 }
 
+// hotContent updates one of two states (ID 110, ContentIDs 1 and 2) as
+// content does, equally often.
+func (g *chaosGen) hotContent() chaosMsg {
+	k := g.rng.IntN(2)
+	return chaosMsg{kind: chaosContent, id: 110, contentID: 1 + uint32(k), channel: uint8(k), size: g.small()}
+}
+
 // largeContent is content where one update in six is too large for a
 // datagram, so that it travels as a fragmented transfer, reliable on the
 // wire, among small unreliable ones.
@@ -254,6 +263,11 @@ type chaosMode struct {
 	n    int   // messages per direction
 	bigs []int // sizes of the fragmented messages among them
 	next func(g *chaosGen) chaosMsg
+	// priorities gives every message a random Priority, -4 to 4, so
+	// that the send queue reorders what it holds.
+	priorities bool
+	// gap is the longest pause between two sends, 5ms if zero.
+	gap int
 }
 
 var chaosModes = []chaosMode{
@@ -275,25 +289,51 @@ var chaosModes = []chaosMode{
 			}
 			return g.plain()
 		}},
-	{name: "mixed", n: 500, bigs: []int{5 << 10, 30 << 10, 64 << 10},
-		next: func(g *chaosGen) chaosMsg {
-			switch g.rng.IntN(7) {
-			case 0:
-				return g.reliable()
-			case 1:
-				return g.ordered(uint8(g.rng.IntN(3)))
-			case 2:
-				return g.sequenced(uint8(10 + g.rng.IntN(2)))
-			case 3:
-				return g.plain()
-			case 4:
-				return g.deps()
-			case 5:
-				return g.content()
-			}
-			return g.ordered(0)
-		}},
+	chaosMixed,
+	chaosPriorities,
 }
+
+// chaosMixed is every delivery mode at once.
+var chaosMixed = chaosMode{name: "mixed", n: 500, bigs: []int{5 << 10, 30 << 10, 64 << 10},
+	next: func(g *chaosGen) chaosMsg {
+		switch g.rng.IntN(7) {
+		case 0:
+			return g.reliable()
+		case 1:
+			return g.ordered(uint8(g.rng.IntN(3)))
+		case 2:
+			return g.sequenced(uint8(10 + g.rng.IntN(2)))
+		case 3:
+			return g.plain()
+		case 4:
+			return g.deps()
+		case 5:
+			return g.content()
+		}
+		return g.ordered(0)
+	}}
+
+// chaosPriorities is mixed traffic at random priorities, nearly half of
+// it updates of two states, a few messages every 1-2ms: versions of one
+// state follow each other a few milliseconds apart among messages that
+// jump the queue, and four large transfers hold the reliable side up.
+var chaosPriorities = chaosMode{name: "priorities", n: 500, bigs: []int{16 << 10, 32 << 10, 48 << 10, 64 << 10},
+	priorities: true, gap: 2,
+	next: func(g *chaosGen) chaosMsg {
+		switch g.rng.IntN(9) {
+		case 0:
+			return g.reliable()
+		case 1:
+			return g.ordered(uint8(g.rng.IntN(2)))
+		case 2:
+			return g.sequenced(10)
+		case 3:
+			return g.plain()
+		case 4:
+			return g.deps()
+		}
+		return g.hotContent()
+	}}
 
 // chaosSeed derives a seed from names, so that each cell and direction has
 // its own and a cell replays from its name alone.
@@ -325,11 +365,14 @@ func chaosPlan(mode chaosMode, seed uint64, side int, oneMB bool) []chaosMsg {
 			} else {
 				m = mode.next(g)
 			}
+			if mode.priorities {
+				m.priority = int8(g.rng.IntN(9) - 4)
+			}
 			m = g.place(m)
 			m.index, m.at = len(g.plan), at
 			g.plan = append(g.plan, m)
 		}
-		at += time.Duration(1+g.rng.IntN(5)) * time.Millisecond
+		at += time.Duration(1+g.rng.IntN(cmp.Or(mode.gap, 5))) * time.Millisecond
 	}
 	return g.plan
 }
@@ -364,7 +407,7 @@ func chaosPayload(buf []byte, from int, m *chaosMsg) []byte {
 // their Refs (a message dropped at send, with Ref 0, is left out).
 func chaosMessage(buf []byte, from int, m *chaosMsg, refs []Ref) Message {
 	msg := Message{ID: m.id, Payload: chaosPayload(buf, from, m), Reliable: m.reliable,
-		InOrder: m.inOrder, ContentID: m.contentID}
+		InOrder: m.inOrder, ContentID: m.contentID, Priority: m.priority}
 	if m.inOrder {
 		msg.Channel = m.channel
 	}
@@ -428,6 +471,9 @@ func (r *chaosRecv) describe(i int) string {
 	}
 	if m.kind == chaosBig {
 		s += fmt.Sprintf(", %d bytes", m.size)
+	}
+	if m.priority != 0 {
+		s += fmt.Sprintf(", priority %d", m.priority)
 	}
 	return s + ")"
 }
@@ -818,10 +864,11 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 	}
 }
 
-// TestChaosConn runs the mixed traffic of the matrix end to end: real
-// loopback Conns through a Listener, each side's sends crossing
-// Config.Simulate. Both sides send their plan at once and read the other's
-// until every reliable message is in; every wait is bounded.
+// TestChaosConn runs the traffic of the matrix end to end: real loopback
+// Conns through a Listener, each side's sends crossing Config.Simulate,
+// in plaintext, in the reference dialect and secure. Each side sends its
+// plan and reads the other's until every reliable message is in; every
+// wait is bounded.
 func TestChaosConn(t *testing.T) {
 	seeds := *chaosSeeds
 	if seeds <= 0 {
@@ -830,27 +877,63 @@ func TestChaosConn(t *testing.T) {
 			seeds = 3
 		}
 	}
-	mode := chaosMode{name: "conn", n: 300, bigs: []int{5 << 10, 20 << 10, 64 << 10}, next: chaosModes[len(chaosModes)-1].next}
-	for _, cond := range []struct {
-		name string
-		sim  Simulation
-	}{
-		{"loss5jitter", Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Jitter: 3 * time.Millisecond}},
-		{"bursty", Simulation{Loss: 0.10, BurstDuration: 20 * time.Millisecond, Duplicate: 0.02,
+	mixed := chaosMode{name: "conn", n: 300, bigs: []int{5 << 10, 20 << 10, 64 << 10}, next: chaosMixed.next}
+	// With four large transfers of 60-200KiB; sparse has the versions of
+	// a state about 10ms apart instead of 3ms.
+	prio := chaosPriorities
+	prio.bigs = []int{60 << 10, 100 << 10, 150 << 10, 200 << 10}
+	sparse := prio
+	sparse.gap = 8
+	for _, cell := range []chaosConnCell{
+		{name: "loss5jitter", mode: mixed, sim: Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Jitter: 3 * time.Millisecond}},
+		{name: "bursty", mode: mixed, sim: Simulation{Loss: 0.10, BurstDuration: 20 * time.Millisecond, Duplicate: 0.02,
 			Reorder: 0.2, ReorderDelay: 5 * time.Millisecond, Delay: 2 * time.Millisecond}},
+		// Latest state among messages at random priorities, client to
+		// server, as a program sends it: a state went backwards here (a
+		// newer version did not name an older one held back on the
+		// path). Their 500KiB of large messages take the reference
+		// dialect 10s (one fragment per round trip): TestChaosReference
+		// has the priorities column instead.
+		{name: "priorities", mode: prio, sim: Simulation{Loss: 0.10, Reorder: 0.30,
+			ReorderDelay: 8 * time.Millisecond, Delay: 2 * time.Millisecond}, paced: true, oneWay: true, noReference: true},
+		// The same, held back 60ms, with versions further apart. A newer
+		// version named only the older ones sent within half a round
+		// trip and four variations of it: on a loaded host about 20ms,
+		// so that, held back 8ms, a state went backwards in few runs of
+		// the cell above, and here in most.
+		{name: "priorities-held60ms", mode: sparse, sim: Simulation{Loss: 0.10, Reorder: 0.30,
+			ReorderDelay: 60 * time.Millisecond, Delay: 2 * time.Millisecond}, paced: true, oneWay: true, noReference: true},
 	} {
 		for seed := range uint64(seeds) {
-			t.Run(fmt.Sprintf("%s/%d", cond.name, seed+1), func(t *testing.T) {
-				runChaosConn(t, mode, cond.sim, seed+1, DialectSpec)
+			t.Run(fmt.Sprintf("%s/%d", cell.name, seed+1), func(t *testing.T) {
+				runChaosConn(t, cell, seed+1, DialectSpec)
 			})
-			t.Run(fmt.Sprintf("reference-%s/%d", cond.name, seed+1), func(t *testing.T) {
-				runChaosConn(t, mode, cond.sim, seed+1, DialectReference)
-			})
-			t.Run(fmt.Sprintf("secure-%s/%d", cond.name, seed+1), func(t *testing.T) {
-				runChaosConn(t, mode, cond.sim, seed+1, dialectSecure)
+			if !cell.noReference {
+				t.Run(fmt.Sprintf("reference-%s/%d", cell.name, seed+1), func(t *testing.T) {
+					runChaosConn(t, cell, seed+1, DialectReference)
+				})
+			}
+			t.Run(fmt.Sprintf("secure-%s/%d", cell.name, seed+1), func(t *testing.T) {
+				runChaosConn(t, cell, seed+1, dialectSecure)
 			})
 		}
 	}
+}
+
+// chaosConnCell is a column of TestChaosConn.
+type chaosConnCell struct {
+	name string
+	mode chaosMode
+	sim  Simulation
+	// paced sends each message on the first 1ms tick at or after its
+	// time in the plan, as a program's loop would, so that the versions
+	// of a state leave milliseconds apart; otherwise a side queues its
+	// whole plan at once.
+	paced bool
+	// oneWay has only the client send.
+	oneWay bool
+	// noReference leaves the reference dialect out.
+	noReference bool
 }
 
 // dialectSecure asks runChaosConn for a secure session (spec dialect,
@@ -858,7 +941,8 @@ func TestChaosConn(t *testing.T) {
 // the packet numbers and the replay window.
 const dialectSecure Dialect = 255
 
-func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dialect Dialect) {
+func runChaosConn(t *testing.T, cell chaosConnCell, seed uint64, dialect Dialect) {
+	mode, sim := cell.mode, cell.sim
 	cfgs := [2]*Config{testConfig(), testConfig()}
 	for i, cfg := range cfgs {
 		s := sim
@@ -897,6 +981,9 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dia
 	require.Equal(t, secure, conns[0].Secure() && conns[1].Secure(), "secure session")
 
 	plans := [2][]chaosMsg{chaosPlan(mode, seed, 0, false), chaosPlan(mode, seed, 1, false)}
+	if cell.oneWay {
+		plans[1] = nil
+	}
 	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
 	var sendErr, recvErr [2]error
 	var wg sync.WaitGroup
@@ -904,7 +991,21 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dia
 		wg.Go(func() { // sends side i's plan
 			refs := make([]Ref, len(plans[i]))
 			var buf []byte
+			var tick *time.Ticker
+			if cell.paced {
+				tick = time.NewTicker(time.Millisecond)
+				defer tick.Stop()
+			}
+			start := time.Now()
 			for k := range plans[i] {
+				for cell.paced && time.Since(start) < plans[i][k].at {
+					select {
+					case <-tick.C:
+					case <-ctx.Done():
+						sendErr[i] = ctx.Err()
+						return
+					}
+				}
 				ref, err := c.SendRef(chaosMessage(buf, i, &plans[i][k], refs))
 				if err != nil {
 					sendErr[i] = err
@@ -969,7 +1070,7 @@ func runChaosConn(t *testing.T, mode chaosMode, sim Simulation, seed uint64, dia
 // TestChaosCheckerCatches makes sure the matrix's checker sees each kind of
 // wrong delivery, so that a green cell means something.
 func TestChaosCheckerCatches(t *testing.T) {
-	plan := chaosPlan(chaosModes[len(chaosModes)-1], 1, 0, false)
+	plan := chaosPlan(chaosMixed, 1, 0, false)
 	deliver := func(order []int, edit func(i int, m *Message)) *chaosRecv {
 		r := newChaosRecv(0, plan)
 		refs := make([]Ref, len(plan))

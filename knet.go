@@ -547,12 +547,15 @@ type Message struct {
 	// replaces a queued, unsent message with the same pair; the receiver
 	// delivers it as soon as it arrives, without waiting for an earlier
 	// version still missing, and drops an earlier version that arrives
-	// after it. Not sent on the wire as such: each update names the few
-	// before it (a few bytes). An update too large for one datagram
-	// travels reliably, and the wire does not let it name unreliable
-	// ones: an earlier small update delayed on the path past the whole
-	// transfer can still arrive after it; a small update after it leaves
-	// once it is acked.
+	// after it. Not sent on the wire as such: each update names the
+	// earlier ones sent in the last quarter second or so, up to eight (3
+	// bytes each). An earlier version held back on the path is dropped
+	// when it comes unless it is later than that, or the eight versions
+	// after it, which name it, all came later still or never. An update
+	// too large for one datagram travels reliably, and the wire does not
+	// let it name unreliable ones: an earlier small update delayed on
+	// the path past the whole transfer can still arrive after it; a
+	// small update after it leaves once it is acked.
 	ContentID uint32
 	// DependsOn lists earlier messages, sent with SendRef on the same
 	// Conn, that must be applied before this one: a dependency graph

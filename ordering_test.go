@@ -203,6 +203,52 @@ func TestContentIDNeverOlderAfterNewer(t *testing.T) {
 	}
 }
 
+func TestContentIDOlderBehindLostVersions(t *testing.T) {
+	// Latest state went backwards in mixed traffic: version 1 of a state
+	// is held back on the path, versions 2 and 3 (which name it) are
+	// lost, and version 4, sent 60ms after version 1, arrives first. A
+	// version named the last two before it and those sent within a
+	// horizon taken from the round trip (5ms here), so version 4 did not
+	// name version 1 and the receiver delivered it after version 4.
+	two := netsim.Params{Delay: 2 * time.Millisecond}
+	p := newSimPair(t, nil, nil, two, two)
+	p.connect()
+	p.run(time.Second, nil)
+	var late []byte
+	p.drop = func(from int, b []byte) bool {
+		d, _, err := parseDatagram(b)
+		if from != 0 || err != nil {
+			return false
+		}
+		for _, m := range d.msgs {
+			if m.fragment || m.id != 300 {
+				continue
+			}
+			switch m.payload[0] {
+			case 1:
+				late = append([]byte(nil), b...)
+				return true
+			case 2, 3:
+				return true
+			}
+		}
+		return false
+	}
+	for v := range byte(4) {
+		p.send(0, Message{ID: 300, ContentID: 5, Payload: []byte{1 + v}})
+		p.run(20*time.Millisecond, nil)
+	}
+	require.NotNil(t, late)
+	require.True(t, p.run(time.Second, func() bool { return len(p.h[1].msgs) == 1 }))
+	p.inject(1, late) // version 1, late
+	p.run(100*time.Millisecond, nil)
+	var got []byte
+	for _, m := range p.h[1].msgs {
+		got = append(got, m.Payload[0])
+	}
+	assert.Equal(t, []byte{4}, got, "an older version after a newer one")
+}
+
 func TestContentIDDeliversAtOnce(t *testing.T) {
 	// Defect 12: latest state wins. A newer version arriving while an
 	// older one is missing is delivered at once, not after a reorder

@@ -34,16 +34,6 @@ func (s *session) resolvedAtSender(now time.Time, t *track) bool {
 	return s.resolvedWithin(now, t, 0)
 }
 
-// reorderHorizon is how much earlier a datagram may have been sent and
-// still arrive after one sent now: half a round trip and four times its
-// variation, at least 5ms; 50ms before the round trip is measured.
-func (s *session) reorderHorizon() time.Duration {
-	if s.loss.rtt.samples == 0 {
-		return 50 * time.Millisecond
-	}
-	return max(s.loss.rtt.srtt/2+4*s.loss.rtt.rttvar, 5*time.Millisecond)
-}
-
 // unreliableHorizon is how long after it was sent an unreliable message
 // may still wait at the receiver for what it depends on: a one-way trip,
 // within a retransmission timeout, then the receiver's reorder window, at
@@ -114,7 +104,6 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 // fragmented message in this same datagram.
 func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool) {
 	refs := s.wdeps[:0]
-	versions := 0
 	for _, d := range m.deps {
 		t := d.live()
 		if t == nil || t.dropped {
@@ -124,14 +113,15 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			return nil, false
 		}
 		if s.resolvedAtSender(now, t) {
+			// For a latest-state update (m.latest), an earlier version
+			// sent too long ago to arrive any more. The others are all
+			// named, up to contentBackRefs: a receiver knows an older
+			// version for older only by a newer one naming it, and no
+			// estimate from the round trip bounds how late a datagram
+			// comes (held back 8ms on a 2ms path, one arrives after
+			// versions sent 6ms after it, while the ones between that
+			// name it may all be lost).
 			continue
-		}
-		if m.latest {
-			// Earlier versions of its state: the last two, and those
-			// recent enough to be overtaken on the path.
-			if versions++; versions > 2 && now.Sub(t.sentAt) > s.reorderHorizon() {
-				continue
-			}
 		}
 		if d.hard {
 			return nil, false // goes once t is applied: see depOn
