@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"bytes"
 	"errors"
 	"net/netip"
 	"time"
@@ -53,6 +54,9 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p []byte) *sec
 		if err == nil {
 			err = l.checkSynPayload(sec, inner, now)
 		}
+		// Kept, so that the connection knows the client's ConnectSyn
+		// when it comes again.
+		sec.msg1 = bytes.Clone(msg1)
 	}
 	if err != nil {
 		l.mu.Lock()
@@ -79,9 +83,31 @@ func (l *Listener) checkSynPayload(sec *secureState, inner []byte, now time.Time
 	if l.tokens == nil {
 		return nil // a token is ignored where none is asked for
 	}
-	t, err := l.tokens.check(token, now)
-	sec.token = t
+	t, id, err := l.tokens.check(token, now)
+	sec.token, sec.tokenID = t, id
 	return err
+}
+
+// useToken marks the connect token of c, a server's connection being
+// established, as used, and reports whether it may be: a token is checked
+// at admission but used only here, once the client proved it holds the
+// session's keys, so that an attempt that never completes does not burn
+// it. Another attempt with the same token may have completed first: c is
+// then refused, counted as a rejected token.
+func (l *Listener) useToken(c *Conn) bool {
+	if l.tokens == nil || c.sec == nil || c.sec.token == nil {
+		return true
+	}
+	err := l.tokens.use(c.sec.tokenID, c.sec.token.Expires.Unix(), time.Now().Unix())
+	if err == nil {
+		return true
+	}
+	l.rejectedTokens.Add(1)
+	c.ep.refused.Add(1)
+	if lg := l.cfg.logger; lg != nil {
+		lg.Info("knet: connection refused", "remote", c.remote.Load(), "reason", err)
+	}
+	return false
 }
 
 // refuseUnproven refuses an attempt from an address not proven to be the

@@ -227,3 +227,67 @@ func cfgLimit(pub, token []byte) int {
 	rc.secureDialer()
 	return rc.synPayloadLimit() + len(token)
 }
+
+func TestTokenNotBurntByReplayThatNeverCompletes(t *testing.T) {
+	// An on-path attacker drops a client's ConnectSyn and replays it from
+	// its own address: the server takes the attempt (the token is valid)
+	// and answers the attacker, who cannot read the answer. The token is
+	// not used by that: the client, dialing again, connects with it.
+	l, key, ccfg, admitted := tokenServer(t, nil)
+	tok := issue(t, key, sampleToken(addrPort(t, l.Addr())))
+	victims, _ := synDatagram(t, ccfg.ServerKey, tok, nil)
+	attacker := newFlooder(t, l.Addr())
+	r := attacker.send(t, victims)
+	synAck, _ := holds(r, idConnectSynAck)
+	require.True(t, synAck, "the replay was not taken")
+	require.Equal(t, 1, l.Stats().Pending)
+
+	ccfg.Token = tok
+	c, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	require.NoError(t, err, "the replay burnt the token")
+	t.Cleanup(func() { c.Close() })
+	echoOnce(t, c, Message{ID: 6, Payload: []byte("x"), Reliable: true})
+	st := l.Stats()
+	assert.Zero(t, st.RejectedTokens)
+	assert.Equal(t, 2, st.Connections, "the client's and the attacker's pending one")
+	assert.Equal(t, 1, st.Pending)
+	assert.Equal(t, int32(2), admitted.Load())
+}
+
+func TestTokenUsedAtEstablishment(t *testing.T) {
+	// Two attempts with one token both pass admission; the first to
+	// complete the handshake uses it, the other is refused as it
+	// completes.
+	l, key, ccfg, admitted := tokenServer(t, nil)
+	ccfg.Token = issue(t, key, sampleToken(addrPort(t, l.Addr())))
+	var release atomic.Bool
+	// A's ConnectSyn goes through, its ConnectAck and what follows wait.
+	r := newTapRelay(t, l.Addr(), func(b []byte) [][]byte {
+		if syn, _ := holds(b, idConnectSyn); syn || release.Load() {
+			return [][]byte{b}
+		}
+		return nil
+	}, nil)
+	a := dial(t, r.Addr(), ccfg) // the client's side completes on the ConnectSynAck
+	require.Equal(t, int32(1), admitted.Load())
+	require.Equal(t, 1, l.Stats().Pending)
+
+	b := dial(t, l.Addr().String(), ccfg)
+	echoOnce(t, b, Message{ID: 6, Payload: []byte("b"), Reliable: true})
+	assert.Equal(t, int32(2), admitted.Load(), "the second attempt was refused at admission")
+
+	release.Store(true)
+	require.NoError(t, a.Send(Message{ID: 6, Payload: []byte("a"), Reliable: true}))
+	select {
+	case <-a.Done():
+	case <-within(t, 10*time.Second).Done():
+		t.Fatal("the second connection with the token was not refused")
+	}
+	// Refused after its own side completed: to the client, the server closed
+	// it (as when the accept backlog fills up meanwhile).
+	assert.ErrorIs(t, a.Err(), ErrPeerClosed)
+	st := l.Stats()
+	assert.Equal(t, uint64(1), st.RejectedTokens)
+	assert.Equal(t, 1, st.Connections)
+	assert.Zero(t, st.Pending)
+}

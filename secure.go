@@ -100,8 +100,12 @@ type secureState struct {
 	ready   atomic.Bool
 	token   *Token // a server's: the client's connect token, checked
 
+	// The token's nonce: used (Listener.useToken) once established.
+	tokenID [tokenNonceSize]byte
+
 	// A client's, for a listener asking for a cookie: the handshake
 	// message, the last cookie received, how many were answered at once.
+	// A server keeps the client's handshake message too (a copy).
 	msg1    []byte
 	cookie  []byte
 	retries int
