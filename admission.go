@@ -31,6 +31,12 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p []byte) *sec
 		l.refuseUnproven(ep, addr, p, ErrHandshakeFailed)
 		return nil
 	}
+	if len(p) < synPadTo {
+		// A secure client pads its ConnectSyn to synPadTo: a shorter
+		// one gets neither a key exchange nor an answer.
+		ep.invalid.Add(1)
+		return nil
+	}
 	now := time.Now()
 	l.mu.Lock()
 	if l.closing || len(l.pending) >= l.cfg.maxPending {

@@ -291,3 +291,70 @@ func TestTokenUsedAtEstablishment(t *testing.T) {
 	assert.Equal(t, 1, st.Connections)
 	assert.Zero(t, st.Pending)
 }
+
+// probe waits until the listener's reader has handled every datagram
+// sent to it before: it sends a Disconnect from a new address, which the
+// reader answers at once, statelessly (a DisconnectAck without a reason).
+// On loopback a datagram is queued at the listener's socket when its send
+// returns, and the reader takes them in order (one socket).
+func probe(t *testing.T, server net.Addr) {
+	t.Helper()
+	f := newFlooder(t, server)
+	d := appendHeader(nil, &header{})
+	d = appendMessage(d, &message{id: idDisconnect})
+	r := f.send(t, d)
+	ack, _ := holds(r, idDisconnectAck)
+	require.True(t, ack, "the probe's answer is no DisconnectAck")
+}
+
+// quiet asserts that f has nothing to read now.
+func (f *flooder) quiet(t *testing.T) {
+	t.Helper()
+	f.pc.SetReadDeadline(time.Now())
+	buf := make([]byte, 2048)
+	n, err := f.pc.Read(buf)
+	assert.Error(t, err, "got %d bytes", n)
+}
+
+// paddedSyn is a secure ConnectSyn datagram for msg1 (no cookie) padded to
+// size bytes.
+func paddedSyn(msg1 []byte, size int) []byte {
+	d := appendHeader(nil, &header{})
+	d = appendMessage(d, &message{id: idConnectSyn, payload: appendSecureSyn(nil, nil, msg1)})
+	return appendPadding(d, size)
+}
+
+func TestSecureSynPadding(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	l := listen(t, scfg)
+	serveEcho(t, l)
+
+	// A secure ConnectSyn under 1200 bytes: no key exchange, no answer.
+	f := newFlooder(t, l.Addr())
+	_, msg1 := synDatagram(t, ccfg.ServerKey, nil, nil)
+	short := paddedSyn(msg1, synPadTo-1)
+	require.Len(t, short, synPadTo-1)
+	_, err := f.pc.Write(short)
+	require.NoError(t, err)
+	probe(t, l.Addr())
+	f.quiet(t)
+	st := l.Stats()
+	assert.Zero(t, st.Connections, "a short secure ConnectSyn was taken")
+	assert.Zero(t, st.RefusedAttempts)
+	assert.Equal(t, uint64(1), st.InvalidDatagrams)
+	// The same handshake padded to 1200 bytes is taken.
+	r := f.send(t, paddedSyn(msg1, synPadTo))
+	synAck, _ := holds(r, idConnectSynAck)
+	assert.True(t, synAck)
+
+	// A secure client pads to 1200 bytes whatever its MaxDatagramSize.
+	small := *ccfg
+	small.MaxDatagramSize = 600
+	c := dial(t, l.Addr().String(), &small)
+	echoOnce(t, c, Message{ID: 6, Payload: []byte("x"), Reliable: true})
+
+	// A plaintext client is still refused, however short its ConnectSyn.
+	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: []byte("hello")})
+	assert.ErrorIs(t, err, ErrRefused)
+	assert.Contains(t, err.Error(), ErrHandshakeFailed.Error())
+}
