@@ -423,6 +423,13 @@ func setHandshakeLimits(l *Listener, workers, queue int) {
 	l.mu.Unlock()
 }
 
+// setSourceLimits sets l's key exchanges per source address.
+func setSourceLimits(l *Listener, rate, burst float64) {
+	l.mu.Lock()
+	l.hs.sources.rate, l.hs.sources.burst = rate, burst
+	l.mu.Unlock()
+}
+
 func TestCookieFloodCostsOneKeyExchange(t *testing.T) {
 	// The review's flood: one ConnectSyn with a valid cookie and a Noise
 	// message that does not read, sent 2,000 times. It costs one key
@@ -596,6 +603,41 @@ func TestPendingBoundCountsQueuedHandshakes(t *testing.T) {
 	assert.Equal(t, uint64(2), st.KeyExchanges)
 }
 
+func TestHandshakeRateLimitPerSourceIP(t *testing.T) {
+	// Three key exchanges for 127.0.0.1, whatever its ports; then its
+	// attempts are dropped before one. 127.0.0.2 has its own.
+	scfg, _ := secureConfigs(t)
+	scfg.CookieThreshold = 1000 // failed handshakes do not bring cookies here
+	l := listen(t, scfg)
+	setSourceLimits(l, 0, 3)
+	for i := range 5 {
+		f := newFlooder(t, l.Addr())
+		d, _ := garbageSyn(nil)
+		_, err := f.pc.Write(d)
+		require.NoError(t, err)
+		if i < 3 {
+			assert.Equal(t, ErrHandshakeFailed.Error(), readRefusal(t, f.pc), "attempt %d", i)
+			continue
+		}
+		probe(t, l.Addr())
+		f.quiet(t)
+	}
+	st := l.Stats()
+	assert.Equal(t, uint64(3), st.KeyExchanges)
+	assert.Equal(t, uint64(2), st.RateLimitedHandshakes)
+
+	pc, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)}, l.Addr().(*net.UDPAddr))
+	if err != nil {
+		t.Skipf("no 127.0.0.2 here: %v", err)
+	}
+	defer pc.Close()
+	d, _ := garbageSyn(nil)
+	_, err = pc.Write(d)
+	require.NoError(t, err)
+	assert.Equal(t, ErrHandshakeFailed.Error(), readRefusal(t, pc))
+	assert.Equal(t, uint64(4), l.Stats().KeyExchanges)
+}
+
 func TestListenerCloseWaitsForHandshakes(t *testing.T) {
 	// Close while a key exchange runs and others wait: the queue is let
 	// go, the worker ends, no connection or goroutine is left (TestMain
@@ -663,4 +705,44 @@ func TestSeenHandshakes(t *testing.T) {
 	assert.False(t, s.has(2, now.Add(20*time.Second)))
 	assert.LessOrEqual(t, len(s.index), 3)
 	assert.Len(t, s.ring, 3)
+}
+
+func TestSourceLimiter(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	s := newSourceLimiter(sourceBuckets, 10, 3, now)
+	a := netip.MustParseAddr("192.0.2.1")
+	for i := range 3 {
+		assert.True(t, s.allow(a, now), "%d", i)
+	}
+	assert.False(t, s.allow(a, now), "past the burst")
+	assert.False(t, s.allow(netip.MustParseAddr("::ffff:192.0.2.1"), now), "the same address, mapped")
+	assert.False(t, s.allow(a, now.Add(99*time.Millisecond)))
+	assert.True(t, s.allow(a, now.Add(150*time.Millisecond)), "paid back at 10 a second")
+	assert.False(t, s.allow(a, now.Add(150*time.Millisecond)))
+	assert.True(t, s.allow(a, now.Add(time.Hour)), "full again")
+
+	// IPv6: one bucket per /64.
+	v6 := netip.MustParseAddr("2001:db8:1:2::1")
+	for range 3 {
+		require.True(t, s.allow(v6, now))
+	}
+	assert.False(t, s.allow(netip.MustParseAddr("2001:db8:1:2:ffff::9"), now), "the same /64")
+	// Another address or /64 has its own bucket, unless the hashes meet
+	// (1 in sourceBuckets).
+	others := 0
+	for i := range 16 {
+		if s.allow(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), now) {
+			others++
+		}
+	}
+	assert.GreaterOrEqual(t, others, 15)
+	// A clock read late by another reader takes nothing back.
+	b := newSourceLimiter(sourceBuckets, 10, 1, now)
+	assert.True(t, b.allow(a, now.Add(time.Second)))
+	assert.False(t, b.allow(a, now))
+
+	if !raceEnabled {
+		allocs := testing.AllocsPerRun(100, func() { s.allow(v6, now) })
+		assert.Zero(t, allocs)
+	}
 }

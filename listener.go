@@ -42,6 +42,7 @@ type Listener struct {
 	cookiesSent        atomic.Uint64
 	keyExchanges       atomic.Uint64
 	replayedHandshakes atomic.Uint64
+	rateLimited        atomic.Uint64
 	droppedHandshakes  atomic.Uint64
 	// Bytes of the connection attempts a secure listener handled before
 	// allocating anything, and of its answers to them.
@@ -71,9 +72,10 @@ type ListenerStats struct {
 	// message, an X25519 each), which run on a few handshake workers, off
 	// the socket's reader, and what it dropped before them. See
 	// SECURE.md, "Stateless cookies".
-	KeyExchanges       uint64 // secure attempts whose handshake was read, whatever came of it
-	ReplayedHandshakes uint64 // secure attempts whose handshake message had already cost a key exchange lately: dropped, or refused again (without one) if that failed
-	DroppedHandshakes  uint64 // secure attempts dropped before their key exchange: too many were waiting for one
+	KeyExchanges          uint64 // secure attempts whose handshake was read, whatever came of it
+	ReplayedHandshakes    uint64 // secure attempts whose handshake message had already cost a key exchange lately: dropped, or refused again (without one) if that failed
+	RateLimitedHandshakes uint64 // secure attempts dropped before their key exchange: their source IP address had cost 256 at once, or 1,000 a second, already
+	DroppedHandshakes     uint64 // secure attempts dropped before their key exchange: too many were waiting for one
 }
 
 // Listen opens a UDP socket on address and accepts kNet connections on it.
@@ -217,6 +219,7 @@ func (l *Listener) Stats() ListenerStats {
 	st.CookiesSent = l.cookiesSent.Load()
 	st.KeyExchanges = l.keyExchanges.Load()
 	st.ReplayedHandshakes = l.replayedHandshakes.Load()
+	st.RateLimitedHandshakes = l.rateLimited.Load()
 	st.DroppedHandshakes = l.droppedHandshakes.Load()
 	l.mu.Lock()
 	st.Pending = len(l.pending)
