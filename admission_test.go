@@ -283,6 +283,11 @@ func TestTokenUsedAtEstablishment(t *testing.T) {
 	echoOnce(t, b, Message{ID: 6, Payload: []byte("b"), Reliable: true})
 	assert.Equal(t, int32(2), admitted.Load(), "the second attempt was refused at admission")
 
+	l.eps[0].mu.Lock()
+	serverA := l.eps[0].conns[addrPort(t, r.sc.LocalAddr())]
+	l.eps[0].mu.Unlock()
+	require.NotNil(t, serverA)
+
 	release.Store(true)
 	require.NoError(t, a.Send(Message{ID: 6, Payload: []byte("a"), Reliable: true}))
 	select {
@@ -293,6 +298,7 @@ func TestTokenUsedAtEstablishment(t *testing.T) {
 	// Refused after its own side completed: to the client, the server closed
 	// it (as when the accept backlog fills up meanwhile).
 	assert.ErrorIs(t, a.Err(), ErrPeerClosed)
+	<-serverA.Done()
 	st := l.Stats()
 	assert.Equal(t, uint64(1), st.RejectedTokens)
 	assert.Equal(t, 1, st.Connections)

@@ -27,6 +27,7 @@ type Listener struct {
 	tokens  *tokenChecker
 	cookies *cookieJar
 
+	// mu may be held while an endpoint's mu is taken, never the reverse.
 	mu      sync.Mutex
 	pending map[*Conn]bool // connections not yet established
 	closing bool
@@ -348,12 +349,15 @@ func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
 	c.sec = sec
 	l.pending[c] = true
 	l.loops.Add(1)
-	l.mu.Unlock()
-	startConn(j.ep, j.addr, c, j.p)
-	// Only now: the address's datagrams go to the connection.
-	l.mu.Lock()
+	// The address is routed to the connection and no longer marked busy
+	// at once: a datagram from it finds one or the other.
+	j.ep.mu.Lock()
+	j.ep.conns[j.addr] = c
+	j.ep.mu.Unlock()
 	delete(l.hs.busy, j.addr)
 	l.mu.Unlock()
+	c.push(j.p)
+	go c.loop() // its last goroutine calls l.loops.Done (Conn.loop)
 }
 
 // startConn routes addr's datagrams to c, a server's new connection,
