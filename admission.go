@@ -17,9 +17,9 @@ import (
 // message: an X25519, 70 to 170 µs on the 2-core test machine) and the
 // token check run on a small pool of handshake workers, which make the
 // connection; the reader, which every connection on the socket waits
-// behind, never runs one. What the listener
-// sends to an unproven address is never more bytes than the ConnectSyn's
-// datagram. See SECURE.md ("Stateless cookies").
+// behind, never runs one. What the listener sends to an unproven address
+// is never more bytes than the ConnectSyn's datagram. See SECURE.md
+// ("Stateless cookies").
 
 const (
 	// maxHandshakeQueue bounds the attempts waiting for a handshake
@@ -38,7 +38,7 @@ const (
 	// second after that (a client over the limit sends its ConnectSyn
 	// again on its timer, 200 ms later and then more slowly): the bench's
 	// 5,000 secure clients dialing from 127.0.0.1, 32 at a time, take
-	// about 5 s.
+	// 5 s at least (here the key exchanges are as slow anyway).
 	sourceRate  = 1000
 	sourceBurst = 256
 	// sourceBuckets is the size of the table of rate limits (16 bytes
@@ -243,16 +243,23 @@ func (l *Listener) handshake(j handshakeJob) {
 	l.startSecure(j, sec)
 }
 
-// endAttempt forgets c, a connection that ended, from the pending ones.
-// The handshake message of a secure attempt that never completed is left
-// failed, with the reason it was refused (none with Stealth, or when it
-// timed out), for the client's ConnectSyn if it comes again.
-func (l *Listener) endAttempt(c *Conn, reason []byte) {
+// endAttempt forgets c, a connection that ended (why: err), from the
+// pending ones. The handshake message of a secure attempt that was
+// refused is left failed, with the refusal's reason (none with Stealth),
+// so that the client's ConnectSyn, if it comes again, is refused again;
+// one that timed out is forgotten: it may come again, at the cost of a
+// new key exchange, as a new one would.
+func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	l.mu.Lock()
 	if l.pending[c] {
 		delete(l.pending, c)
 		if c.sec != nil && c.sec.msg1 != nil {
-			l.hs.seen.fail(maphash.Bytes(l.hs.seed, c.sec.msg1), string(reason))
+			h := maphash.Bytes(l.hs.seed, c.sec.msg1)
+			if errors.Is(err, ErrRefused) {
+				l.hs.seen.fail(h, string(reason))
+			} else {
+				l.hs.seen.forget(h)
+			}
 		}
 	}
 	l.mu.Unlock()

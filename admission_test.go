@@ -752,3 +752,28 @@ func TestSourceLimiter(t *testing.T) {
 		assert.Zero(t, allocs)
 	}
 }
+
+func TestTimedOutHandshakeMayComeAgain(t *testing.T) {
+	// An attempt whose connection timed out unestablished is forgotten:
+	// its ConnectSyn, sent again, is taken again (a new key exchange, as
+	// a new attempt would cost), not dropped as a replay.
+	scfg, ccfg := secureConfigs(t)
+	scfg.ConnectTimeout = 50 * time.Millisecond
+	l := listen(t, scfg)
+	f := newFlooder(t, l.Addr())
+	d, _ := synDatagram(t, ccfg.ServerKey, nil, nil)
+	for i := range 2 {
+		r := f.send(t, d)
+		synAck, _ := holds(r, idConnectSynAck)
+		require.True(t, synAck, "attempt %d", i)
+		l.eps[0].mu.Lock()
+		c := l.eps[0].conns[f.addr]
+		l.eps[0].mu.Unlock()
+		if c != nil {
+			<-c.Done() // it times out: f never answers
+		}
+	}
+	st := l.Stats()
+	assert.Equal(t, uint64(2), st.KeyExchanges)
+	assert.Zero(t, st.ReplayedHandshakes)
+}
