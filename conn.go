@@ -639,10 +639,11 @@ func (c *Conn) established() {
 		c.syn, c.synAck = c.sec.payload, c.sec.reply
 	}
 	c.stateMu.Unlock()
-	if c.ep.l != nil && !c.ep.l.offer(c) {
-		// The backlog filled up since admission: refuse after all, with
-		// a DisconnectAck unless the listener is stealthy (DECISIONS §1:
-		// a rejected attempt gets no answer).
+	if l := c.ep.l; l != nil && (!l.useToken(c) || !l.offer(c)) {
+		// The backlog filled up since admission, or the connect token
+		// was used meanwhile: refuse after all, with a DisconnectAck
+		// unless the listener is stealthy (DECISIONS §1: a rejected
+		// attempt gets no answer).
 		c.sess.refuse(!c.cfg.stealth)
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -343,4 +344,52 @@ func TestCookieRoundUnderLoss(t *testing.T) {
 		c.StartClose("") // its end under loss is not what is tested
 	}
 	assert.GreaterOrEqual(t, l.Stats().CookiesSent, uint64(4))
+}
+
+// BenchmarkSecureFlood is what one datagram of the review's flood costs a
+// secure listener's socket reader (handleNew), which every connection on
+// the socket waits behind: the same 1,200-byte ConnectSyn each time, with
+// a valid cookie for its address and a Noise message that does not read.
+// It is answered with a refusal (a system call), or nothing with Stealth.
+// For scale, "retry" is the same without the cookie: a Retry each time.
+func BenchmarkSecureFlood(b *testing.B) {
+	for _, kind := range []string{"refused", "stealth", "retry"} {
+		b.Run(kind, func(b *testing.B) {
+			scfg, _ := secureConfigs(b)
+			scfg.CookieThreshold = -1
+			scfg.Stealth = kind == "stealth"
+			l := listen(b, scfg)
+			// Where the answers go: never read, the kernel drops them
+			// once its buffer is full.
+			sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			require.NoError(b, err)
+			defer sink.Close()
+			addr := addrPort(b, sink.LocalAddr())
+			msg1 := make([]byte, noiseOverhead+200)
+			rand.Read(msg1)
+			var cookie []byte
+			if kind != "retry" {
+				cookie = l.cookies.appendCookie(nil, addr, msg1, time.Now())
+			}
+			d := rebuildSyn(cookie, msg1)
+			ep := l.eps[0]
+			feed := func() {
+				p := ep.getPacket()
+				p.b = append(p.buf[:0], d...)
+				p.from = addr
+				l.handleNew(ep, addr, p)
+			}
+			if cookie != nil {
+				feed()
+				for l.Stats().RefusedAttempts == 0 {
+					runtime.Gosched() // the first one's key exchange failed
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				feed()
+			}
+		})
+	}
 }

@@ -205,22 +205,28 @@ type Config struct {
 	// ErrHandshakeFailed's text (ignored, with Stealth); reference-dialect
 	// peers are not served. The Admit reply's limit is 48 bytes lower,
 	// the ConnectPayload's 75 (and a connect token's length), and
-	// datagrams carry 16 bytes less payload. See also TokenKey and
-	// CookieThreshold.
+	// datagrams carry 16 bytes less payload. Key exchanges run on a few
+	// goroutines of their own, at most one per handshake message and a
+	// limited number per source address (see ListenerStats). See also
+	// TokenKey and CookieThreshold.
 	PrivateKey []byte
 	// ServerKey is, for Dial, the server's public key. With it, Dial runs
 	// the secure handshake and fails with ErrHandshakeFailed unless the
 	// server proves it holds the matching private key; the ConnectPayload
-	// and the Admit reply travel encrypted.
+	// and the Admit reply travel encrypted. Its ConnectSyn is padded to
+	// 1200 bytes, whatever MaxDatagramSize (a secure Listener drops a
+	// shorter one).
 	ServerKey []byte
 
 	// TokenKey is, for a secure Listener (PrivateKey), the secret of
 	// TokenKeySize bytes it shares with the backend that issues connect
 	// tokens (IssueToken). With it, the Listener admits only clients
 	// whose handshake carries a token sealed under this key, not expired,
-	// never used before and naming one of its PublicAddrs. Others are
-	// refused with ErrTokenRejected's text and why (ignored, with
-	// Stealth) before anything is allocated for them, and counted in
+	// naming one of its PublicAddrs, and not used: a token is used when
+	// the connection it admitted is established, and once only (another
+	// attempt with it, admitted meanwhile, is refused when it completes).
+	// Others are refused with ErrTokenRejected's text and why (ignored,
+	// with Stealth) before anything is allocated for them, and counted in
 	// ListenerStats.RejectedTokens. Config.AdmitConn finds the token in
 	// Conn.Token.
 	TokenKey []byte
@@ -241,8 +247,9 @@ type Config struct {
 	// does it by itself, at the cost of a round trip): proof that the
 	// client receives at its address, before the listener does any key
 	// exchange or keeps anything for it. Handshakes under way are the
-	// pending connections plus the attempts whose handshake failed within
-	// the last second or two. Default 64; negative: always ask.
+	// pending connections, the attempts waiting for their key exchange,
+	// and the attempts whose handshake failed within the last second or
+	// two. Default 64; negative: always ask.
 	CookieThreshold int
 
 	// Simulate, when not nil, makes every datagram this Conn or Listener

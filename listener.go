@@ -27,14 +27,24 @@ type Listener struct {
 	tokens  *tokenChecker
 	cookies *cookieJar
 
+	// mu may be held while an endpoint's mu is taken, never the reverse.
 	mu      sync.Mutex
 	pending map[*Conn]bool // connections not yet established
 	closing bool
 	load    handshakeLoad // handshakes that failed lately
+	hs      handshakes    // a secure listener's: key exchanges (admission.go)
+
+	workers sync.WaitGroup // handshake workers
+	// keyExchangeHook, if set, runs before each key exchange (tests).
+	keyExchangeHook atomic.Pointer[func()]
 
 	// Atomic.
-	rejectedTokens atomic.Uint64
-	cookiesSent    atomic.Uint64
+	rejectedTokens     atomic.Uint64
+	cookiesSent        atomic.Uint64
+	keyExchanges       atomic.Uint64
+	replayedHandshakes atomic.Uint64
+	rateLimited        atomic.Uint64
+	droppedHandshakes  atomic.Uint64
 	// Bytes of the connection attempts a secure listener handled before
 	// allocating anything, and of its answers to them.
 	unprovenIn, unprovenOut atomic.Uint64
@@ -58,6 +68,15 @@ type ListenerStats struct {
 	RejectedTokens   uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
 	CookiesSent      uint64 // secure attempts answered with a cookie to echo instead of a handshake (Config.CookieThreshold)
 	Sockets          int    // sockets sharing the address (Config.Sockets)
+
+	// A secure listener's key exchanges (reading a client's handshake
+	// message, an X25519 each), which run on a few handshake workers, off
+	// the socket's reader, and what it dropped before them. See
+	// SECURE.md, "Stateless cookies".
+	KeyExchanges          uint64 // secure attempts whose handshake was read, whatever came of it
+	ReplayedHandshakes    uint64 // secure attempts whose handshake message had already cost a key exchange lately: dropped, or refused again (without one) if that failed
+	RateLimitedHandshakes uint64 // secure attempts dropped before their key exchange: their source IP address had cost 256 at once, or 1,000 a second, already
+	DroppedHandshakes     uint64 // secure attempts dropped before their key exchange: too many were waiting for one
 }
 
 // Listen opens a UDP socket on address and accepts kNet connections on it.
@@ -108,6 +127,7 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 	l.open.Store(true)
 	if rc.privateKey != nil {
 		l.cookies = newCookieJar()
+		l.hs = newHandshakes(seenWindow(rc))
 		if rc.tokenKey != nil {
 			addrs := rc.publicAddrs
 			if len(addrs) == 0 {
@@ -198,6 +218,10 @@ func (l *Listener) Stats() ListenerStats {
 	}
 	st.RejectedTokens = l.rejectedTokens.Load()
 	st.CookiesSent = l.cookiesSent.Load()
+	st.KeyExchanges = l.keyExchanges.Load()
+	st.ReplayedHandshakes = l.replayedHandshakes.Load()
+	st.RateLimitedHandshakes = l.rateLimited.Load()
+	st.DroppedHandshakes = l.droppedHandshakes.Load()
 	l.mu.Lock()
 	st.Pending = len(l.pending)
 	l.mu.Unlock()
@@ -211,7 +235,17 @@ func (l *Listener) Close() error {
 		close(l.closed)
 		l.mu.Lock()
 		l.closing = true
+		for i, j := range l.hs.queue {
+			j.ep.putPacket(j.p)
+			l.hs.queue[i] = handshakeJob{}
+		}
+		l.hs.active -= len(l.hs.queue)
+		l.hs.queue = nil
+		clear(l.hs.busy)
 		l.mu.Unlock()
+		// A worker's connection, if it makes one, is among those
+		// closed below.
+		l.workers.Wait()
 		var conns []*Conn
 		for _, ep := range l.eps {
 			ep.mu.Lock()
@@ -277,13 +311,11 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		ep.putPacket(p)
 		return
 	}
-	var sec *secureState
 	if l.cfg.privateKey != nil {
-		// Before anything is allocated: cookie, handshake, token.
-		if sec = l.admitSecure(ep, addr, p.b); sec == nil {
-			ep.putPacket(p)
-			return
-		}
+		// Before anything is allocated: cookie, handshake, token; the
+		// handshake on a worker, which makes the connection.
+		l.admitSecure(ep, addr, p)
+		return
 	}
 	l.mu.Lock()
 	if l.closing || len(l.pending) >= l.cfg.maxPending {
@@ -293,15 +325,56 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	c := newConn(ep, addr, l.cfg, false, dialect)
-	c.sec = sec
 	l.pending[c] = true
 	l.loops.Add(1)
 	l.mu.Unlock()
+	startConn(ep, addr, c, p)
+}
+
+// startSecure makes the connection of a secure attempt whose handshake a
+// worker read (j, sec), as handleNew makes a plaintext one.
+func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
+	l.mu.Lock()
+	l.hs.active--
+	if l.closing || len(l.pending) >= l.cfg.maxPending {
+		// It may come again: the key exchange it cost is forgotten.
+		l.hs.seen.forget(j.h)
+		delete(l.hs.busy, j.addr)
+		l.mu.Unlock()
+		j.ep.ignored.Add(1)
+		j.ep.putPacket(j.p)
+		return
+	}
+	c := newConn(j.ep, j.addr, l.cfg, false, DialectSpec)
+	c.sec = sec
+	l.pending[c] = true
+	l.loops.Add(1)
+	// The address is routed to the connection and no longer marked busy
+	// at once: a datagram from it finds one or the other.
+	j.ep.mu.Lock()
+	j.ep.conns[j.addr] = c
+	j.ep.mu.Unlock()
+	delete(l.hs.busy, j.addr)
+	l.mu.Unlock()
+	c.push(j.p)
+	go c.loop() // its last goroutine calls l.loops.Done (Conn.loop)
+}
+
+// startConn routes addr's datagrams to c, a server's new connection,
+// hands it its first, p, and starts it.
+func startConn(ep *endpoint, addr netip.AddrPort, c *Conn, p *packet) {
 	ep.mu.Lock()
 	ep.conns[addr] = c
 	ep.mu.Unlock()
 	c.push(p)
 	go c.loop() // its last goroutine calls l.loops.Done (Conn.loop)
+}
+
+// startHandshakeWorker starts a handshake worker (admission.go), which
+// ends when the queue is empty; l.mu is held.
+func (l *Listener) startHandshakeWorker() {
+	l.workers.Add(1)
+	go l.handshakeWorker()
 }
 
 // established forgets c from the pending connections.

@@ -111,6 +111,9 @@ type secureState struct {
 	ready   atomic.Bool
 	token   *Token // a server's: the client's connect token, checked
 
+	// The token's nonce: used (Listener.useToken) once established.
+	tokenID [tokenNonceSize]byte
+
 	// msg1 is the client's Noise message 1: a client's own, sent again
 	// with a listener's cookie; a server's, as the listener read it, to
 	// know the client's ConnectSyn when it comes again. A client keeps the

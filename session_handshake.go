@@ -169,7 +169,20 @@ const (
 
 // synPadTo is the size a client pads its ConnectSyn datagram to, so that
 // the server may answer with a ConnectSynAck of about that size at once.
+// A plaintext client pads to its MaxDatagramSize if that is smaller; a
+// secure client always pads to it (QUIC's rule for its Initial packets,
+// RFC 9000 14.1): a secure listener drops a smaller ConnectSyn unread,
+// so that an attempt costing it a key exchange costs the sender 1200
+// bytes, and its answers (a cookie, a refusal) stay far below that.
 const synPadTo = 1200
+
+// synPadding is the size the client's ConnectSyn datagram is padded to.
+func (s *session) synPadding() int {
+	if s.client && s.cfg.serverKey != nil {
+		return synPadTo
+	}
+	return min(synPadTo, s.cfg.maxDatagram)
+}
 
 // idPadding is the reserved MessageID 5, which receivers ignore: the
 // ConnectSyn's padding.

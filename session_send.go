@@ -205,7 +205,7 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
-		b = appendPadding(b, min(synPadTo, s.cfg.maxDatagram))
+		b = appendPadding(b, s.synPadding())
 	}
 	if !s.amplifies(b) {
 		return nil

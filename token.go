@@ -225,23 +225,26 @@ func newTokenChecker(key []byte, addrs []netip.AddrPort) (*tokenChecker, error) 
 }
 
 // check takes the token a client sent (empty: none) at now: it returns
-// the token if it is valid, for this server, and never used before, and
-// then remembers it as used until it expires.
-func (tc *tokenChecker) check(b []byte, now time.Time) (*Token, error) {
+// the token and its nonce if it is valid, for this server, and not used
+// before. It changes nothing: the token is used (use) only once the
+// connection it admits is established, so that an attempt that never
+// completes (a replay of the client's ConnectSyn from another address,
+// say) cannot burn it.
+func (tc *tokenChecker) check(b []byte, now time.Time) (*Token, [tokenNonceSize]byte, error) {
 	if len(b) == 0 {
-		return nil, errTokenMissing
+		return nil, [tokenNonceSize]byte{}, errTokenMissing
 	}
 	t, nonce, err := openToken(tc.aead, b, now)
 	if err != nil {
-		return nil, err
+		return nil, nonce, err
 	}
 	if !tc.forUs(t.Servers) {
-		return nil, errTokenServer
+		return nil, nonce, errTokenServer
 	}
-	if err := tc.use(nonce, t.Expires.Unix(), now.Unix()); err != nil {
-		return nil, err
+	if err := tc.usable(nonce, now.Unix()); err != nil {
+		return nil, nonce, err
 	}
-	return &t, nil
+	return &t, nonce, nil
 }
 
 // forUs reports whether one of servers is one of the listener's addresses.
@@ -256,13 +259,15 @@ func (tc *tokenChecker) forUs(servers []netip.AddrPort) bool {
 	return false
 }
 
-// use records a token's nonce as used until exp (Unix seconds), or fails
-// if it was used before, or if maxTokenCache tokens in use fill the cache
-// (fail closed: a replay must never pass for want of memory). Tokens that
-// expired by now are forgotten first: they are refused as expired anyway.
-func (tc *tokenChecker) use(nonce [tokenNonceSize]byte, exp, now int64) error {
+// usable reports, as use would, whether a token's nonce may be used at
+// now (Unix seconds), without recording it.
+func (tc *tokenChecker) usable(nonce [tokenNonceSize]byte, now int64) error {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
+	return tc.usableLocked(nonce, now)
+}
+
+func (tc *tokenChecker) usableLocked(nonce [tokenNonceSize]byte, now int64) error {
 	for len(tc.byExp) > 0 && tc.byExp[0].exp <= now {
 		delete(tc.seen, heap.Pop(&tc.byExp).(tokenUse).nonce)
 	}
@@ -271,6 +276,19 @@ func (tc *tokenChecker) use(nonce [tokenNonceSize]byte, exp, now int64) error {
 	}
 	if len(tc.seen) >= maxTokenCache {
 		return errTokenBusy
+	}
+	return nil
+}
+
+// use records a token's nonce as used until exp (Unix seconds), or fails
+// if it was used before, or if maxTokenCache tokens in use fill the cache
+// (fail closed: a replay must never pass for want of memory). Tokens that
+// expired by now are forgotten first: they are refused as expired anyway.
+func (tc *tokenChecker) use(nonce [tokenNonceSize]byte, exp, now int64) error {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if err := tc.usableLocked(nonce, now); err != nil {
+		return err
 	}
 	tc.seen[nonce] = struct{}{}
 	heap.Push(&tc.byExp, tokenUse{exp: exp, nonce: nonce})
