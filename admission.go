@@ -68,6 +68,10 @@ type handshakes struct {
 	maxQueue   int
 	seen       seenHandshakes
 	sources    sourceLimiter
+	// conns are the connections made and not yet established, by the
+	// hash of their handshake message: a copy of it from elsewhere goes
+	// to its connection (repeated).
+	conns map[uint64]*Conn
 }
 
 func newHandshakes(window time.Duration) handshakes {
@@ -135,8 +139,9 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 	load := len(l.pending) + l.hs.active + l.load.recent(now)
 	l.mu.Unlock()
 	if seen {
-		l.repeated(ep, addr, b, prev)
-		ep.putPacket(p)
+		if !l.repeated(ep, addr, p, prev, h) {
+			ep.putPacket(p)
+		}
 		return
 	}
 	if load >= l.cfg.cookieThreshold && !(len(cookie) > 0 && l.cookies.check(cookie, addr, msg1, now)) {
@@ -176,16 +181,28 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 }
 
 // repeated answers an attempt whose handshake message already cost a key
-// exchange lately (prev): never another. If that one failed (the message
-// was not for our key, the token was bad, the connection was refused),
-// the refusal goes again, statelessly; otherwise (its connection is under
-// way or was made, from another address: a replay) the attempt is
-// dropped.
-func (l *Listener) repeated(ep *endpoint, addr netip.AddrPort, in []byte, prev seenHandshake) {
+// exchange lately (prev), and reports whether it took p: never another
+// key exchange. If that one failed (the message was not for our key, the
+// token was bad, the connection was refused), the refusal goes again,
+// statelessly. If its connection is still being made, from another
+// address, p goes to it (Conn.answerSynElsewhere): whoever got the
+// message there first, a replay or the client itself, the client's copy
+// is answered where it is, and the client can open the connection (a move
+// follows, by a path check). Otherwise (made, or gone) it is dropped.
+func (l *Listener) repeated(ep *endpoint, addr netip.AddrPort, p *packet, prev seenHandshake, h uint64) bool {
 	l.replayedHandshakes.Add(1)
 	if prev.failed {
-		l.refuseUnproven(ep, addr, in, prev.reason, false)
+		l.refuseUnproven(ep, addr, p.b, prev.reason, false)
+		return false
 	}
+	l.mu.Lock()
+	c := l.hs.conns[h]
+	l.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	c.push(p)
+	return true
 }
 
 // handshakeWorker runs queued key exchanges until the queue is empty or
@@ -254,6 +271,7 @@ func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	l.mu.Lock()
 	if l.pending[c] {
 		delete(l.pending, c)
+		l.dropAttempt(c)
 		if c.sec != nil && c.sec.msg1 != nil {
 			h := maphash.Bytes(l.hs.seed, c.sec.msg1)
 			if errors.Is(err, ErrRefused) {
@@ -264,6 +282,17 @@ func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 		}
 	}
 	l.mu.Unlock()
+}
+
+// dropAttempt forgets c as a connection being made (handshakes.conns);
+// l.mu is held.
+func (l *Listener) dropAttempt(c *Conn) {
+	if c.sec == nil || c.sec.msg1 == nil {
+		return
+	}
+	if h := maphash.Bytes(l.hs.seed, c.sec.msg1); l.hs.conns[h] == c {
+		delete(l.hs.conns, h)
+	}
 }
 
 // checkSynPayload splits the payload of the client's Noise message into

@@ -348,6 +348,10 @@ func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
 	c := newConn(j.ep, j.addr, l.cfg, false, DialectSpec)
 	c.sec = sec
 	l.pending[c] = true
+	if l.hs.conns == nil {
+		l.hs.conns = make(map[uint64]*Conn)
+	}
+	l.hs.conns[j.h] = c
 	l.loops.Add(1)
 	// The address is routed to the connection and no longer marked busy
 	// at once: a datagram from it finds one or the other.
@@ -381,6 +385,7 @@ func (l *Listener) startHandshakeWorker() {
 func (l *Listener) established(c *Conn) {
 	l.mu.Lock()
 	delete(l.pending, c)
+	l.dropAttempt(c)
 	l.mu.Unlock()
 }
 

@@ -762,12 +762,43 @@ func (c *Conn) sealOut(b, spare []byte) []byte {
 	return out
 }
 
+// answerSynElsewhere takes a copy of the client's ConnectSyn from another
+// address than the connection's, which the listener routes here while the
+// connection is being made (Listener.repeated), and reports whether p was
+// one. Whichever copy came first made the connection at its address: a
+// replay, raced from elsewhere by someone who saw the client's, or the
+// client's own. The copy gets the ConnectSynAck at its address, no larger
+// than it (anti-amplification): only the client that made the ConnectSyn
+// can read it, and its first sealed datagram, from its address, then
+// opens the connection and starts a path check there (migration). The
+// session hears nothing of it.
+func (c *Conn) answerSynElsewhere(p *packet) bool {
+	s := c.sec
+	if s.initiator || c.sess.wasOpen || c.ep.l == nil {
+		return false
+	}
+	_, content, ok := handshakeContent(p.b, idConnectSyn)
+	if !ok || !s.sameSyn(content) {
+		return false
+	}
+	if msg2 := c.sess.synAckOut(); msg2 != nil {
+		d := appendHeader(make([]byte, 0, 16+len(msg2)), &header{})
+		d = appendMessage(d, &message{id: idConnectSynAck, payload: msg2})
+		c.ep.l.sendUnproven(c.ep, p.from, p.b, d)
+	}
+	return true
+}
+
 // takeSecure hands the session a datagram of a secure connection, if it
 // authenticates (a handshake message is taken by the secure layer), and on
 // a server checks where it came from.
 func (c *Conn) takeSecure(now time.Time, p *packet) {
 	size := len(p.b)
-	b, fresh := c.sec.in(c.sess, now, p.b, p.from == c.raddr)
+	atPeer := p.from == c.raddr
+	if !atPeer && c.answerSynElsewhere(p) {
+		return
+	}
+	b, fresh := c.sec.in(c.sess, now, p.b, atPeer)
 	if b == nil {
 		return
 	}

@@ -1286,3 +1286,66 @@ func TestSecureListenerAnswersNoClearDisconnect(t *testing.T) {
 		})
 	}
 }
+
+// TestSecureRacedSynStillConnects: someone who sees a client's first
+// ConnectSyn sends a copy from its own address that reaches the server
+// first, and (actively) drops the client's, or (passively) lets it follow.
+// The copy's connection cannot open (its ConnectSynAck is readable only
+// by the client), and the client's own ConnectSyn, the same handshake
+// message, costs no second key exchange: it goes to that connection,
+// which answers it where the client is; the client opens the connection
+// from there and it moves to the client after a path check. The attacker
+// gets no more bytes than it sent, and one connection is made.
+func TestSecureRacedSynStillConnects(t *testing.T) {
+	for _, drop := range []bool{false, true} {
+		t.Run(fmt.Sprint("drop=", drop), func(t *testing.T) {
+			scfg, ccfg := secureConfigs(t)
+			l := listen(t, scfg)
+			attacker, err := net.DialUDP("udp", nil, l.Addr().(*net.UDPAddr))
+			require.NoError(t, err)
+			defer attacker.Close()
+			var sent atomic.Int64
+			raced := false
+			r := newTapRelay(t, l.Addr(), func(b []byte) [][]byte {
+				if _, _, syn := handshakeContent(b, idConnectSyn); syn && !raced {
+					raced = true
+					attacker.Write(b)
+					sent.Add(int64(len(b)))
+					if drop {
+						return nil
+					}
+				}
+				return [][]byte{b}
+			}, nil)
+			ctx := within(t, 10*time.Second)
+			c, err := Dial(ctx, "udp", r.Addr(), ccfg)
+			require.NoError(t, err)
+			defer c.Close()
+			sc, err := l.AcceptConn(ctx)
+			require.NoError(t, err)
+			go echoServer(t, sc)
+			clientAt := r.sc.LocalAddr().String()
+			for i := 0; sc.RemoteAddr().String() != clientAt; i++ {
+				require.Less(t, i, 100, "the connection never moved to the client")
+				echoOnce(t, c, Message{ID: 100, Payload: []byte{byte(i)}, Reliable: true})
+			}
+			echoOnce(t, c, Message{ID: 100, Payload: []byte("after"), Reliable: true})
+			assert.True(t, raced)
+			assert.Equal(t, 1, l.Stats().Connections)
+			assert.Equal(t, uint64(1), sc.Stats().Migrations)
+			// What the attacker's address got: at most what it sent.
+			got := 0
+			buf := make([]byte, 2048)
+			for {
+				attacker.SetReadDeadline(time.Now())
+				n, err := attacker.Read(buf)
+				if err != nil {
+					break
+				}
+				got += n
+			}
+			assert.LessOrEqual(t, int64(got), sent.Load())
+			assert.Positive(t, got, "the copy got its ConnectSynAck")
+		})
+	}
+}

@@ -53,6 +53,15 @@ func (s *session) synAgain(n int) {
 	}
 }
 
+// synAckOut is a server's ConnectSynAck content, once it sends it (nil
+// before, and once the connection is open).
+func (s *session) synAckOut() []byte {
+	if s.state != stateSynAck {
+		return nil
+	}
+	return s.synAck
+}
+
 // handshakeDone completes a client's handshake on the server's answer (a
 // datagram of n bytes), read and authenticated by the secure layer; syn
 // and synAck are what the handshake carried in clear. (Its PacketID,
