@@ -864,3 +864,142 @@ func TestAttackClearDatagramDuringHandshake(t *testing.T) {
 	assert.NoError(t, c.Err())
 	assert.NoError(t, sc.Err())
 }
+
+// forgeAfterReplay is the attack on a replayed ConnectSyn: the attacker
+// sends syn from its own address; if the server answers with a
+// ConnectSynAck (which it cannot read), it sends the ConnectAck, and then
+// the message, in clear: with a ConnectSyn in the same datagram (which a
+// waiting server takes in clear) and without. Then the ConnectSyn again:
+// a connection still waiting answers it after taking the rest. It
+// reports whether the server answered the replay at all.
+func forgeAfterReplay(a *attackerSock, server netip.AddrPort, syn []byte, s *attackServer, msgs ...message) bool {
+	a.send(syn, server)
+	i, ok := a.await(0, attackWait, func(b []byte) bool { return isClearSynAck(b) || holdsID(b, idDisconnectAck) })
+	if !ok {
+		return false
+	}
+	a.mu.Lock()
+	synAck := isClearSynAck(a.got[i])
+	a.mu.Unlock()
+	if !synAck {
+		return false // refused
+	}
+	withSyn := append([]message{{id: idConnectSyn, payload: contentOf(syn, idConnectSyn)}, {id: idConnectAck}}, msgs...)
+	a.send(clearDatagram(1, true, append([]message{{id: idConnectAck}}, msgs...)...), server)
+	a.send(clearDatagram(2, true, withSyn...), server)
+	n := a.count()
+	a.send(resentSyn(syn), server)
+	awaitEither(attackWait, a.answeredSince(n, isClearSynAck), s.acceptedFromAddr(a.addr))
+	return true
+}
+
+// TestAttackReplayedConnectSyn: a victim's ConnectSyn (its Noise message 1
+// and encrypted ConnectPayload), replayed from another address, gets an
+// answer the attacker cannot read; a ConnectAck and messages in clear
+// must not make a connection of it, nor fill the accept backlog. With
+// connect tokens, an attacker who takes the victim's ConnectSyn off the
+// path and sends it from its own address must not get a connection with
+// the victim's token, and the victim should still connect.
+func TestAttackReplayedConnectSyn(t *testing.T) {
+	t.Run("after the victim left", func(t *testing.T) {
+		scfg, ccfg := secureConfigs(t)
+		var admitted atomic.Int32
+		scfg.AdmitConn = func(*Conn, []byte) ([]byte, error) { admitted.Add(1); return nil, nil }
+		srv := newAttackServer(t, scfg)
+		server := addrOf(srv.l.Addr())
+		r := newAttackRelay(t, srv.l.Addr())
+		victim := dial(t, r.Addr(), ccfg)
+		vsc := srv.take(t, r.outerAddr())
+		echoThrough(t, victim, "victim", 5*time.Second)
+		require.NoError(t, victim.Close())
+		awaitDone(t, vsc, attackWait, "the victim's server side did not end")
+		_, syn := r.mustAwait(t, &r.up, 0, "ConnectSyn", func(e relayEntry) bool { return isClearSyn(e.b) })
+
+		a := newAttackerSock(t)
+		answered := forgeAfterReplay(a, server, syn, srv, message{id: 100, payload: []byte("INJECTED")})
+		t.Logf("the server answered the replay: %v; AdmitConn ran %d times", answered, admitted.Load())
+		srv.noConnFrom(t, "the server accepted a connection from a replayed ConnectSyn and a ConnectAck in clear", a.addr)
+		forged, _ := srv.forged()
+		assert.Empty(t, forged, "the server delivered a message sent in clear on a replayed handshake")
+		assert.LessOrEqual(t, a.received(), int(a.sent.Load()), "the attacker's address got more bytes than it sent")
+		st := srv.l.Stats()
+		assert.Equal(t, st.Pending, st.Connections, "a connection without a key exchange is established")
+	})
+
+	t.Run("accept backlog", func(t *testing.T) {
+		scfg, ccfg := secureConfigs(t)
+		scfg.AcceptBacklog = 4
+		srv := newAttackServer(t, scfg)
+		server := addrOf(srv.l.Addr())
+		r := newAttackRelay(t, srv.l.Addr())
+		victim := dial(t, r.Addr(), ccfg)
+		vsc := srv.take(t, r.outerAddr())
+		require.NoError(t, victim.Close())
+		awaitDone(t, vsc, attackWait, "the victim's server side did not end")
+		syn := r.datagrams(&r.up)[0]
+		require.True(t, isClearSyn(syn))
+		var attackers []netip.AddrPort
+		for range 8 {
+			a := newAttackerSock(t)
+			attackers = append(attackers, a.addr)
+			forgeAfterReplay(a, server, syn, srv)
+			assert.LessOrEqual(t, a.received(), int(a.sent.Load()), "the attacker's address got more bytes than it sent")
+		}
+		srv.noConnFrom(t, "fake connections (a replayed handshake, a ConnectAck in clear) were accepted", attackers...)
+		st := srv.l.Stats()
+		assert.Equal(t, st.Pending, st.Connections, "connections without a key exchange are established: %+v", st)
+		// A real client still gets in.
+		c := dial(t, r.Addr(), ccfg)
+		srv.take(t, r.outerAddr())
+		echoThrough(t, c, "real", 5*time.Second)
+	})
+
+	t.Run("token taken off the path", func(t *testing.T) {
+		scfg, ccfg := secureConfigs(t)
+		key := newTokenKey(t)
+		scfg.TokenKey = key
+		srv := newAttackServer(t, scfg)
+		server := addrOf(srv.l.Addr())
+		tok := sampleToken(server)
+		ccfg.Token = issue(t, key, tok)
+		ccfg.ConnectTimeout = attackWait
+		r := newAttackRelay(t, srv.l.Addr())
+		// On the path: the victim's datagrams go no further.
+		r.setRule(&r.up, dropAll)
+		d := dialAsync(r.Addr(), ccfg)
+		t.Cleanup(d.closeAfter)
+		t.Cleanup(r.passAll)
+		_, syn := r.mustAwait(t, &r.up, 0, "ConnectSyn", func(e relayEntry) bool { return isClearSyn(e.b) })
+
+		a := newAttackerSock(t)
+		answered := forgeAfterReplay(a, server, syn, srv, message{id: 100, payload: []byte("INJECTED")})
+		t.Logf("the server answered the attacker's copy: %v", answered)
+
+		// The victim's path clears: its ConnectSyn, sent again, reaches
+		// the server (at once here, rather than on its timer).
+		r.pass(&r.up)
+		r.injectUp(syn)
+		c, err, ok := d.wait(attackWait)
+		require.True(t, ok, "Dial did not return")
+		if assert.NoError(t, err, "the victim could not connect: its token was spent on an attempt of the attacker's that never completed") {
+			vsc := srv.take(t, r.outerAddr())
+			echoThrough(t, c, "victim", 5*time.Second)
+			require.NotNil(t, vsc.Token())
+			assert.Equal(t, tok.ClientID, vsc.Token().ClientID)
+		}
+		srv.mu.Lock()
+		for _, sc := range srv.conns {
+			if sc.from == a.addr {
+				id := uint64(0)
+				if tk := sc.c.Token(); tk != nil {
+					id = tk.ClientID
+				}
+				assert.Fail(t, "the attacker got a connection with the victim's token", "from %s, ClientID %#x", sc.from, id)
+			}
+		}
+		srv.mu.Unlock()
+		forged, _ := srv.forged()
+		assert.Empty(t, forged, "the server delivered a message sent in clear by the attacker")
+		assert.LessOrEqual(t, a.received(), int(a.sent.Load()), "the attacker's address got more bytes than it sent")
+	})
+}
