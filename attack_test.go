@@ -1003,3 +1003,104 @@ func TestAttackReplayedConnectSyn(t *testing.T) {
 		assert.LessOrEqual(t, a.received(), int(a.sent.Load()), "the attacker's address got more bytes than it sent")
 	})
 }
+
+// TestAttackExtraBlocksBesideSynAck: an on-path attacker adds message
+// blocks of its own to the server's genuine ConnectSynAck datagram, which
+// travels in clear. The client must take none of them; ignoring the
+// datagram and waiting for the next ConnectSynAck (the answer to its
+// resent ConnectSyn) is fine: Dial succeeds once the attacker lets one
+// through, and the connection is whole.
+func TestAttackExtraBlocksBesideSynAck(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	srv := newAttackServer(t, scfg)
+	injected := message{id: 100, payload: []byte("INJECTED")}
+	ackAll := message{id: idPacketAck, payload: appendPacketAck(nil, packetAck{base: 0, more: 1<<packetAckBits - 1})}
+	disc := message{id: idDisconnect, payload: []byte("INJECTED disconnect")}
+	discAck := message{id: idDisconnectAck}
+	for _, tt := range []struct {
+		name  string
+		extra []message
+	}{
+		{"application message", []message{injected}},
+		{"PacketAck", []message{ackAll}},
+		{"Disconnect", []message{disc}},
+		{"DisconnectAck", []message{discAck}},
+		{"all of them", []message{ackAll, injected, disc}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newAttackRelay(t, srv.l.Addr())
+			var tampered atomic.Bool
+			r.setRule(&r.down, func(b []byte) relayFate {
+				if !isClearSynAck(b) || !tampered.CompareAndSwap(false, true) {
+					return relayPass
+				}
+				for i := range tt.extra {
+					b = appendMessage(b, &tt.extra[i])
+				}
+				r.injectDown(b)
+				return relayDrop
+			})
+			c, err := Dial(within(t, attackWait), "udp", r.Addr(), ccfg)
+			require.NoError(t, err, "Dial failed after a ConnectSynAck with blocks added in clear")
+			t.Cleanup(func() { c.Close() })
+			t.Cleanup(r.passAll)
+			require.True(t, tampered.Load())
+			require.True(t, c.Secure())
+			echoThrough(t, c, "after", 5*time.Second)
+			sc := srv.take(t, r.outerAddr())
+			echoThrough(t, c, "again", 5*time.Second)
+			assert.NoError(t, c.Err())
+			assert.NoError(t, sc.Err())
+			forged, _ := srv.forged()
+			assert.Empty(t, forged)
+		})
+	}
+}
+
+// TestAttackForgedSynAck: before the server's genuine ConnectSynAck, the
+// client gets a forged one from the server's address: garbage, random
+// bytes, an old genuine one of another session. A forgery must not end
+// the attempt: Dial completes when the genuine one comes.
+func TestAttackForgedSynAck(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	srv := newAttackServer(t, scfg)
+	// An old genuine ConnectSynAck: another session's with this server.
+	r0 := newAttackRelay(t, srv.l.Addr())
+	c0 := dial(t, r0.Addr(), ccfg)
+	srv.take(t, r0.outerAddr())
+	_, old := r0.mustAwait(t, &r0.down, 0, "ConnectSynAck", func(e relayEntry) bool { return isClearSynAck(e.b) })
+	require.NoError(t, c0.Close())
+	synAck := func(content []byte) []byte {
+		return clearDatagram(0, false, message{id: idConnectSynAck, payload: content})
+	}
+	for _, tt := range []struct {
+		name string
+		dg   []byte
+	}{
+		{"empty", synAck(nil)},
+		{"garbage", synAck([]byte("garbage"))},
+		{"random 48 bytes", synAck(randomBytes(noiseOverhead))},
+		{"random 64 bytes", synAck(randomBytes(64))},
+		{"another session's", old},
+		{"another session's, with a message", appendMessage(bytes.Clone(old), &message{id: 100, payload: []byte("INJECTED")})},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newAttackRelay(t, srv.l.Addr())
+			var forged atomic.Bool
+			r.setRule(&r.up, func(b []byte) relayFate {
+				if isClearSyn(b) && forged.CompareAndSwap(false, true) {
+					r.injectDown(tt.dg) // before the ConnectSyn goes on
+				}
+				return relayPass
+			})
+			c, err := Dial(within(t, attackWait), "udp", r.Addr(), ccfg)
+			require.NoError(t, err, "Dial failed on a forged ConnectSynAck that came before the genuine one")
+			t.Cleanup(func() { c.Close() })
+			require.True(t, forged.Load())
+			require.True(t, c.Secure())
+			srv.take(t, r.outerAddr())
+			echoThrough(t, c, "after", 5*time.Second)
+			assert.NoError(t, c.Err())
+		})
+	}
+}
