@@ -1104,3 +1104,57 @@ func TestAttackForgedSynAck(t *testing.T) {
 		})
 	}
 }
+
+// TestAttackReplayKeepsAlive: the client of a secure connection vanishes,
+// and an attacker replays one of its reliable sealed datagrams every
+// 100ms from its address. A replay is no sign of life: the server's
+// connection must end as lost within a bounded time.
+func TestAttackReplayKeepsAlive(t *testing.T) {
+	const lost = time.Second
+	scfg, ccfg := secureConfigs(t)
+	scfg.ConnectionLostTimeout, ccfg.ConnectionLostTimeout = lost, lost
+	scfg.PingInterval, ccfg.PingInterval = lost/4, lost/4
+	srv := newAttackServer(t, scfg)
+	r := newAttackRelay(t, srv.l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	t.Cleanup(r.passAll)
+	sc := srv.take(t, r.outerAddr())
+	for i := range 3 {
+		echoThrough(t, c, fmt.Sprint(i), 5*time.Second)
+	}
+	var replay []byte
+	for _, b := range r.datagrams(&r.up) {
+		if !isClearHandshake(b) && isReliableDg(b) {
+			replay = b
+		}
+	}
+	require.NotNil(t, replay, "no reliable sealed datagram of the client's")
+
+	// The client vanishes: nothing passes any more, either way.
+	r.setRule(&r.up, dropAll)
+	r.setRule(&r.down, dropAll)
+	vanished := time.Now()
+	dups := sc.Stats().DuplicateDatagrams
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.NewTimer(3 * lost)
+	defer limit.Stop()
+	ended := false
+	for !ended {
+		select {
+		case <-sc.Done():
+			ended = true
+		case <-tick.C:
+			r.injectUp(replay)
+		case <-limit.C:
+			assert.Fail(t, "replays kept a connection alive",
+				"the server's connection is still open %v after its client vanished (ConnectionLostTimeout %v); DuplicateDatagrams %d -> %d",
+				time.Since(vanished).Round(time.Millisecond), lost, dups, sc.Stats().DuplicateDatagrams)
+			ended = true
+		}
+	}
+	if isDone(sc) {
+		var te *TimeoutError
+		assert.ErrorAs(t, sc.Err(), &te, "the connection ended, but not as lost")
+	}
+}
