@@ -14,11 +14,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1156,5 +1159,641 @@ func TestAttackReplayKeepsAlive(t *testing.T) {
 	if isDone(sc) {
 		var te *TimeoutError
 		assert.ErrorAs(t, sc.Err(), &te, "the connection ended, but not as lost")
+	}
+}
+
+// The matrix: every kind of crafted datagram, against each end of a
+// secure connection in each of its states, from the peer's address and
+// from elsewhere.
+
+// material is what an attacker has on hand against one end (the target)
+// of a connection: what it saw on the wire.
+type material struct {
+	toTarget   [][]byte // the peer's datagrams to the target, so far
+	fromTarget [][]byte // the target's own
+	donorTo    [][]byte // another session's datagrams in the same direction
+	donorFrom  [][]byte
+	syn        []byte // the client's ConnectSyn datagram
+	synAck     []byte // a genuine ConnectSynAck content: this session's, or another's
+	nextPID    uint32 // the PacketID of the peer's next datagram
+	cid        uint32 // the connection ID, when seen
+	hasCID     bool
+	server     bool // the target is the server
+	marker     message
+}
+
+// peers is the peer's datagrams, or, if the peer sent none yet, another
+// session's.
+func (m *material) peers() [][]byte {
+	if len(m.toTarget) > 0 {
+		return m.toTarget
+	}
+	return m.donorTo
+}
+
+func (m *material) own() [][]byte {
+	if len(m.fromTarget) > 0 {
+		return m.fromTarget
+	}
+	return m.donorFrom
+}
+
+// bases are the peer's datagrams to mangle: its last sealed one (or
+// another session's, if it sent none yet) and its last in clear, if any.
+func (m *material) bases() [][]byte {
+	var out [][]byte
+	last := func(ds [][]byte, clear bool) []byte {
+		for _, b := range slices.Backward(ds) {
+			if isClearHandshake(b) == clear {
+				return b
+			}
+		}
+		return nil
+	}
+	sealed := last(m.toTarget, false)
+	if sealed == nil {
+		sealed = last(m.donorTo, false)
+	}
+	out = append(out, sealed)
+	if b := last(m.toTarget, true); b != nil {
+		out = append(out, b)
+	}
+	return out
+}
+
+// wrongKey is another session's sealed datagrams in the same direction,
+// under our connection ID if we know it.
+func (m *material) wrongKey() [][]byte {
+	var out [][]byte
+	for _, b := range m.donorTo {
+		if isClearHandshake(b) {
+			continue
+		}
+		b = bytes.Clone(b)
+		if n := headerSize(b); m.server && m.hasCID && n >= 0 && len(b) >= n+cidSize {
+			binary.LittleEndian.PutUint32(b[n:], m.cid)
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+type attackKind struct {
+	name  string
+	build func(m *material) [][]byte
+}
+
+func attackKinds() []attackKind {
+	type clearKind struct {
+		name     string
+		reliable bool
+		msg      func(m *material) message
+	}
+	clears := []clearKind{
+		{"ConnectSyn", false, func(m *material) message { return message{id: idConnectSyn, payload: contentOf(m.syn, idConnectSyn)} }},
+		{"ConnectSynAck", false, func(m *material) message { return message{id: idConnectSynAck, payload: m.synAck} }},
+		{"ConnectAck", true, func(*material) message { return message{id: idConnectAck} }},
+		{"Retry", false, func(*material) message { return message{id: idRetry, payload: randomBytes(cookieSize)} }},
+		{"DisconnectAck", false, func(*material) message { return message{id: idDisconnectAck} }},
+		{"Disconnect", false, func(*material) message { return message{id: idDisconnect} }},
+	}
+	var ks []attackKind
+	for _, k := range clears {
+		ks = append(ks,
+			attackKind{"clear " + k.name, func(m *material) [][]byte {
+				return [][]byte{clearDatagram(m.nextPID, k.reliable, k.msg(m))}
+			}},
+			attackKind{"clear " + k.name + "+message", func(m *material) [][]byte {
+				return [][]byte{clearDatagram(m.nextPID, true, k.msg(m), m.marker)}
+			}})
+	}
+	return append(ks,
+		attackKind{"replay", func(m *material) [][]byte { return m.peers() }},
+		attackKind{"reflection", func(m *material) [][]byte { return m.own() }},
+		attackKind{"reordered", func(m *material) [][]byte {
+			ds := slices.Clone(m.peers())
+			slices.Reverse(ds)
+			return ds
+		}},
+		attackKind{"wrong key", func(m *material) [][]byte { return m.wrongKey() }},
+		attackKind{"truncated", func(m *material) [][]byte {
+			var out [][]byte
+			for _, b := range m.bases() {
+				h := max(headerSize(b), minHeaderSize)
+				seen := map[int]bool{}
+				for _, n := range []int{0, 1, 2, h, h + cidSize, len(b) / 2, len(b) - sealOverhead, len(b) - 1} {
+					if n >= 0 && n < len(b) && !seen[n] {
+						seen[n] = true
+						out = append(out, bytes.Clone(b[:n]))
+					}
+				}
+			}
+			return out
+		}},
+		attackKind{"bit flips", func(m *material) [][]byte {
+			var out [][]byte
+			for _, b := range m.bases() {
+				h := max(headerSize(b), minHeaderSize)
+				for _, f := range []struct {
+					at  int
+					bit byte
+				}{{0, 1}, {2, 0x40}, {2, 0x80}, {h, 1}, {h + 2, 1}, {len(b) / 2, 0x10}, {len(b) - sealOverhead, 1}, {len(b) - 1, 0x80}} {
+					if f.at < len(b) {
+						c := bytes.Clone(b)
+						c[f.at] ^= f.bit
+						out = append(out, c)
+					}
+				}
+			}
+			return out
+		}},
+	)
+}
+
+type attackSource int
+
+const (
+	fromPeer     attackSource = iota // the peer's address, through the relay
+	fromElse                         // a socket elsewhere
+	fromReplayer                     // a socket elsewhere that first replays the client's ConnectSyn
+)
+
+func (s attackSource) String() string {
+	return [...]string{"the peer's address", "another address", "a replayer"}[s]
+}
+
+// matrixEnv is one state's listener and what the matrix knows of it.
+type matrixEnv struct {
+	// owner is the state's test: the sockets of every cell stay open
+	// until the state ends, so that no port the listener still knows
+	// (a pending attempt, an attacker's connection) is taken again by a
+	// later cell's socket.
+	owner              testing.TB
+	ccfg               *Config
+	srv                *attackServer
+	serverAddr         netip.AddrPort
+	donorUp, donorDown [][]byte
+	known              map[netip.AddrPort]bool   // the fixtures' addresses, as the server sees them
+	attackers          map[netip.AddrPort]string // attackers' addresses, by cell
+	reported           map[string]bool
+}
+
+// matrixFixture is a connection held in one state, and how to attack and
+// check it.
+type matrixFixture struct {
+	r      *attackRelay
+	c, sc  *Conn
+	server bool // the target is the server
+	pid    uint32
+	hasPID bool                  // forge under pid rather than the next one
+	inject func(b []byte)        // to the target, from the peer's address
+	target func() netip.AddrPort // where attackers elsewhere send
+	// finish ends the attack and checks the connection survived it.
+	finish func(t *testing.T, cell string)
+	final  func(t *testing.T) // for a reused fixture, after the last cell
+	broken bool
+}
+
+func (fx *matrixFixture) atClient() {
+	fx.inject, fx.target = fx.r.injectDown, fx.r.clientAddr
+}
+
+func (fx *matrixFixture) atServer(env *matrixEnv) {
+	fx.server = true
+	fx.inject = fx.r.injectUp
+	fx.target = func() netip.AddrPort { return env.serverAddr }
+}
+
+func (fx *matrixFixture) material(env *matrixEnv, cell string) *material {
+	upLog, _ := fx.r.snapshot(&fx.r.up)
+	downLog, _ := fx.r.snapshot(&fx.r.down)
+	m := &material{server: fx.server, marker: message{id: 100, payload: []byte("MARKER:" + cell)}}
+	to, from := downLog, upLog
+	m.donorTo, m.donorFrom = env.donorDown, env.donorUp
+	if fx.server {
+		to, from = upLog, downLog
+		m.donorTo, m.donorFrom = env.donorUp, env.donorDown
+	}
+	for _, e := range to {
+		m.toTarget = append(m.toTarget, e.b)
+		if e.fate == relayPass && !e.old {
+			m.nextPID = max(m.nextPID, pidOf(e.b)+1)
+		}
+	}
+	for _, e := range from {
+		m.fromTarget = append(m.fromTarget, e.b)
+	}
+	if fx.hasPID {
+		m.nextPID = fx.pid
+	}
+	for _, e := range upLog {
+		if m.syn == nil && isClearSyn(e.b) {
+			m.syn = e.b
+		}
+		if !m.hasCID && !isClearHandshake(e.b) {
+			m.cid, m.hasCID = sealedCID(e.b)
+		}
+	}
+	for _, b := range append(fx.r.datagrams(&fx.r.down), env.donorDown...) {
+		if isClearSynAck(b) {
+			m.synAck = contentOf(b, idConnectSynAck)
+			break
+		}
+	}
+	return m
+}
+
+func (env *matrixEnv) know(a netip.AddrPort) { env.known[a] = true }
+
+// openFixture is a secure connection through a relay, open and tried.
+func (env *matrixEnv) openFixture(t *testing.T) *matrixFixture {
+	r := newAttackRelay(env.owner, env.srv.l.Addr())
+	env.know(r.outerAddr())
+	c := dial(t, r.Addr(), env.ccfg)
+	t.Cleanup(r.passAll) // before the client's Close
+	fx := &matrixFixture{r: r, c: c}
+	fx.sc = env.srv.take(t, r.outerAddr())
+	echoThrough(t, c, "setup", 5*time.Second)
+	return fx
+}
+
+// openChecks is the check of an open connection: a round trip.
+func (fx *matrixFixture) openChecks(t *testing.T, cell string) {
+	echoThrough(t, fx.c, cell, 5*time.Second)
+	require.NoError(t, fx.c.Err())
+	require.NoError(t, fx.sc.Err())
+}
+
+// queuedPayloads is what waits in c's receive queue: after Close the
+// application cannot read it any more, but it was delivered.
+func queuedPayloads(c *Conn) []string {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	var out []string
+	for i := c.recvq.head; i < len(c.recvq.entries); i++ {
+		out = append(out, string(c.recvq.bytes(&c.recvq.entries[i])))
+	}
+	return out
+}
+
+type matrixState struct {
+	name     string
+	server   bool // the target is the server
+	reusable bool // one fixture serves every cell until one breaks it
+	setup    func(t *testing.T, env *matrixEnv, cell string) *matrixFixture
+}
+
+func matrixStates() []matrixState {
+	return []matrixState{
+		{"client connecting", false, false, setupClientConnecting},
+		{"client open", false, true, func(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+			fx := env.openFixture(t)
+			fx.atClient()
+			fx.finish = fx.openChecks
+			return fx
+		}},
+		{"client closing", false, false, setupClientClosing},
+		{"server admitting", true, false, setupServerAdmitting},
+		{"server waiting for the ConnectAck", true, false, setupServerSynAckWait},
+		{"server open", true, true, func(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+			fx := env.openFixture(t)
+			fx.atServer(env)
+			fx.finish = fx.openChecks
+			return fx
+		}},
+		{"server closing", true, false, setupServerClosing},
+		{"server migrating", true, true, setupServerMigrating},
+	}
+}
+
+// setupClientConnecting: the client's ConnectSyn is held back; the client
+// waits for a ConnectSynAck.
+func setupClientConnecting(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+	r := newAttackRelay(env.owner, env.srv.l.Addr())
+	env.know(r.outerAddr())
+	r.setRule(&r.up, holdAll)
+	d := dialAsync(r.Addr(), env.ccfg)
+	t.Cleanup(d.closeAfter)
+	t.Cleanup(r.passAll)
+	r.mustAwait(t, &r.up, 0, "ConnectSyn", func(e relayEntry) bool { return isClearSyn(e.b) })
+	fx := &matrixFixture{r: r}
+	fx.atClient()
+	fx.finish = func(t *testing.T, cell string) {
+		r.pass(&r.up)
+		c, err, ok := d.wait(attackWait)
+		require.True(t, ok, "Dial did not return")
+		require.NoError(t, err, "the attack made Dial fail")
+		fx.c = c
+		require.True(t, c.Secure())
+		fx.sc = env.srv.take(t, r.outerAddr())
+		echoThrough(t, c, cell, 5*time.Second)
+	}
+	return fx
+}
+
+// setupClientClosing: the client called Close; its Disconnect is dropped.
+func setupClientClosing(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+	fx := env.openFixture(t)
+	fx.atClient()
+	r, c, sc := fx.r, fx.c, fx.sc
+	r.setRule(&r.up, dropAll)
+	n := len(r.datagrams(&r.up))
+	c.StartClose("")
+	_, disc := r.mustAwait(t, &r.up, n, "Disconnect", func(e relayEntry) bool { return isInOrderDg(e.b) && !isReliableDg(e.b) })
+	fx.finish = func(t *testing.T, cell string) {
+		// A real message from the server, after the attack: the client
+		// takes it, and nothing else.
+		probe := "PROBE:" + cell
+		require.NoError(t, sc.Send(Message{ID: 7, Payload: []byte(probe), Reliable: true}))
+		require.Eventually(t, func() bool { return slices.Contains(queuedPayloads(c), probe) || isDone(c) }, attackWait, time.Millisecond)
+		require.False(t, isDone(c), "the closing client ended before its peer answered: %v", c.Err())
+		assert.Equal(t, []string{probe}, queuedPayloads(c), "the closing client took a message its peer did not send")
+		r.pass(&r.up)
+		r.injectUp(disc)
+		awaitDone(t, c, attackWait, "the client's close did not complete")
+		assert.ErrorIs(t, c.Err(), net.ErrClosed, "the client's close did not end gracefully")
+		assert.ErrorIs(t, env.srv.awaitEnd(t, sc), io.EOF, "the server did not hear the client's Disconnect")
+	}
+	return fx
+}
+
+// setupServerAdmitting: the server's AdmitConn holds the attempt.
+func setupServerAdmitting(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+	r := newAttackRelay(env.owner, env.srv.l.Addr())
+	env.know(r.outerAddr())
+	gate := env.srv.setGate(r.outerAddr())
+	d := dialAsync(r.Addr(), env.ccfg)
+	t.Cleanup(d.closeAfter)
+	t.Cleanup(gate.open)
+	select {
+	case <-gate.entered:
+	case <-time.After(attackWait):
+		require.Fail(t, "AdmitConn was not called")
+	}
+	fx := &matrixFixture{r: r}
+	fx.atServer(env)
+	fx.finish = func(t *testing.T, cell string) {
+		gate.open()
+		c, err, ok := d.wait(attackWait)
+		require.True(t, ok, "Dial did not return")
+		require.NoError(t, err, "the attack made Dial fail")
+		fx.c = c
+		// The server speaks first: its connection is established by the
+		// client's ConnectAck alone.
+		fx.sc = env.srv.takeWithin(t, r.outerAddr(), 5*time.Second,
+			"the client is open, the server never established its connection (the client's ConnectAck was lost)")
+		echoThrough(t, c, cell, 5*time.Second)
+	}
+	return fx
+}
+
+// setupServerSynAckWait: the server sent its ConnectSynAck; the client's
+// sealed datagrams (its ConnectAck, then a message) are held back.
+func setupServerSynAckWait(t *testing.T, env *matrixEnv, cell string) *matrixFixture {
+	r := newAttackRelay(env.owner, env.srv.l.Addr())
+	env.know(r.outerAddr())
+	r.setRule(&r.up, func(b []byte) relayFate {
+		if isClearSyn(b) {
+			return relayPass
+		}
+		return relayHold
+	})
+	c := dial(t, r.Addr(), env.ccfg)
+	t.Cleanup(r.passAll)
+	held := []byte("HELD:" + cell + strings.Repeat(".", 300))
+	require.NoError(t, c.Send(Message{ID: 9, Payload: held, Reliable: true}))
+	_, dg := r.mustAwait(t, &r.up, 0, "datagram with the held message", func(e relayEntry) bool {
+		return e.fate == relayHold && len(e.b) > len(held)
+	})
+	// Forgeries take the PacketID of that datagram.
+	fx := &matrixFixture{r: r, c: c, pid: pidOf(dg), hasPID: true}
+	fx.atServer(env)
+	fx.finish = func(t *testing.T, cell string) {
+		r.pass(&r.up)
+		fx.sc = env.srv.take(t, r.outerAddr())
+		assert.True(t, env.srv.awaitMsg(fx.sc, held, 5*time.Second), "the client's message held back during the attack was lost")
+		echoThrough(t, c, cell, 5*time.Second)
+	}
+	return fx
+}
+
+// setupServerClosing: the server's connection called Close; its
+// Disconnect is dropped.
+func setupServerClosing(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+	fx := env.openFixture(t)
+	fx.atServer(env)
+	r, c, sc := fx.r, fx.c, fx.sc
+	r.setRule(&r.down, dropAll)
+	n := len(r.datagrams(&r.down))
+	sc.StartClose("")
+	_, disc := r.mustAwait(t, &r.down, n, "Disconnect", func(e relayEntry) bool { return isInOrderDg(e.b) && !isReliableDg(e.b) })
+	fx.finish = func(t *testing.T, cell string) {
+		probe := "PROBE:" + cell
+		require.NoError(t, c.Send(Message{ID: 7, Payload: []byte(probe), Reliable: true}))
+		require.Eventually(t, func() bool { return slices.Contains(queuedPayloads(sc), probe) || isDone(sc) }, attackWait, time.Millisecond)
+		require.False(t, isDone(sc), "the closing server ended before its peer answered: %v", sc.Err())
+		assert.Equal(t, []string{probe}, queuedPayloads(sc), "the closing server took a message its peer did not send")
+		r.pass(&r.down)
+		r.injectDown(disc)
+		awaitDone(t, sc, attackWait, "the server's close did not complete")
+		assert.ErrorIs(t, sc.Err(), net.ErrClosed, "the server's close did not end gracefully")
+		ctx, cancel := context.WithTimeout(context.Background(), attackWait)
+		defer cancel()
+		for {
+			m, err := c.Receive(ctx)
+			if err != nil {
+				assert.ErrorIs(t, err, io.EOF, "the client did not hear the server's Disconnect")
+				break
+			}
+			assert.False(t, isForged(m.Payload), "the client delivered a forged message: %q", m.Payload)
+		}
+	}
+	return fx
+}
+
+// setupServerMigrating: the client's NAT rebinds; the server's path check
+// of the new address is under way, its PathChallenges dropped.
+func setupServerMigrating(t *testing.T, env *matrixEnv, _ string) *matrixFixture {
+	fx := env.openFixture(t)
+	fx.atServer(env)
+	r, c, sc := fx.r, fx.c, fx.sc
+	oldAddr := r.outerAddr()
+	r.rebind()
+	newAddr := r.outerAddr()
+	env.know(newAddr)
+	r.setRule(&r.down, dropAll) // at the new address: the challenges
+	n := len(r.datagrams(&r.down))
+	move := []byte("MOVE")
+	require.NoError(t, c.Send(Message{ID: 9, Payload: move, Reliable: true}))
+	r.mustAwait(t, &r.down, n, "PathChallenge", func(e relayEntry) bool { return !e.old && len(e.b) == challengeSize })
+	require.True(t, env.srv.awaitMsg(sc, move, attackWait), "the server did not take the message from the new address")
+	fx.finish = func(t *testing.T, cell string) {
+		// A message from the client's new address after the attack: the
+		// server still takes them, and stays where the client is.
+		probe := []byte("PROBE:" + cell)
+		require.NoError(t, c.Send(Message{ID: 9, Payload: probe, Reliable: true}))
+		require.True(t, env.srv.awaitMsg(sc, probe, 5*time.Second), "the server no longer takes the client's messages")
+		require.NoError(t, sc.Err())
+		require.NoError(t, c.Err())
+		ra := addrOf(sc.RemoteAddr())
+		assert.True(t, ra == oldAddr || ra == newAddr, "the connection moved to %s, not to the client", ra)
+	}
+	fx.final = func(t *testing.T) {
+		// The challenges pass: the connection moves, and works.
+		r.pass(&r.down)
+		echoThrough(t, c, "moved", attackWait)
+		// One more: the server's round that moved it published its
+		// Stats before it took this one.
+		echoThrough(t, c, "moved again", attackWait)
+		assert.Equal(t, newAddr, addrOf(sc.RemoteAddr()))
+		assert.Equal(t, uint64(1), sc.Stats().Migrations)
+	}
+	return fx
+}
+
+// attackDonor runs another secure session with the same server key and
+// returns its datagrams: material sealed under other keys, and an old
+// genuine ConnectSynAck. Its messages carry markers.
+func attackDonor(t *testing.T, scfg, ccfg *Config) (up, down [][]byte) {
+	l := listen(t, scfg)
+	serveEcho(t, l)
+	r := newAttackRelay(t, l.Addr())
+	c := dial(t, r.Addr(), ccfg)
+	for i := range 4 {
+		p := []byte(fmt.Sprintf("MARKER:donor %d", i))
+		require.NoError(t, c.Send(Message{ID: 7, Payload: p, Reliable: i%2 == 0}))
+		for i%2 == 0 {
+			m, err := c.Receive(within(t, 5*time.Second))
+			require.NoError(t, err)
+			if bytes.Equal(m.Payload, p) {
+				break
+			}
+		}
+	}
+	return r.datagrams(&r.up), r.datagrams(&r.down)
+}
+
+// check is what every cell asserts of the server: nothing forged
+// delivered, nothing delivered twice, no connection from an attacker.
+func (env *matrixEnv) check(t *testing.T) {
+	forged, twice := env.srv.forged()
+	for _, f := range forged {
+		if !env.reported[f] {
+			env.reported[f] = true
+			assert.Fail(t, "the server delivered a forged message", f)
+		}
+	}
+	for _, f := range twice {
+		if !env.reported["twice "+f] {
+			env.reported["twice "+f] = true
+			assert.Fail(t, "the server delivered a message twice", f)
+		}
+	}
+	for _, from := range env.srv.acceptedFrom() {
+		if key := "conn " + from.String(); !env.known[from] && !env.reported[key] {
+			env.reported[key] = true
+			assert.Fail(t, "the server accepted a connection from an attacker", "from %s (%s)", from, env.attackers[from])
+		}
+	}
+}
+
+func (env *matrixEnv) runCell(t *testing.T, fx *matrixFixture, k attackKind, src attackSource, cell string) {
+	m := fx.material(env, cell)
+	ds := k.build(m)
+	require.NotEmpty(t, ds)
+	var a *attackerSock
+	if src == fromPeer {
+		for _, b := range ds {
+			fx.inject(b)
+		}
+	} else {
+		a = newAttackerSock(env.owner)
+		env.attackers[a.addr] = cell
+		to := fx.target()
+		if src == fromReplayer {
+			a.send(m.syn, to)
+			a.await(0, 5*time.Second, func(b []byte) bool { return isClearSynAck(b) || holdsID(b, idDisconnectAck) })
+		}
+		for _, b := range ds {
+			a.send(b, to)
+		}
+		if src == fromReplayer {
+			// The ConnectSyn again: the replayer's attempt, if still
+			// waiting, answers it after it took the rest; if the rest
+			// made a connection of it, it is accepted.
+			n := a.count()
+			a.send(resentSyn(m.syn), to)
+			awaitEither(5*time.Second, a.answeredSince(n, isClearSynAck), env.srv.acceptedFromAddr(a.addr))
+			// If it was accepted, what it got delivered is in the log
+			// before the checks.
+			env.srv.wait(5*time.Second, func() bool {
+				for _, sc := range env.srv.conns {
+					if sc.from == a.addr && len(sc.msgs) == 0 && sc.end == nil {
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}
+	fx.finish(t, cell)
+	env.check(t)
+	if a != nil {
+		assert.LessOrEqual(t, a.received(), int(a.sent.Load()), "an address that never proved itself got more bytes than it sent")
+	}
+}
+
+// TestAttackMatrix: each kind of crafted datagram against each end of a
+// secure connection in each state, from the peer's address and from
+// elsewhere. In every cell: nothing forged is delivered, the connection
+// survives (Dial succeeds, a round trip works, a close completes), no
+// connection appears from an attacker, and an attacker's address gets no
+// more bytes than it sent.
+func TestAttackMatrix(t *testing.T) {
+	base, ccfg := secureConfigs(t)
+	base.CookieThreshold = 1 << 20 // attempts pile up: no cookies here
+	base.ConnectTimeout, base.DisconnectTimeout = 5*time.Second, 5*time.Second
+	ccfg.ConnectTimeout, ccfg.DisconnectTimeout = attackWait, 5*time.Second
+	dcfg := *base
+	donorUp, donorDown := attackDonor(t, &dcfg, ccfg)
+	kinds := attackKinds()
+	for _, st := range matrixStates() {
+		t.Run(st.name, func(t *testing.T) {
+			scfg := *base
+			t.Parallel()
+			env := &matrixEnv{owner: t, ccfg: ccfg, donorUp: donorUp, donorDown: donorDown,
+				known: map[netip.AddrPort]bool{}, attackers: map[netip.AddrPort]string{}, reported: map[string]bool{}}
+			env.srv = newAttackServer(t, &scfg)
+			env.serverAddr = addrOf(env.srv.l.Addr())
+			sources := []attackSource{fromPeer, fromElse}
+			if st.server {
+				sources = append(sources, fromReplayer)
+			}
+			var shared *matrixFixture
+			for _, k := range kinds {
+				for _, src := range sources {
+					name := k.name + " from " + src.String()
+					cell := st.name + "/" + name
+					if st.reusable && (shared == nil || shared.broken) {
+						shared = st.setup(t, env, "")
+					}
+					t.Run(name, func(t *testing.T) {
+						fx := shared
+						if !st.reusable {
+							fx = st.setup(t, env, cell)
+						}
+						defer func() {
+							if t.Failed() {
+								fx.broken = true
+							}
+						}()
+						env.runCell(t, fx, k, src, cell)
+					})
+				}
+			}
+			if shared != nil && !shared.broken && shared.final != nil {
+				t.Run("afterwards", shared.final)
+			}
+		})
 	}
 }
