@@ -275,6 +275,9 @@ func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 		if c.sec != nil && c.sec.msg1 != nil {
 			h := maphash.Bytes(l.hs.seed, c.sec.msg1)
 			if errors.Is(err, ErrRefused) {
+				if r, ok := splitRefusalProof(reason, c.sec.msg1); ok {
+					reason = r // refuseUnproven proves each refusal again
+				}
 				l.hs.seen.fail(h, string(reason))
 			} else {
 				l.hs.seen.forget(h)
@@ -347,11 +350,13 @@ func (l *Listener) refuseUnproven(ep *endpoint, addr netip.AddrPort, in []byte, 
 	if l.cfg.stealth {
 		return
 	}
-	var buf [16 + MaxReasonLength]byte
+	// A secure ConnectSyn's refusal proves it answers it (refusalProof).
+	msg1 := secureSynMsg1(in)
+	var buf [16 + MaxReasonLength + refusalProofSize]byte
 	d := appendHeader(buf[:0], &header{})
-	d = appendMessage(d, &message{id: idDisconnectAck, payload: reasonBytes(why)})
+	d = appendMessage(d, &message{id: idDisconnectAck, payload: appendRefusalProof(reasonBytes(why), msg1)})
 	if len(d) > len(in) {
-		d = appendMessage(appendHeader(buf[:0], &header{}), &message{id: idDisconnectAck})
+		d = appendMessage(appendHeader(buf[:0], &header{}), &message{id: idDisconnectAck, payload: appendRefusalProof(nil, msg1)})
 	}
 	l.sendUnproven(ep, addr, in, d)
 }

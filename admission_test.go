@@ -170,6 +170,9 @@ func readRefusal(t *testing.T, pc *net.UDPConn) string {
 		}
 	}))
 	require.True(t, found, "no DisconnectAck")
+	if n := len(reason) - 1 - refusalProofSize; n >= 0 && reason[n] == 0 {
+		reason = reason[:n] // a refusal of a secure ConnectSyn: its proof
+	}
 	return string(reason)
 }
 

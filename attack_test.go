@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -1697,6 +1698,27 @@ func (env *matrixEnv) check(t *testing.T) {
 	}
 }
 
+// replay sends the client's ConnectSyn syn from the replayer a, and waits
+// until the listener handled it: a new attempt, whose key exchange is
+// answered (a ConnectSynAck or a refusal), or a copy of a handshake under
+// way, counted as a replayed handshake, which its connection answers only
+// once it has its ConnectSynAck (not while Admit runs).
+// It reports whether the replayer got an answer.
+func (env *matrixEnv) replay(a *attackerSock, syn []byte, to netip.AddrPort) (answered bool) {
+	n, before := a.count(), env.srv.l.Stats().ReplayedHandshakes
+	a.send(syn, to)
+	got := a.answeredSince(n, func(b []byte) bool { return isClearSynAck(b) || holdsID(b, idDisconnectAck) })
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); runtime.Gosched() {
+		if ok, _ := got(); ok {
+			return true
+		}
+		if env.srv.l.Stats().ReplayedHandshakes > before {
+			return false
+		}
+	}
+	return false
+}
+
 func (env *matrixEnv) runCell(t *testing.T, fx *matrixFixture, k attackKind, src attackSource, cell string) {
 	m := fx.material(env, cell)
 	ds := k.build(m)
@@ -1710,9 +1732,9 @@ func (env *matrixEnv) runCell(t *testing.T, fx *matrixFixture, k attackKind, src
 		a = newAttackerSock(env.owner)
 		env.attackers[a.addr] = cell
 		to := fx.target()
+		attempt := false // the replayer's ConnectSyn made an attempt of its own
 		if src == fromReplayer {
-			a.send(m.syn, to)
-			a.await(0, 5*time.Second, func(b []byte) bool { return isClearSynAck(b) || holdsID(b, idDisconnectAck) })
+			attempt = env.replay(a, m.syn, to)
 		}
 		for _, b := range ds {
 			a.send(b, to)
@@ -1722,8 +1744,9 @@ func (env *matrixEnv) runCell(t *testing.T, fx *matrixFixture, k attackKind, src
 			// waiting, answers it after it took the rest; if the rest
 			// made a connection of it, it is accepted.
 			n := a.count()
-			a.send(resentSyn(m.syn), to)
-			awaitEither(5*time.Second, a.answeredSince(n, isClearSynAck), env.srv.acceptedFromAddr(a.addr))
+			if env.replay(a, resentSyn(m.syn), to) || attempt {
+				awaitEither(5*time.Second, a.answeredSince(n, isClearSynAck), env.srv.acceptedFromAddr(a.addr))
+			}
 			// If it was accepted, what it got delivered is in the log
 			// before the checks.
 			env.srv.wait(5*time.Second, func() bool {

@@ -390,6 +390,9 @@ func (c *Conn) admit() {
 	var why []byte
 	if !c.cfg.stealth && c.dialect != DialectReference {
 		why = reasonBytes(err.Error())
+		if c.sec != nil {
+			why = appendRefusalProof(why, c.sec.msg1) // in clear: see refusalProof
+		}
 	}
 	c.sess.admitted(time.Now(), why, false)
 }
@@ -632,6 +635,17 @@ func (c *Conn) recvUsed() int {
 
 func (c *Conn) sendDone(n int) { c.released += n }
 
+// isEstablished reports whether the connection's handshake completed (a
+// server's: it was offered to Accept or a Group). Safe from any goroutine.
+func (c *Conn) isEstablished() bool {
+	select {
+	case <-c.estab:
+		return true
+	default:
+		return false
+	}
+}
+
 func (c *Conn) established() {
 	c.stateMu.Lock()
 	c.syn, c.synAck = c.sess.syn, c.sess.synAck
@@ -639,6 +653,18 @@ func (c *Conn) established() {
 		c.syn, c.synAck = c.sec.payload, c.sec.reply
 	}
 	c.stateMu.Unlock()
+	if c.sec != nil && c.ep.l != nil && !c.sec.proven {
+		// Opened from another address than the connection's: offered
+		// once one is proven (Conn.proven).
+		c.sec.offerWait = true
+		return
+	}
+	c.offer()
+}
+
+// offer hands an established connection to its application: a server's to
+// Accept or its Group (or refuses it after all), a client's to Dial.
+func (c *Conn) offer() {
 	if l := c.ep.l; l != nil && (!l.useToken(c) || !l.offer(c)) {
 		// The backlog filled up since admission, or the connect token
 		// was used meanwhile: refuse after all, with a DisconnectAck

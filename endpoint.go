@@ -332,11 +332,25 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			runConn = c
 		}
 		switch {
+		case c != nil && c.sec != nil && ep.l != nil && !c.isEstablished():
+			// A secure attempt still being made holds this address, but
+			// it may be an attacker's (a ConnectSyn sent from a client's
+			// new address before the client moved there): a sealed
+			// datagram naming another connection goes to that one.
+			flush()
+			ep.mu.Unlock()
+			routed := ep.l.routeByID(p, c)
+			ep.mu.Lock()
+			if routed {
+				runConn = nil
+				continue
+			}
+			run = append(run, p)
 		case c != nil:
 			run = append(run, p)
 		case ep.l != nil:
 			ep.mu.Unlock()
-			if !ep.l.routeByID(p) { // a secure connection's client that moved
+			if !ep.l.routeByID(p, nil) { // a secure connection's client that moved
 				ep.l.handleNew(ep, addr, p)
 			}
 			ep.mu.Lock()

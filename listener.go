@@ -304,9 +304,14 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	if !l.open.Load() {
-		ep.refused.Add(1)
-		if !l.cfg.stealth && dialect == DialectSpec {
-			refuse(ep, addr)
+		switch {
+		case l.cfg.privateKey != nil:
+			l.refuseUnproven(ep, addr, p.b, "", true) // with its proof
+		default:
+			ep.refused.Add(1)
+			if !l.cfg.stealth && dialect == DialectSpec {
+				refuse(ep, addr)
+			}
 		}
 		ep.putPacket(p)
 		return

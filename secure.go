@@ -7,6 +7,7 @@ import (
 	"crypto/ecdh"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -132,6 +133,9 @@ type secureState struct {
 	// when it comes again; how many did not authenticate before it.
 	msg2       []byte
 	badSynAcks int
+	// A client's count of refusals that did not prove they answer its
+	// ConnectSyn (forged, or from a server of before the proof).
+	unprovenRefusals int
 
 	send, recv cipher.AEAD
 	tap        sealTap // tests only
@@ -149,6 +153,10 @@ type secureState struct {
 	cid       uint32    // connection ID, the server's choice; 0 until known
 	newest    bool      // the last datagram open returned had the highest packet number so far
 	path      pathCheck // server: a new client address being checked
+	// A server's: an authenticated datagram came from the connection's
+	// address, or a path check moved it (Conn.proven); the connection
+	// opened before that waits to be offered (offerWait).
+	proven, offerWait bool
 
 	// Counters, added to the connection's Stats.
 	invalid    uint64 // failed authentication, or clear when it must not be
@@ -688,9 +696,14 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 		sess.handshakeDone(now, len(b), s.payload, reply)
 		return true
 	}
-	if _, reason, ok := handshakeContent(b, idDisconnectAck); ok {
-		// A refusal is in clear and unauthenticated, as on the plain
-		// wire (SECURE.md, threat model).
+	if _, content, ok := handshakeContent(b, idDisconnectAck); ok {
+		// A refusal is in clear, its reason unauthenticated; it must at
+		// least prove it answers our ConnectSyn (refusalProof).
+		reason, ok := splitRefusalProof(content, s.msg1)
+		if !ok {
+			s.unprovenRefusals++
+			return false
+		}
 		sess.refusedBy(reason, len(b))
 		return true
 	}
@@ -699,6 +712,54 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 		return true
 	}
 	return false
+}
+
+// A secure listener's refusals go in clear (it may not hold the keys: a
+// client with another ServerKey) and nothing authenticates their reason,
+// but each proves it answers the ConnectSyn it refuses: its content is
+// the reason, a zero byte and the first refusalProofSize bytes of the
+// ConnectSyn's Noise message 1 (of the client's ephemeral key, which is
+// new for each Dial). Only who saw the ConnectSyn can make one: an
+// attacker off the path cannot end a Dial with a forged refusal; one on
+// the path could as well drop the ConnectSyn. A client takes no refusal
+// without it.
+const refusalProofSize = 8
+
+// appendRefusalProof appends to reason the proof of a refusal of the
+// ConnectSyn carrying msg1 (nothing if msg1 is nil: no secure one).
+func appendRefusalProof(reason, msg1 []byte) []byte {
+	if len(msg1) < refusalProofSize {
+		return reason
+	}
+	return append(append(reason, 0), msg1[:refusalProofSize]...)
+}
+
+// splitRefusalProof returns the reason of a refusal's content, if it
+// proves it answers the ConnectSyn carrying msg1.
+func splitRefusalProof(content, msg1 []byte) (reason []byte, ok bool) {
+	n := len(content) - 1 - refusalProofSize
+	if n < 0 || len(msg1) < refusalProofSize || content[n] != 0 ||
+		subtle.ConstantTimeCompare(content[n+1:], msg1[:refusalProofSize]) != 1 {
+		return nil, false
+	}
+	return content[:n], true
+}
+
+// secureSynMsg1 returns the Noise message 1 of the datagram b, if it holds
+// a secure ConnectSyn, or nil.
+func secureSynMsg1(b []byte) []byte {
+	var content []byte
+	var h header
+	scanDatagram(b, &h, func(m message) {
+		if content == nil && !m.fragment && m.id == idConnectSyn {
+			content = m.payload
+		}
+	})
+	_, msg1, ok := splitSecureSyn(content)
+	if !ok {
+		return nil
+	}
+	return msg1
 }
 
 // sameSyn reports whether content, a ConnectSyn's, carries the message 1
@@ -770,8 +831,9 @@ func (c *Conn) sealOut(b, spare []byte) []byte {
 // client's own. The copy gets the ConnectSynAck at its address, no larger
 // than it (anti-amplification): only the client that made the ConnectSyn
 // can read it, and its first sealed datagram, from its address, then
-// opens the connection and starts a path check there (migration). The
-// session hears nothing of it.
+// opens the connection and starts a path check there; the connection is
+// offered once that moved it (Conn.proven). The session hears nothing of
+// the copy.
 func (c *Conn) answerSynElsewhere(p *packet) bool {
 	s := c.sec
 	if s.initiator || c.sess.wasOpen || c.ep.l == nil {
@@ -809,6 +871,24 @@ func (c *Conn) takeSecure(now time.Time, p *packet) {
 	if data, ok := c.sess.pathResponse(); ok {
 		c.pathAnswered(p.from, data)
 	}
+	if atPeer && !c.sec.proven && !c.sess.client {
+		c.proven()
+	}
+}
+
+// proven takes the proof that the server's connection is at the right
+// address: an authenticated datagram from it, or a path check that moved
+// the connection there. A connection that opened before (a copy of the
+// client's ConnectSyn came first from another address, and the client
+// opened the connection from its own) is offered now: Accept and a Group
+// never see a connection at an address no datagram of its client came
+// from.
+func (c *Conn) proven() {
+	c.sec.proven = true
+	if c.sec.offerWait {
+		c.sec.offerWait = false
+		c.offer()
+	}
 }
 
 // dialErr is Dial's error for a secure handshake that ended with err: a
@@ -822,6 +902,8 @@ func (s *secureState) dialErr(err error) error {
 	switch {
 	case errors.As(err, &te) && s.badSynAcks > 0 && !s.ready.Load():
 		return fmt.Errorf("%w: %d answers from the server did not prove it holds the private key of Config.ServerKey (a plaintext server, or another key?): %w", ErrHandshakeFailed, s.badSynAcks, err)
+	case errors.As(err, &te) && s.unprovenRefusals > 0 && !s.ready.Load():
+		return fmt.Errorf("%w (%d refusals that did not prove they came from the server were ignored)", err, s.unprovenRefusals)
 	case !errors.As(err, &re):
 	case re.Reason == ErrHandshakeFailed.Error():
 		return fmt.Errorf("%w: the server could not read it (is Config.ServerKey the server's public key?): %w", ErrHandshakeFailed, err)
@@ -955,20 +1037,34 @@ func (c *Conn) pathAnswered(from netip.AddrPort, data [pathDataSize]byte) {
 // moveTo makes to the connection's address: the endpoint routes it here
 // and everything goes there.
 func (c *Conn) moveTo(to netip.AddrPort) {
+	c.takeAddr(to)
+	if c.isEstablished() {
+		c.sec.migrations++ // a move of a connection being made is no migration
+	}
+	c.sess.moved(time.Now())
+	c.proven()
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection moved", "remote", to)
+	}
+}
+
+// takeAddr makes to the connection's address: the endpoint routes it here
+// and everything goes there. Another connection there is stale: the
+// client proved it is here; one still being made (an attempt someone
+// started from that address, which only the client could complete) ends.
+func (c *Conn) takeAddr(to netip.AddrPort) {
 	ep := c.ep
 	ep.mu.Lock()
 	if ep.conns[c.raddr] == c {
 		delete(ep.conns, c.raddr)
 	}
-	// Another connection there is stale: the client proved it is here.
+	old := ep.conns[to]
 	ep.conns[to] = c
 	c.raddr = to
 	ep.mu.Unlock()
 	c.remote.Store(net.UDPAddrFromAddrPort(to))
-	c.sec.migrations++
-	c.sess.moved(time.Now())
-	if l := c.cfg.logger; l != nil {
-		l.Info("knet: connection moved", "remote", to)
+	if old != nil && old != c && old.sec != nil && !old.isEstablished() {
+		old.shutdown()
 	}
 }
 
@@ -1004,11 +1100,12 @@ func (l *Listener) dropCID(c *Conn) {
 	l.cidMu.Unlock()
 }
 
-// routeByID hands a datagram from an address with no connection to the
-// secure connection its connection ID names, and reports whether it did.
-// The connection authenticates it; a clear ConnectSyn is never taken
-// for one (it is a connection attempt).
-func (l *Listener) routeByID(p *packet) bool {
+// routeByID hands a datagram from an address with no connection (or
+// whose connection is not, unless nil) to the secure connection its
+// connection ID names, and reports whether it did. The connection
+// authenticates it; a clear ConnectSyn is never taken for one (it is a
+// connection attempt).
+func (l *Listener) routeByID(p *packet, not *Conn) bool {
 	if l.cfg.privateKey == nil {
 		return false
 	}
@@ -1019,7 +1116,7 @@ func (l *Listener) routeByID(p *packet) bool {
 	l.cidMu.Lock()
 	c := l.cids[id]
 	l.cidMu.Unlock()
-	if c == nil {
+	if c == nil || c == not {
 		return false
 	}
 	if syn, _ := isConnectSyn(p.b); syn {

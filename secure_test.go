@@ -1308,8 +1308,9 @@ func TestSecureListenerAnswersNoClearDisconnect(t *testing.T) {
 // by the client), and the client's own ConnectSyn, the same handshake
 // message, costs no second key exchange: it goes to that connection,
 // which answers it where the client is; the client opens the connection
-// from there and it moves to the client after a path check. The attacker
-// gets no more bytes than it sent, and one connection is made.
+// from there, and after a path check has moved it to the client it is
+// offered to Accept. The attacker gets no more bytes than it sent, and one
+// connection is made.
 func TestSecureRacedSynStillConnects(t *testing.T) {
 	for _, drop := range []bool{false, true} {
 		t.Run(fmt.Sprint("drop=", drop), func(t *testing.T) {
@@ -1337,16 +1338,14 @@ func TestSecureRacedSynStillConnects(t *testing.T) {
 			defer c.Close()
 			sc, err := l.AcceptConn(ctx)
 			require.NoError(t, err)
+			// Offered once at the client's address (the path check that
+			// moved it there is no migration of an established one).
+			assert.Equal(t, r.sc.LocalAddr().String(), sc.RemoteAddr().String())
 			go echoServer(t, sc)
-			clientAt := r.sc.LocalAddr().String()
-			for i := 0; sc.RemoteAddr().String() != clientAt; i++ {
-				require.Less(t, i, 100, "the connection never moved to the client")
-				echoOnce(t, c, Message{ID: 100, Payload: []byte{byte(i)}, Reliable: true})
-			}
 			echoOnce(t, c, Message{ID: 100, Payload: []byte("after"), Reliable: true})
 			assert.True(t, raced)
 			assert.Equal(t, 1, l.Stats().Connections)
-			assert.Equal(t, uint64(1), sc.Stats().Migrations)
+			assert.Zero(t, sc.Stats().Migrations)
 			// What the attacker's address got: at most what it sent.
 			got, _ := queued(t, attacker)
 			assert.LessOrEqual(t, int64(got), sent.Load())
