@@ -1353,3 +1353,46 @@ func TestSecureRacedSynStillConnects(t *testing.T) {
 		})
 	}
 }
+
+// TestSecureMigrationNotHeldByAttempt: an attacker who knows where a
+// client is moving to (or sends from there first) opens a secure attempt
+// of its own from that address, a fresh ConnectSyn: the address is then
+// the attempt's. The client's sealed datagrams from there still reach its
+// connection (by their connection ID, which names another connection than
+// the attempt), the connection moves there, and the attempt ends.
+func TestSecureMigrationNotHeldByAttempt(t *testing.T) {
+	scfg, ccfg := secureConfigs(t)
+	l, r, c, sc := behindNAT(t, scfg, ccfg)
+	echoBoth(t, c, 1)
+	r.rebind()
+	syn, _ := synDatagram(t, ccfg.ServerKey, nil, nil)
+	r.mu.Lock()
+	_, err := r.outer.WriteToUDPAddrPort(syn, r.server)
+	r.mu.Unlock()
+	require.NoError(t, err)
+	// The attempt is made at the client's new address (its ConnectSynAck
+	// goes on to the client, which drops it: not its handshake).
+	var attempt *Conn
+	for deadline := time.Now().Add(5 * time.Second); attempt == nil; runtime.Gosched() {
+		require.True(t, time.Now().Before(deadline), "no attempt from the new address")
+		l.mu.Lock()
+		for a := range l.pending {
+			attempt = a
+		}
+		l.mu.Unlock()
+	}
+	for i := range 5 {
+		echoBoth(t, c, byte(10+i))
+	}
+	assert.Equal(t, r.outerAddr(), sc.RemoteAddr().String(), "moved to the client's new address")
+	assert.Equal(t, uint64(1), sc.Stats().Migrations)
+	// The attempt saw none of the client's datagrams, and ended when the
+	// connection moved there (not at its ConnectTimeout).
+	select {
+	case <-attempt.Done():
+	case <-within(t, 5*time.Second).Done():
+		require.Fail(t, "the attempt at the client's address did not end")
+	}
+	assert.ErrorIs(t, attempt.Err(), net.ErrClosed)
+	assert.Zero(t, attempt.Stats().InvalidDatagrams, "the client's datagrams went to the attempt")
+}
