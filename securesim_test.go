@@ -689,3 +689,27 @@ func TestSecureOpenIgnoresICMP(t *testing.T) {
 	r.client().checkReach(2)
 	assert.Equal(t, stateDone, r.client().state, "connecting: fails fast")
 }
+
+// A refusal travels in clear, and a secure client takes one only if it
+// proves it answers the client's ConnectSyn (the first bytes of its Noise
+// message 1): a forged one from the server's address is dropped and
+// counted; the server's own ends the Dial with its reason.
+func TestSecureSimRefusalNeedsProof(t *testing.T) {
+	p := newSecureSimPair(t, nil, nil, perfect, perfect)
+	p.cut[1] = true // the server's answers are lost
+	p.flush()
+	msg1 := p.sec[0].msg1
+	wrong := bytes.Clone(msg1)
+	wrong[3] ^= 1
+	for _, content := range [][]byte{nil, []byte("go away"), appendRefusalProof([]byte("go away"), wrong),
+		append([]byte("go away"), msg1[:refusalProofSize]...)} {
+		p.inject(0, clearDatagram(0, false, message{id: idDisconnectAck, payload: content}))
+	}
+	assert.Equal(t, stateSyn, p.client().state, "a refusal without its proof ended the Dial")
+	assert.Equal(t, 4, p.sec[0].unprovenRefusals)
+	p.inject(0, clearDatagram(0, false, message{id: idDisconnectAck, payload: appendRefusalProof([]byte("go away"), msg1)}))
+	require.Equal(t, stateDone, p.client().state)
+	var re *RefusedError
+	require.ErrorAs(t, p.client().err, &re)
+	assert.Equal(t, "go away", re.Reason)
+}
