@@ -1320,10 +1320,10 @@ func TestSecureRacedSynStillConnects(t *testing.T) {
 			require.NoError(t, err)
 			defer attacker.Close()
 			var sent atomic.Int64
-			raced := false
+			var raced atomic.Bool
 			r := newTapRelay(t, l.Addr(), func(b []byte) [][]byte {
-				if _, _, syn := handshakeContent(b, idConnectSyn); syn && !raced {
-					raced = true
+				if _, _, syn := handshakeContent(b, idConnectSyn); syn && !raced.Load() {
+					raced.Store(true)
 					attacker.Write(b)
 					sent.Add(int64(len(b)))
 					if drop {
@@ -1343,7 +1343,7 @@ func TestSecureRacedSynStillConnects(t *testing.T) {
 			assert.Equal(t, r.sc.LocalAddr().String(), sc.RemoteAddr().String())
 			go echoServer(t, sc)
 			echoOnce(t, c, Message{ID: 100, Payload: []byte("after"), Reliable: true})
-			assert.True(t, raced)
+			assert.True(t, raced.Load())
 			assert.Equal(t, 1, l.Stats().Connections)
 			assert.Zero(t, sc.Stats().Migrations)
 			// What the attacker's address got: at most what it sent.
