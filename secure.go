@@ -632,14 +632,15 @@ func handshakeContent(b []byte, id uint32) (pid uint32, content []byte, ok bool)
 // never sealed in place). An error (a packet number out of sequence: see
 // seal) means b must not go, and the connection must end.
 func (s *secureState) sealOut(sess *session, b, spare []byte) ([]byte, error) {
-	if !s.ready.Load() || !sess.wasOpen {
+	if !s.ready.Load() || !sess.opened() {
 		return b, nil
 	}
 	dst := spare[:0]
 	if &spare[:1][0] == &b[0] {
 		dst = b
 	}
-	return s.seal(dst, b, sess.out.pn, sess.out.fresh)
+	out := sess.lastOut()
+	return s.seal(dst, b, out.pn, out.fresh)
 }
 
 // in takes a datagram b for sess from the connection's address (atPeer)
@@ -777,7 +778,7 @@ func (s *secureState) sameSyn(content []byte) bool {
 // read (counted as a duplicate). Nothing else in clear is taken.
 func (s *secureState) clearAgain(sess *session, b []byte) bool {
 	if !s.initiator {
-		if sess.wasOpen {
+		if sess.opened() {
 			return false
 		}
 		_, content, ok := handshakeContent(b, idConnectSyn)
@@ -836,7 +837,7 @@ func (c *Conn) sealOut(b, spare []byte) []byte {
 // the copy.
 func (c *Conn) answerSynElsewhere(p *packet) bool {
 	s := c.sec
-	if s.initiator || c.sess.wasOpen || c.ep.l == nil {
+	if s.initiator || c.sess.opened() || c.ep.l == nil {
 		return false
 	}
 	_, content, ok := handshakeContent(p.b, idConnectSyn)
@@ -996,18 +997,19 @@ func (c *Conn) checkPath(now time.Time, from netip.AddrPort, size int) {
 // due and the amplification limit allows.
 func (c *Conn) challenge(now time.Time) {
 	pc := &c.sec.path
-	if !pc.due(now, c.sess.loss.rto()) {
+	if !pc.due(now, c.sess.rto()) {
 		return
 	}
 	var content [1 + pathDataSize]byte
 	content[0] = pathChallenge
 	copy(content[1:], pc.challenge[:])
 	buf := make([]byte, 0, challengeSize)
-	b := c.sess.control(buf, idPath, content[:])
+	b := c.sess.pathChallenge(buf, content[:])
 	if b == nil {
 		return // no new datagram may go now (session.spanFull)
 	}
-	b, err := c.sec.seal(b, b, c.sess.out.pn, c.sess.out.fresh)
+	out := c.sess.lastOut()
+	b, err := c.sec.seal(b, b, out.pn, out.fresh)
 	if err != nil {
 		c.sess.fail(err)
 		return

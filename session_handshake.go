@@ -53,6 +53,23 @@ func (s *session) synAgain(n int) {
 	}
 }
 
+// opened reports whether the handshake completed.
+func (s *session) opened() bool { return s.wasOpen }
+
+// lastOut is the packet number of the datagram poll (or pathChallenge)
+// returned last, and whether it is new: what sealing it needs.
+func (s *session) lastOut() outInfo { return s.out }
+
+// rto is the retransmission timeout, which paces path challenges.
+func (s *session) rto() time.Duration { return s.loss.rto() }
+
+// pathChallenge builds, in buf, a new datagram holding a PathChallenge
+// with content (a server's connection checking a new address), or returns
+// nil when no new datagram may go now (spanFull).
+func (s *session) pathChallenge(buf, content []byte) []byte {
+	return s.control(buf, idPath, content)
+}
+
 // synAckOut is a server's ConnectSynAck content, once it sends it (nil
 // before, and once the connection is open).
 func (s *session) synAckOut() []byte {
