@@ -123,7 +123,6 @@ type deliveryRate struct {
 	appLimitedRound      bool
 	roundMinRTT          time.Duration
 	queued               int     // rounds running with a standing queue
-	drainCycle           int     // the cycle it drained last
 	cut                  float64 // 1, or less after heavy loss, back to 1 over time
 	lostNow              int     // bytes lost this round
 	baseLoss             float64 // share of datagrams lost, averaged over windows of 64

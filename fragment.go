@@ -19,15 +19,13 @@ import (
 // when its fragments came in order it is the message itself.
 
 var (
-	errFragCount       = errors.New("knet: FragmentCount below 2")
-	errFragTooLarge    = errors.New("knet: fragmented transfer larger than MaxMessageSize")
-	errFragTooMany     = errors.New("knet: fragmented transfer in more, smaller fragments than any sender uses")
-	errFragNumber      = errors.New("knet: FragmentNumber not below FragmentCount")
-	errFragRestart     = errors.New("knet: second FragmentStart for a TransferID in use")
-	errFragDuplicate   = errors.New("knet: fragment number repeated within a transfer")
-	errFragControl     = errors.New("knet: connection control message sent fragmented")
-	errTransfersInUse  = errors.New("knet: all 256 TransferIDs in use")
-	errReassemblyLimit = errors.New("knet: reassembly memory exhausted")
+	errFragCount     = errors.New("knet: FragmentCount below 2")
+	errFragTooLarge  = errors.New("knet: fragmented transfer larger than MaxMessageSize")
+	errFragTooMany   = errors.New("knet: fragmented transfer in more, smaller fragments than any sender uses")
+	errFragNumber    = errors.New("knet: FragmentNumber not below FragmentCount")
+	errFragRestart   = errors.New("knet: second FragmentStart for a TransferID in use")
+	errFragDuplicate = errors.New("knet: fragment number repeated within a transfer")
+	errFragControl   = errors.New("knet: connection control message sent fragmented")
 )
 
 // transferIDs allocates TransferIDs on the sending side.

@@ -246,10 +246,9 @@ type packetAck struct {
 }
 
 const (
-	packetAckSize  = 7
-	packetAckSpan  = 35 // datagrams one PacketAck can name
-	packetAckBits  = packetAckSpan - 1
-	packetAckValid = 1<<packetAckBits - 1
+	packetAckSize = 7
+	packetAckSpan = 35 // datagrams one PacketAck can name
+	packetAckBits = packetAckSpan - 1
 )
 
 // appendPacketAck appends the 7-byte PacketAck content: u24 whose bits 0-21

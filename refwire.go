@@ -142,14 +142,6 @@ func appendRefHeader(b []byte, h *refHeader) []byte {
 	return b
 }
 
-// sizeRefHeader is the encoded size of h.
-func sizeRefHeader(h *refHeader) int {
-	if h.reliable {
-		return refHeaderSize + sizeVLE1516(h.relBase)
-	}
-	return refHeaderSize
-}
-
 // parseRefHeader decodes a reference datagram header into h and returns
 // its size.
 func parseRefHeader(b []byte, h *refHeader) (int, error) {

@@ -320,9 +320,6 @@ func (k *cat) feed(ctx context.Context, stdin io.Reader, send func(knet.Message)
 	return ctx.Err()
 }
 
-// errCount ends a receive loop once -n messages arrived.
-var errCount = errors.New("count reached")
-
 // connect runs knetcat as a client.
 func (k *cat) connect(ctx context.Context, stdin io.Reader) int {
 	o := k.o
