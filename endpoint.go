@@ -30,12 +30,10 @@ type endpoint struct {
 	pool      *sync.Pool
 	sim       *netsim.Pipe // Config.Simulate, if set
 
-	mu      sync.Mutex
-	conns   map[netip.AddrPort]*Conn
-	rd      refDatagram    // the reader's, for stray reference datagrams
-	runBuf  []*packet      // the reader's, for dispatch
-	pending map[*Conn]bool // server connections not yet established
-	closing bool
+	mu     sync.Mutex
+	conns  map[netip.AddrPort]*Conn
+	rd     refDatagram // the reader's, for stray reference datagrams
+	runBuf []*packet   // the reader's, for dispatch
 
 	readerDone chan struct{}
 	closeOnce  sync.Once
