@@ -5,9 +5,10 @@ import "time"
 // Loss recovery (spec "Reliable Datagrams", DECISIONS §4): the reliable
 // datagrams in flight, those found lost and waiting to go again, the
 // round-trip estimate, the probe timer and the delivery-rate state the
-// congestion controller is fed from. A plain struct in the manner of
-// ack.go's parts: its methods take the time and report what happened; the
-// session acts on it (failing the connection, telling the controller).
+// congestion controller is fed from. A plain struct in the manner of the
+// parts it holds (sentwindow.go, rtt.go): its methods take the time and
+// report what happened; the session acts on it (failing the connection,
+// telling the controller).
 type lossState struct {
 	cfg *config
 

@@ -1,0 +1,90 @@
+package knet
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRecvWindowDuplicates(t *testing.T) {
+	var w recvWindow
+	assert.False(t, w.contains(10))
+	w.add(10)
+	assert.True(t, w.contains(10))
+	assert.False(t, w.contains(11))
+	assert.True(t, w.contains(9), "before the first datagram seen")
+	for _, id := range []uint32{12, 15, 11} {
+		w.add(id)
+	}
+	for _, id := range []uint32{10, 11, 12, 15} {
+		assert.True(t, w.contains(id), "id %d", id)
+	}
+	for _, id := range []uint32{13, 14, 16, 1000} {
+		assert.False(t, w.contains(id), "id %d", id)
+	}
+}
+
+func TestRecvWindowWrap(t *testing.T) {
+	var w recvWindow
+	start := uint32(packetIDMask - 100)
+	for i := range uint32(300) {
+		id := (start + i) & packetIDMask
+		if i%7 == 3 {
+			continue // lost
+		}
+		require.False(t, w.contains(id), "i=%d", i)
+		w.add(id)
+	}
+	for i := range uint32(300) {
+		id := (start + i) & packetIDMask
+		assert.Equal(t, i%7 != 3, w.contains(id), "i=%d", i)
+	}
+}
+
+func TestRecvWindowHolesKeepItBounded(t *testing.T) {
+	// Every other datagram lost, far past the span: the window keeps the
+	// last recvSpan PacketIDs and no more.
+	var w recvWindow
+	for i := uint32(0); i < 4*recvSpan; i += 2 {
+		w.add(i)
+	}
+	assert.LessOrEqual(t, w.n, recvWindowMaxWords+1)
+	last := uint32(4*recvSpan - 2)
+	assert.False(t, w.contains(last-1), "a recent hole is still a hole")
+	assert.True(t, w.contains(last-recvSpan-1), "older than the span counts as seen")
+}
+
+func TestRecvWindowPlausible(t *testing.T) {
+	var w recvWindow
+	w.add(40000)
+	assert.True(t, w.plausible(40000+recvSpan-1))
+	assert.False(t, w.plausible(40000+recvSpan))
+	assert.False(t, w.plausible(40000+1<<21))
+	assert.True(t, w.plausible(40000-recvSpan+1))
+	assert.False(t, w.plausible(40000-recvSpan))
+}
+
+func TestRecvWindowMatchesModel(t *testing.T) {
+	// Random arrival of a sliding range of PacketIDs against a set.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var w recvWindow
+	seen := map[uint32]bool{}
+	base := uint32(packetIDMask - 5000)
+	w.add(base)
+	seen[base] = true
+	newest := base
+	for range 200000 {
+		id := (newest + uint32(rng.IntN(200)) - 150) & packetIDMask
+		if seqDiff(newest, id) <= -recvSpan+64 || !w.plausible(id) {
+			continue
+		}
+		require.Equal(t, seen[id] || seqLess(id, base), w.contains(id), "id %d", id)
+		w.add(id)
+		seen[id] = true
+		if seqLess(newest, id) {
+			newest = id
+		}
+	}
+}
