@@ -1,0 +1,485 @@
+package knet
+
+import (
+	"bytes"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// Config holds the characteristic values of the protocol and the
+// connection's limits. A nil *Config, and any zero field, means the default
+// named in the field's comment (the spec's "Characteristic Values" where it
+// has one); so does a negative one, but for ReorderWindow (see there). A
+// value outside a field's range is taken as the nearest bound: durations
+// are at most 24h, and the comments name the other bounds. A Config may be
+// shared; it must not change after use.
+type Config struct {
+	// PingInterval is how often a PingRequest goes out to measure the
+	// round trip and keep the connection alive. Default 5s, at least 1ms.
+	// It is shortened to a third of ConnectionLostTimeout if that is
+	// smaller.
+	PingInterval time.Duration
+	// MaxAckDelay is the longest a received reliable datagram waits for
+	// its PacketAck. Default 33ms. The peer's is taken to be the same: it
+	// is also the least a datagram waits for its ack before it is sent
+	// again on a timeout.
+	MaxAckDelay time.Duration
+	// DatagramTimeout is the longest a reliable datagram waits for its
+	// ack before it is sent again; the timeout actually used follows the
+	// measured round trip (RFC 6298) and is never longer. Default 2s, at
+	// least 10ms.
+	DatagramTimeout time.Duration
+	// ConnectionLostTimeout is how long the peer may stay silent before
+	// the connection is declared lost. Default 3*PingInterval, at least
+	// 10ms.
+	ConnectionLostTimeout time.Duration
+	// ConnectTimeout bounds the handshake, on both sides. Default 10s.
+	ConnectTimeout time.Duration
+	// DisconnectTimeout bounds a graceful close: delivering what is
+	// queued, then the Disconnect/DisconnectAck exchange, whose
+	// Disconnect is resent with backoff. Default 5s.
+	DisconnectTimeout time.Duration
+
+	// InitialDatagramRate is the send rate, in datagrams per second, that
+	// a new connection starts from before it measures the path.
+	// Default 15.
+	InitialDatagramRate int
+	// MinDatagramRate is the rate, in datagrams per second, a connection
+	// may always send at, whatever the flow control says. Default 5.
+	MinDatagramRate int
+	// MaxMessageSendCount is how many times a reliable datagram is sent
+	// without an ack before the connection is declared lost. Default 50.
+	MaxMessageSendCount int
+	// MaxFragmentSize is the largest fragment of a fragmented transfer,
+	// in bytes. Default 470 (the spec's MaxUDPMessageFragmentSize). It is
+	// taken within 64..2039 (what one message block carries), and
+	// fragments are never larger than a datagram allows.
+	MaxFragmentSize int
+	// MaxDatagramSize is the largest datagram sent, in bytes. Default 1400.
+	// It is taken within 256..65507 (one UDP payload).
+	MaxDatagramSize int
+	// MaxMessageSize is the largest message, in bytes, that Send accepts
+	// and that a peer may make us reassemble. Default 16 MiB.
+	MaxMessageSize int
+
+	// SendBuffer is how many payload bytes may be queued or unacked
+	// before a reliable Send blocks (and an unreliable one is dropped and
+	// counted). One message larger than the buffer is accepted when
+	// nothing else is queued. Default 4 MiB.
+	SendBuffer int
+	// ReceiveBuffer is how many payload bytes may wait for the
+	// application to read them, or for the messages they depend on. Past
+	// it, reliable datagrams go unacked until there is room, so the peer
+	// sends them again later. A sender keeps what its peer may have to
+	// hold behind a loss within three quarters of its own ReceiveBuffer,
+	// taken for the peer's: ordered streams need some round trips' worth
+	// of data, so the same value on both ends serves best. It is a limit,
+	// not an allocation: a server with many connections can set it lower,
+	// an ordered stream then carrying at most about ReceiveBuffer per
+	// two to three round trips under loss. Default 32 MiB.
+	ReceiveBuffer int
+	// ReassemblyBuffer is how many bytes of unfinished fragmented
+	// transfers a peer may make us hold, beyond the one oldest transfer,
+	// which may always grow to MaxMessageSize. Default 4 MiB.
+	ReassemblyBuffer int
+	// ReorderWindow is how long a received unreliable in-order message
+	// waits for a missing predecessor before it is delivered without it
+	// (the predecessor is then dropped if it comes). Default: derived from
+	// the measured round trip variation, between 2ms and 250ms. Negative
+	// means no wait: each message is delivered as it arrives, and an older
+	// one arriving after a newer one is dropped. A sender takes its peer's
+	// window for at most 250ms or its own, whichever is longer: set the
+	// same on both ends when setting one longer than that.
+	ReorderWindow time.Duration
+	// ReorderWindows sets the wait by message ID, for a receiver whose
+	// streams want different ones: say none for snapshots, where the
+	// newest should go at once, and 30ms for inputs, where each counts.
+	// An entry of 0 or less means no wait; IDs without an entry use
+	// ReorderWindow. Latest-state messages (Message.ContentID) never wait.
+	ReorderWindows map[uint32]time.Duration
+
+	// ConnectPayload is the content of the client's ConnectSyn:
+	// application data for the server's Admit hook, at most
+	// MaxDatagramSize-104 bytes (1296 by default, never more than 2035).
+	// Dial refuses a longer one with ErrHandshakeTooLarge. The reference
+	// dialect has no handshake content: there it is not sent.
+	ConnectPayload []byte
+	// Admit decides, on the server, whether to accept a connection
+	// attempt: it gets the client's ConnectPayload and returns the content
+	// of the ConnectSynAck, or an error to refuse. Nil admits everyone
+	// with an empty reply. It runs on the new connection's goroutine and
+	// may block it, up to ConnectTimeout.
+	//
+	// The reply has the ConnectPayload's limit (MaxDatagramSize-104
+	// bytes). A longer one cannot be sent whole and is never cut: the
+	// attempt is refused as if Admit had returned ErrHandshakeTooLarge
+	// (the client gets ErrRefused, or no answer with Stealth), and
+	// ListenerStats.OversizedReplies counts it, so that the mistake shows
+	// on the server rather than as a client that cannot connect. A
+	// reference-dialect client sends no payload and gets no reply (and a
+	// refused one no answer at all).
+	Admit func(remote net.Addr, payload []byte) ([]byte, error)
+	// AdmitConn is Admit with the connection itself, for a server that
+	// decides who the player is while admitting it: it may call
+	// SetUserData, which the game then finds on every event of the
+	// connection. When set, it is used instead of Admit. The error's text
+	// reaches a refused client as a *RefusedError (not with Stealth, nor
+	// in the reference dialect).
+	AdmitConn func(c *Conn, payload []byte) ([]byte, error)
+	// Stealth makes a server ignore refused and malformed connection
+	// attempts. Otherwise (responsive mode) a refused ConnectSyn gets one
+	// DisconnectAck, which the client reports as ErrRefused, and so does a
+	// Disconnect from an endpoint with no connection (one that closed and
+	// was forgotten while its peer, not having heard our DisconnectAck,
+	// still asks).
+	Stealth bool
+	// MaxPendingConnections bounds the connection attempts a Listener
+	// holds before their handshake completes; more are ignored.
+	// Default 1024.
+	MaxPendingConnections int
+	// AcceptBacklog bounds the established connections waiting for
+	// Accept; attempts beyond it are refused (ignored, with Stealth) until
+	// Accept catches up. Default 512, at most 65536.
+	AcceptBacklog int
+
+	// CongestionControl, when not nil, makes the congestion controller of
+	// each connection. Default: NewDeliveryRateControl, also used when
+	// the function returns nil. NewAIMDControl is the classic alternative.
+	CongestionControl func(CongestionParams) CongestionControl
+
+	// Sockets is how many sockets a Listener opens on its address, with
+	// SO_REUSEPORT, each read by its own goroutine, so that one server uses
+	// every core: the kernel spreads peers over them by address, and a
+	// connection stays on the socket its peer reached. Linux only. Default
+	// 1: one socket, and no other program may bind the port meanwhile
+	// (with more, another SO_REUSEPORT socket of the same user could).
+	// At most 256.
+	Sockets int
+
+	// PrivateKey is a server's static private key (GenerateKey). With it,
+	// the Listener accepts only secure sessions: a Noise NK handshake in
+	// the ConnectSyn and ConnectSynAck, then every datagram encrypted and
+	// authenticated (see SECURE.md). A plaintext attempt is refused with
+	// ErrHandshakeFailed's text (ignored, with Stealth); reference-dialect
+	// peers are not served. The Admit reply's limit is 48 bytes lower,
+	// the ConnectPayload's 75 (and a connect token's length), and
+	// datagrams carry 16 bytes less payload. Key exchanges run on a few
+	// goroutines of their own, at most one per handshake message and a
+	// limited number per source address (see ListenerStats). See also
+	// TokenKey and CookieThreshold.
+	PrivateKey []byte
+	// ServerKey is, for Dial, the server's public key. With it, Dial runs
+	// the secure handshake and fails with ErrHandshakeFailed unless the
+	// server proves it holds the matching private key; the ConnectPayload
+	// and the Admit reply travel encrypted. Its ConnectSyn is padded to
+	// 1200 bytes, whatever MaxDatagramSize (a secure Listener drops a
+	// shorter one).
+	ServerKey []byte
+
+	// TokenKey is, for a secure Listener (PrivateKey), the secret of
+	// TokenKeySize bytes it shares with the backend that issues connect
+	// tokens (IssueToken). With it, the Listener admits only clients
+	// whose handshake carries a token sealed under this key, not expired,
+	// naming one of its PublicAddrs, and not used: a token is used when
+	// the connection it admitted is established, and once only (another
+	// attempt with it, admitted meanwhile, is refused when it completes).
+	// Others are refused with ErrTokenRejected's text and why (ignored,
+	// with Stealth) before anything is allocated for them, and counted in
+	// ListenerStats.RejectedTokens. Config.AdmitConn finds the token in
+	// Conn.Token.
+	TokenKey []byte
+	// PublicAddrs are the addresses clients reach a Listener at, one of
+	// which a connect token must name (TokenKey). Default: the socket's
+	// address, which must then be a specific one (Listen fails on
+	// ":port" with a TokenKey and no PublicAddrs). Behind a NAT or a load
+	// balancer, list the public addresses.
+	PublicAddrs []netip.AddrPort
+	// Token is, for Dial with ServerKey, the connect token the backend
+	// issued (IssueToken): it travels encrypted in the handshake. Its
+	// length comes off the ConnectPayload's limit. A refused token fails
+	// Dial with ErrTokenRejected.
+	Token []byte
+	// CookieThreshold is, for a secure Listener, how many handshakes may
+	// be under way before it answers connection attempts with a
+	// stateless cookie that the client must echo (QUIC's Retry; Dial
+	// does it by itself, at the cost of a round trip): proof that the
+	// client receives at its address, before the listener does any key
+	// exchange or keeps anything for it. Handshakes under way are the
+	// pending connections, the attempts waiting for their key exchange,
+	// and the attempts whose handshake failed within the last second or
+	// two. Default 64; negative: always ask.
+	CookieThreshold int
+
+	// Simulate, when not nil, makes every datagram this Conn or Listener
+	// sends cross a simulated bad network first: to test a game under
+	// loss, latency, reordering and the rest without a real one. Give each
+	// side its own to shape both directions.
+	Simulate *Simulation
+
+	// Dialect is the wire a connection speaks. Default DialectAuto: a
+	// Listener serves both dialects, each peer in the one its first
+	// datagram is in; Dial speaks the specification's. See Dialect for
+	// what the reference dialect cannot carry.
+	Dialect Dialect
+
+	// Group, when not nil, takes the connections this Listener accepts
+	// (instead of Accept) or this Dial makes: their arrival, messages and
+	// end all come out of Group.Poll, for a game loop that serves every
+	// connection from one goroutine.
+	Group *Group
+
+	// Logger, when not nil, hears of each connection's life: established
+	// (Info), refused (Info, with the reason), ended (Info when graceful,
+	// Warn when lost: a timeout, a protocol error, ...). Nothing is logged
+	// per datagram or per message. Nil logs nothing.
+	Logger *slog.Logger
+
+	// sealTap, for tests, sees every datagram a secure connection seals
+	// (see secureState.tap).
+	sealTap sealTap
+}
+
+// Simulation describes a bad network for Config.Simulate. The zero value
+// is a perfect network; every choice is drawn from Seed, so a run can be
+// replayed. Out-of-range values are clamped: probabilities to 0..1 (NaN is
+// 0), durations to 0..1h, negative sizes to 0.
+type Simulation struct {
+	// Loss is the probability that a datagram is lost. With BurstLen
+	// above 1, losses come in bursts of that mean length in datagrams (a
+	// Gilbert-Elliott chain) and Loss is the long-run average.
+	Loss     float64
+	BurstLen float64
+	// BurstDuration, when above 0, makes losses come in bursts of this
+	// mean length in time instead, as on a real link: the path drops
+	// everything during a burst, however many datagrams it catches, and
+	// Loss is the long-run fraction of time in bursts. It takes
+	// precedence over BurstLen.
+	BurstDuration time.Duration
+	// Delay is the one-way latency, plus a uniform random 0..Jitter drawn
+	// for each datagram on its own, so that jitter reorders datagrams
+	// sent closer together than it, as real paths do.
+	Delay, Jitter time.Duration
+	// JitterKeepsOrder makes jitter keep the send order, as one queue
+	// would: a datagram then never arrives before the one sent before
+	// it unless Reorder says so.
+	JitterKeepsOrder bool
+	// Duplicate is the probability that a datagram arrives twice.
+	Duplicate float64
+	// Reorder is the probability that a datagram is held back by
+	// ReorderDelay (default 1ms), so that later ones overtake it.
+	Reorder      float64
+	ReorderDelay time.Duration
+	// Corrupt is the probability that one byte of a datagram is flipped.
+	Corrupt float64
+	// Bandwidth caps the path in bytes per second (0: no cap); datagrams
+	// beyond QueueBytes waiting at the cap are dropped (default: 50ms of
+	// the cap).
+	Bandwidth, QueueBytes int
+	// Seed seeds the random choices.
+	Seed uint64
+}
+
+func (s *Simulation) params() netsim.Params {
+	prob := func(p float64) float64 {
+		if !(p > 0) { // NaN too
+			return 0
+		}
+		return min(p, 1)
+	}
+	dur := func(d time.Duration) time.Duration { return min(max(d, 0), time.Hour) }
+	burst := s.BurstLen
+	if !(burst > 1) {
+		burst = 0
+	}
+	return netsim.Params{
+		Loss: prob(s.Loss), BurstLen: burst, BurstDuration: dur(s.BurstDuration),
+		Duplicate: prob(s.Duplicate), Reorder: prob(s.Reorder), ReorderDelay: dur(s.ReorderDelay),
+		Delay: dur(s.Delay), Jitter: dur(s.Jitter), JitterKeepsOrder: s.JitterKeepsOrder,
+		Corrupt: prob(s.Corrupt), Bandwidth: max(s.Bandwidth, 0), QueueBytes: max(s.QueueBytes, 0),
+		Seed: s.Seed,
+	}
+}
+
+// config is a Config with the defaults applied.
+type config struct {
+	pingInterval, maxAckDelay, datagramTimeout time.Duration
+	lostTimeout, connectTimeout, disconnect    time.Duration
+	reorderWindow                              time.Duration
+	reorderWindows                             map[uint32]time.Duration
+	initialRate, minRate                       float64
+	maxSendCount                               int
+	maxFragment, maxDatagram, maxMessage       int
+	sendBuffer, recvBuffer, reassemblyBuffer   int
+	maxPending, backlog, sockets               int
+	connectPayload                             []byte
+	admit                                      func(net.Addr, []byte) ([]byte, error)
+	admitConn                                  func(*Conn, []byte) ([]byte, error)
+	stealth                                    bool
+	simulate                                   *Simulation
+	congestion                                 func(CongestionParams) CongestionControl
+	dialect                                    Dialect
+	group                                      *Group
+	logger                                     *slog.Logger
+	// Secure sessions: a server's keys, or the key a client expects.
+	privateKey, publicKey, serverKey []byte
+	tokenKey, token                  []byte
+	publicAddrs                      []netip.AddrPort
+	cookieThreshold                  int
+	sealTap                          sealTap
+}
+
+// Spec "Characteristic Values" and DECISIONS §7.
+const (
+	defaultPingInterval        = 5 * time.Second
+	defaultMaxAckDelay         = 33 * time.Millisecond
+	defaultDatagramTimeout     = 2 * time.Second
+	defaultConnectTimeout      = 10 * time.Second
+	defaultDisconnectTimeout   = 5 * time.Second
+	defaultInitialDatagramRate = 15
+	defaultMinDatagramRate     = 5
+	defaultMaxMessageSendCount = 50
+	defaultMaxFragmentSize     = 470
+	defaultMaxDatagramSize     = 1400
+	defaultMaxMessageSize      = 16 << 20
+	defaultSendBuffer          = 4 << 20
+	defaultReceiveBuffer       = 32 << 20
+	defaultReassemblyBuffer    = 4 << 20
+	defaultMaxPending          = 1024
+	defaultBacklog             = 512
+
+	// Bounds of the Config's values (see Config). Durations stay far from
+	// overflowing when added to a time or multiplied.
+	minTimeout  = 10 * time.Millisecond
+	maxDuration = 24 * time.Hour
+	maxBacklog  = 1 << 16
+	maxSockets  = 256
+
+	// minFragmentSize keeps fragments well above the 16-byte average a
+	// receiver takes for an attack (minFragAverage).
+	minFragmentSize = 64
+	// minDatagramSize leaves room for the largest headers.
+	minDatagramSize = 256
+	// maxDatagramSizeLimit keeps a datagram within one UDP payload.
+	maxDatagramSizeLimit = 65507
+)
+
+func pick[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// clampDur keeps a duration between lo and maxDuration.
+func clampDur(d, lo time.Duration) time.Duration { return min(max(d, lo), maxDuration) }
+
+func (c *Config) resolve() *config {
+	if c == nil {
+		c = &Config{}
+	}
+	r := &config{
+		pingInterval:     clampDur(pick(c.PingInterval, defaultPingInterval), time.Millisecond),
+		maxAckDelay:      clampDur(pick(c.MaxAckDelay, defaultMaxAckDelay), 0),
+		datagramTimeout:  clampDur(pick(c.DatagramTimeout, defaultDatagramTimeout), minTimeout),
+		connectTimeout:   clampDur(pick(c.ConnectTimeout, defaultConnectTimeout), 0),
+		disconnect:       clampDur(pick(c.DisconnectTimeout, defaultDisconnectTimeout), 0),
+		reorderWindow:    max(min(c.ReorderWindow, maxDuration), -1), // negative: no wait
+		reorderWindows:   maps.Clone(c.ReorderWindows),
+		initialRate:      float64(pick(c.InitialDatagramRate, defaultInitialDatagramRate)),
+		minRate:          float64(pick(c.MinDatagramRate, defaultMinDatagramRate)),
+		maxSendCount:     pick(c.MaxMessageSendCount, defaultMaxMessageSendCount),
+		maxFragment:      pick(c.MaxFragmentSize, defaultMaxFragmentSize),
+		maxDatagram:      min(max(pick(c.MaxDatagramSize, defaultMaxDatagramSize), minDatagramSize), maxDatagramSizeLimit),
+		maxMessage:       pick(c.MaxMessageSize, defaultMaxMessageSize),
+		sendBuffer:       pick(c.SendBuffer, defaultSendBuffer),
+		recvBuffer:       pick(c.ReceiveBuffer, defaultReceiveBuffer),
+		reassemblyBuffer: pick(c.ReassemblyBuffer, defaultReassemblyBuffer),
+		maxPending:       pick(c.MaxPendingConnections, defaultMaxPending),
+		backlog:          min(pick(c.AcceptBacklog, defaultBacklog), maxBacklog),
+		sockets:          min(pick(c.Sockets, 1), maxSockets),
+		connectPayload:   c.ConnectPayload,
+		admit:            c.Admit,
+		admitConn:        c.AdmitConn,
+		stealth:          c.Stealth,
+		simulate:         c.Simulate,
+		sealTap:          c.sealTap,
+		congestion:       c.CongestionControl,
+		dialect:          c.Dialect,
+		group:            c.Group,
+		logger:           c.Logger,
+	}
+	r.privateKey = bytes.Clone(c.PrivateKey)
+	r.serverKey = bytes.Clone(c.ServerKey)
+	r.tokenKey = bytes.Clone(c.TokenKey)
+	r.token = bytes.Clone(c.Token)
+	r.publicAddrs = slices.Clone(c.PublicAddrs)
+	r.cookieThreshold = max(pick(c.CookieThreshold, defaultCookieThreshold), 0)
+	if c.CookieThreshold < 0 {
+		r.cookieThreshold = 0 // every attempt is asked for a cookie
+	}
+	if r.privateKey != nil || r.serverKey != nil {
+		// The tag takes room from every datagram.
+		r.maxDatagram -= sealOverhead
+	}
+	if r.dialect > DialectReference {
+		r.dialect = DialectAuto
+	}
+	for id, w := range r.reorderWindows {
+		r.reorderWindows[id] = clampDur(w, 0)
+	}
+	r.lostTimeout = clampDur(pick(c.ConnectionLostTimeout, 3*r.pingInterval), minTimeout)
+	r.maxFragment = min(max(r.maxFragment, minFragmentSize), maxContentLength-8)
+	return r
+}
+
+// longestReorderWindow is the longest reorder window configured.
+func (c *config) longestReorderWindow() time.Duration {
+	w := c.reorderWindow
+	for _, v := range c.reorderWindows {
+		w = max(w, v)
+	}
+	return w
+}
+
+// handshakeLimit is the most bytes of application data a ConnectSyn or
+// ConnectSynAck carries: one message block (no fragmented transfer before
+// the connection is open), in a datagram of at most MaxDatagramSize, and
+// below the 2048 bytes a peer with the default MaxDatagramSize reads.
+func (c *config) handshakeLimit() int { return c.wholeLimit() - startRoom }
+
+// payloadLimit is the most bytes of ConnectPayload or Admit reply: the
+// handshake's room, less the Noise message's own in a secure session.
+func (c *config) payloadLimit() int {
+	if c.privateKey != nil {
+		// The reply follows the connection ID (secure.go).
+		return c.handshakeLimit() - noiseOverhead - cidSize
+	}
+	if c.serverKey != nil {
+		// A client's maxDatagram lost cidSize already (its datagrams
+		// carry the ID), so that both ends' limits agree.
+		return c.handshakeLimit() - noiseOverhead
+	}
+	return c.handshakeLimit()
+}
+
+// synPayloadLimit is the most bytes of ConnectPayload a client sends:
+// payloadLimit, less, in a secure session, what its ConnectSyn carries
+// besides (room for a cookie, the connect token).
+func (c *config) synPayloadLimit() int {
+	if c.serverKey != nil {
+		return c.payloadLimit() - secureSynExtra - len(c.token)
+	}
+	return c.payloadLimit()
+}
+
+// keepalive is how often a PingRequest goes out: PingInterval, or more often
+// if ConnectionLostTimeout would otherwise expire between two pings.
+func (c *config) keepalive() time.Duration {
+	return min(c.pingInterval, c.lostTimeout/3)
+}
