@@ -245,6 +245,13 @@ type Config struct {
 	sealTap sealTap
 }
 
+// MaxUnreliablePayload is the largest payload an unreliable message can
+// have and still travel as one unreliable datagram with this
+// configuration (1304 bytes at the default MaxDatagramSize). A larger one
+// goes as a reliable fragmented transfer, as the protocol requires:
+// retransmitted, and counted in Stats.UnreliableAsReliable.
+func (c *Config) MaxUnreliablePayload() int { return c.resolve().wholeLimit() }
+
 // Simulation describes a bad network for Config.Simulate. The zero value
 // is a perfect network; every choice is drawn from Seed, so a run can be
 // replayed. Out-of-range values are clamped: probabilities to 0..1 (NaN is

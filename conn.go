@@ -736,6 +736,41 @@ func (c *Conn) TrySend(m Message) error {
 	return err
 }
 
+// ErrSendBufferFull is what Broadcast reports for a connection whose send
+// buffer had no room for the message.
+var ErrSendBufferFull = errors.New("knet: send buffer full")
+
+// Broadcast sends m to every connection in conns without ever waiting,
+// so that one slow client cannot hold up a game's tick, and returns how
+// many took it. A connection whose SendBuffer is full does not get m:
+// miss, if not nil, is called with it and ErrSendBufferFull (for an
+// unreliable m the connection's Stats.DroppedMessages counts it too), and
+// likewise with the error of a connection that has ended. A client that
+// keeps missing reliable messages cannot keep up: a server usually drops
+// it (CloseWithReason).
+//
+// The payload is copied once per connection into its send queue (no
+// allocation in steady state); each connection then packs it with its own
+// traffic, so its datagrams are that connection's.
+func Broadcast(conns []*Conn, m Message, miss func(*Conn, error)) int {
+	n := 0
+	for _, c := range conns {
+		if err := c.TrySend(m); err == nil {
+			n++
+		} else if miss != nil {
+			miss(c, err)
+		}
+	}
+	return n
+}
+
+// doneCtx is a context already done: a send with it never waits.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
 // SendRef is Send that also returns a Ref naming the message, so that
 // later messages can list it in DependsOn.
 func (c *Conn) SendRef(m Message) (Ref, error) {
@@ -973,6 +1008,10 @@ func (c *Conn) CloseWithReason(reason string) error {
 // Dialect returns the wire the connection speaks: DialectSpec or
 // DialectReference, never DialectAuto.
 func (c *Conn) Dialect() Dialect { return c.dialect }
+
+// MaxUnreliablePayload is Config.MaxUnreliablePayload for this
+// connection.
+func (c *Conn) MaxUnreliablePayload() int { return c.cfg.wholeLimit() }
 
 // Handshake returns the content of the ConnectSyn and of the ConnectSynAck
 // of this connection (empty in the reference dialect, which has none).

@@ -196,6 +196,26 @@ func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
 	}
 }
 
+// Conns returns the listener's established connections that have not
+// ended, accepted or not yet.
+func (l *Listener) Conns() []*Conn {
+	var cs []*Conn
+	for _, ep := range l.eps {
+		ep.mu.Lock()
+		for _, c := range ep.conns {
+			select {
+			case <-c.estab:
+				if !c.ended() {
+					cs = append(cs, c)
+				}
+			default:
+			}
+		}
+		ep.mu.Unlock()
+	}
+	return cs
+}
+
 // SetListenOpen opens or closes the listener for new connections (the
 // spec's listen-open mode). Closed, it serves only the connections it has;
 // connection attempts are refused (or ignored, with Config.Stealth).

@@ -1,0 +1,139 @@
+package knet
+
+import "time"
+
+// Stats are a connection's counters.
+type Stats struct {
+	RTT    time.Duration // smoothed round-trip time
+	RTTVar time.Duration // its mean deviation
+	MinRTT time.Duration // the lowest seen
+	RTO    time.Duration // the current retransmission timeout
+
+	DatagramsSent     uint64 // as the system took them: retransmissions included
+	DatagramsReceived uint64 // valid datagrams, duplicates included
+	BytesSent         uint64 // UDP payload bytes
+	BytesReceived     uint64
+	MessagesSent      uint64 // application messages
+	MessagesReceived  uint64 // application messages delivered
+	Retransmits       uint64 // reliable datagrams sent again
+	FastRetransmits   uint64 // datagrams taken for lost on ack gaps, before any timeout
+	SpuriousLosses    uint64 // datagrams taken for lost, or resent on a timeout, that were only late
+
+	InvalidDatagrams   uint64 // malformed datagrams dropped
+	DuplicateDatagrams uint64 // dropped as already received
+	// DuplicateMessages counts reliable messages dropped as already
+	// received: in the reference dialect a message is resent in a new
+	// datagram, under its reliable message number.
+	DuplicateMessages uint64
+	DroppedDatagrams  uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
+	DroppedMessages   uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
+	ProtocolErrors    uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	// SendErrors counts datagrams the system refused to send (a full
+	// buffer, no route, a port unreachable report...): they are not in
+	// DatagramsSent and BytesSent, and a reliable one goes again later.
+	// With Config.Simulate, a datagram is sent once it enters the
+	// simulated network; failures to deliver it from there count here.
+	SendErrors uint64
+	// Migrations counts the moves of a secure connection to a new
+	// address of its client (NAT rebinding, another network), each once
+	// the client proved it receives there (see Conn.RemoteAddr). Only a
+	// server's connections move; a client's count stays 0.
+	Migrations uint64
+
+	SendRate float64 // datagrams per second the rate control allows now
+	InFlight int     // reliable datagrams unacked
+
+	// UnreliableAsReliable counts unreliable messages too large for one
+	// datagram (MaxUnreliablePayload), which went as reliable fragmented
+	// transfers, as the protocol requires.
+	UnreliableAsReliable uint64
+
+	// Connection quality, over the last two seconds or so.
+
+	// LossRate is the fraction of the peer's datagrams that did not
+	// arrive, from the gaps in their PacketIDs (every datagram takes the
+	// next one, reliable or not).
+	LossRate float64
+	// Jitter is how much the round trip varies: RTTVar, the mean
+	// deviation of its samples (RFC 6298).
+	Jitter time.Duration
+	// Rates, per second.
+	SendBytesPerSecond, ReceiveBytesPerSecond       float64
+	SendMessagesPerSecond, ReceiveMessagesPerSecond float64
+	// QueuedBytes is the payload bytes sent but not yet acked, or still
+	// queued: what a slow link or a slow peer holds up (SendBuffer bounds
+	// it). ReceiveQueuedBytes is what arrived and the application has not
+	// taken yet.
+	QueuedBytes, ReceiveQueuedBytes int
+	// Quality sums the path up for a game's display, from 1 (a clean
+	// path, round trip under 80ms) to 0: it falls linearly with loss (0
+	// at 25%) and with the round trip above 80ms (0 at 500ms), the two
+	// multiplied.
+	Quality float64
+}
+
+// rateRing keeps a connection's counters every rateStep over the last
+// rateSamples steps, for the rates and loss in Stats.
+type rateRing struct {
+	ring [rateSamples]countSample
+	n    int // samples held
+	head int // oldest
+	last countSample
+}
+
+type countSample struct {
+	at                                 time.Time
+	bytesOut, bytesIn, msgsOut, msgsIn uint64
+	pidAdvance, uniqueIn               uint64
+}
+
+const (
+	rateStep    = 250 * time.Millisecond
+	rateSamples = 9 // two seconds of steps
+)
+
+// note records the counters at now, every rateStep at most.
+func (r *rateRing) note(now time.Time, st *Stats, pidAdvance, uniqueIn uint64) {
+	r.last = countSample{at: now, bytesOut: st.BytesSent, bytesIn: st.BytesReceived,
+		msgsOut: st.MessagesSent, msgsIn: st.MessagesReceived, pidAdvance: pidAdvance, uniqueIn: uniqueIn}
+	if r.n > 0 && now.Sub(r.ring[(r.head+r.n-1)%rateSamples].at) < rateStep {
+		return
+	}
+	if r.n == rateSamples {
+		r.head = (r.head + 1) % rateSamples
+		r.n--
+	}
+	r.ring[(r.head+r.n)%rateSamples] = r.last
+	r.n++
+}
+
+// fill sets st's rates and loss from the oldest sample to the latest
+// counters, over the time to now (so they fall when traffic stops).
+func (r *rateRing) fill(now time.Time, st *Stats) {
+	if r.n == 0 {
+		return
+	}
+	old := &r.ring[r.head]
+	dt := now.Sub(old.at).Seconds()
+	if dt <= 0 {
+		return
+	}
+	l := &r.last
+	st.SendBytesPerSecond = float64(l.bytesOut-old.bytesOut) / dt
+	st.ReceiveBytesPerSecond = float64(l.bytesIn-old.bytesIn) / dt
+	st.SendMessagesPerSecond = float64(l.msgsOut-old.msgsOut) / dt
+	st.ReceiveMessagesPerSecond = float64(l.msgsIn-old.msgsIn) / dt
+	if adv := l.pidAdvance - old.pidAdvance; adv > 0 {
+		got := l.uniqueIn - old.uniqueIn
+		st.LossRate = max(0, 1-float64(got)/float64(adv))
+	}
+}
+
+// quality is Stats.Quality.
+func quality(loss float64, rtt time.Duration) float64 {
+	q := max(0, 1-loss/0.25)
+	if over := rtt - 80*time.Millisecond; over > 0 {
+		q *= max(0, 1-float64(over)/float64(420*time.Millisecond))
+	}
+	return q
+}
