@@ -37,6 +37,7 @@ type Conn struct {
 	// Datagrams the system refused to send, and their bytes (counted
 	// sent by the session, taken off in the Stats).
 	sendErrs, unsentBytes uint64
+	delivered             bool // signal recvReady after this round
 
 	// The goroutine's own, kept while it is parked: the timer, when it
 	// is set for, the next deadline, whether the round did anything, and
@@ -48,13 +49,15 @@ type Conn struct {
 	quietFrom time.Time
 
 	refusals atomic.Uint32 // port unreachable reports, from the reader
+	userData atomic.Value  // SetUserData's
 
 	wake   chan struct{} // capacity 1: inbox, send queue or Close
 	parked atomic.Bool   // the goroutine ended while idle: kick starts it
 
 	// Guarded by inMu.
-	inMu  sync.Mutex
-	inbox []*packet
+	inMu      sync.Mutex
+	inbox     []*packet
+	inDropped uint64 // datagrams a full inbox dropped
 
 	// Guarded by sendMu.
 	sendMu      sync.Mutex
@@ -63,10 +66,9 @@ type Conn struct {
 	lastRef     uint64
 	closing     bool   // Close was called
 	closeReason []byte // CloseWithReason's
-	userData    atomic.Value
-	flowReq     int  // FlowControl rate to send, 0 if none
-	peerGone    bool // the peer closed
-	sendUsed    int  // payload bytes queued or unacked
+	flowReq     int    // FlowControl rate to send, 0 if none
+	peerGone    bool   // the peer closed
+	sendUsed    int    // payload bytes queued or unacked
 	sendDrops   uint64
 	sendSpace   chan struct{} // capacity 1
 
@@ -75,7 +77,6 @@ type Conn struct {
 	recvq     recvQueue
 	recvEOF   bool          // peer closed: after recvq, io.EOF
 	recvReady chan struct{} // capacity 1
-	delivered bool          // loop-side: signal recvReady after this round
 
 	readDL, writeDL deadline
 
@@ -95,13 +96,12 @@ type Conn struct {
 	done       chan struct{} // loop has exited
 
 	// Guarded by stateMu.
-	stateMu   sync.Mutex
-	rates     rateRing
-	err       error // why the connection ended
-	syn       []byte
-	synAck    []byte
-	stats     Stats
-	inDropped uint64
+	stateMu sync.Mutex
+	rates   rateRing
+	err     error // why the connection ended
+	syn     []byte
+	synAck  []byte
+	stats   Stats
 }
 
 func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, dialect Dialect) *Conn {
@@ -391,7 +391,7 @@ func (c *Conn) admit() {
 	if !c.cfg.stealth && c.dialect != DialectReference {
 		why = reasonBytes(err.Error())
 		if c.sec != nil {
-			why = appendRefusalProof(why, c.sec.msg1) // in clear: see refusalProof
+			why = appendRefusalProof(why, c.sec.msg1) // in clear: see refusalProofSize
 		}
 	}
 	c.sess.admitted(time.Now(), why, false)

@@ -506,7 +506,7 @@ func TestSecureSimReplaysDoNotKeepAlive(t *testing.T) {
 // nothing panics, nothing is delivered but the genuine messages and none
 // twice, no nonce seals two plaintexts (the ledger), and the connection
 // opens and every genuine reliable message arrives (a forged refusal
-// cannot prove it answers the client's ConnectSyn: refusalProof).
+// cannot prove it answers the client's ConnectSyn: refusalProofSize).
 func FuzzSecureHandshake(f *testing.F) {
 	f.Add([]byte{1, 3, 0, 2, 2, 0, 0, 5, 1, 5, 0, 1, 4, 0})
 	f.Add([]byte{0, 20, 1, 2, 1, 0, 5, 0, 2, 0, 1, 0, 30, 3, 1, 0})
