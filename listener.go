@@ -49,7 +49,7 @@ type Listener struct {
 	// allocating anything, and of its answers to them.
 	unprovenIn, unprovenOut atomic.Uint64
 
-	// Secure connections by connection ID (secure.go), across sockets:
+	// Secure connections by connection ID (migration.go), across sockets:
 	// a client that moved may reach another of them.
 	cidMu sync.Mutex
 	cids  map[uint32]*Conn

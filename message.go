@@ -22,7 +22,7 @@ import (
 
 // Reserved message IDs (DECISIONS §2).
 const (
-	idPath               = 0 // knet's extensions, in secure sessions only: path messages (secure.go), Retry (cookie.go)
+	idPath               = 0 // knet's extensions, in secure sessions only: path messages (migration.go), Retry (cookie.go)
 	idPingRequest        = 1
 	idPingReply          = 2
 	idFlowControlRequest = 3
