@@ -1,0 +1,564 @@
+package knet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/knet-go/knet/internal/udp"
+)
+
+// The connection's goroutine (Conn.loop), which alone owns the session:
+// each round hands it the datagrams in the inbox and the messages in the
+// send queue, runs its timers, acts on its events, writes what it has
+// ready and publishes the results to the application's side. Idle for
+// parkAfter, the goroutine ends; kick starts it again. The session calls
+// back into the connection (the session host methods) on this goroutine.
+
+// push hands a datagram from the socket reader to the connection. It never
+// blocks: a full inbox drops the datagram.
+func (c *Conn) push(p *packet) bool {
+	c.inMu.Lock()
+	if len(c.inbox) >= maxInbox {
+		c.inDropped++
+		c.inMu.Unlock()
+		return false
+	}
+	c.inbox = append(c.inbox, p)
+	c.inMu.Unlock()
+	c.kick()
+	return true
+}
+
+// pushRun hands over several datagrams at once; what does not fit the
+// inbox is dropped.
+func (c *Conn) pushRun(run []*packet) {
+	c.inMu.Lock()
+	room := max(0, maxInbox-len(c.inbox))
+	take := min(room, len(run))
+	c.inbox = append(c.inbox, run[:take]...)
+	c.inDropped += uint64(len(run) - take)
+	c.inMu.Unlock()
+	for _, p := range run[take:] {
+		c.ep.putPacket(p)
+	}
+	if take > 0 {
+		c.kick()
+	}
+}
+
+// maxInbox bounds the datagrams waiting for a connection's goroutine.
+const maxInbox = 2048
+
+// loop is the connection's goroutine: it owns the session. It ends when
+// the session is done, or, for a while, when the connection has been idle
+// for parkAfter: kick starts it again.
+func (c *Conn) loop() {
+	if c.timer == nil {
+		// The timer only wakes the loop, so that waiting is one channel
+		// receive; it is moved only when the next deadline changes.
+		c.timer = time.AfterFunc(time.Hour, c.kick)
+		c.quietFrom = time.Now()
+	}
+	if c.run() {
+		c.timer.Stop()
+		c.finish()
+		if l := c.ep.l; l != nil {
+			l.loops.Done() // Add in handleNew: the connection's goroutine, parked or not, is done
+		}
+	}
+}
+
+// parkAfter is how long a connection's goroutine waits with nothing done
+// before it ends, to be started again by whatever wakes the connection (a
+// datagram, a Send, Close, its timer): an idle connection then holds no
+// goroutine and no stack (4 KiB or more). Connections that are busy, as a
+// game client sending inputs every frame, never reach it.
+var parkAfter atomic.Int64 // nanoseconds; a second, unless a test says otherwise
+
+func init() { parkAfter.Store(int64(time.Second)) }
+
+// run drives the session until it is done (true) or the connection idle
+// (false: the goroutine parked, see park).
+func (c *Conn) run() (done bool) {
+	s := c.sess
+	for {
+		now := c.drainInbox()
+		if !c.next.IsZero() && !now.Before(c.next) {
+			// What arrived while we waited went before the timers: a
+			// held message must not outlive its reorder window because
+			// the datagram that completes it sat in the inbox.
+			s.advance(now)
+		}
+		c.drainSendQueue(now)
+		c.handleEvents()
+		c.flush(now)
+		s.checkReach(int(c.refusals.Swap(0)))
+		c.publish()
+		if s.done() {
+			return true
+		}
+		now = time.Now()
+		if c.active {
+			c.active = false
+			c.quietFrom = now
+		}
+		next := s.nextDeadline(now)
+		if !next.After(now) {
+			c.next = now // due: the next round runs the timers
+			continue
+		}
+		c.next = next
+		wait := next
+		if idle := c.quietFrom.Add(time.Duration(parkAfter.Load())); idle.Before(next) {
+			if !now.Before(idle) {
+				c.setTimer(next, now)
+				if c.park() {
+					return false
+				}
+				continue
+			}
+			wait = idle // to park then, unless something comes
+		}
+		c.setTimer(wait, now)
+		<-c.wake
+	}
+}
+
+// setTimer has the timer kick the connection at t.
+func (c *Conn) setTimer(t, now time.Time) {
+	if t != c.armed {
+		c.timer.Reset(t.Sub(now))
+		c.armed = t
+	}
+}
+
+// park ends the connection's goroutine, unless a wake came meanwhile
+// (then it reports false and the goroutine goes on). From here kick
+// starts a new one; the session's state passes to it through parked.
+func (c *Conn) park() bool {
+	c.parked.Store(true)
+	select {
+	case <-c.wake:
+		if c.parked.CompareAndSwap(true, false) {
+			return false // ours to go on with
+		}
+		// A kick started another goroutine already: it runs a round
+		// at once, so the wake taken here is not lost.
+	default:
+	}
+	if h := parkHook.Load(); h != nil {
+		(*h)(c)
+	}
+	return true
+}
+
+// parkHook, for tests, hears of each connection's goroutine parking.
+var parkHook atomic.Pointer[func(*Conn)]
+
+// kick wakes the connection's goroutine, or starts it again if it parked.
+// Whatever hands the connection work calls it after handing it over.
+func (c *Conn) kick() {
+	signal(c.wake)
+	if c.parked.Load() && c.parked.CompareAndSwap(true, false) {
+		go c.loop()
+	}
+}
+
+// drainInbox hands the datagrams waiting to the session and returns the
+// time it gave them, read once they were taken: a time read before could
+// stamp a datagram that came in meanwhile as older than it is, and an ack
+// so stamped makes a round-trip sample shorter than the path (a descheduled
+// goroutine once put one at 34ms on a 40ms path, which the rate control
+// then took for the path's minimum).
+func (c *Conn) drainInbox() time.Time {
+	c.inMu.Lock()
+	work := c.inbox
+	c.inbox = c.inWork[:0]
+	c.inMu.Unlock()
+	now := time.Now()
+	c.inPeak = max(c.inPeak, len(work))
+	if len(work) > 0 {
+		c.active = true
+	}
+	for i, p := range work {
+		if c.sec == nil {
+			c.sess.handleDatagram(now, p.b)
+		} else {
+			c.takeSecure(now, p)
+		}
+		c.ep.putPacket(p)
+		work[i] = nil
+	}
+	c.inWork = work[:0]
+	return now
+}
+
+func (c *Conn) drainSendQueue(now time.Time) {
+	c.sendMu.Lock()
+	q := c.sendq
+	c.sendq = c.sendSpare[:0]
+	closing, why := c.closing, c.closeReason
+	flow := c.flowReq
+	c.flowReq = 0
+	c.sendMu.Unlock()
+	if flow > 0 {
+		c.sess.sendFlowControl(flow)
+	}
+	c.sendPeak = max(c.sendPeak, len(q))
+	if len(q) > 0 || closing || flow > 0 {
+		c.active = true
+	}
+	for i := range q {
+		m := c.sess.newMsg()
+		deps := m.deps[:0] // keep the recycled message's storage
+		*m = q[i]
+		m.deps = deps
+		c.sess.prepare(m)
+		c.sess.enqueue(m)
+		q[i] = outMsg{}
+	}
+	c.sendSpare = q[:0]
+	if closing {
+		if c.sess.closeReason == nil && c.dialect != DialectReference {
+			c.sess.closeReason = why
+		}
+		c.sess.requestClose(now)
+	}
+	c.sess.flowControl(now)
+}
+
+// admit runs the application's Admit hook on a ConnectSyn. A refusal
+// carries its reason to the client (the hook's error text, or why the
+// server could not take it), unless the listener is stealthy.
+func (c *Conn) admit() {
+	var reply []byte
+	var err error
+	syn := append([]byte(nil), c.sess.syn...)
+	if c.sec != nil {
+		// The listener read the handshake message (admitSecure).
+		syn = c.sec.payload
+	}
+	switch {
+	case c.cfg.admitConn != nil:
+		reply, err = c.cfg.admitConn(c, syn)
+	case c.cfg.admit != nil:
+		reply, err = c.cfg.admit(c.remote.Load(), syn)
+	}
+	if err == nil && c.dialect != DialectReference && len(reply) > c.cfg.payloadLimit() {
+		// Cutting it would hand the client something the server never
+		// meant to say: refuse, and let the server's stats show why.
+		err = ErrHandshakeTooLarge
+		c.ep.oversized.Add(1)
+	}
+	if err == nil && c.ep.l != nil && !c.ep.l.roomToAccept() {
+		err = errServerFull
+	}
+	if err == nil && c.sec != nil {
+		c.sec.cid = c.ep.l.newCID(c)
+		reply, err = c.sec.writeSynAck(reply)
+	}
+	if err == nil {
+		c.sess.admitted(time.Now(), reply, true)
+		return
+	}
+	if c.ep.l != nil {
+		c.ep.refused.Add(1)
+	}
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection refused", "remote", c.remote.Load(), "reason", err)
+	}
+	var why []byte
+	if !c.cfg.stealth && c.dialect != DialectReference {
+		why = reasonBytes(err.Error())
+		if c.sec != nil {
+			why = appendRefusalProof(why, c.sec.msg1) // in clear: see refusalProofSize
+		}
+	}
+	c.sess.admitted(time.Now(), why, false)
+}
+
+// handleEvents acts on what the session's last calls did.
+func (c *Conn) handleEvents() {
+	ev := c.sess.takeEvents()
+	if ev&evAdmit != 0 {
+		c.admit()
+	}
+	if ev&evEstablished != 0 {
+		c.established()
+	}
+	if ev&evPeerClosed != 0 {
+		c.peerClosed()
+	}
+	if ev&evTidy != 0 {
+		c.tidy()
+	}
+}
+
+// tidy lets go of the queues' storage that a burst grew and the last
+// keepalive's worth of rounds did not use (see session.tidy): steady
+// traffic keeps what it uses, an idle connection little.
+func (c *Conn) tidy() {
+	// The inbox and the send queue each swap two slices every round.
+	big := func(n, peak int) bool { return n > 0 && (peak == 0 || n > 2*peak+16) }
+	if big(cap(c.inWork), c.inPeak) {
+		c.inWork = nil
+	}
+	c.inMu.Lock()
+	if len(c.inbox) == 0 && big(cap(c.inbox), c.inPeak) {
+		c.inbox = nil
+	}
+	c.inMu.Unlock()
+	if big(cap(c.sendSpare), c.sendPeak) {
+		c.sendSpare = nil
+	}
+	c.sendMu.Lock()
+	if len(c.sendq) == 0 && big(cap(c.sendq), c.sendPeak) {
+		c.sendq = nil
+	}
+	c.sendMu.Unlock()
+	c.inPeak, c.sendPeak = 0, 0
+	c.recvMu.Lock()
+	c.recvq.trim()
+	c.recvMu.Unlock()
+}
+
+// flush sends every datagram the session has ready, in batches of one
+// system call each.
+func (c *Conn) flush(now time.Time) {
+	var w *writeBatch
+	n := 0
+	for {
+		if w == nil {
+			w = getWriteBatch(c.cfg.maxDatagram + wireOverhead)
+		}
+		b := c.sess.poll(now, w.buf(n))
+		if b == nil {
+			break
+		}
+		if c.sec != nil {
+			if b = c.sealOut(b, w.bufs[n]); b == nil {
+				continue // the connection failed: nothing goes unsealed
+			}
+		}
+		// A reliable datagram is the session's own buffer, kept until
+		// acked; nothing is acked before the batch goes out.
+		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
+		w.used = max(w.used, n+1)
+		if n++; n == len(w.ps) && !w.grow() {
+			c.write(w, w.ps[:n])
+			c.active = true
+			n = 0
+		}
+	}
+	if n > 0 {
+		c.write(w, w.ps[:n])
+		c.active = true
+	}
+	if w != nil {
+		putWriteBatch(w)
+	}
+}
+
+// write sends a batch and takes note of what the system refused: a
+// reliable datagram among them goes again as if lost on the way.
+func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
+	if c.ep.writeBatch(w, ps) == nil {
+		return
+	}
+	for i := range ps {
+		if err := ps[i].Err; err != nil {
+			c.sendErrs++
+			c.unsentBytes += uint64(len(ps[i].Buf))
+			c.sess.unreachable(err)
+		}
+	}
+}
+
+// refusal is the socket reader's report of an ICMP port unreachable. It
+// never blocks.
+func (c *Conn) refusal() {
+	c.refusals.Add(1)
+	c.kick()
+}
+
+// isRefusal reports whether err is the system's word that nothing listens
+// at the peer's port.
+func isRefusal(err error) bool { return errors.Is(err, errConnRefused) }
+
+// snapshot is the session's counters with the connection's corrections:
+// what the session built but the system did not send was not sent.
+func (c *Conn) snapshot() Stats {
+	st := c.sess.snapshot()
+	st.DatagramsSent -= c.sendErrs
+	st.BytesSent -= c.unsentBytes
+	st.SendErrors = c.sendErrs
+	if c.sec != nil {
+		st.InvalidDatagrams += c.sec.invalid
+		st.DuplicateDatagrams += c.sec.replays
+		st.Migrations = c.sec.migrations
+	}
+	if c.ep.l == nil {
+		st.SendErrors += c.ep.sendErrs.Load() // the socket is ours alone
+	}
+	return st
+}
+
+// publish hands the round's results to the application side.
+func (c *Conn) publish() {
+	if c.released > 0 {
+		c.sendMu.Lock()
+		c.sendUsed -= c.released
+		c.sendMu.Unlock()
+		c.released = 0
+		signal(c.sendSpace)
+	}
+	if c.delivered {
+		c.delivered = false
+		signal(c.recvReady)
+		if g := c.group.Load(); g != nil {
+			g.notify(c)
+		}
+	}
+	st := c.snapshot()
+	now := time.Now()
+	c.stateMu.Lock()
+	st.DroppedDatagrams += c.inDroppedLocked()
+	c.stats = st
+	c.rates.note(now, &st, c.sess.pidAdvance, c.sess.uniqueIn)
+	c.stateMu.Unlock()
+}
+
+func (c *Conn) inDroppedLocked() uint64 {
+	c.inMu.Lock()
+	n := c.inDropped
+	c.inMu.Unlock()
+	return n
+}
+
+// finish runs when the loop exits.
+func (c *Conn) finish() {
+	s := c.sess
+	err := s.err
+	c.sendMu.Lock()
+	closing := c.closing
+	c.sendMu.Unlock()
+	c.recvMu.Lock()
+	eof := c.recvEOF
+	c.recvMu.Unlock()
+	switch {
+	case err != nil:
+	case eof:
+		err = ErrPeerClosed
+		if len(s.peerReason) > 0 {
+			err = &DisconnectError{Reason: string(s.peerReason)}
+		}
+	case closing:
+		err = net.ErrClosed
+	default:
+		err = net.ErrClosed
+	}
+	if l := c.cfg.logger; l != nil && s.wasOpen {
+		graceful := err == net.ErrClosed || errors.Is(err, ErrPeerClosed)
+		level := slog.LevelInfo
+		if !graceful {
+			level = slog.LevelWarn
+		}
+		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote.Load(), "reason", err)
+	}
+	c.stateMu.Lock()
+	c.err = err
+	c.stats = c.snapshot()
+	c.stats.DroppedDatagrams += c.inDroppedLocked()
+	c.stateMu.Unlock()
+	c.ep.remove(c)
+	c.inMu.Lock()
+	for _, p := range c.inbox {
+		c.ep.putPacket(p)
+	}
+	c.inbox = nil
+	c.inMu.Unlock()
+	close(c.done)
+	signal(c.recvReady)
+	signal(c.sendSpace)
+	c.readDL.stop()
+	c.writeDL.stop()
+	if g := c.group.Load(); g != nil {
+		g.notify(c)
+	}
+	c.ep.connDone(c)
+}
+
+// Session host.
+
+func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	if !reliable && c.recvq.used()+len(payload) > c.cfg.recvBuffer {
+		putPayload(buf)
+		return false
+	}
+	if buf != nil {
+		c.recvq.pushOwned(id, payload, buf, reliable, inOrder)
+	} else {
+		c.recvq.push(id, payload, reliable, inOrder)
+	}
+	c.delivered = true
+	return true
+}
+
+func (c *Conn) recvUsed() int {
+	c.recvMu.Lock()
+	n := c.recvq.used()
+	c.recvMu.Unlock()
+	return n
+}
+
+func (c *Conn) sendDone(n int) { c.released += n }
+
+func (c *Conn) established() {
+	c.stateMu.Lock()
+	c.syn, c.synAck = c.sess.syn, c.sess.synAck
+	if c.sec != nil {
+		c.syn, c.synAck = c.sec.payload, c.sec.reply
+	}
+	c.stateMu.Unlock()
+	if c.sec != nil && c.ep.l != nil && !c.sec.proven {
+		// Opened from another address than the connection's: offered
+		// once one is proven (Conn.proven).
+		c.sec.offerWait = true
+		return
+	}
+	c.offer()
+}
+
+// offer hands an established connection to its application: a server's to
+// Accept or its Group (or refuses it after all), a client's to Dial.
+func (c *Conn) offer() {
+	if l := c.ep.l; l != nil && (!l.useToken(c) || !l.offer(c)) {
+		// The backlog filled up since admission, or the connect token
+		// was used meanwhile: refuse after all, with a DisconnectAck
+		// unless the listener is stealthy (DECISIONS §1: a rejected
+		// attempt gets no answer).
+		c.sess.refuse(!c.cfg.stealth)
+		return
+	}
+	c.estOnce.Do(func() { close(c.estab) })
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection established", "remote", c.remote.Load(), "dialect", c.dialect, "client", c.ep.l == nil)
+	}
+}
+
+func (c *Conn) peerClosed() {
+	c.recvMu.Lock()
+	c.recvEOF = true
+	c.recvMu.Unlock()
+	c.sendMu.Lock()
+	c.peerGone = true
+	c.sendMu.Unlock()
+	c.delivered = true
+	signal(c.sendSpace)
+}

@@ -1,0 +1,197 @@
+package knet
+
+import (
+	"context"
+	"errors"
+	"net"
+)
+
+// Sending: Send and its variants check a message, copy its payload into
+// the send queue and wake the loop. A full send buffer makes a reliable
+// message wait (until the write deadline or ctx) and drops an unreliable
+// one.
+
+// Send queues m for sending and returns once the payload is copied. A
+// reliable message waits for room in the send buffer until the write
+// deadline; an unreliable one is dropped and counted if there is none.
+// Send fails after Close, once the connection is lost, and for messages
+// the protocol cannot carry (see ErrReservedID, ErrMessageTooLarge,
+// ErrBadDependency).
+func (c *Conn) Send(m Message) error {
+	_, err := c.send(context.Background(), &m, false)
+	return dropIsNoError(err)
+}
+
+// errSendDropped is send's report of an unreliable message dropped for
+// lack of room, which Send and friends take for success (the message is
+// counted dropped).
+var errSendDropped = errors.New("knet: unreliable message dropped: send buffer full")
+
+func dropIsNoError(err error) error {
+	if err == errSendDropped {
+		return nil
+	}
+	return err
+}
+
+// SendContext is Send that also gives up when ctx is done.
+func (c *Conn) SendContext(ctx context.Context, m Message) error {
+	if ctx == nil {
+		return errNilContext
+	}
+	_, err := c.send(ctx, &m, false)
+	return dropIsNoError(err)
+}
+
+// TrySend is Send that never waits: when the send buffer has no room, it
+// returns ErrSendBufferFull (the message is not sent; an unreliable one
+// is counted dropped), for a game loop that must not stall on one slow
+// client.
+func (c *Conn) TrySend(m Message) error {
+	_, err := c.send(doneCtx, &m, false)
+	if err == errSendDropped || errors.Is(err, context.Canceled) {
+		return ErrSendBufferFull
+	}
+	return err
+}
+
+// ErrSendBufferFull is what Broadcast reports for a connection whose send
+// buffer had no room for the message.
+var ErrSendBufferFull = errors.New("knet: send buffer full")
+
+// Broadcast sends m to every connection in conns without ever waiting,
+// so that one slow client cannot hold up a game's tick, and returns how
+// many took it. A connection whose SendBuffer is full does not get m:
+// miss, if not nil, is called with it and ErrSendBufferFull (for an
+// unreliable m the connection's Stats.DroppedMessages counts it too), and
+// likewise with the error of a connection that has ended. A client that
+// keeps missing reliable messages cannot keep up: a server usually drops
+// it (CloseWithReason).
+//
+// The payload is copied once per connection into its send queue (no
+// allocation in steady state); each connection then packs it with its own
+// traffic, so its datagrams are that connection's.
+func Broadcast(conns []*Conn, m Message, miss func(*Conn, error)) int {
+	n := 0
+	for _, c := range conns {
+		if err := c.TrySend(m); err == nil {
+			n++
+		} else if miss != nil {
+			miss(c, err)
+		}
+	}
+	return n
+}
+
+// doneCtx is a context already done: a send with it never waits.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// SendRef is Send that also returns a Ref naming the message, so that
+// later messages can list it in DependsOn.
+func (c *Conn) SendRef(m Message) (Ref, error) {
+	ref, err := c.send(context.Background(), &m, true)
+	return ref, dropIsNoError(err)
+}
+
+func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) {
+	if m.ID < MinMessageID || m.ID > MaxMessageID {
+		return 0, ErrReservedID
+	}
+	if len(m.Payload) > c.cfg.maxMessage {
+		return 0, ErrMessageTooLarge
+	}
+	if len(m.DependsOn) > MaxDependencies {
+		return 0, ErrBadDependency
+	}
+	n := len(m.Payload)
+	c.sendMu.Lock()
+	for {
+		if err := c.sendErrLocked(); err != nil {
+			c.sendMu.Unlock()
+			signal(c.sendSpace) // pass the news to the next waiting sender
+			return 0, err
+		}
+		if c.writeDL.passed() {
+			c.sendMu.Unlock()
+			return 0, errDeadline
+		}
+		if c.sendUsed == 0 || c.sendUsed+n <= c.cfg.sendBuffer {
+			break
+		}
+		if !m.Reliable {
+			c.sendDrops++
+			c.sendMu.Unlock()
+			return 0, errSendDropped
+		}
+		c.sendMu.Unlock()
+		if err := waitSignal(ctx, c.sendSpace, c.writeDL.wait()); err != nil {
+			return 0, err
+		}
+		c.sendMu.Lock()
+	}
+	for _, r := range m.DependsOn {
+		if r>>1 == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
+			c.sendMu.Unlock()
+			return 0, ErrBadDependency
+		}
+	}
+	pbuf := getPayload(n)
+	c.lastRef++
+	ref := Ref(c.lastRef << 1)
+	if m.Reliable {
+		ref |= 1
+	}
+	o := outMsg{
+		ref:       ref,
+		id:        m.ID,
+		pbuf:      pbuf,
+		payload:   append((*pbuf)[:0], m.Payload...),
+		reliable:  m.Reliable,
+		inOrder:   m.InOrder,
+		tracked:   tracked,
+		channel:   m.Channel,
+		priority:  m.Priority,
+		contentID: m.ContentID,
+	}
+	if len(m.DependsOn) > 0 {
+		o.after = append([]Ref(nil), m.DependsOn...)
+	}
+	c.sendq = append(c.sendq, o)
+	c.sendUsed += n
+	room := c.sendUsed < c.cfg.sendBuffer
+	c.sendMu.Unlock()
+	c.kick()
+	if room {
+		signal(c.sendSpace) // let another waiting sender look
+	}
+	return ref, nil
+}
+
+// sendErrLocked is why Send cannot queue, or nil.
+func (c *Conn) sendErrLocked() error {
+	if c.closing {
+		return net.ErrClosed
+	}
+	if c.peerGone {
+		return ErrPeerClosed
+	}
+	select {
+	case <-c.done:
+		return c.Err()
+	default:
+		return nil
+	}
+}
+
+// FlowControl asks the peer to send at most rate datagrams a second (a
+// FlowControlRequest); the peer may always send MinDatagramRate.
+func (c *Conn) FlowControl(rate int) {
+	c.sendMu.Lock()
+	c.flowReq = max(rate, 1)
+	c.sendMu.Unlock()
+	c.kick()
+}
