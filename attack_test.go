@@ -1438,11 +1438,11 @@ func (fx *matrixFixture) openChecks(t *testing.T, cell string) {
 // queuedPayloads is what waits in c's receive queue: after Close the
 // application cannot read it any more, but it was delivered.
 func queuedPayloads(c *Conn) []string {
-	c.recvMu.Lock()
-	defer c.recvMu.Unlock()
+	c.recvq.mu.Lock()
+	defer c.recvq.mu.Unlock()
 	var out []string
-	for i := c.recvq.head; i < len(c.recvq.entries); i++ {
-		out = append(out, string(c.recvq.bytes(&c.recvq.entries[i])))
+	for i := c.recvq.msgs.head; i < len(c.recvq.msgs.entries); i++ {
+		out = append(out, string(c.recvq.msgs.bytes(&c.recvq.msgs.entries[i])))
 	}
 	return out
 }

@@ -22,66 +22,30 @@ type Conn struct {
 	dialect Dialect // DialectSpec or DialectReference
 
 	// Owned by loop.
-	sess     *session
-	sec      *secureState // a secure session's keys, nil if plaintext
-	released int          // send buffer bytes to hand back
-	inWork   []*packet
-	// The most datagrams and messages one round took from the inbox and
-	// the send queue since the last tidy.
-	inPeak, sendPeak int
+	sess  *session
+	sec   *secureState // a secure session's keys, nil if plaintext
+	sched connSched
 	// Datagrams the system refused to send, and their bytes (counted
 	// sent by the session, taken off in the Stats).
 	sendErrs, unsentBytes uint64
-	delivered             bool // signal recvReady after this round
 
-	// The goroutine's own, kept while it is parked: the timer, when it
-	// is set for, the next deadline, whether the round did anything, and
-	// since when nothing was done.
-	timer     *time.Timer
-	armed     time.Time
-	next      time.Time
-	active    bool
-	quietFrom time.Time
-
+	// Any goroutine's: a channel and atomics.
+	wake     chan struct{} // capacity 1: inbox, send queue or Close
+	parked   atomic.Bool   // the goroutine ended while idle: kick starts it
 	refusals atomic.Uint32 // port unreachable reports, from the reader
 	userData atomic.Value  // SetUserData's
 
-	wake   chan struct{} // capacity 1: inbox, send queue or Close
-	parked atomic.Bool   // the goroutine ended while idle: kick starts it
-
-	// Guarded by inMu.
-	inMu      sync.Mutex
-	inbox     []*packet
-	inDropped uint64 // datagrams a full inbox dropped
-
-	// Guarded by sendMu.
-	sendMu      sync.Mutex
-	sendq       []outMsg
-	sendSpare   []outMsg
-	lastRef     uint64
-	closing     bool   // Close was called
-	closeReason []byte // CloseWithReason's
-	flowReq     int    // FlowControl rate to send, 0 if none
-	peerGone    bool   // the peer closed
-	sendUsed    int    // payload bytes queued or unacked
-	sendDrops   uint64
-	sendSpace   chan struct{} // capacity 1
-
-	// Guarded by recvMu.
-	recvMu    sync.Mutex
-	recvq     recvQueue
-	recvEOF   bool          // peer closed: after recvq, io.EOF
-	recvReady chan struct{} // capacity 1
+	// The three ways in and out of the loop, each behind its own mutex.
+	inbox connInbox     // datagrams from the socket reader
+	sendq connSendQueue // messages from the application
+	recvq connRecvQueue // messages for the application
 
 	readDL, writeDL deadline
 
-	// The Group taking this connection's messages, if any. The rest is
-	// guarded by the group's mutex.
-	group    atomic.Pointer[Group]
-	gQueued  bool // in the group's ready list
-	gJoined  bool // EventConnected reported
-	gEnded   bool // EventDisconnected reported
-	gNoticed bool // the group has seen it (Add)
+	// The Group taking this connection's messages, if any, and its
+	// place there (guarded by the group's mutex).
+	group   atomic.Pointer[Group]
+	inGroup connInGroup
 
 	estOnce    sync.Once
 	estab      chan struct{}
@@ -90,31 +54,104 @@ type Conn struct {
 	closed     chan struct{} // Close was called
 	done       chan struct{} // loop has exited
 
-	// Guarded by stateMu.
-	stateMu sync.Mutex
-	rates   rateRing
-	err     error // why the connection ended
-	syn     []byte
-	synAck  []byte
-	stats   Stats
+	state connState // what the loop publishes: counters, why it ended
+}
+
+// connSched is the goroutine's own, kept while it is parked: the timer,
+// when it is set for, the next deadline, whether the round did anything,
+// and since when nothing was done. Owned by loop.
+type connSched struct {
+	timer     *time.Timer
+	armed     time.Time
+	next      time.Time
+	active    bool
+	quietFrom time.Time
+}
+
+// connInbox holds the datagrams the socket reader hands a connection
+// (push) until its loop takes them (drainInbox).
+type connInbox struct {
+	// Guarded by mu.
+	mu      sync.Mutex
+	pkts    []*packet
+	dropped uint64 // datagrams a full inbox dropped
+
+	// Owned by loop.
+	work []*packet // the slice pkts is swapped with each round
+	peak int       // the most datagrams one round took since the last tidy
+}
+
+// connSendQueue holds the messages the application queued (Send) until
+// the loop hands them to the session (drainSendQueue), and the send
+// buffer's accounting.
+type connSendQueue struct {
+	// Guarded by mu.
+	mu          sync.Mutex
+	msgs        []outMsg
+	lastRef     uint64
+	closing     bool   // Close was called
+	closeReason []byte // CloseWithReason's
+	flowReq     int    // FlowControl rate to send, 0 if none
+	peerGone    bool   // the peer closed
+	used        int    // payload bytes queued or unacked
+	drops       uint64
+	space       chan struct{} // capacity 1
+
+	// Owned by loop.
+	spare    []outMsg // the slice msgs is swapped with each round
+	peak     int      // the most messages one round took since the last tidy
+	released int      // send buffer bytes to hand back
+}
+
+// connRecvQueue holds the messages the loop delivered (deliver) until the
+// application takes them (Receive, Read, a Group).
+type connRecvQueue struct {
+	// Guarded by mu.
+	mu    sync.Mutex
+	msgs  recvQueue
+	eof   bool          // peer closed: after msgs, io.EOF
+	ready chan struct{} // capacity 1
+
+	// Owned by loop.
+	delivered bool // signal ready after this round
+}
+
+// connInGroup is a connection's place in its Group. Guarded by the
+// group's mutex.
+type connInGroup struct {
+	queued  bool // in the group's ready list
+	joined  bool // EventConnected reported
+	ended   bool // EventDisconnected reported
+	noticed bool // the group has seen it (Add)
+}
+
+// connState is what the loop publishes for the application's calls
+// (Stats, Err, Handshake). Guarded by mu.
+type connState struct {
+	mu     sync.Mutex
+	rates  rateRing
+	err    error // why the connection ended
+	syn    []byte
+	synAck []byte
+	stats  Stats
 }
 
 func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, dialect Dialect) *Conn {
 	c := &Conn{
-		dialect:   dialect,
-		ep:        ep,
-		raddr:     raddr,
-		cfg:       cfg,
-		wake:      make(chan struct{}, 1),
-		sendSpace: make(chan struct{}, 1),
-		recvReady: make(chan struct{}, 1),
-		estab:     make(chan struct{}),
-		closed:    make(chan struct{}),
-		done:      make(chan struct{}),
+		dialect: dialect,
+		ep:      ep,
+		raddr:   raddr,
+		cfg:     cfg,
+		wake:    make(chan struct{}, 1),
+		sendq:   connSendQueue{space: make(chan struct{}, 1)},
+		recvq:   connRecvQueue{ready: make(chan struct{}, 1)},
+		estab:   make(chan struct{}),
+		closed:  make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	c.remote.Store(net.UDPAddrFromAddrPort(raddr))
-	c.readDL.init(c.recvReady)
-	c.writeDL.init(c.sendSpace)
+	c.readDL.init(c.recvq.ready)
+	c.writeDL.init(c.sendq.space)
 	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
 	// A secure connection's c.sec is set by its maker: Dial, or the
 	// listener once the client's handshake message and token are read
@@ -166,11 +203,11 @@ func (c *Conn) UserData() any {
 // for the close to end. The end shows on Done, and as EventDisconnected
 // in a Group; Err then says how it ended (net.ErrClosed when gracefully).
 func (c *Conn) StartClose(reason string) {
-	c.sendMu.Lock()
-	if c.closeReason == nil && reason != "" {
-		c.closeReason = reasonBytes(reason)
+	c.sendq.mu.Lock()
+	if c.sendq.closeReason == nil && reason != "" {
+		c.sendq.closeReason = reasonBytes(reason)
 	}
-	c.sendMu.Unlock()
+	c.sendq.mu.Unlock()
 	c.userClosed.Store(true)
 	c.shutdown()
 }
@@ -181,11 +218,11 @@ func (c *Conn) StartClose(reason string) {
 // *DisconnectError holding it. A peer that only reads the specification
 // ignores it, and the reference dialect cannot carry it.
 func (c *Conn) CloseWithReason(reason string) error {
-	c.sendMu.Lock()
-	if c.closeReason == nil {
-		c.closeReason = reasonBytes(reason)
+	c.sendq.mu.Lock()
+	if c.sendq.closeReason == nil {
+		c.sendq.closeReason = reasonBytes(reason)
 	}
-	c.sendMu.Unlock()
+	c.sendq.mu.Unlock()
 	return c.Close()
 }
 
@@ -200,25 +237,25 @@ func (c *Conn) MaxUnreliablePayload() int { return c.cfg.wholeLimit() }
 // Handshake returns the content of the ConnectSyn and of the ConnectSynAck
 // of this connection (empty in the reference dialect, which has none).
 func (c *Conn) Handshake() (syn, synAck []byte) {
-	c.stateMu.Lock()
-	defer c.stateMu.Unlock()
-	return append([]byte(nil), c.syn...), append([]byte(nil), c.synAck...)
+	c.state.mu.Lock()
+	defer c.state.mu.Unlock()
+	return append([]byte(nil), c.state.syn...), append([]byte(nil), c.state.synAck...)
 }
 
 // Stats returns the connection's counters and its recent quality.
 func (c *Conn) Stats() Stats {
 	now := time.Now()
-	c.stateMu.Lock()
-	st := c.stats
-	c.rates.fill(now, &st)
-	c.stateMu.Unlock()
-	c.sendMu.Lock()
-	st.DroppedMessages += c.sendDrops
-	st.QueuedBytes = c.sendUsed
-	c.sendMu.Unlock()
-	c.recvMu.Lock()
-	st.ReceiveQueuedBytes = c.recvq.used()
-	c.recvMu.Unlock()
+	c.state.mu.Lock()
+	st := c.state.stats
+	c.state.rates.fill(now, &st)
+	c.state.mu.Unlock()
+	c.sendq.mu.Lock()
+	st.DroppedMessages += c.sendq.drops
+	st.QueuedBytes = c.sendq.used
+	c.sendq.mu.Unlock()
+	c.recvq.mu.Lock()
+	st.ReceiveQueuedBytes = c.recvq.msgs.used()
+	c.recvq.mu.Unlock()
 	st.Jitter = st.RTTVar
 	st.Quality = quality(st.LossRate, st.RTT)
 	return st
@@ -231,9 +268,9 @@ func (c *Conn) Err() error {
 	default:
 		return nil
 	}
-	c.stateMu.Lock()
-	defer c.stateMu.Unlock()
-	return c.err
+	c.state.mu.Lock()
+	defer c.state.mu.Unlock()
+	return c.state.err
 }
 
 // Done returns a channel closed when the connection has ended.
@@ -260,9 +297,9 @@ func (c *Conn) Close() error {
 	}
 	c.shutdown()
 	<-c.done
-	c.stateMu.Lock()
-	err := c.err
-	c.stateMu.Unlock()
+	c.state.mu.Lock()
+	err := c.state.err
+	c.state.mu.Unlock()
 	if err == net.ErrClosed || errors.Is(err, ErrPeerClosed) {
 		return nil // the graceful ends
 	}
@@ -273,12 +310,12 @@ func (c *Conn) Close() error {
 // not wait for the end.
 func (c *Conn) shutdown() {
 	c.closeOnce.Do(func() {
-		c.sendMu.Lock()
-		c.closing = true
-		c.sendMu.Unlock()
+		c.sendq.mu.Lock()
+		c.sendq.closing = true
+		c.sendq.mu.Unlock()
 		close(c.closed)
 		c.kick()
-		signal(c.recvReady)
-		signal(c.sendSpace)
+		signal(c.recvq.ready)
+		signal(c.sendq.space)
 	})
 }

@@ -21,14 +21,14 @@ import (
 // push hands a datagram from the socket reader to the connection. It never
 // blocks: a full inbox drops the datagram.
 func (c *Conn) push(p *packet) bool {
-	c.inMu.Lock()
-	if len(c.inbox) >= maxInbox {
-		c.inDropped++
-		c.inMu.Unlock()
+	c.inbox.mu.Lock()
+	if len(c.inbox.pkts) >= maxInbox {
+		c.inbox.dropped++
+		c.inbox.mu.Unlock()
 		return false
 	}
-	c.inbox = append(c.inbox, p)
-	c.inMu.Unlock()
+	c.inbox.pkts = append(c.inbox.pkts, p)
+	c.inbox.mu.Unlock()
 	c.kick()
 	return true
 }
@@ -36,12 +36,12 @@ func (c *Conn) push(p *packet) bool {
 // pushRun hands over several datagrams at once; what does not fit the
 // inbox is dropped.
 func (c *Conn) pushRun(run []*packet) {
-	c.inMu.Lock()
-	room := max(0, maxInbox-len(c.inbox))
+	c.inbox.mu.Lock()
+	room := max(0, maxInbox-len(c.inbox.pkts))
 	take := min(room, len(run))
-	c.inbox = append(c.inbox, run[:take]...)
-	c.inDropped += uint64(len(run) - take)
-	c.inMu.Unlock()
+	c.inbox.pkts = append(c.inbox.pkts, run[:take]...)
+	c.inbox.dropped += uint64(len(run) - take)
+	c.inbox.mu.Unlock()
 	for _, p := range run[take:] {
 		c.ep.putPacket(p)
 	}
@@ -57,14 +57,14 @@ const maxInbox = 2048
 // the session is done, or, for a while, when the connection has been idle
 // for parkAfter: kick starts it again.
 func (c *Conn) loop() {
-	if c.timer == nil {
+	if c.sched.timer == nil {
 		// The timer only wakes the loop, so that waiting is one channel
 		// receive; it is moved only when the next deadline changes.
-		c.timer = time.AfterFunc(time.Hour, c.kick)
-		c.quietFrom = time.Now()
+		c.sched.timer = time.AfterFunc(time.Hour, c.kick)
+		c.sched.quietFrom = time.Now()
 	}
 	if c.run() {
-		c.timer.Stop()
+		c.sched.timer.Stop()
 		c.finish()
 		if l := c.ep.l; l != nil {
 			l.loops.Done() // Add in handleNew: the connection's goroutine, parked or not, is done
@@ -87,7 +87,7 @@ func (c *Conn) run() (done bool) {
 	s := c.sess
 	for {
 		now := c.drainInbox()
-		if !c.next.IsZero() && !now.Before(c.next) {
+		if !c.sched.next.IsZero() && !now.Before(c.sched.next) {
 			// What arrived while we waited went before the timers: a
 			// held message must not outlive its reorder window because
 			// the datagram that completes it sat in the inbox.
@@ -102,18 +102,18 @@ func (c *Conn) run() (done bool) {
 			return true
 		}
 		now = time.Now()
-		if c.active {
-			c.active = false
-			c.quietFrom = now
+		if c.sched.active {
+			c.sched.active = false
+			c.sched.quietFrom = now
 		}
 		next := s.nextDeadline(now)
 		if !next.After(now) {
-			c.next = now // due: the next round runs the timers
+			c.sched.next = now // due: the next round runs the timers
 			continue
 		}
-		c.next = next
+		c.sched.next = next
 		wait := next
-		if idle := c.quietFrom.Add(time.Duration(parkAfter.Load())); idle.Before(next) {
+		if idle := c.sched.quietFrom.Add(time.Duration(parkAfter.Load())); idle.Before(next) {
 			if !now.Before(idle) {
 				c.setTimer(next, now)
 				if c.park() {
@@ -130,9 +130,9 @@ func (c *Conn) run() (done bool) {
 
 // setTimer has the timer kick the connection at t.
 func (c *Conn) setTimer(t, now time.Time) {
-	if t != c.armed {
-		c.timer.Reset(t.Sub(now))
-		c.armed = t
+	if t != c.sched.armed {
+		c.sched.timer.Reset(t.Sub(now))
+		c.sched.armed = t
 	}
 }
 
@@ -175,14 +175,14 @@ func (c *Conn) kick() {
 // goroutine once put one at 34ms on a 40ms path, which the rate control
 // then took for the path's minimum).
 func (c *Conn) drainInbox() time.Time {
-	c.inMu.Lock()
-	work := c.inbox
-	c.inbox = c.inWork[:0]
-	c.inMu.Unlock()
+	c.inbox.mu.Lock()
+	work := c.inbox.pkts
+	c.inbox.pkts = c.inbox.work[:0]
+	c.inbox.mu.Unlock()
 	now := time.Now()
-	c.inPeak = max(c.inPeak, len(work))
+	c.inbox.peak = max(c.inbox.peak, len(work))
 	if len(work) > 0 {
-		c.active = true
+		c.sched.active = true
 	}
 	for i, p := range work {
 		if c.sec == nil {
@@ -193,24 +193,24 @@ func (c *Conn) drainInbox() time.Time {
 		c.ep.putPacket(p)
 		work[i] = nil
 	}
-	c.inWork = work[:0]
+	c.inbox.work = work[:0]
 	return now
 }
 
 func (c *Conn) drainSendQueue(now time.Time) {
-	c.sendMu.Lock()
-	q := c.sendq
-	c.sendq = c.sendSpare[:0]
-	closing, why := c.closing, c.closeReason
-	flow := c.flowReq
-	c.flowReq = 0
-	c.sendMu.Unlock()
+	c.sendq.mu.Lock()
+	q := c.sendq.msgs
+	c.sendq.msgs = c.sendq.spare[:0]
+	closing, why := c.sendq.closing, c.sendq.closeReason
+	flow := c.sendq.flowReq
+	c.sendq.flowReq = 0
+	c.sendq.mu.Unlock()
 	if flow > 0 {
 		c.sess.sendFlowControl(flow)
 	}
-	c.sendPeak = max(c.sendPeak, len(q))
+	c.sendq.peak = max(c.sendq.peak, len(q))
 	if len(q) > 0 || closing || flow > 0 {
-		c.active = true
+		c.sched.active = true
 	}
 	for i := range q {
 		m := c.sess.newMsg()
@@ -221,7 +221,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 		c.sess.enqueue(m)
 		q[i] = outMsg{}
 	}
-	c.sendSpare = q[:0]
+	c.sendq.spare = q[:0]
 	if closing {
 		if c.sess.closeReason == nil && c.dialect != DialectReference {
 			c.sess.closeReason = why
@@ -304,26 +304,26 @@ func (c *Conn) handleEvents() {
 func (c *Conn) tidy() {
 	// The inbox and the send queue each swap two slices every round.
 	big := func(n, peak int) bool { return n > 0 && (peak == 0 || n > 2*peak+16) }
-	if big(cap(c.inWork), c.inPeak) {
-		c.inWork = nil
+	if big(cap(c.inbox.work), c.inbox.peak) {
+		c.inbox.work = nil
 	}
-	c.inMu.Lock()
-	if len(c.inbox) == 0 && big(cap(c.inbox), c.inPeak) {
-		c.inbox = nil
+	c.inbox.mu.Lock()
+	if len(c.inbox.pkts) == 0 && big(cap(c.inbox.pkts), c.inbox.peak) {
+		c.inbox.pkts = nil
 	}
-	c.inMu.Unlock()
-	if big(cap(c.sendSpare), c.sendPeak) {
-		c.sendSpare = nil
+	c.inbox.mu.Unlock()
+	if big(cap(c.sendq.spare), c.sendq.peak) {
+		c.sendq.spare = nil
 	}
-	c.sendMu.Lock()
-	if len(c.sendq) == 0 && big(cap(c.sendq), c.sendPeak) {
-		c.sendq = nil
+	c.sendq.mu.Lock()
+	if len(c.sendq.msgs) == 0 && big(cap(c.sendq.msgs), c.sendq.peak) {
+		c.sendq.msgs = nil
 	}
-	c.sendMu.Unlock()
-	c.inPeak, c.sendPeak = 0, 0
-	c.recvMu.Lock()
-	c.recvq.trim()
-	c.recvMu.Unlock()
+	c.sendq.mu.Unlock()
+	c.inbox.peak, c.sendq.peak = 0, 0
+	c.recvq.mu.Lock()
+	c.recvq.msgs.trim()
+	c.recvq.mu.Unlock()
 }
 
 // flush sends every datagram the session has ready, in batches of one
@@ -350,13 +350,13 @@ func (c *Conn) flush(now time.Time) {
 		w.used = max(w.used, n+1)
 		if n++; n == len(w.ps) && !w.grow() {
 			c.write(w, w.ps[:n])
-			c.active = true
+			c.sched.active = true
 			n = 0
 		}
 	}
 	if n > 0 {
 		c.write(w, w.ps[:n])
-		c.active = true
+		c.sched.active = true
 	}
 	if w != nil {
 		putWriteBatch(w)
@@ -409,33 +409,33 @@ func (c *Conn) snapshot() Stats {
 
 // publish hands the round's results to the application side.
 func (c *Conn) publish() {
-	if c.released > 0 {
-		c.sendMu.Lock()
-		c.sendUsed -= c.released
-		c.sendMu.Unlock()
-		c.released = 0
-		signal(c.sendSpace)
+	if c.sendq.released > 0 {
+		c.sendq.mu.Lock()
+		c.sendq.used -= c.sendq.released
+		c.sendq.mu.Unlock()
+		c.sendq.released = 0
+		signal(c.sendq.space)
 	}
-	if c.delivered {
-		c.delivered = false
-		signal(c.recvReady)
+	if c.recvq.delivered {
+		c.recvq.delivered = false
+		signal(c.recvq.ready)
 		if g := c.group.Load(); g != nil {
 			g.notify(c)
 		}
 	}
 	st := c.snapshot()
 	now := time.Now()
-	c.stateMu.Lock()
+	c.state.mu.Lock()
 	st.DroppedDatagrams += c.inDroppedLocked()
-	c.stats = st
-	c.rates.note(now, &st, c.sess.pidAdvance, c.sess.uniqueIn)
-	c.stateMu.Unlock()
+	c.state.stats = st
+	c.state.rates.note(now, &st, c.sess.pidAdvance, c.sess.uniqueIn)
+	c.state.mu.Unlock()
 }
 
 func (c *Conn) inDroppedLocked() uint64 {
-	c.inMu.Lock()
-	n := c.inDropped
-	c.inMu.Unlock()
+	c.inbox.mu.Lock()
+	n := c.inbox.dropped
+	c.inbox.mu.Unlock()
 	return n
 }
 
@@ -443,12 +443,12 @@ func (c *Conn) inDroppedLocked() uint64 {
 func (c *Conn) finish() {
 	s := c.sess
 	err := s.err
-	c.sendMu.Lock()
-	closing := c.closing
-	c.sendMu.Unlock()
-	c.recvMu.Lock()
-	eof := c.recvEOF
-	c.recvMu.Unlock()
+	c.sendq.mu.Lock()
+	closing := c.sendq.closing
+	c.sendq.mu.Unlock()
+	c.recvq.mu.Lock()
+	eof := c.recvq.eof
+	c.recvq.mu.Unlock()
 	switch {
 	case err != nil:
 	case eof:
@@ -469,21 +469,21 @@ func (c *Conn) finish() {
 		}
 		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote.Load(), "reason", err)
 	}
-	c.stateMu.Lock()
-	c.err = err
-	c.stats = c.snapshot()
-	c.stats.DroppedDatagrams += c.inDroppedLocked()
-	c.stateMu.Unlock()
+	c.state.mu.Lock()
+	c.state.err = err
+	c.state.stats = c.snapshot()
+	c.state.stats.DroppedDatagrams += c.inDroppedLocked()
+	c.state.mu.Unlock()
 	c.ep.remove(c)
-	c.inMu.Lock()
-	for _, p := range c.inbox {
+	c.inbox.mu.Lock()
+	for _, p := range c.inbox.pkts {
 		c.ep.putPacket(p)
 	}
-	c.inbox = nil
-	c.inMu.Unlock()
+	c.inbox.pkts = nil
+	c.inbox.mu.Unlock()
 	close(c.done)
-	signal(c.recvReady)
-	signal(c.sendSpace)
+	signal(c.recvq.ready)
+	signal(c.sendq.space)
 	c.readDL.stop()
 	c.writeDL.stop()
 	if g := c.group.Load(); g != nil {
@@ -495,37 +495,37 @@ func (c *Conn) finish() {
 // Session host.
 
 func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
-	c.recvMu.Lock()
-	defer c.recvMu.Unlock()
-	if !reliable && c.recvq.used()+len(payload) > c.cfg.recvBuffer {
+	c.recvq.mu.Lock()
+	defer c.recvq.mu.Unlock()
+	if !reliable && c.recvq.msgs.used()+len(payload) > c.cfg.recvBuffer {
 		putPayload(buf)
 		return false
 	}
 	if buf != nil {
-		c.recvq.pushOwned(id, payload, buf, reliable, inOrder)
+		c.recvq.msgs.pushOwned(id, payload, buf, reliable, inOrder)
 	} else {
-		c.recvq.push(id, payload, reliable, inOrder)
+		c.recvq.msgs.push(id, payload, reliable, inOrder)
 	}
-	c.delivered = true
+	c.recvq.delivered = true
 	return true
 }
 
 func (c *Conn) recvUsed() int {
-	c.recvMu.Lock()
-	n := c.recvq.used()
-	c.recvMu.Unlock()
+	c.recvq.mu.Lock()
+	n := c.recvq.msgs.used()
+	c.recvq.mu.Unlock()
 	return n
 }
 
-func (c *Conn) sendDone(n int) { c.released += n }
+func (c *Conn) sendDone(n int) { c.sendq.released += n }
 
 func (c *Conn) established() {
-	c.stateMu.Lock()
-	c.syn, c.synAck = c.sess.syn, c.sess.synAck
+	c.state.mu.Lock()
+	c.state.syn, c.state.synAck = c.sess.syn, c.sess.synAck
 	if c.sec != nil {
-		c.syn, c.synAck = c.sec.payload, c.sec.reply
+		c.state.syn, c.state.synAck = c.sec.payload, c.sec.reply
 	}
-	c.stateMu.Unlock()
+	c.state.mu.Unlock()
 	if c.sec != nil && c.ep.l != nil && !c.sec.proven {
 		// Opened from another address than the connection's: offered
 		// once one is proven (Conn.proven).
@@ -553,12 +553,12 @@ func (c *Conn) offer() {
 }
 
 func (c *Conn) peerClosed() {
-	c.recvMu.Lock()
-	c.recvEOF = true
-	c.recvMu.Unlock()
-	c.sendMu.Lock()
-	c.peerGone = true
-	c.sendMu.Unlock()
-	c.delivered = true
-	signal(c.sendSpace)
+	c.recvq.mu.Lock()
+	c.recvq.eof = true
+	c.recvq.mu.Unlock()
+	c.sendq.mu.Lock()
+	c.sendq.peerGone = true
+	c.sendq.mu.Unlock()
+	c.recvq.delivered = true
+	signal(c.sendq.space)
 }

@@ -45,20 +45,20 @@ func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, e
 // waitRecv waits for a message and calls take with the queue locked.
 func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 	for {
-		c.recvMu.Lock()
+		c.recvq.mu.Lock()
 		if c.isClosed() {
-			c.recvMu.Unlock()
-			signal(c.recvReady) // pass the news to the next waiting reader
+			c.recvq.mu.Unlock()
+			signal(c.recvq.ready) // pass the news to the next waiting reader
 			return net.ErrClosed
 		}
-		if c.recvq.len() > 0 {
-			before := c.recvq.used()
-			take(&c.recvq)
-			more := c.recvq.len() > 0
-			after := c.recvq.used()
-			c.recvMu.Unlock()
+		if c.recvq.msgs.len() > 0 {
+			before := c.recvq.msgs.used()
+			take(&c.recvq.msgs)
+			more := c.recvq.msgs.len() > 0
+			after := c.recvq.msgs.used()
+			c.recvq.mu.Unlock()
 			if more {
-				signal(c.recvReady)
+				signal(c.recvq.ready)
 			}
 			// Reading freed what the peer may be waiting for: let the
 			// loop tell it (flow control) and take what it resends.
@@ -67,21 +67,21 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 			}
 			return nil
 		}
-		eof := c.recvEOF
-		c.recvMu.Unlock()
+		eof := c.recvq.eof
+		c.recvq.mu.Unlock()
 		if eof {
-			signal(c.recvReady)
+			signal(c.recvq.ready)
 			return io.EOF
 		}
 		select {
 		case <-c.done:
-			c.recvMu.Lock()
-			n, eof := c.recvq.len(), c.recvEOF
-			c.recvMu.Unlock()
+			c.recvq.mu.Lock()
+			n, eof := c.recvq.msgs.len(), c.recvq.eof
+			c.recvq.mu.Unlock()
 			if n > 0 {
 				continue
 			}
-			signal(c.recvReady)
+			signal(c.recvq.ready)
 			if eof {
 				return io.EOF
 			}
@@ -91,7 +91,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		if c.readDL.passed() {
 			return errDeadline
 		}
-		if err := waitSignal(ctx, c.recvReady, c.readDL.wait()); err != nil {
+		if err := waitSignal(ctx, c.recvq.ready, c.readDL.wait()); err != nil {
 			return err
 		}
 	}

@@ -108,40 +108,40 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 		return 0, ErrBadDependency
 	}
 	n := len(m.Payload)
-	c.sendMu.Lock()
+	c.sendq.mu.Lock()
 	for {
 		if err := c.sendErrLocked(); err != nil {
-			c.sendMu.Unlock()
-			signal(c.sendSpace) // pass the news to the next waiting sender
+			c.sendq.mu.Unlock()
+			signal(c.sendq.space) // pass the news to the next waiting sender
 			return 0, err
 		}
 		if c.writeDL.passed() {
-			c.sendMu.Unlock()
+			c.sendq.mu.Unlock()
 			return 0, errDeadline
 		}
-		if c.sendUsed == 0 || c.sendUsed+n <= c.cfg.sendBuffer {
+		if c.sendq.used == 0 || c.sendq.used+n <= c.cfg.sendBuffer {
 			break
 		}
 		if !m.Reliable {
-			c.sendDrops++
-			c.sendMu.Unlock()
+			c.sendq.drops++
+			c.sendq.mu.Unlock()
 			return 0, errSendDropped
 		}
-		c.sendMu.Unlock()
-		if err := waitSignal(ctx, c.sendSpace, c.writeDL.wait()); err != nil {
+		c.sendq.mu.Unlock()
+		if err := waitSignal(ctx, c.sendq.space, c.writeDL.wait()); err != nil {
 			return 0, err
 		}
-		c.sendMu.Lock()
+		c.sendq.mu.Lock()
 	}
 	for _, r := range m.DependsOn {
-		if r>>1 == 0 || uint64(r>>1) > c.lastRef || m.Reliable && !r.reliable() {
-			c.sendMu.Unlock()
+		if r>>1 == 0 || uint64(r>>1) > c.sendq.lastRef || m.Reliable && !r.reliable() {
+			c.sendq.mu.Unlock()
 			return 0, ErrBadDependency
 		}
 	}
 	pbuf := getPayload(n)
-	c.lastRef++
-	ref := Ref(c.lastRef << 1)
+	c.sendq.lastRef++
+	ref := Ref(c.sendq.lastRef << 1)
 	if m.Reliable {
 		ref |= 1
 	}
@@ -160,23 +160,23 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	if len(m.DependsOn) > 0 {
 		o.after = append([]Ref(nil), m.DependsOn...)
 	}
-	c.sendq = append(c.sendq, o)
-	c.sendUsed += n
-	room := c.sendUsed < c.cfg.sendBuffer
-	c.sendMu.Unlock()
+	c.sendq.msgs = append(c.sendq.msgs, o)
+	c.sendq.used += n
+	room := c.sendq.used < c.cfg.sendBuffer
+	c.sendq.mu.Unlock()
 	c.kick()
 	if room {
-		signal(c.sendSpace) // let another waiting sender look
+		signal(c.sendq.space) // let another waiting sender look
 	}
 	return ref, nil
 }
 
 // sendErrLocked is why Send cannot queue, or nil.
 func (c *Conn) sendErrLocked() error {
-	if c.closing {
+	if c.sendq.closing {
 		return net.ErrClosed
 	}
-	if c.peerGone {
+	if c.sendq.peerGone {
 		return ErrPeerClosed
 	}
 	select {
@@ -190,8 +190,8 @@ func (c *Conn) sendErrLocked() error {
 // FlowControl asks the peer to send at most rate datagrams a second (a
 // FlowControlRequest); the peer may always send MinDatagramRate.
 func (c *Conn) FlowControl(rate int) {
-	c.sendMu.Lock()
-	c.flowReq = max(rate, 1)
-	c.sendMu.Unlock()
+	c.sendq.mu.Lock()
+	c.sendq.flowReq = max(rate, 1)
+	c.sendq.mu.Unlock()
 	c.kick()
 }

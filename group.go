@@ -81,9 +81,9 @@ func (g *Group) Add(c *Conn) {
 		old.remove(c)
 	}
 	g.mu.Lock()
-	if !c.gNoticed {
-		c.gNoticed = true
-		c.gJoined, c.gEnded = false, false
+	if !c.inGroup.noticed {
+		c.inGroup.noticed = true
+		c.inGroup.joined, c.inGroup.ended = false, false
 		g.conns++
 	}
 	g.mu.Unlock()
@@ -95,19 +95,19 @@ func (g *Group) Add(c *Conn) {
 func (g *Group) Remove(c *Conn) {
 	if c.group.CompareAndSwap(g, nil) {
 		g.remove(c)
-		signal(c.recvReady)
+		signal(c.recvq.ready)
 	}
 }
 
 func (g *Group) remove(c *Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if c.gNoticed && !c.gEnded {
+	if c.inGroup.noticed && !c.inGroup.ended {
 		g.conns--
 	}
-	c.gNoticed = false
-	if c.gQueued {
-		c.gQueued = false
+	c.inGroup.noticed = false
+	if c.inGroup.queued {
+		c.inGroup.queued = false
 		for i, r := range g.ready {
 			if r == c {
 				copy(g.ready[i:], g.ready[i+1:])
@@ -129,8 +129,8 @@ func (g *Group) Len() int {
 // notify lists c as having news, once.
 func (g *Group) notify(c *Conn) {
 	g.mu.Lock()
-	if c.gNoticed && !c.gQueued && !c.gEnded {
-		c.gQueued = true
+	if c.inGroup.noticed && !c.inGroup.queued && !c.inGroup.ended {
+		c.inGroup.queued = true
 		g.ready = append(g.ready, c)
 	}
 	g.mu.Unlock()
@@ -176,10 +176,10 @@ func (g *Group) Poll(events []Event) int {
 			g.ready = append(g.ready, c) // its turn next time
 			continue
 		}
-		c.gQueued = false
+		c.inGroup.queued = false
 		n += g.drain(c, events[n:])
-		if !c.gEnded && !c.gQueued && c.hasNews() {
-			c.gQueued = true
+		if !c.inGroup.ended && !c.inGroup.queued && c.hasNews() {
+			c.inGroup.queued = true
 			g.ready = append(g.ready, c)
 		}
 	}
@@ -190,45 +190,45 @@ func (g *Group) Poll(events []Event) int {
 // drain fills events from c: its arrival, its waiting messages, its end.
 func (g *Group) drain(c *Conn, events []Event) int {
 	n := 0
-	if !c.gJoined {
-		c.gJoined = true
+	if !c.inGroup.joined {
+		c.inGroup.joined = true
 		events[n] = Event{Kind: EventConnected, Conn: c}
 		n++
 	}
-	c.recvMu.Lock()
-	before := c.recvq.used()
-	for n < len(events) && c.recvq.len() > 0 {
-		e := c.recvq.peek()
+	c.recvq.mu.Lock()
+	before := c.recvq.msgs.used()
+	for n < len(events) && c.recvq.msgs.len() > 0 {
+		e := c.recvq.msgs.peek()
 		off := len(g.arena)
-		g.arena = append(g.arena, c.recvq.bytes(e)...)
+		g.arena = append(g.arena, c.recvq.msgs.bytes(e)...)
 		events[n] = Event{Kind: EventMessage, Conn: c, Message: Message{ID: e.id,
 			Payload: g.arena[off:len(g.arena):len(g.arena)], Reliable: e.reliable, InOrder: e.inOrder}}
 		n++
-		c.recvq.pop()
+		c.recvq.msgs.pop()
 	}
-	empty, after := c.recvq.len() == 0, c.recvq.used()
-	c.recvMu.Unlock()
+	empty, after := c.recvq.msgs.len() == 0, c.recvq.msgs.used()
+	c.recvq.mu.Unlock()
 	// Taking messages freed what the peer may be waiting for, as in
 	// Receive.
 	if q := c.cfg.recvBuffer / 4; before >= q && after < q {
 		c.kick()
 	}
 	if n < len(events) && empty && c.ended() {
-		c.gEnded = true
+		c.inGroup.ended = true
 		g.conns--
 		events[n] = Event{Kind: EventDisconnected, Conn: c, Err: c.Err()}
 		n++
 		c.group.CompareAndSwap(g, nil)
-		c.gNoticed = false
+		c.inGroup.noticed = false
 	}
 	return n
 }
 
 // hasNews reports whether c has messages waiting, or has ended.
 func (c *Conn) hasNews() bool {
-	c.recvMu.Lock()
-	n := c.recvq.len()
-	c.recvMu.Unlock()
+	c.recvq.mu.Lock()
+	n := c.recvq.msgs.len()
+	c.recvq.mu.Unlock()
 	return n > 0 || c.ended()
 }
 

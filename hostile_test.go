@@ -156,9 +156,9 @@ func TestPeerThatNeverAcks(t *testing.T) {
 		queued++
 	}
 	assert.Less(t, queued, 100, "Send blocks once the buffer is full")
-	srv.sendMu.Lock()
-	used := srv.sendUsed
-	srv.sendMu.Unlock()
+	srv.sendq.mu.Lock()
+	used := srv.sendq.used
+	srv.sendq.mu.Unlock()
 	assert.LessOrEqual(t, used, 64<<10+1000)
 	select {
 	case <-srv.Done():
