@@ -72,5 +72,5 @@ func (s *session) sendFlowControl(rate int) {
 		return
 	}
 	s.flowRate = uint16(min(max(rate, 1), 0xffff))
-	s.needFlow = true
+	s.owed.owe(oweFlow)
 }

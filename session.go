@@ -37,6 +37,36 @@ const (
 	evTidy                              // the session tidied up (see tidy): the connection's turn
 )
 
+// owed is the control messages a session owes its peer, a bit each: set
+// when something calls for one, taken when a datagram carries it (poll),
+// or when what called for it is over.
+type owed uint16
+
+const (
+	oweSyn          owed = 1 << iota // client: a ConnectSyn (the first, or one resent)
+	oweSynAck                        // server: a ConnectSynAck (the first, or ours was lost)
+	oweAck                           // client: a ConnectAck, the first reliable message
+	oweDisc                          // a Disconnect (the first, or one resent)
+	oweDiscAck                       // a DisconnectAck, to the peer's Disconnect or refusing its ConnectSyn
+	oweFlow                          // a FlowControlRequest asking for flowRate
+	oweAnchor                        // a reliable datagram whose first message names nothing (see wireDeps)
+	owePathResponse                  // a secure client: the PathResponse to pathData
+	oweAckNow                        // the acks owed, without the usual delay
+)
+
+// owe adds m to what is owed.
+func (o *owed) owe(m owed) { *o |= m }
+
+// owes reports whether any of m is owed.
+func (o owed) owes(m owed) bool { return o&m != 0 }
+
+// take removes m from what is owed and reports whether any of it was.
+func (o *owed) take(m owed) bool {
+	had := *o&m != 0
+	*o &^= m
+	return had
+}
+
 // takeEvents returns what happened since it was last called.
 func (s *session) takeEvents() sessEvent {
 	e := s.events
@@ -71,6 +101,7 @@ type session struct {
 	err    error // why the connection ended
 	stats  Stats
 	events sessEvent // what the connection has yet to act on
+	owed   owed      // control messages the peer is owed
 
 	// Reports in a row that the peer cannot be reached (see unreachable),
 	// the latest one's error, and DatagramsReceived when they started.
@@ -79,17 +110,16 @@ type session struct {
 	heard     uint64
 
 	// Handshake (session_handshake.go).
-	syn, synAck                  []byte
-	admitWaiting                 bool      // server: ConnectSyn in, Admit not yet run
-	wasOpen                      bool      // the handshake completed
-	started                      time.Time // the attempt's start (server: its admission)
-	synResend                    time.Time
-	synBackoff                   time.Duration
-	synSends                     int
-	synAckSent                   time.Time
-	synAckSends                  int
-	preIn, preOut                int // server: bytes from and to the peer before the handshake completed
-	needSyn, needSynAck, needAck bool
+	syn, synAck   []byte
+	admitWaiting  bool      // server: ConnectSyn in, Admit not yet run
+	wasOpen       bool      // the handshake completed
+	started       time.Time // the attempt's start (server: its admission)
+	synResend     time.Time
+	synBackoff    time.Duration
+	synSends      int
+	synAckSent    time.Time
+	synAckSends   int
+	preIn, preOut int // server: bytes from and to the peer before the handshake completed
 
 	// Close (session_close.go).
 	closeAsked   bool
@@ -98,14 +128,13 @@ type session struct {
 	peerReason   []byte // the peer's, from its Disconnect
 	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
 	// many datagrams arrived (new ones only).
-	pidAdvance, uniqueIn  uint64
-	stopAccepting         bool
-	closeBy               time.Time
-	discResend            time.Time
-	discBackoff           time.Duration // between Disconnects, doubling
-	discAckedAt           time.Time     // when we answered the peer's Disconnect
-	lingerUntil           time.Time
-	needDisc, needDiscAck bool
+	pidAdvance, uniqueIn uint64
+	stopAccepting        bool
+	closeBy              time.Time
+	discResend           time.Time
+	discBackoff          time.Duration // between Disconnects, doubling
+	discAckedAt          time.Time     // when we answered the peer's Disconnect
+	lingerUntil          time.Time
 
 	// Liveness and pings. lastRecv is when the peer last proved alive: a
 	// new datagram, never one received before (stale: the datagram being
@@ -120,14 +149,13 @@ type session struct {
 
 	// A secure session (secure.go): every datagram it is handed was
 	// authenticated, and it understands path checks: a client owes the
-	// PathResponse to the last PathChallenge (pathAnswer), a server's
+	// PathResponse to the last PathChallenge (owePathResponse), a server's
 	// connection reads the PathResponse heard (pathGot) after each
 	// datagram.
-	secure     bool
-	pathAnswer bool
-	pathGot    bool
-	pathData   [pathDataSize]byte // the challenge to answer
-	pathHeard  [pathDataSize]byte // the response heard
+	secure    bool
+	pathGot   bool
+	pathData  [pathDataSize]byte // the challenge to answer
+	pathHeard [pathDataSize]byte // the response heard
 
 	// Sending: the queues (sendqueue.go), packing (session_send.go),
 	// dependencies on the wire (session_deps.go), recovery (loss.go) and
@@ -150,10 +178,9 @@ type session struct {
 	// reliable message known applied (the first of a datagram acked with
 	// all before it, if it named nothing; or a tracked one resolved), and
 	// the first message, naming nothing, of the newest reliable datagram
-	// sent. needAnchor asks for a datagram that starts with one.
+	// sent. oweAnchor asks for a datagram that starts with one.
 	anchor, lastWhole       msgRef
 	hasAnchor, hasLastWhole bool
-	needAnchor              bool
 	tidyAt                  time.Time // see tidy
 	forgotAt                time.Time // see poll
 	freeMsgs                freeList[*outMsg]
@@ -166,13 +193,11 @@ type session struct {
 	arrivalRate float64 // datagrams/s
 	askedRate   int     // the limit we asked the peer for, 0 if none
 	askedAt     time.Time
-	needFlow    bool
 	flowRate    uint16
 
 	// Receiving (session_recv.go, session_apply.go).
 	win        recvWindow
 	acks       ackQueue
-	ackNow     bool // ack without the usual delay
 	reasm      reassembly
 	res        resolver
 	newestAt   time.Time     // when the newest PacketID arrived
@@ -246,7 +271,7 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	s.reasm.maxMessage = cfg.maxMessage
 	if client {
 		s.state = stateSyn
-		s.needSyn = true
+		s.owed.owe(oweSyn)
 		s.syn = cfg.connectPayload
 		s.synBackoff = firstSynResend
 		s.synResend = now.Add(s.synBackoff)
@@ -257,7 +282,7 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 }
 
 // done reports whether the session has ended and has nothing more to send.
-func (s *session) done() bool { return s.state == stateDone && !s.needDiscAck }
+func (s *session) done() bool { return s.state == stateDone && !s.owed.owes(oweDiscAck) }
 
 // fail ends the session with err.
 func (s *session) fail(err error) {
@@ -316,7 +341,11 @@ func (s *session) snapshot() Stats {
 // client so if answer (DECISIONS §1: a stealthy listener answers nothing).
 func (s *session) refuse(answer bool) {
 	s.fail(ErrRefused)
-	s.needDiscAck = answer
+	if answer {
+		s.owed.owe(oweDiscAck)
+	} else {
+		s.owed.take(oweDiscAck)
+	}
 }
 
 // Fail-fast rules. One error must not end a connection (a full buffer, a

@@ -141,7 +141,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.stats.DroppedMessages++
 		}
 	case heldDisconnect:
-		s.needDiscAck = true
+		s.owed.owe(oweDiscAck)
 		if len(payload) > 0 && s.peerReason == nil {
 			s.peerReason = reasonBytes(string(payload))
 		}

@@ -163,7 +163,7 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			}
 		}
 		if !found {
-			s.needAnchor = true
+			s.owed.owe(oweAnchor)
 			return nil, false
 		}
 	}

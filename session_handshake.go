@@ -17,7 +17,7 @@ func (s *session) setSyn(content []byte, now bool) {
 	}
 	s.syn = content
 	if now {
-		s.needSyn = true
+		s.owed.owe(oweSyn)
 	}
 }
 
@@ -49,7 +49,7 @@ func (s *session) synAgain(n int) {
 	s.countIn(n)
 	s.uniqueIn++
 	if s.state == stateSynAck {
-		s.needSynAck = true
+		s.owed.owe(oweSynAck)
 	}
 }
 
@@ -128,7 +128,7 @@ func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
 // the client left, goes again now rather than at the probe timeouts (a
 // second and more before the connection has a round-trip time).
 func (s *session) moved(now time.Time) {
-	s.ackNow = true
+	s.owed.owe(oweAckNow)
 	if !s.loss.resendAll(now) {
 		s.fail(ErrRetransmitLimit)
 	}
@@ -140,8 +140,10 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 	s.synAck = append([]byte(nil), synAck...)
 	s.state = stateOK
 	s.wasOpen = true
-	s.needSyn = false
-	s.needAck = !s.ref // the reference dialect has no ConnectAck
+	s.owed.take(oweSyn)
+	if !s.ref { // the reference dialect has no ConnectAck
+		s.owed.owe(oweAck)
+	}
 	if s.synSends == 1 {
 		s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
 	}
@@ -157,7 +159,7 @@ func (s *session) establishServer(now time.Time) {
 	}
 	s.state = stateOK
 	s.wasOpen = true
-	s.needSynAck = false
+	s.owed.take(oweSynAck)
 	if s.synAckSends == 1 {
 		s.loss.rtt.sample(now.Sub(s.synAckSent))
 	}
@@ -177,12 +179,14 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 		s.refuseReason = reply // the reason, for a refusal
 		// The reference dialect has no refusal: any datagram would open
 		// the connection for a reference client.
-		s.needDiscAck = !s.cfg.stealth && !s.ref
+		if !s.cfg.stealth && !s.ref {
+			s.owed.owe(oweDiscAck)
+		}
 		return
 	}
 	s.synAck = reply
 	s.state = stateSynAck
-	s.needSynAck = true
+	s.owed.owe(oweSynAck)
 	s.started = now
 }
 

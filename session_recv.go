@@ -102,7 +102,7 @@ func (s *session) recvAdmit(now time.Time, d *datagram) {
 func (s *session) recvLinger(now time.Time, d *datagram) {
 	s.lastRecv = now
 	if d.has(idDisconnect) {
-		s.needDiscAck = true
+		s.owed.owe(oweDiscAck)
 	}
 }
 
@@ -177,7 +177,7 @@ func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 	if reliable {
 		s.acks.add(now, pid)
 		if gap {
-			s.ackNow = true
+			s.owed.owe(oweAckNow)
 		}
 	}
 }
@@ -304,7 +304,7 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 		s.handlePacketAck(now, m.payload)
 	case idConnectSyn:
 		if s.state == stateSynAck {
-			s.needSynAck = true // ours was lost
+			s.owed.owe(oweSynAck) // ours was lost
 		}
 	case idConnectSynAck:
 		// A copy of one we already had; our ConnectAck is reliable
@@ -343,7 +343,7 @@ func (s *session) handlePath(p []byte) {
 	switch {
 	case p[0] == pathChallenge && s.client:
 		copy(s.pathData[:], p[1:])
-		s.pathAnswer = true
+		s.owed.owe(owePathResponse)
 	case p[0] == pathResponse && !s.client:
 		copy(s.pathHeard[:], p[1:])
 		s.pathGot = true

@@ -59,7 +59,7 @@ func (s *session) handleRefDatagram(now time.Time, b []byte) {
 	case stateLinger:
 		s.lastRecv = now
 		if d.refHas(idDisconnect) {
-			s.needDiscAck = true
+			s.owed.owe(oweDiscAck)
 		}
 	case stateClosing:
 		if d.refHas(idDisconnectAck) {
@@ -92,7 +92,7 @@ func (s *session) refOpening(now time.Time, n int) {
 			s.lastRecv = now
 		}
 	case stateSynAck:
-		s.needSynAck = true
+		s.owed.owe(oweSynAck)
 	default:
 		// The client opens again after the connection was up: it lost
 		// everything we sent it, or restarted. Nothing to act on; the
@@ -140,7 +140,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 		// ack held back for MaxAckDelay would cost that much per datagram.
 		for i := range msgs {
 			if msgs[i].fragment {
-				s.ackNow = true
+				s.owed.owe(oweAckNow)
 				break
 			}
 		}

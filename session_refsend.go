@@ -149,7 +149,9 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 			p.count += len(s.ackBuf)
 		}
 	}
-	s.ackNow = s.acks.pending() > 0 && s.ackNow
+	if s.acks.pending() == 0 {
+		s.owed.take(oweAckNow)
+	}
 	p.inOrder = p.count > 0 // library messages have the InOrder bit
 	if data {
 		before := p.count

@@ -109,15 +109,13 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	s.pacedOut = false
 	switch s.state {
 	case stateSyn:
-		if s.needSyn {
-			s.needSyn = false
+		if s.owed.take(oweSyn) {
 			s.synSends++
 			return s.control(buf, idConnectSyn, s.syn)
 		}
 		return nil
 	case stateSynAck:
-		if s.needSynAck {
-			s.needSynAck = false
+		if s.owed.take(oweSynAck) {
 			b := s.control(buf, idConnectSynAck, s.synAck)
 			if b != nil {
 				s.synAckSent = now
@@ -127,14 +125,12 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		}
 		return nil
 	case stateClosing:
-		if s.needDisc {
-			s.needDisc = false
+		if s.owed.take(oweDisc) {
 			return s.control(buf, idDisconnect, s.closeReason)
 		}
 		return nil
 	case stateLinger, stateDone:
-		if s.needDiscAck {
-			s.needDiscAck = false
+		if s.owed.take(oweDiscAck) {
 			if s.wasOpen {
 				s.discAckedAt = now
 				return s.control(buf, idDisconnectAck, nil)
@@ -151,8 +147,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	default:
 		return nil
 	}
-	if s.needDiscAck {
-		s.needDiscAck = false
+	if s.owed.take(oweDiscAck) {
 		s.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
@@ -171,7 +166,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	if b := s.pollUnreliable(now, buf); b != nil {
 		return b
 	}
-	if s.needAnchor {
+	if s.owed.owes(oweAnchor) {
 		// An unreliable in-order message waits for one.
 		if b := s.pollReliable(now); b != nil {
 			return b
@@ -289,7 +284,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.needAck && !s.needFlow && !s.needAnchor && s.relQ.len() == 0 {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.relQ.len() == 0 {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()
@@ -332,26 +327,24 @@ func (s *session) buildReliable(now time.Time) []byte {
 	h := &s.wh
 	*h = header{packetID: s.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
-	if s.needAck {
+	if s.owed.take(oweAck) {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
 		p.count++
 		p.whole0 = true
-		s.needAck = false
-	} else if s.needAnchor {
+	} else if s.owed.owes(oweAnchor) {
 		// An empty reserved message, applied as it arrives (a receiver
 		// ignores it), for in-order messages to name: see wireDeps.
 		p.body = appendMessage(p.body, &message{id: idPadding})
 		p.count++
 		p.whole0 = true
 	}
-	s.needAnchor = false
-	if s.needFlow {
+	s.owed.take(oweAnchor)
+	if s.owed.take(oweFlow) {
 		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
 		if p.count == 0 {
 			p.whole0 = true
 		}
 		p.count++
-		s.needFlow = false
 	}
 	s.pack(now, h, &p, &s.relQ)
 	s.body, s.tidBuf = p.body, p.tids
@@ -423,14 +416,13 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		return s.pollRefUnreliable(now, buf)
 	}
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.pathAnswer || s.spanFull() {
+	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
 		return nil
 	}
 	h := &s.wh
 	*h = header{packetID: s.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
-	if s.pathAnswer {
-		s.pathAnswer = false
+	if s.owed.take(owePathResponse) {
 		var resp [1 + pathDataSize]byte
 		resp[0] = pathResponse
 		copy(resp[1:], s.pathData[:])
@@ -453,7 +445,9 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		p.body = s.appendAcks(now, p.room(h), p.body, true)
 		p.count += len(s.ackBuf)
 	}
-	s.ackNow = s.acks.pending() > 0 && s.ackNow
+	if s.acks.pending() == 0 {
+		s.owed.take(oweAckNow)
+	}
 	if data {
 		before := p.count
 		s.pack(now, h, &p, &s.unrelQ)
@@ -477,7 +471,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 // unreliableDue reports what an unreliable datagram would carry now: acks
 // owed, a ping, unreliable messages.
 func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
-	acksDue = s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.ackNow || now.Sub(s.acks.oldest) >= s.ackDelay())
+	acksDue = s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.owed.owes(oweAckNow) || now.Sub(s.acks.oldest) >= s.ackDelay())
 	pingDue = !now.Before(s.nextPing)
 	// Unreliable messages are not held to the congestion controller's
 	// rate: nothing acks them, so it could never learn to raise it. The

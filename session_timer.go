@@ -108,7 +108,7 @@ func (s *session) advanceSyn(now time.Time) {
 	if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
 		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
 	} else if !now.Before(s.synResend) {
-		s.needSyn = true
+		s.owed.owe(oweSyn)
 		s.synBackoff = min(2*s.synBackoff, maxSynBackoff)
 		s.synResend = now.Add(s.synBackoff)
 	}
@@ -117,7 +117,7 @@ func (s *session) advanceSyn(now time.Time) {
 // advanceClosing resends the Disconnect, backing off, until
 // DisconnectTimeout.
 func (s *session) advanceClosing(now time.Time) {
-	if s.needDisc {
+	if s.owed.owes(oweDisc) {
 		return // goes out before the end
 	}
 	if !now.Before(s.closeBy) {
@@ -127,7 +127,7 @@ func (s *session) advanceClosing(now time.Time) {
 	} else if !now.Before(s.discResend) {
 		// Resent with backoff: a peer that does not answer is gone or
 		// far, and DisconnectTimeout bounds the wait anyway.
-		s.needDisc = true
+		s.owed.owe(oweDisc)
 		s.discBackoff = min(2*max(s.discBackoff, s.loss.minRTO()), maxDiscBackoff)
 		s.discResend = now.Add(s.discBackoff)
 	}
@@ -145,7 +145,7 @@ func (s *session) advanceOpen(now time.Time) {
 		// that it does not wait for a lost timeout.
 		s.dropSending()
 		s.state = stateClosing
-		s.needDisc = true
+		s.owed.owe(oweDisc)
 		return
 	}
 	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
