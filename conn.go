@@ -353,7 +353,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 func (c *Conn) admit() {
 	var reply []byte
 	var err error
-	syn := append([]byte(nil), c.sess.syn...)
+	syn := append([]byte(nil), c.sess.handshake.syn...)
 	if c.sec != nil {
 		// The listener read the handshake message (admitSecure).
 		syn = c.sec.payload
@@ -577,7 +577,7 @@ func (c *Conn) finish() {
 	default:
 		err = net.ErrClosed
 	}
-	if l := c.cfg.logger; l != nil && s.wasOpen {
+	if l := c.cfg.logger; l != nil && s.opened() {
 		graceful := err == net.ErrClosed || errors.Is(err, ErrPeerClosed)
 		level := slog.LevelInfo
 		if !graceful {
@@ -648,7 +648,7 @@ func (c *Conn) isEstablished() bool {
 
 func (c *Conn) established() {
 	c.stateMu.Lock()
-	c.syn, c.synAck = c.sess.syn, c.sess.synAck
+	c.syn, c.synAck = c.sess.handshake.syn, c.sess.handshake.synAck
 	if c.sec != nil {
 		c.syn, c.synAck = c.sec.payload, c.sec.reply
 	}

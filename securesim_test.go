@@ -179,7 +179,7 @@ func TestSecureSimHandshake(t *testing.T) {
 	p.admit = func(syn []byte) ([]byte, bool) { got = syn; return []byte("welcome"), true }
 	p.connect()
 	require.Equal(t, "hello", string(got))
-	require.Equal(t, "welcome", string(p.client().synAck))
+	require.Equal(t, "welcome", string(p.client().handshake.synAck))
 	const n = 300
 	for i := range n {
 		p.send(0, numbered(100, i, 10+i))
@@ -390,7 +390,7 @@ func TestSecureSimReplayedSynOpensNothing(t *testing.T) {
 	// It ends at ConnectTimeout, never having opened.
 	p.run(p.server().cfg.connectTimeout, nil)
 	assert.Equal(t, stateDone, p.server().state)
-	assert.False(t, p.server().wasOpen)
+	assert.False(t, p.server().handshake.wasOpen)
 }
 
 // Finding 3: the client read every block of the datagram that carried the

@@ -109,17 +109,7 @@ type session struct {
 	strikeErr error
 	heard     uint64
 
-	// Handshake (session_handshake.go).
-	syn, synAck   []byte
-	admitWaiting  bool      // server: ConnectSyn in, Admit not yet run
-	wasOpen       bool      // the handshake completed
-	started       time.Time // the attempt's start (server: its admission)
-	synResend     time.Time
-	synBackoff    time.Duration
-	synSends      int
-	synAckSent    time.Time
-	synAckSends   int
-	preIn, preOut int // server: bytes from and to the peer before the handshake completed
+	handshake handshakeState // session_handshake.go
 
 	// Close (session_close.go).
 	closeAsked   bool
@@ -247,10 +237,10 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		host:     h,
 		client:   client,
 		ref:      ref,
-		started:  now,
 		lastRecv: now,
 		rc:       newRateControl(cfg),
 	}
+	s.handshake.started = now
 	s.loss.cfg = cfg
 	if ref {
 		s.loss.rekeys = true
@@ -272,9 +262,9 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	if client {
 		s.state = stateSyn
 		s.owed.owe(oweSyn)
-		s.syn = cfg.connectPayload
-		s.synBackoff = firstSynResend
-		s.synResend = now.Add(s.synBackoff)
+		s.handshake.syn = cfg.connectPayload
+		s.handshake.synBackoff = firstSynResend
+		s.handshake.synResend = now.Add(s.handshake.synBackoff)
 	} else {
 		s.state = stateAdmit
 	}
@@ -379,7 +369,7 @@ func (s *session) unreachable(err error) {
 // connection, once open, leaves a peer that is gone to the lost timeout
 // rather than let a forgery end it; while connecting it fails fast, as it
 // does on a refusal, which is no more authenticated (SECURE.md).
-func (s *session) trustsICMP() bool { return !s.secure || !s.wasOpen }
+func (s *session) trustsICMP() bool { return !s.secure || !s.handshake.wasOpen }
 
 // checkReach ends the connection when the reports are many enough,
 // refusals more having come from the socket's reader (ICMP port

@@ -2,6 +2,22 @@ package knet
 
 import "time"
 
+// handshakeState is the opening of the connection: the ConnectSyn and its
+// answer, the client's resends, the server's wait for its application,
+// and what a server may send an address not yet proven.
+type handshakeState struct {
+	syn, synAck   []byte
+	admitWaiting  bool      // server: ConnectSyn in, Admit not yet run
+	wasOpen       bool      // the handshake completed
+	started       time.Time // the attempt's start (server: its admission)
+	synResend     time.Time // client: when the ConnectSyn goes again
+	synBackoff    time.Duration
+	synSends      int
+	synAckSent    time.Time
+	synAckSends   int
+	preIn, preOut int // server: bytes from and to the peer before the handshake completed
+}
+
 // The handshake as the secure layer drives it (secure.go): it reads the
 // handshake messages itself, the session never sees a clear datagram of a
 // secure connection, and these tell the session what happened.
@@ -15,7 +31,7 @@ func (s *session) setSyn(content []byte, now bool) {
 	if !s.connecting() {
 		return
 	}
-	s.syn = content
+	s.handshake.syn = content
 	if now {
 		s.owed.owe(oweSyn)
 	}
@@ -29,12 +45,12 @@ func (s *session) setSyn(content []byte, now bool) {
 // receive window: nothing authenticates them, and one taken for received
 // would make the peer's sealed datagram of that PacketID a duplicate.
 func (s *session) synArrived(now time.Time, n int) bool {
-	if s.client || s.state != stateAdmit || s.admitWaiting {
+	if s.client || s.state != stateAdmit || s.handshake.admitWaiting {
 		return false
 	}
 	s.countIn(n)
 	s.uniqueIn++ // for Stats.LossRate: it took a PacketID
-	s.admitWaiting = true
+	s.handshake.admitWaiting = true
 	s.events |= evAdmit
 	s.lastRecv = now
 	return true
@@ -43,7 +59,7 @@ func (s *session) synArrived(now time.Time, n int) bool {
 // synAgain takes the client's ConnectSyn again (n bytes, credit for the
 // answer): our ConnectSynAck was lost, and goes again.
 func (s *session) synAgain(n int) {
-	if s.client || s.wasOpen || s.state == stateDone {
+	if s.client || s.handshake.wasOpen || s.state == stateDone {
 		return
 	}
 	s.countIn(n)
@@ -54,7 +70,7 @@ func (s *session) synAgain(n int) {
 }
 
 // opened reports whether the handshake completed.
-func (s *session) opened() bool { return s.wasOpen }
+func (s *session) opened() bool { return s.handshake.wasOpen }
 
 // lastOut is the packet number of the datagram poll (or pathChallenge)
 // returned last, and whether it is new: what sealing it needs.
@@ -76,7 +92,7 @@ func (s *session) synAckOut() []byte {
 	if s.state != stateSynAck {
 		return nil
 	}
-	return s.synAck
+	return s.handshake.synAck
 }
 
 // handshakeDone completes a client's handshake on the server's answer (a
@@ -91,7 +107,7 @@ func (s *session) handshakeDone(now time.Time, n int, syn, synAck []byte) {
 	s.countIn(n)
 	s.uniqueIn++
 	s.clientEstablished(now, synAck)
-	s.syn = syn
+	s.handshake.syn = syn
 	s.lastRecv = now
 }
 
@@ -137,15 +153,15 @@ func (s *session) moved(now time.Time) {
 // clientEstablished completes the client's side of the handshake on the
 // ConnectSynAck carrying synAck; the ConnectAck goes next.
 func (s *session) clientEstablished(now time.Time, synAck []byte) {
-	s.synAck = append([]byte(nil), synAck...)
+	s.handshake.synAck = append([]byte(nil), synAck...)
 	s.state = stateOK
-	s.wasOpen = true
+	s.handshake.wasOpen = true
 	s.owed.take(oweSyn)
 	if !s.ref { // the reference dialect has no ConnectAck
 		s.owed.owe(oweAck)
 	}
-	if s.synSends == 1 {
-		s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
+	if s.handshake.synSends == 1 {
+		s.loss.rtt.sample(now.Sub(s.handshake.started)) // Karn: only when unambiguous
 	}
 	s.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
@@ -158,10 +174,10 @@ func (s *session) establishServer(now time.Time) {
 		return
 	}
 	s.state = stateOK
-	s.wasOpen = true
+	s.handshake.wasOpen = true
 	s.owed.take(oweSynAck)
-	if s.synAckSends == 1 {
-		s.loss.rtt.sample(now.Sub(s.synAckSent))
+	if s.handshake.synAckSends == 1 {
+		s.loss.rtt.sample(now.Sub(s.handshake.synAckSent))
 	}
 	s.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
@@ -172,7 +188,7 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if s.state != stateAdmit {
 		return
 	}
-	s.admitWaiting = false
+	s.handshake.admitWaiting = false
 	if !ok {
 		s.state = stateDone
 		s.err = ErrRefused
@@ -184,10 +200,31 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 		}
 		return
 	}
-	s.synAck = reply
+	s.handshake.synAck = reply
 	s.state = stateSynAck
 	s.owed.owe(oweSynAck)
-	s.started = now
+	s.handshake.started = now
+}
+
+// handshakeDeadline adds the handshake's timers (states stateSyn,
+// stateAdmit, stateSynAck): ConnectTimeout, and a client's next ConnectSyn.
+func (s *session) handshakeDeadline(t *deadlines) {
+	if s.state == stateSyn {
+		t.at(s.handshake.synResend)
+	}
+	t.at(s.handshake.started.Add(s.cfg.connectTimeout))
+}
+
+// advanceHandshake gives up the handshake after ConnectTimeout; until
+// then a client sends the ConnectSyn again, backing off.
+func (s *session) advanceHandshake(now time.Time) {
+	if !now.Before(s.handshake.started.Add(s.cfg.connectTimeout)) {
+		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
+	} else if s.state == stateSyn && !now.Before(s.handshake.synResend) {
+		s.owed.owe(oweSyn)
+		s.handshake.synBackoff = min(2*s.handshake.synBackoff, maxSynBackoff)
+		s.handshake.synResend = now.Add(s.handshake.synBackoff)
+	}
 }
 
 // A ConnectSyn goes again after firstSynResend, then at intervals

@@ -82,14 +82,14 @@ func (s *session) recvConnecting(now time.Time, d *datagram) {
 // the connection: the first ConnectSyn is handed to it (evAdmit), anything
 // else waits for the decision.
 func (s *session) recvAdmit(now time.Time, d *datagram) {
-	if s.admitWaiting {
+	if s.handshake.admitWaiting {
 		return
 	}
 	for i := range d.msgs {
 		if m := &d.msgs[i]; m.id == idConnectSyn && !m.fragment {
-			s.admitWaiting = true
+			s.handshake.admitWaiting = true
 			s.events |= evAdmit
-			s.syn = append([]byte(nil), m.payload...)
+			s.handshake.syn = append([]byte(nil), m.payload...)
 			s.lastRecv = now
 			s.win.add(d.packetID)
 			return
@@ -124,8 +124,8 @@ func (s *session) recvClosing(now time.Time, d *datagram) {
 func (s *session) countIn(n int) {
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(n)
-	if !s.client && !s.wasOpen {
-		s.preIn += n
+	if !s.client && !s.handshake.wasOpen {
+		s.handshake.preIn += n
 	}
 }
 

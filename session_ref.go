@@ -80,15 +80,15 @@ func (s *session) refOpening(now time.Time, n int) {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	if !s.wasOpen {
-		s.preIn += n
+	if !s.handshake.wasOpen {
+		s.handshake.preIn += n
 	}
 	switch s.state {
 	case stateAdmit:
-		if !s.admitWaiting {
-			s.admitWaiting = true
+		if !s.handshake.admitWaiting {
+			s.handshake.admitWaiting = true
 			s.events |= evAdmit
-			s.syn = nil
+			s.handshake.syn = nil
 			s.lastRecv = now
 		}
 	case stateSynAck:

@@ -110,16 +110,16 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	switch s.state {
 	case stateSyn:
 		if s.owed.take(oweSyn) {
-			s.synSends++
-			return s.control(buf, idConnectSyn, s.syn)
+			s.handshake.synSends++
+			return s.control(buf, idConnectSyn, s.handshake.syn)
 		}
 		return nil
 	case stateSynAck:
 		if s.owed.take(oweSynAck) {
-			b := s.control(buf, idConnectSynAck, s.synAck)
+			b := s.control(buf, idConnectSynAck, s.handshake.synAck)
 			if b != nil {
-				s.synAckSent = now
-				s.synAckSends++
+				s.handshake.synAckSent = now
+				s.handshake.synAckSends++
 			}
 			return b
 		}
@@ -131,7 +131,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		return nil
 	case stateLinger, stateDone:
 		if s.owed.take(oweDiscAck) {
-			if s.wasOpen {
+			if s.handshake.wasOpen {
 				s.discAckedAt = now
 				return s.control(buf, idDisconnectAck, nil)
 			}
@@ -196,7 +196,7 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	if s.spanFull() {
 		return nil
 	}
-	h := header{packetID: s.nextPID, inOrder: s.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	h := header{packetID: s.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
@@ -213,13 +213,13 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 // open, and counts it: an endpoint not yet proven to be the sender gets no
 // more bytes than it sent (a resent ConnectSyn or opening adds credit).
 func (s *session) amplifies(b []byte) bool {
-	if s.client || s.wasOpen {
+	if s.client || s.handshake.wasOpen {
 		return true
 	}
-	if s.preOut+len(b) > s.preIn {
+	if s.handshake.preOut+len(b) > s.handshake.preIn {
 		return false
 	}
-	s.preOut += len(b)
+	s.handshake.preOut += len(b)
 	return true
 }
 

@@ -29,11 +29,8 @@ func (s *session) nextDeadline(now time.Time) time.Time {
 	}
 	t := deadlines{t: now.Add(time.Hour)}
 	switch s.state {
-	case stateSyn:
-		t.at(s.synResend)
-		t.at(s.started.Add(s.cfg.connectTimeout))
-	case stateAdmit, stateSynAck:
-		t.at(s.started.Add(s.cfg.connectTimeout))
+	case stateSyn, stateAdmit, stateSynAck:
+		s.handshakeDeadline(&t)
 	case stateLinger:
 		t.at(s.lingerUntil)
 	case stateClosing:
@@ -85,12 +82,8 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 // advance runs the timers due at now.
 func (s *session) advance(now time.Time) {
 	switch s.state {
-	case stateSyn:
-		s.advanceSyn(now)
-	case stateAdmit, stateSynAck:
-		if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
-			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
-		}
+	case stateSyn, stateAdmit, stateSynAck:
+		s.advanceHandshake(now)
 	case stateLinger:
 		if !now.Before(s.lingerUntil) {
 			s.state = stateDone
@@ -99,18 +92,6 @@ func (s *session) advance(now time.Time) {
 		s.advanceClosing(now)
 	case stateOK:
 		s.advanceOpen(now)
-	}
-}
-
-// advanceSyn gives up the handshake after ConnectTimeout, and sends the
-// ConnectSyn again, backing off, until then.
-func (s *session) advanceSyn(now time.Time) {
-	if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
-		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
-	} else if !now.Before(s.synResend) {
-		s.owed.owe(oweSyn)
-		s.synBackoff = min(2*s.synBackoff, maxSynBackoff)
-		s.synResend = now.Add(s.synBackoff)
 	}
 }
 

@@ -131,7 +131,7 @@ func (p *simPair) flush() {
 		ev := s.takeEvents()
 		if ev&evAdmit != 0 {
 			reply, ok := []byte("ok"), true
-			syn := s.syn
+			syn := s.handshake.syn
 			if p.sec[i] != nil {
 				syn = p.sec[i].payload
 			}
