@@ -339,8 +339,8 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	}
 	c.sendSpare = q[:0]
 	if closing {
-		if c.sess.closeReason == nil && c.dialect != DialectReference {
-			c.sess.closeReason = why
+		if c.sess.closing.reason == nil && c.dialect != DialectReference {
+			c.sess.closing.reason = why
 		}
 		c.sess.requestClose(now)
 	}
@@ -569,8 +569,8 @@ func (c *Conn) finish() {
 	case err != nil:
 	case eof:
 		err = ErrPeerClosed
-		if len(s.peerReason) > 0 {
-			err = &DisconnectError{Reason: string(s.peerReason)}
+		if len(s.closing.peerReason) > 0 {
+			err = &DisconnectError{Reason: string(s.closing.peerReason)}
 		}
 	case closing:
 		err = net.ErrClosed

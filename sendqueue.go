@@ -140,7 +140,7 @@ func (s *session) unsentBytes(m *outMsg) int { return len(m.payload) - m.off }
 // enqueue takes an application message for sending. The payload is already
 // a private copy.
 func (s *session) enqueue(m *outMsg) {
-	if s.state == stateDone || s.state == stateLinger || s.stopAccepting {
+	if s.state == stateDone || s.state == stateLinger || s.closing.stopAccepting {
 		s.host.sendDone(len(m.payload))
 		s.stats.DroppedMessages++
 		s.putMsg(m)

@@ -111,20 +111,7 @@ type session struct {
 
 	handshake handshakeState // session_handshake.go
 
-	// Close (session_close.go).
-	closeAsked   bool
-	closeReason  []byte // ours, sent in our Disconnect
-	refuseReason []byte // sent in the DisconnectAck that refuses
-	peerReason   []byte // the peer's, from its Disconnect
-	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
-	// many datagrams arrived (new ones only).
-	pidAdvance, uniqueIn uint64
-	stopAccepting        bool
-	closeBy              time.Time
-	discResend           time.Time
-	discBackoff          time.Duration // between Disconnects, doubling
-	discAckedAt          time.Time     // when we answered the peer's Disconnect
-	lingerUntil          time.Time
+	closing closeState // session_close.go
 
 	// Liveness and pings. lastRecv is when the peer last proved alive: a
 	// new datagram, never one received before (stale: the datagram being
@@ -186,13 +173,16 @@ type session struct {
 	flowRate    uint16
 
 	// Receiving (session_recv.go, session_apply.go).
-	win        recvWindow
-	acks       ackQueue
-	reasm      reassembly
-	res        resolver
-	newestAt   time.Time     // when the newest PacketID arrived
-	reorderExt time.Duration // how late reordered datagrams came
-	reorderAt  time.Time
+	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
+	// many datagrams arrived (new ones only).
+	pidAdvance, uniqueIn uint64
+	win                  recvWindow
+	acks                 ackQueue
+	reasm                reassembly
+	res                  resolver
+	newestAt             time.Time     // when the newest PacketID arrived
+	reorderExt           time.Duration // how late reordered datagrams came
+	reorderAt            time.Time
 
 	// The reference dialect (session_ref.go, session_refsend.go).
 	rrd      refDatagram // the one being handled

@@ -142,12 +142,12 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 		}
 	case heldDisconnect:
 		s.owed.owe(oweDiscAck)
-		if len(payload) > 0 && s.peerReason == nil {
-			s.peerReason = reasonBytes(string(payload))
+		if len(payload) > 0 && s.closing.peerReason == nil {
+			s.closing.peerReason = reasonBytes(string(payload))
 		}
 		switch s.state {
 		case stateOK:
-			if s.closeAsked {
+			if s.closing.asked {
 				// Both sides closing at once: our answer ends it.
 				s.state = stateDone
 				s.dropSending()
@@ -156,7 +156,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.events |= evPeerClosed
 			s.dropSending()
 			s.state = stateLinger
-			s.lingerUntil = now.Add(s.lingerTime())
+			s.closing.lingerUntil = now.Add(s.lingerTime())
 		case stateClosing:
 			s.state = stateDone
 		}

@@ -192,7 +192,7 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if !ok {
 		s.state = stateDone
 		s.err = ErrRefused
-		s.refuseReason = reply // the reason, for a refusal
+		s.closing.refuseReason = reply // the reason, for a refusal
 		// The reference dialect has no refusal: any datagram would open
 		// the connection for a reference client.
 		if !s.cfg.stealth && !s.ref {

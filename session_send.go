@@ -126,16 +126,16 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		return nil
 	case stateClosing:
 		if s.owed.take(oweDisc) {
-			return s.control(buf, idDisconnect, s.closeReason)
+			return s.control(buf, idDisconnect, s.closing.reason)
 		}
 		return nil
 	case stateLinger, stateDone:
 		if s.owed.take(oweDiscAck) {
 			if s.handshake.wasOpen {
-				s.discAckedAt = now
+				s.closing.discAckedAt = now
 				return s.control(buf, idDisconnectAck, nil)
 			}
-			if b := s.control(buf, idDisconnectAck, s.refuseReason); b != nil || len(s.refuseReason) == 0 {
+			if b := s.control(buf, idDisconnectAck, s.closing.refuseReason); b != nil || len(s.closing.refuseReason) == 0 {
 				return b
 			}
 			// A ConnectSyn too short to earn the reason's bytes (the
@@ -148,7 +148,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		return nil
 	}
 	if s.owed.take(oweDiscAck) {
-		s.discAckedAt = now
+		s.closing.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
 	if now != s.forgotAt && s.order.tracking() {
@@ -172,13 +172,13 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closing.asked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
-		s.discBackoff = min(s.loss.rto(), firstDiscResend)
-		s.discResend = now.Add(s.discBackoff)
-		return s.control(buf, idDisconnect, s.closeReason)
+		s.closing.discBackoff = min(s.loss.rto(), firstDiscResend)
+		s.closing.discResend = now.Add(s.closing.discBackoff)
+		return s.control(buf, idDisconnect, s.closing.reason)
 	}
 	return nil
 }

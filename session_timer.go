@@ -31,11 +31,8 @@ func (s *session) nextDeadline(now time.Time) time.Time {
 	switch s.state {
 	case stateSyn, stateAdmit, stateSynAck:
 		s.handshakeDeadline(&t)
-	case stateLinger:
-		t.at(s.lingerUntil)
-	case stateClosing:
-		t.at(s.discResend)
-		t.at(s.closeBy)
+	case stateClosing, stateLinger:
+		s.closeDeadline(&t)
 	case stateOK:
 		s.openDeadlines(now, &t)
 	}
@@ -59,7 +56,7 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	if s.acks.pending() > 0 && !held {
 		t.at(s.acks.oldest.Add(s.ackDelay()))
 	}
-	if x, ok := s.loss.nextTimeout(s.closeAsked); ok {
+	if x, ok := s.loss.nextTimeout(s.closing.asked); ok {
 		t.at(x)
 	}
 	t.at(s.loss.lossTime)
@@ -67,9 +64,7 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 		t.at(s.nextPing)
 	}
 	t.at(s.lastRecv.Add(s.cfg.lostTimeout))
-	if s.closeAsked {
-		t.at(s.closeBy)
-	}
+	s.closeDeadline(t)
 	if x, ok := s.res.nextDeadline(); ok {
 		t.at(x)
 	}
@@ -84,33 +79,10 @@ func (s *session) advance(now time.Time) {
 	switch s.state {
 	case stateSyn, stateAdmit, stateSynAck:
 		s.advanceHandshake(now)
-	case stateLinger:
-		if !now.Before(s.lingerUntil) {
-			s.state = stateDone
-		}
-	case stateClosing:
-		s.advanceClosing(now)
+	case stateClosing, stateLinger:
+		s.advanceClose(now)
 	case stateOK:
 		s.advanceOpen(now)
-	}
-}
-
-// advanceClosing resends the Disconnect, backing off, until
-// DisconnectTimeout.
-func (s *session) advanceClosing(now time.Time) {
-	if s.owed.owes(oweDisc) {
-		return // goes out before the end
-	}
-	if !now.Before(s.closeBy) {
-		// No DisconnectAck: the peer is declared lost (spec
-		// "DisconnectTimeOut").
-		s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
-	} else if !now.Before(s.discResend) {
-		// Resent with backoff: a peer that does not answer is gone or
-		// far, and DisconnectTimeout bounds the wait anyway.
-		s.owed.owe(oweDisc)
-		s.discBackoff = min(2*max(s.discBackoff, s.loss.minRTO()), maxDiscBackoff)
-		s.discResend = now.Add(s.discBackoff)
 	}
 }
 
@@ -121,12 +93,8 @@ func (s *session) advanceOpen(now time.Time) {
 		s.fail(&TimeoutError{Silent: silent})
 		return
 	}
-	if s.closeAsked && !now.Before(s.closeBy) {
-		// Gave up delivering what was queued; still tell the peer, so
-		// that it does not wait for a lost timeout.
-		s.dropSending()
-		s.state = stateClosing
-		s.owed.owe(oweDisc)
+	s.advanceClose(now)
+	if s.state != stateOK {
 		return
 	}
 	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
@@ -135,7 +103,7 @@ func (s *session) advanceOpen(now time.Time) {
 			return
 		}
 	}
-	if x, ok := s.loss.nextTimeout(s.closeAsked); ok && !now.Before(x) {
+	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
 		s.onProbeTimeout(now)
 		if s.state == stateDone {
 			return
