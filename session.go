@@ -87,11 +87,6 @@ type host interface {
 	sendDone(n int)
 }
 
-type pingRecord struct {
-	id uint8
-	at time.Time
-}
-
 type session struct {
 	cfg    *config
 	host   host
@@ -113,16 +108,7 @@ type session struct {
 
 	closing closeState // session_close.go
 
-	// Liveness and pings. lastRecv is when the peer last proved alive: a
-	// new datagram, never one received before (stale: the datagram being
-	// handled, in a secure session, was).
-	lastRecv    time.Time
-	stale       bool
-	nextPing    time.Time
-	pings       [8]pingRecord
-	pingCount   int
-	nextPingID  uint8
-	pingReplies []uint8
+	live liveState // session_live.go
 
 	// A secure session (secure.go): every datagram it is handed was
 	// authenticated, and it understands path checks: a client owes the
@@ -223,14 +209,14 @@ type session struct {
 
 func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	s := &session{
-		cfg:      cfg,
-		host:     h,
-		client:   client,
-		ref:      ref,
-		lastRecv: now,
-		rc:       newRateControl(cfg),
+		cfg:    cfg,
+		host:   h,
+		client: client,
+		ref:    ref,
+		rc:     newRateControl(cfg),
 	}
 	s.handshake.started = now
+	s.live.lastRecv = now
 	s.loss.cfg = cfg
 	if ref {
 		s.loss.rekeys = true

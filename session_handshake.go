@@ -52,7 +52,7 @@ func (s *session) synArrived(now time.Time, n int) bool {
 	s.uniqueIn++ // for Stats.LossRate: it took a PacketID
 	s.handshake.admitWaiting = true
 	s.events |= evAdmit
-	s.lastRecv = now
+	s.live.lastRecv = now
 	return true
 }
 
@@ -108,7 +108,7 @@ func (s *session) handshakeDone(now time.Time, n int, syn, synAck []byte) {
 	s.uniqueIn++
 	s.clientEstablished(now, synAck)
 	s.handshake.syn = syn
-	s.lastRecv = now
+	s.live.lastRecv = now
 }
 
 // refusedBy ends a client's attempt on the server's refusal (n bytes).
@@ -124,9 +124,9 @@ func (s *session) refusedBy(reason []byte, n int) {
 // authenticated: fresh says it was never received before, and only such a
 // datagram proves the peer alive (one received before may be a replay).
 func (s *session) handleSealed(now time.Time, b []byte, fresh bool) {
-	s.stale = !fresh
+	s.live.stale = !fresh
 	s.handleDatagram(now, b)
-	s.stale = false
+	s.live.stale = false
 }
 
 // pathResponse returns the PathResponse the last datagram carried, if any
@@ -163,7 +163,7 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 	if s.handshake.synSends == 1 {
 		s.loss.rtt.sample(now.Sub(s.handshake.started)) // Karn: only when unambiguous
 	}
-	s.nextPing = now.Add(s.cfg.keepalive())
+	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
 }
 
@@ -179,7 +179,7 @@ func (s *session) establishServer(now time.Time) {
 	if s.handshake.synAckSends == 1 {
 		s.loss.rtt.sample(now.Sub(s.handshake.synAckSent))
 	}
-	s.nextPing = now.Add(s.cfg.keepalive())
+	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
 }
 

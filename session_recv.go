@@ -8,7 +8,7 @@ import (
 // lately, with a margin: the extent halves every five seconds.
 func (s *session) reorderSeen() time.Duration {
 	e := s.reorderExt
-	for t := s.reorderAt; e > 0 && s.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
+	for t := s.reorderAt; e > 0 && s.live.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
 		e /= 2
 	}
 	return e * 5 / 4
@@ -90,7 +90,7 @@ func (s *session) recvAdmit(now time.Time, d *datagram) {
 			s.handshake.admitWaiting = true
 			s.events |= evAdmit
 			s.handshake.syn = append([]byte(nil), m.payload...)
-			s.lastRecv = now
+			s.live.lastRecv = now
 			s.win.add(d.packetID)
 			return
 		}
@@ -100,7 +100,7 @@ func (s *session) recvAdmit(now time.Time, d *datagram) {
 // recvLinger takes a datagram after we answered the peer's Disconnect: a
 // Disconnect again means our DisconnectAck was lost.
 func (s *session) recvLinger(now time.Time, d *datagram) {
-	s.lastRecv = now
+	s.live.lastRecv = now
 	if d.has(idDisconnect) {
 		s.owed.owe(oweDiscAck)
 	}
@@ -147,14 +147,6 @@ func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
 		return true
 	}
 	return false
-}
-
-// alive notes that the datagram being handled proves the peer alive,
-// unless it is a copy of one received before.
-func (s *session) alive(now time.Time) {
-	if !s.stale {
-		s.lastRecv = now
-	}
 }
 
 // arrived records a new datagram, taken in, and owes its ack if reliable.
@@ -268,28 +260,6 @@ func (s *session) admits(msgs []message) bool {
 	return false
 }
 
-// handlePing takes a PingRequest, PingReply or FlowControlRequest, the
-// messages both dialects share, and reports whether m was one.
-func (s *session) handlePing(now time.Time, id uint32, payload []byte) bool {
-	switch id {
-	case idPingRequest:
-		if len(payload) == 1 && len(s.pingReplies) < maxPingReplies {
-			s.pingReplies = append(s.pingReplies, payload[0])
-		}
-	case idPingReply:
-		if len(payload) == 1 {
-			s.handlePingReply(now, payload[0])
-		}
-	case idFlowControlRequest:
-		if len(payload) == 2 {
-			s.peerRateRequest(now, uint16(payload[0])|uint16(payload[1])<<8)
-		}
-	default:
-		return false
-	}
-	return true
-}
-
 // handleMessage processes one message block of an accepted datagram.
 func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message) {
 	if m.fragment {
@@ -365,17 +335,6 @@ func (s *session) protocolError(err error) {
 	s.fail(&ProtocolError{Err: err})
 }
 
-func (s *session) handlePingReply(now time.Time, id uint8) {
-	for i := range min(s.pingCount, len(s.pings)) {
-		p := &s.pings[i]
-		if p.id == id && !p.at.IsZero() {
-			s.loss.rtt.sample(now.Sub(p.at))
-			p.at = time.Time{}
-			return
-		}
-	}
-}
-
 func (s *session) handlePacketAck(now time.Time, p []byte) {
 	a, ok := parsePacketAck(p)
 	if !ok {
@@ -383,7 +342,3 @@ func (s *session) handlePacketAck(now time.Time, p []byte) {
 	}
 	s.loss.onPacketAck(now, a, &s.acked)
 }
-
-// maxPingReplies bounds the PingReplies owed: a peer pinging faster than we
-// answer gets the first ones answered.
-const maxPingReplies = 64

@@ -57,7 +57,7 @@ func (s *session) handleRefDatagram(now time.Time, b []byte) {
 		s.establishServer(now)
 		s.recvRefOpen(now, d)
 	case stateLinger:
-		s.lastRecv = now
+		s.live.lastRecv = now
 		if d.refHas(idDisconnect) {
 			s.owed.owe(oweDiscAck)
 		}
@@ -89,7 +89,7 @@ func (s *session) refOpening(now time.Time, n int) {
 			s.handshake.admitWaiting = true
 			s.events |= evAdmit
 			s.handshake.syn = nil
-			s.lastRecv = now
+			s.live.lastRecv = now
 		}
 	case stateSynAck:
 		s.owed.owe(oweSynAck)
@@ -122,7 +122,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 		// No room: leave it unacked so it comes again, but take the
 		// acks it carries.
 		s.stats.DroppedDatagrams++
-		s.lastRecv = now
+		s.live.lastRecv = now
 		for i := range msgs {
 			if m := &msgs[i]; !m.fragment && m.id == idPacketAck {
 				s.refPacketAck(now, m.payload)

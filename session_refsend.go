@@ -26,8 +26,8 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 	var one [1]byte
 	switch id {
 	case idConnectSynAck:
-		one[0] = s.nextPingID
-		s.nextPingID++
+		one[0] = s.live.nextPingID
+		s.live.nextPingID++
 		m.id, m.payload = idPingRequest, one[:]
 	case idDisconnect:
 		if !s.hasDiscRel {
@@ -126,17 +126,17 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 // unreliable messages are due (see pollUnreliable).
 func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
+	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data {
 		return nil
 	}
 	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram}
 	var one [1]byte
-	for _, id := range s.pingReplies {
+	for _, id := range s.live.pingReplies {
 		one[0] = id
 		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingReply, payload: one[:]}, 0)
 		p.count++
 	}
-	s.pingReplies = s.pingReplies[:0]
+	s.live.pingReplies = s.live.pingReplies[:0]
 	if pingDue {
 		one[0] = s.pingNow(now)
 		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingRequest, payload: one[:]}, 0)

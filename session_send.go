@@ -416,7 +416,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		return s.pollRefUnreliable(now, buf)
 	}
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
+	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
 		return nil
 	}
 	h := &s.wh
@@ -430,12 +430,12 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		p.count++
 	}
 	var one [1]byte
-	for _, id := range s.pingReplies {
+	for _, id := range s.live.pingReplies {
 		one[0] = id
 		p.body = appendMessage(p.body, &message{id: idPingReply, payload: one[:]})
 		p.count++
 	}
-	s.pingReplies = s.pingReplies[:0]
+	s.live.pingReplies = s.live.pingReplies[:0]
 	if pingDue {
 		one[0] = s.pingNow(now)
 		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
@@ -472,7 +472,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 // owed, a ping, unreliable messages.
 func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
 	acksDue = s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.owed.owes(oweAckNow) || now.Sub(s.acks.oldest) >= s.ackDelay())
-	pingDue = !now.Before(s.nextPing)
+	pingDue = !now.Before(s.live.nextPing)
 	// Unreliable messages are not held to the congestion controller's
 	// rate: nothing acks them, so it could never learn to raise it. The
 	// application sets their pace, and the peer can still cap it with a
@@ -483,16 +483,6 @@ func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
 		data = false
 	}
 	return acksDue, pingDue, data
-}
-
-// pingNow records a PingRequest going out now and returns its ID.
-func (s *session) pingNow(now time.Time) uint8 {
-	id := s.nextPingID
-	s.pings[s.pingCount%len(s.pings)] = pingRecord{id: id, at: now}
-	s.pingCount++
-	s.nextPingID++
-	s.nextPing = now.Add(s.cfg.keepalive())
-	return id
 }
 
 // packing is a datagram being filled.

@@ -18,7 +18,7 @@ func (s *session) onProbeTimeout(now time.Time) {
 		// knowing: resends keep their packet numbers, which cannot start
 		// the server's check of a new address, so a fresh datagram (a
 		// ping) goes too (see Conn.checkPath).
-		s.nextPing = now
+		s.live.nextPing = now
 	}
 }
 
@@ -60,10 +60,7 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 		t.at(x)
 	}
 	t.at(s.loss.lossTime)
-	if !held {
-		t.at(s.nextPing)
-	}
-	t.at(s.lastRecv.Add(s.cfg.lostTimeout))
+	s.liveDeadline(held, t)
 	s.closeDeadline(t)
 	if x, ok := s.res.nextDeadline(); ok {
 		t.at(x)
@@ -89,8 +86,8 @@ func (s *session) advance(now time.Time) {
 // advanceOpen runs an open connection's timers: silence, a close that
 // took too long, the loss and probe timers, held messages' windows.
 func (s *session) advanceOpen(now time.Time) {
-	if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {
-		s.fail(&TimeoutError{Silent: silent})
+	s.advanceLive(now)
+	if s.state != stateOK {
 		return
 	}
 	s.advanceClose(now)
