@@ -50,7 +50,7 @@ const (
 	oweDiscAck                       // a DisconnectAck, to the peer's Disconnect or refusing its ConnectSyn
 	oweFlow                          // a FlowControlRequest asking for flowRate
 	oweAnchor                        // a reliable datagram whose first message names nothing (see wireDeps)
-	owePathResponse                  // a secure client: the PathResponse to pathData
+	owePathResponse                  // a secure client: the PathResponse to path.challenge
 	oweAckNow                        // the acks owed, without the usual delay
 )
 
@@ -111,14 +111,9 @@ type session struct {
 	live liveState // session_live.go
 
 	// A secure session (secure.go): every datagram it is handed was
-	// authenticated, and it understands path checks: a client owes the
-	// PathResponse to the last PathChallenge (owePathResponse), a server's
-	// connection reads the PathResponse heard (pathGot) after each
-	// datagram.
-	secure    bool
-	pathGot   bool
-	pathData  [pathDataSize]byte // the challenge to answer
-	pathHeard [pathDataSize]byte // the response heard
+	// authenticated, and it understands path checks.
+	secure bool
+	path   pathState // session_path.go
 
 	// Sending: the queues (sendqueue.go), packing (session_send.go),
 	// dependencies on the wire (session_deps.go), recovery (loss.go) and

@@ -79,13 +79,6 @@ func (s *session) lastOut() outInfo { return s.out }
 // rto is the retransmission timeout, which paces path challenges.
 func (s *session) rto() time.Duration { return s.loss.rto() }
 
-// pathChallenge builds, in buf, a new datagram holding a PathChallenge
-// with content (a server's connection checking a new address), or returns
-// nil when no new datagram may go now (spanFull).
-func (s *session) pathChallenge(buf, content []byte) []byte {
-	return s.control(buf, idPath, content)
-}
-
 // synAckOut is a server's ConnectSynAck content, once it sends it (nil
 // before, and once the connection is open).
 func (s *session) synAckOut() []byte {
@@ -127,27 +120,6 @@ func (s *session) handleSealed(now time.Time, b []byte, fresh bool) {
 	s.live.stale = !fresh
 	s.handleDatagram(now, b)
 	s.live.stale = false
-}
-
-// pathResponse returns the PathResponse the last datagram carried, if any
-// (a server's connection checks it against its challenge).
-func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
-	if !s.pathGot {
-		return data, false
-	}
-	s.pathGot = false
-	return s.pathHeard, true
-}
-
-// moved takes a server connection's move to the client's new address:
-// news go there at once, and what is in flight, which went to the address
-// the client left, goes again now rather than at the probe timeouts (a
-// second and more before the connection has a round-trip time).
-func (s *session) moved(now time.Time) {
-	s.owed.owe(oweAckNow)
-	if !s.loss.resendAll(now) {
-		s.fail(ErrRetransmitLimit)
-	}
 }
 
 // clientEstablished completes the client's side of the handshake on the

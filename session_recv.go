@@ -304,22 +304,6 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 	s.cascade(now, ref)
 }
 
-// handlePath takes a PathChallenge (a client answers the latest one) or a
-// PathResponse (a server's connection checks it against its challenge).
-func (s *session) handlePath(p []byte) {
-	if len(p) != 1+pathDataSize {
-		return
-	}
-	switch {
-	case p[0] == pathChallenge && s.client:
-		copy(s.pathData[:], p[1:])
-		s.owed.owe(owePathResponse)
-	case p[0] == pathResponse && !s.client:
-		copy(s.pathHeard[:], p[1:])
-		s.pathGot = true
-	}
-}
-
 func heldKindOf(id uint32) heldKind {
 	switch id {
 	case idDisconnect:

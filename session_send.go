@@ -425,7 +425,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	if s.owed.take(owePathResponse) {
 		var resp [1 + pathDataSize]byte
 		resp[0] = pathResponse
-		copy(resp[1:], s.pathData[:])
+		copy(resp[1:], s.path.challenge[:])
 		p.body = appendMessage(p.body, &message{id: idPath, payload: resp[:]})
 		p.count++
 	}
