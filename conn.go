@@ -501,10 +501,6 @@ func (c *Conn) refusal() {
 	c.kick()
 }
 
-// isRefusal reports whether err is the system's word that nothing listens
-// at the peer's port.
-func isRefusal(err error) bool { return errors.Is(err, errConnRefused) }
-
 // snapshot is the session's counters with the connection's corrections:
 // what the session built but the system did not send was not sent.
 func (c *Conn) snapshot() Stats {
