@@ -44,7 +44,7 @@ const (
 	oweAck                           // client: a ConnectAck, the first reliable message
 	oweDisc                          // a Disconnect (the first, or one resent)
 	oweDiscAck                       // a DisconnectAck, to the peer's Disconnect or refusing its ConnectSyn
-	oweFlow                          // a FlowControlRequest asking for flowRate
+	oweFlow                          // a FlowControlRequest asking for flow.rate
 	oweAnchor                        // a reliable datagram whose first message names nothing (see wireDeps)
 	owePathResponse                  // a secure client: the PathResponse to path.challenge
 	oweAckNow                        // the acks owed, without the usual delay
@@ -137,13 +137,7 @@ type session struct {
 	freeBufs                freeList[[]byte]
 	lent                    *[]byte // see takeLent
 
-	// Flow control (flowcontrol.go): the rate we ask of the peer.
-	arrivals    int
-	arrivalsAt  time.Time
-	arrivalRate float64 // datagrams/s
-	askedRate   int     // the limit we asked the peer for, 0 if none
-	askedAt     time.Time
-	flowRate    uint16
+	flow flowState // flowcontrol.go: the rate we ask of the peer
 
 	// Receiving (session_recv.go, session_apply.go).
 	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how

@@ -194,7 +194,7 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 			}
 		}
 		s.afterAcks(now)
-		s.arrivals++
+		s.flow.arrivals++
 		s.flowControl(now)
 		return
 	}
@@ -213,7 +213,7 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 	if acked {
 		s.afterAcks(now)
 	}
-	s.arrivals++
+	s.flow.arrivals++
 	s.flowControl(now)
 }
 

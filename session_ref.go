@@ -129,7 +129,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 			}
 		}
 		s.afterAcks(now)
-		s.arrivals++
+		s.flow.arrivals++
 		s.flowControl(now)
 		return
 	}
@@ -160,7 +160,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 	if acked {
 		s.afterAcks(now)
 	}
-	s.arrivals++
+	s.flow.arrivals++
 	s.flowControl(now)
 }
 

@@ -340,7 +340,7 @@ func (s *session) buildReliable(now time.Time) []byte {
 	}
 	s.owed.take(oweAnchor)
 	if s.owed.take(oweFlow) {
-		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
+		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flow.rate), byte(s.flow.rate >> 8)}})
 		if p.count == 0 {
 			p.whole0 = true
 		}
