@@ -540,7 +540,7 @@ func (c *Conn) publish() {
 	c.stateMu.Lock()
 	st.DroppedDatagrams += c.inDroppedLocked()
 	c.stats = st
-	c.rates.note(now, &st, c.sess.pidAdvance, c.sess.uniqueIn)
+	c.rates.note(now, &st, c.sess.recv.pidAdvance, c.sess.recv.uniqueIn)
 	c.stateMu.Unlock()
 }
 

@@ -57,8 +57,8 @@ func TestLargeMessagesLossy(t *testing.T) {
 		assert.Equal(t, sha256.Sum256(randomPayload(uint64(i), sizes[i])), sha256.Sum256(m.Payload), "message of %d bytes", sizes[i])
 	}
 	assert.Equal(t, 80, small)
-	assert.Zero(t, p.server().reasm.active)
-	assert.Zero(t, p.server().reasm.bytes)
+	assert.Zero(t, p.server().recv.reasm.active)
+	assert.Zero(t, p.server().recv.reasm.bytes)
 }
 
 func TestSmallMessagesOvertakeBulk(t *testing.T) {
@@ -241,7 +241,7 @@ func TestHostileFragmentCountCutsOffPeer(t *testing.T) {
 	var pe *ProtocolError
 	assert.ErrorAs(t, p.server().err, &pe)
 	assert.Equal(t, uint64(1), p.server().stats.ProtocolErrors)
-	assert.Zero(t, p.server().reasm.bytes)
+	assert.Zero(t, p.server().recv.reasm.bytes)
 }
 
 func TestNeverFinishedTransfersStayBounded(t *testing.T) {
@@ -263,7 +263,7 @@ func TestNeverFinishedTransfersStayBounded(t *testing.T) {
 			p.inject(1, appendDatagram(nil, &d))
 		}
 	}
-	assert.LessOrEqual(t, p.server().reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
+	assert.LessOrEqual(t, p.server().recv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
 	assert.Positive(t, p.server().stats.DroppedDatagrams)
 	assert.Equal(t, stateOK, p.server().state)
 }

@@ -104,8 +104,8 @@ func runFuzzScript(t *testing.T, p *simPair, script []byte, malformed func([]byt
 		}
 		p.inject(1, append([]byte(nil), b...))
 		p.run(pause, nil)
-		require.LessOrEqual(t, srv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
-		require.LessOrEqual(t, srv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
+		require.LessOrEqual(t, srv.recv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
+		require.LessOrEqual(t, srv.recv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
 		require.LessOrEqual(t, srv.acks.pending(), 4*maxInbox)
 		if bounds != nil {
 			bounds()

@@ -58,7 +58,7 @@ func TestInOrderAfterLostConnectAck(t *testing.T) {
 	p.run(50*time.Millisecond, nil)
 	deliver() // the ConnectAck's datagram, late
 	require.True(t, p.run(5*time.Second, func() bool { return len(p.h[1].msgs) == 20 }),
-		"delivered %d of 20, %d held", len(p.h[1].msgs), len(p.server().res.held))
+		"delivered %d of 20, %d held", len(p.h[1].msgs), len(p.server().recv.res.held))
 	for i, m := range p.h[1].msgs {
 		_, seq := chanOf(m)
 		require.Equal(t, i, seq)
@@ -78,7 +78,7 @@ func TestInOrderRightAfterHandshakeLossyReordering(t *testing.T) {
 			p.send(0, chanMsg(0, i, true, 100))
 		}
 		ok := p.run(30*time.Second, func() bool { return len(p.h[1].msgs) == 200 })
-		require.True(t, ok, "seed %d: delivered %d of 200, %d held, client %+v", seed, len(p.h[1].msgs), len(p.server().res.held), p.client().stats)
+		require.True(t, ok, "seed %d: delivered %d of 200, %d held, client %+v", seed, len(p.h[1].msgs), len(p.server().recv.res.held), p.client().stats)
 		for i, m := range p.h[1].msgs {
 			_, seq := chanOf(m)
 			require.Equal(t, i, seq, "seed %d", seed)
@@ -294,7 +294,7 @@ func TestDependencyNamedTwiceAppliesOnce(t *testing.T) {
 			ids = append(ids, m.ID)
 		}
 		assert.Equal(t, []uint32{71, 70}, ids, "reliable %v", reliable)
-		assert.Equal(t, 0, len(p.server().res.held))
+		assert.Equal(t, 0, len(p.server().recv.res.held))
 	}
 }
 

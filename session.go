@@ -135,21 +135,11 @@ type session struct {
 	forgotAt                time.Time // see poll
 	freeMsgs                freeList[*outMsg]
 	freeBufs                freeList[[]byte]
-	lent                    *[]byte // see takeLent
 
 	flow flowState // flowcontrol.go: the rate we ask of the peer
 
-	// Receiving (session_recv.go, session_apply.go).
-	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
-	// many datagrams arrived (new ones only).
-	pidAdvance, uniqueIn uint64
-	win                  recvWindow
-	acks                 ackQueue
-	reasm                reassembly
-	res                  resolver
-	newestAt             time.Time     // when the newest PacketID arrived
-	reorderExt           time.Duration // how late reordered datagrams came
-	reorderAt            time.Time
+	acks ackQueue  // ack.go: the acks owed the peer
+	recv recvState // session_recv.go, session_apply.go
 
 	// The reference dialect (session_ref.go, session_refsend.go).
 	rrd      refDatagram // the one being handled
@@ -206,16 +196,16 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		s.nextPID, s.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
 		// So the peer's PacketIDs start at 1 too: whichever of its first
 		// datagrams arrives first, those before it are still to come.
-		s.win.add(0)
+		s.recv.win.add(0)
 	}
 	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
 	if s.secure {
 		// Both ends number from 0; the handshake's datagrams, in clear,
 		// are no part of the window (recvWindow.startAt).
-		s.win.startAt(0)
+		s.recv.win.startAt(0)
 	}
-	s.reasm.budget = cfg.reassemblyBuffer
-	s.reasm.maxMessage = cfg.maxMessage
+	s.recv.reasm.budget = cfg.reassemblyBuffer
+	s.recv.reasm.maxMessage = cfg.maxMessage
 	if client {
 		s.state = stateSyn
 		s.owed.owe(oweSyn)

@@ -49,7 +49,7 @@ func (s *session) synArrived(now time.Time, n int) bool {
 		return false
 	}
 	s.countIn(n)
-	s.uniqueIn++ // for Stats.LossRate: it took a PacketID
+	s.recv.uniqueIn++ // for Stats.LossRate: it took a PacketID
 	s.handshake.admitWaiting = true
 	s.events |= evAdmit
 	s.live.lastRecv = now
@@ -63,7 +63,7 @@ func (s *session) synAgain(n int) {
 		return
 	}
 	s.countIn(n)
-	s.uniqueIn++
+	s.recv.uniqueIn++
 	if s.state == stateSynAck {
 		s.owed.owe(oweSynAck)
 	}
@@ -98,7 +98,7 @@ func (s *session) handshakeDone(now time.Time, n int, syn, synAck []byte) {
 		return
 	}
 	s.countIn(n)
-	s.uniqueIn++
+	s.recv.uniqueIn++
 	s.clientEstablished(now, synAck)
 	s.handshake.syn = syn
 	s.live.lastRecv = now

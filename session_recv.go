@@ -4,11 +4,28 @@ import (
 	"time"
 )
 
+// recvState is what a session keeps of the datagrams it received: which
+// PacketIDs came (the window), fragments being put together, messages
+// held for what they depend on, how late reordered datagrams come, and
+// the counters of Stats.LossRate.
+type recvState struct {
+	win        recvWindow
+	reasm      reassembly
+	res        resolver
+	lent       *[]byte       // see takeLent
+	newestAt   time.Time     // when the newest PacketID arrived
+	reorderExt time.Duration // how late reordered datagrams came
+	reorderAt  time.Time
+	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
+	// many datagrams arrived (new ones only).
+	pidAdvance, uniqueIn uint64
+}
+
 // reorderSeen is how late out-of-order datagrams have been arriving
 // lately, with a margin: the extent halves every five seconds.
 func (s *session) reorderSeen() time.Duration {
-	e := s.reorderExt
-	for t := s.reorderAt; e > 0 && s.live.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
+	e := s.recv.reorderExt
+	for t := s.recv.reorderAt; e > 0 && s.live.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
 		e /= 2
 	}
 	return e * 5 / 4
@@ -17,13 +34,13 @@ func (s *session) reorderSeen() time.Duration {
 // noteArrival measures reordering: a datagram older than the newest one
 // seen arrives this long after it.
 func (s *session) noteArrival(now time.Time, pid uint32) {
-	if !s.win.started || seqLess(s.win.newest, pid) {
-		s.newestAt = now
+	if !s.recv.win.started || seqLess(s.recv.win.newest, pid) {
+		s.recv.newestAt = now
 		return
 	}
-	if late := now.Sub(s.newestAt); late > 0 {
-		s.reorderExt = max(s.reorderSeen()*4/5, late)
-		s.reorderAt = now
+	if late := now.Sub(s.recv.newestAt); late > 0 {
+		s.recv.reorderExt = max(s.reorderSeen()*4/5, late)
+		s.recv.reorderAt = now
 	}
 }
 
@@ -91,7 +108,7 @@ func (s *session) recvAdmit(now time.Time, d *datagram) {
 			s.events |= evAdmit
 			s.handshake.syn = append([]byte(nil), m.payload...)
 			s.live.lastRecv = now
-			s.win.add(d.packetID)
+			s.recv.win.add(d.packetID)
 			return
 		}
 	}
@@ -133,11 +150,11 @@ func (s *session) countIn(n int) {
 // implausibly far from those seen is invalid, one seen before a duplicate
 // (acked again, as its ack may have been lost).
 func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
-	if !s.win.plausible(pid) {
+	if !s.recv.win.plausible(pid) {
 		s.stats.InvalidDatagrams++
 		return true
 	}
-	if s.win.contains(pid) {
+	if s.recv.win.contains(pid) {
 		// Acked again, as our ack may have been lost; but a copy proves
 		// nothing of the peer's life (anyone may replay one).
 		s.stats.DuplicateDatagrams++
@@ -152,20 +169,20 @@ func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
 // arrived records a new datagram, taken in, and owes its ack if reliable.
 func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 	s.alive(now)
-	s.uniqueIn++
+	s.recv.uniqueIn++
 	switch {
-	case !s.win.started:
-		s.pidAdvance++
-	case seqLess(s.win.newest, pid):
-		s.pidAdvance += uint64(seqDiff(s.win.newest, pid))
+	case !s.recv.win.started:
+		s.recv.pidAdvance++
+	case seqLess(s.recv.win.newest, pid):
+		s.recv.pidAdvance += uint64(seqDiff(s.recv.win.newest, pid))
 	}
 	s.noteArrival(now, pid)
 	// Every datagram takes the next PacketID, so a skipped one means
 	// something went missing, and an older one arriving fills a gap:
 	// either way the sender wants to hear at once (an immediate ack speeds
 	// up its loss detection, as TCP does on out-of-order data).
-	gap := s.win.started && (pid != (s.win.newest+1)&packetIDMask)
-	s.win.add(pid)
+	gap := s.recv.win.started && (pid != (s.recv.win.newest+1)&packetIDMask)
+	s.recv.win.add(pid)
 	if reliable {
 		s.acks.add(now, pid)
 		if gap {
@@ -227,12 +244,12 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 // when it is several datagrams back from the first held one.
 func (s *session) admits(msgs []message) bool {
 	used := s.host.recvUsed()
-	over := used+s.res.bytes >= s.cfg.recvBuffer
+	over := used+s.recv.res.bytes >= s.cfg.recvBuffer
 	appContent := false
 	for i := range msgs {
 		m := &msgs[i]
 		if m.fragment {
-			if !s.reasm.admits(m.transferID, len(m.payload)) {
+			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
 				return false
 			}
 			appContent = true
@@ -249,11 +266,11 @@ func (s *session) admits(msgs []message) bool {
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		ref := msgRef{h.packetID, uint16(i)}
-		if !appRoom && !s.res.waitedOn(ref) {
+		if !appRoom && !s.recv.res.waitedOn(ref) {
 			continue
 		}
 		deps := appendDeps(s.deps[:0], h, &msgs[i])
-		if len(s.res.pendingDeps(&s.win, deps, h.reliable)) == 0 {
+		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
 			return true
 		}
 	}

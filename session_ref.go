@@ -180,7 +180,7 @@ func (s *session) refAdmits(msgs []refMessage) bool {
 			fills = fills || m.relNum == s.relIn.next
 		}
 		if m.fragment {
-			if !s.reasm.admits(m.transferID, len(m.payload)) {
+			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
 				return false
 			}
 			appContent = true
@@ -369,7 +369,7 @@ func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
 			s.relOpen = append(s.relOpen, m.relNum)
 		}
 	}
-	t, whole, err := s.reasm.add(&msg, msgRef{pid: pid}, order)
+	t, whole, err := s.recv.reasm.add(&msg, msgRef{pid: pid}, order)
 	if err != nil {
 		s.protocolError(err)
 		return
@@ -378,15 +378,15 @@ func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
 		return
 	}
 	reliable, inOrder, id, rel := t.order.reliable, t.order.inOrder, t.id, t.order.rel
-	s.lent = s.reasm.lend(t, whole)
-	s.reasm.finish(t)
+	s.recv.lent = s.recv.reasm.lend(t, whole)
+	s.recv.reasm.finish(t)
 	if i := slices.Index(s.relOpen, rel); i >= 0 && reliable && inOrder {
 		s.relOpen = slices.Delete(s.relOpen, i, i+1)
 	}
 	s.refDeliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
-	if s.lent != nil {
+	if s.recv.lent != nil {
 		// Held (a copy) or dropped, not delivered.
-		putPayload(s.lent)
-		s.lent = nil
+		putPayload(s.recv.lent)
+		s.recv.lent = nil
 	}
 }

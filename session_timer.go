@@ -62,9 +62,7 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	t.at(s.loss.lossTime)
 	s.liveDeadline(held, t)
 	s.closeDeadline(t)
-	if x, ok := s.res.nextDeadline(); ok {
-		t.at(x)
-	}
+	s.recvDeadline(t)
 	t.at(s.relFlushAt)
 	if s.pacedOut {
 		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
@@ -127,7 +125,7 @@ func (s *session) tidy(now time.Time) {
 	s.freeMsgs.trim()
 	s.freeBufs.trim()
 	s.loss.sent.shrink()
-	s.res.free.trim()
+	s.recv.res.free.trim()
 	if len(s.latestQueued) == 0 {
 		s.latestQueued = nil // an emptied map keeps its buckets
 	}
