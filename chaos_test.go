@@ -826,7 +826,7 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 	// half received (a large update of a ContentID travels reliably but
 	// counts as unreliable in the plan).
 	idle := func(s *session) bool {
-		return s.loss.sent.count == 0 && s.relQ.len() == 0 && len(s.recv.res.held) == 0 && s.recv.reasm.active == 0
+		return s.loss.sent.count == 0 && s.send.relQ.len() == 0 && len(s.recv.res.held) == 0 && s.recv.reasm.active == 0
 	}
 	bound := chaosProgressBound
 	if ref {

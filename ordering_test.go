@@ -278,8 +278,8 @@ func TestDependencyNamedTwiceAppliesOnce(t *testing.T) {
 		p := newSimPair(t, nil, nil, perfect, perfect)
 		p.connect()
 		c := p.client()
-		first := c.nextPID
-		c.startPIDAt(c.nextPID + 2) // the client must not reuse these
+		first := c.send.nextPID
+		c.startPIDAt(c.send.nextPID + 2) // the client must not reuse these
 		dependent := header{packetID: first + 1, reliable: reliable, inOrder: true, deltas: []uint16{0, 0}, indices: []uint16{0, 0}}
 		b := appendHeader(nil, &dependent)
 		b = appendMessage(b, &message{id: 70, payload: []byte("twice"), order: orderMulti, orderMulti: []byte{0, 0, 1}})
@@ -335,7 +335,7 @@ func streamTime(t *testing.T, cfg *Config, path func(uint64) netsim.Params, seed
 	start := p.now
 	sent := 0
 	for len(p.h[1].msgs) < n {
-		for sent < n && p.client().relQ.len() < 256 {
+		for sent < n && p.client().send.relQ.len() < 256 {
 			b := make([]byte, size)
 			binary.LittleEndian.PutUint32(b, uint32(sent))
 			p.send(0, Message{ID: 10, Payload: b, Reliable: true, InOrder: ordered})

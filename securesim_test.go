@@ -290,7 +290,7 @@ func TestSecureNoNonceReuseBehindLostReliable(t *testing.T) {
 			break
 		}
 		// A sender with a bounded buffer: it keeps 64 queued.
-		for srv.unrelQ.len() < 64 {
+		for srv.send.unrelQ.len() < 64 {
 			p.send(1, Message{ID: 300, Payload: payload})
 		}
 		p.run(time.Millisecond, nil)
@@ -328,7 +328,7 @@ func TestSecureSimClearDatagramInHandshake(t *testing.T) {
 			require.True(t, p.run(time.Second, func() bool { return srv.state == stateSynAck }))
 			p.cut[0] = true // the client's sealed datagrams are late
 			require.True(t, p.run(time.Second, func() bool { return cl.state == stateOK }))
-			next := cl.nextPID
+			next := cl.send.nextPID
 			var msgs []message
 			if withSyn {
 				// The genuine ConnectSyn's content, even: still in clear.

@@ -107,34 +107,10 @@ type session struct {
 	secure bool
 	path   pathState // session_path.go
 
-	// Sending: the queues (sendqueue.go), packing (session_send.go),
-	// dependencies on the wire (session_deps.go), recovery (loss.go) and
-	// the rate (pacer.go, congestion.go).
-	nextPID      uint32 // the low 22 bits of nextPN
-	nextPN       uint64 // the packet number of the next new datagram
-	out          outInfo
-	relQ         sendQueue // reliable messages and fragmented transfers
-	unrelQ       sendQueue
-	latestQueued map[contentKey]*outMsg
-	order        sendOrder
-	tids         transferIDs
-	bulk         *outMsg // fragmented message whose fragments are being packed
-	loss         lossState
-	rc           rateControl
-	spanHold     int  // see holdLimit
-	pacedOut     bool // work waits for the pacer
-	// Anchors for in-order messages that would carry no dependency, so
-	// that the receiver still sees them in order (see wireDeps): the newest
-	// reliable message known applied (the first of a datagram acked with
-	// all before it, if it named nothing; or a tracked one resolved), and
-	// the first message, naming nothing, of the newest reliable datagram
-	// sent. oweAnchor asks for a datagram that starts with one.
-	anchor, lastWhole       msgRef
-	hasAnchor, hasLastWhole bool
-	tidyAt                  time.Time // see tidy
-	forgotAt                time.Time // see poll
-	freeMsgs                freeList[*outMsg]
-	freeBufs                freeList[[]byte]
+	send    sendState // session_send.go, sendqueue.go
+	anchors anchors   // session_deps.go
+	loss    lossState // loss.go
+	rc      rateControl
 
 	flow flowState // flowcontrol.go: the rate we ask of the peer
 
@@ -192,8 +168,8 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	if ref {
 		s.loss.rekeys = true
 		s.acks.bits = refAckBits
-		s.tids.noZero = true
-		s.nextPID, s.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
+		s.send.tids.noZero = true
+		s.send.nextPID, s.send.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
 		// So the peer's PacketIDs start at 1 too: whichever of its first
 		// datagrams arrives first, those before it are still to come.
 		s.recv.win.add(0)
@@ -236,7 +212,7 @@ func (s *session) fail(err error) {
 // dropSending forgets everything queued or in flight.
 func (s *session) dropSending() {
 	released := 0
-	for _, q := range [...]*sendQueue{&s.relQ, &s.unrelQ} {
+	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ} {
 		for i := q.head; i < len(q.items); i++ {
 			if m := q.items[i]; !m.done {
 				released += s.unsentBytes(m)
@@ -246,13 +222,13 @@ func (s *session) dropSending() {
 		}
 		*q = sendQueue{}
 	}
-	s.bulk = nil
+	s.send.bulk = nil
 	released += s.loss.drop()
-	s.spanHold = 0
-	s.hasAnchor, s.hasLastWhole = false, false
-	s.order.reset()
-	clear(s.latestQueued)
-	s.tids = transferIDs{noZero: s.ref}
+	s.send.spanHold = 0
+	s.anchors.hasApplied, s.anchors.hasLastWhole = false, false
+	s.send.order.reset()
+	clear(s.send.latestQueued)
+	s.send.tids = transferIDs{noZero: s.ref}
 	s.fragFlight = 0
 	if released > 0 {
 		s.host.sendDone(released)

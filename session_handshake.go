@@ -74,7 +74,7 @@ func (s *session) opened() bool { return s.handshake.wasOpen }
 
 // lastOut is the packet number of the datagram poll (or pathChallenge)
 // returned last, and whether it is new: what sealing it needs.
-func (s *session) lastOut() outInfo { return s.out }
+func (s *session) lastOut() outInfo { return s.send.out }
 
 // rto is the retransmission timeout, which paces path challenges.
 func (s *session) rto() time.Duration { return s.loss.rto() }

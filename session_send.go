@@ -6,6 +6,80 @@ import (
 	"time"
 )
 
+// sendState is what goes out: the packet numbers, the queues
+// (sendqueue.go), the dependencies tracked (inorder.go's sendOrder), the
+// transfer being packed, and the free lists that keep steady traffic from
+// allocating. Recovery (loss.go) and the rate (congestion.go, pacer.go)
+// are components of their own.
+type sendState struct {
+	nextPID      uint32    // the low 22 bits of nextPN
+	nextPN       uint64    // the packet number of the next new datagram
+	out          outInfo   // the datagram poll returned last (see lastOut)
+	relQ         sendQueue // reliable messages and fragmented transfers
+	unrelQ       sendQueue
+	latestQueued map[contentKey]*outMsg
+	order        sendOrder
+	tids         transferIDs
+	bulk         *outMsg   // fragmented message whose fragments are being packed
+	spanHold     int       // see holdLimit
+	pacedOut     bool      // work waits for the pacer
+	forgotAt     time.Time // see poll
+	tidyAt       time.Time // see tidy
+	freeMsgs     freeList[*outMsg]
+	freeBufs     freeList[[]byte]
+}
+
+// sendDeadline adds an open connection's timers of sending: the acks
+// owed, once their delay is up (unless held: no new datagram may go, see
+// spanFull), the loss and probe timers (loss.go), and the pacer, when
+// work waits for it.
+func (s *session) sendDeadline(now time.Time, held bool, t *deadlines) {
+	if s.acks.pending() > 0 && !held {
+		t.at(s.acks.oldest.Add(s.ackDelay()))
+	}
+	if x, ok := s.loss.nextTimeout(s.closing.asked); ok {
+		t.at(x)
+	}
+	t.at(s.loss.lossTime)
+	if s.send.pacedOut {
+		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
+	}
+}
+
+// advanceSend runs the loss and probe timers: what they find lost goes
+// again. (Acks and paced work due go with the next poll.)
+func (s *session) advanceSend(now time.Time) {
+	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
+		s.detectLoss(now)
+		if s.state == stateDone {
+			return
+		}
+	}
+	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
+		s.onProbeTimeout(now)
+	}
+}
+
+// onProbeTimeout runs when nothing was acked for a probe timeout (see
+// lossState.onProbeTimeout).
+func (s *session) onProbeTimeout(now time.Time) {
+	probed, ok := s.loss.onProbeTimeout(now)
+	if !ok {
+		s.fail(ErrRetransmitLimit)
+		return
+	}
+	if probed {
+		s.rc.cc.OnTimeout(now)
+	}
+	if s.client && s.secure {
+		// A secure client may have moved (a NAT rebinding) without
+		// knowing: resends keep their packet numbers, which cannot start
+		// the server's check of a new address, so a fresh datagram (a
+		// ping) goes too (see Conn.checkPath).
+		s.live.nextPing = now
+	}
+}
+
 // ackDelay is how long we hold a lone ack hoping for company: a quarter of
 // the round trip, within 1ms and MaxAckDelay.
 func (s *session) ackDelay() time.Duration {
@@ -18,7 +92,7 @@ func (s *session) ackDelay() time.Duration {
 // hundreds of datagrams in flight at once, does not allocate them afresh
 // every time while a connection still keeps no more than before.
 func (s *session) getBuf() []byte {
-	if b, ok := s.freeBufs.get(); ok {
+	if b, ok := s.send.freeBufs.get(); ok {
 		return b[:0]
 	}
 	p := getPayload(s.cfg.maxDatagram)
@@ -32,8 +106,8 @@ func (s *session) putBuf(b []byte) {
 	if cap(b) < s.cfg.maxDatagram {
 		return
 	}
-	if len(s.freeBufs.items) < maxFreeBufs {
-		s.freeBufs.put(b, maxFreeBufs)
+	if len(s.send.freeBufs.items) < maxFreeBufs {
+		s.send.freeBufs.put(b, maxFreeBufs)
 		return
 	}
 	putShared(b)
@@ -106,7 +180,7 @@ func (c *config) fragSize() int {
 // reliable datagram's bytes stay the session's (they are kept for
 // retransmission); other datagrams are built in buf.
 func (s *session) poll(now time.Time, buf []byte) []byte {
-	s.pacedOut = false
+	s.send.pacedOut = false
 	switch s.state {
 	case stateSyn:
 		if s.owed.take(oweSyn) {
@@ -151,14 +225,14 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.closing.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
-	if now != s.forgotAt && s.order.tracking() {
+	if now != s.send.forgotAt && s.send.order.tracking() {
 		// Acks forget resolved tracks too, but a connection that sends
 		// only unreliable messages hears none: their tracks resolve with
 		// age, and went only when a reliable one was acked, 60 of them
-		// kept between a game server's reliable events 2s apart. Once a
-		// flush.
-		s.forgotAt = now
-		s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+		// kept between a game server's reliable events 2s apart. Done
+		// at the first poll of a flush only: its polls share their now.
+		s.send.forgotAt = now
+		s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	}
 	if b := s.pollReliable(now); b != nil {
 		return b
@@ -172,7 +246,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closing.asked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
@@ -196,7 +270,7 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	if s.spanFull() {
 		return nil
 	}
-	h := header{packetID: s.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	h := header{packetID: s.send.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
@@ -242,16 +316,16 @@ type outInfo struct {
 // for each new datagram, and a reliable datagram keeps its number for
 // every resend (sent.pn). A secure connection seals with it as the nonce.
 func (s *session) numberNew() {
-	s.out = outInfo{pn: s.nextPN, fresh: true}
-	s.nextPN++
-	s.nextPID = uint32(s.nextPN) & packetIDMask
+	s.send.out = outInfo{pn: s.send.nextPN, fresh: true}
+	s.send.nextPN++
+	s.send.nextPID = uint32(s.send.nextPN) & packetIDMask
 }
 
 // startPIDAt has the next new datagram take PacketID pid (tests start near
 // a wrap with it).
 func (s *session) startPIDAt(pid uint32) {
-	s.nextPID = pid & packetIDMask
-	s.nextPN = uint64(s.nextPID)
+	s.send.nextPID = pid & packetIDMask
+	s.send.nextPN = uint64(s.send.nextPID)
 }
 
 // spanFull reports whether one more datagram would put the newest PacketID
@@ -262,21 +336,21 @@ func (s *session) startPIDAt(pid uint32) {
 // delivered. Unreliable messages, acks and pings wait; resends go.
 func (s *session) spanFull() bool {
 	first := s.loss.sent.firstUnacked()
-	return first != nil && seqDiff(first.packetID, s.nextPID) >= recvSpan-1
+	return first != nil && seqDiff(first.packetID, s.send.nextPID) >= recvSpan-1
 }
 
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
 	if d := s.loss.nextResend(); d != nil {
 		if !s.rc.canSend(now, len(d.b)) {
-			s.pacedOut = true
+			s.send.pacedOut = true
 			return nil
 		}
 		if s.ref {
 			s.refResend(now, d)
 		} else {
 			s.loss.resend(now, d)
-			s.out = outInfo{pn: d.pn}
+			s.send.out = outInfo{pn: d.pn}
 		}
 		s.rc.sent(len(d.b))
 		s.stats.Retransmits++
@@ -284,7 +358,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.relQ.len() == 0 {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()
@@ -294,13 +368,13 @@ func (s *session) pollReliable(now time.Time) []byte {
 	if s.loss.inflight >= s.rc.window() || s.loss.sent.count >= maxWindow || s.spanFull() {
 		return nil
 	}
-	if s.spanHold >= s.holdLimit() {
+	if s.send.spanHold >= s.holdLimit() {
 		// Held back by the receiver's room, not by the path.
 		s.loss.appLimited()
 		return nil
 	}
 	if !s.rc.canSend(now, s.cfg.maxDatagram) {
-		s.pacedOut = true
+		s.send.pacedOut = true
 		return nil
 	}
 	return s.buildReliable(now)
@@ -325,7 +399,7 @@ func (s *session) buildReliable(now time.Time) []byte {
 		return s.buildRefReliable(now)
 	}
 	h := &s.wh
-	*h = header{packetID: s.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
+	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
 	if s.owed.take(oweAck) {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
@@ -346,7 +420,7 @@ func (s *session) buildReliable(now time.Time) []byte {
 		}
 		p.count++
 	}
-	s.pack(now, h, &p, &s.relQ)
+	s.pack(now, h, &p, &s.send.relQ)
 	s.body, s.tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
@@ -361,15 +435,15 @@ func (s *session) buildReliable(now time.Time) []byte {
 	d.appBytes = p.appBytes
 	if p.holds {
 		d.hold = p.appBytes
-		s.spanHold += d.hold
+		s.send.spanHold += d.hold
 	}
 	d.whole0 = p.whole0
 	if p.whole0 {
-		s.lastWhole = msgRef{h.packetID, 0}
-		s.hasLastWhole = true
+		s.anchors.lastWhole = msgRef{h.packetID, 0}
+		s.anchors.hasLastWhole = true
 	}
 	d.transfers = append(d.transfers, p.tids...)
-	d.pn = s.nextPN
+	d.pn = s.send.nextPN
 	s.numberNew()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
@@ -420,7 +494,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 		return nil
 	}
 	h := &s.wh
-	*h = header{packetID: s.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
+	*h = header{packetID: s.send.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
 	if s.owed.take(owePathResponse) {
 		var resp [1 + pathDataSize]byte
@@ -450,7 +524,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	if data {
 		before := p.count
-		s.pack(now, h, &p, &s.unrelQ)
+		s.pack(now, h, &p, &s.send.unrelQ)
 		if p.count > before {
 			s.rc.sentUnpaced()
 		}
@@ -477,9 +551,9 @@ func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
 	// rate: nothing acks them, so it could never learn to raise it. The
 	// application sets their pace, and the peer can still cap it with a
 	// FlowControlRequest.
-	data = s.unrelQ.len() > 0
+	data = s.send.unrelQ.len() > 0
 	if data && !s.rc.peerAllows(now) {
-		s.pacedOut = true
+		s.send.pacedOut = true
 		data = false
 	}
 	return acksDue, pingDue, data
@@ -516,9 +590,9 @@ func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
 			}
 		}
 	}
-	if q == &s.relQ {
-		for s.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
-			if !s.placeFragment(now, h, p, s.bulk) {
+	if q == &s.send.relQ {
+		for s.send.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
+			if !s.placeFragment(now, h, p, s.send.bulk) {
 				break
 			}
 		}
@@ -537,7 +611,7 @@ const maxSkipped = 64
 
 // place tries to put m (whole, or its first fragment) into the datagram.
 func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
-	if m.frag && s.bulk != nil {
+	if m.frag && s.send.bulk != nil {
 		return false // one transfer at a time keeps the receiver's reassembly small
 	}
 	refs, ok := s.wireDeps(now, m, h.packetID)
@@ -563,17 +637,17 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 		return false
 	}
 	if m.frag {
-		tid, ok := s.tids.alloc()
+		tid, ok := s.send.tids.alloc()
 		if !ok {
 			h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
 			return false
 		}
 		m.tid = tid
 		msg.transferID = tid
-		s.tids.carried(tid)
+		s.send.tids.carried(tid)
 		p.tids = append(p.tids, tid)
 		m.fragNext = 1
-		s.bulk = m
+		s.send.bulk = m
 	}
 	p.body = appendMessage(p.body, &msg)
 	p.holds = p.holds || len(refs) > 0 || m.frag
@@ -607,7 +681,7 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 	p.appBytes += len(msg.payload)
 	p.holds = true
 	if !slices.Contains(p.tids, m.tid) {
-		s.tids.carried(m.tid)
+		s.send.tids.carried(m.tid)
 		p.tids = append(p.tids, m.tid)
 	}
 	m.off = end
@@ -619,9 +693,9 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 		if t := m.track; t != nil {
 			t.complete = true
 		}
-		s.tids.release(m.tid) // packing is over; acks release the rest
+		s.send.tids.release(m.tid) // packing is over; acks release the rest
 		m.done = true
-		s.bulk = nil
+		s.send.bulk = nil
 	}
 	return true
 }
@@ -639,7 +713,7 @@ func (s *session) afterAcks(now time.Time) {
 			s.host.sendDone(a.appBytes)
 		}
 		for _, tid := range a.tids {
-			s.tids.release(tid)
+			s.send.tids.release(tid)
 		}
 		for _, r := range a.rels {
 			s.relAcked.addRange(r.first, r.count)
@@ -649,14 +723,14 @@ func (s *session) afterAcks(now time.Time) {
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)
-	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 }
 
 // trimmed takes a datagram acked along with every one before it: its
 // first message, if it named nothing, is applied at the receiver, an anchor
 // for in-order messages with nothing else to depend on.
 func (s *session) trimmed(d *sent) {
-	s.spanHold -= d.hold
+	s.send.spanHold -= d.hold
 	if d.whole0 {
 		s.newAnchor(msgRef{d.packetID, 0})
 	}

@@ -91,7 +91,7 @@ func TestSessionPacketIDWrap(t *testing.T) {
 		p.send(0, numbered(100, i, 100))
 	}
 	require.True(t, p.run(60*time.Second, func() bool { return len(p.h[1].msgs) == n }))
-	assert.Less(t, p.client().nextPID, uint32(100000), "PacketIDs wrapped")
+	assert.Less(t, p.client().send.nextPID, uint32(100000), "PacketIDs wrapped")
 	seen := map[uint32]bool{}
 	for _, m := range p.h[1].msgs {
 		i := binary.LittleEndian.Uint32(m.Payload)

@@ -2,26 +2,6 @@ package knet
 
 import "time"
 
-// onProbeTimeout runs when nothing was acked for a probe timeout (see
-// lossState.onProbeTimeout).
-func (s *session) onProbeTimeout(now time.Time) {
-	probed, ok := s.loss.onProbeTimeout(now)
-	if !ok {
-		s.fail(ErrRetransmitLimit)
-		return
-	}
-	if probed {
-		s.rc.cc.OnTimeout(now)
-	}
-	if s.client && s.secure {
-		// A secure client may have moved (a NAT rebinding) without
-		// knowing: resends keep their packet numbers, which cannot start
-		// the server's check of a new address, so a fresh datagram (a
-		// ping) goes too (see Conn.checkPath).
-		s.live.nextPing = now
-	}
-}
-
 // nextDeadline is when advance must next run.
 func (s *session) nextDeadline(now time.Time) time.Time {
 	if s.state == stateDone {
@@ -53,20 +33,11 @@ func (d *deadlines) at(x time.Time) {
 // reorder windows and the pacer.
 func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	held := s.spanFull() // no new datagram until an ack comes (see spanFull)
-	if s.acks.pending() > 0 && !held {
-		t.at(s.acks.oldest.Add(s.ackDelay()))
-	}
-	if x, ok := s.loss.nextTimeout(s.closing.asked); ok {
-		t.at(x)
-	}
-	t.at(s.loss.lossTime)
+	s.sendDeadline(now, held, t)
 	s.liveDeadline(held, t)
 	s.closeDeadline(t)
 	s.recvDeadline(t)
 	t.at(s.relFlushAt)
-	if s.pacedOut {
-		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
-	}
 }
 
 // advance runs the timers due at now.
@@ -92,22 +63,14 @@ func (s *session) advanceOpen(now time.Time) {
 	if s.state != stateOK {
 		return
 	}
-	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
-		s.detectLoss(now)
-		if s.state == stateDone {
-			return
-		}
-	}
-	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
-		s.onProbeTimeout(now)
-		if s.state == stateDone {
-			return
-		}
+	s.advanceSend(now)
+	if s.state != stateOK {
+		return
 	}
 	s.expireHeld(now)
 	s.flushRelHeld(now)
-	if !now.Before(s.tidyAt) {
-		s.tidyAt = now.Add(s.cfg.keepalive())
+	if !now.Before(s.send.tidyAt) {
+		s.send.tidyAt = now.Add(s.cfg.keepalive())
 		s.tidy(now)
 	}
 }
@@ -120,14 +83,14 @@ func (s *session) advanceOpen(now time.Time) {
 func (s *session) tidy(now time.Time) {
 	// Tracks resolve with time as well as with acks, and an idle
 	// connection hears no acks.
-	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
-	s.order.trim()
-	s.freeMsgs.trim()
-	s.freeBufs.trim()
+	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	s.send.order.trim()
+	s.send.freeMsgs.trim()
+	s.send.freeBufs.trim()
 	s.loss.sent.shrink()
 	s.recv.res.free.trim()
-	if len(s.latestQueued) == 0 {
-		s.latestQueued = nil // an emptied map keeps its buckets
+	if len(s.send.latestQueued) == 0 {
+		s.send.latestQueued = nil // an emptied map keeps its buckets
 	}
 	s.events |= evTidy
 }
