@@ -138,17 +138,22 @@ type session struct {
 	seqPID       uint32 // the datagram of the newest unreliable in-order message delivered
 	seqStarted   bool
 
-	// Scratch, reused.
-	rd      datagram // the one being handled
+	scratch scratchSpace
+}
+
+// scratchSpace is the buffers a session reuses from one datagram to the
+// next, received or built, so that steady traffic allocates nothing.
+type scratchSpace struct {
+	rd      datagram  // the one being handled
+	acked   ackResult // what its acks freed (see afterAcks)
 	deps    []msgRef
 	ready   readyHeap
 	woken   []*held
 	dropped []*held
 	expired []*held
-	wh      header
+	wh      header // the one being built
 	body    []byte
 	ackBuf  []packetAck
-	acked   ackResult
 	wdeps   []msgRef
 	entries []byte
 	tidBuf  []byte

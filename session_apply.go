@@ -34,9 +34,9 @@ const maxDerivedReorderWindow = 250 * time.Millisecond
 // handleOrdered applies a message now, or holds it until its dependencies
 // are applied.
 func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
-	m := &s.rd.msgs[ref.idx]
-	s.deps = appendDeps(s.deps[:0], h, m)
-	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.deps)
+	m := &s.scratch.rd.msgs[ref.idx]
+	s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
+	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.scratch.deps)
 }
 
 // handleOrderedDeps applies a message whose dependencies are deps, or holds
@@ -81,14 +81,14 @@ func (s *session) supersede(now time.Time, deps []msgRef) {
 	if len(deps) == 0 {
 		return
 	}
-	s.dropped = s.recv.res.supersede(&s.recv.win, deps, s.dropped[:0])
-	for i, hm := range s.dropped {
+	s.scratch.dropped = s.recv.res.supersede(&s.recv.win, deps, s.scratch.dropped[:0])
+	for i, hm := range s.scratch.dropped {
 		s.stats.DroppedMessages++
 		s.wake(hm.ref)
 		s.recv.res.recycle(hm)
-		s.dropped[i] = nil
+		s.scratch.dropped[i] = nil
 	}
-	s.dropped = s.dropped[:0]
+	s.scratch.dropped = s.scratch.dropped[:0]
 }
 
 // cascade applies the held messages that ref's application released, and
@@ -100,18 +100,18 @@ func (s *session) cascade(now time.Time, ref msgRef) {
 
 // wake moves the messages waiting only on ref to the ready queue.
 func (s *session) wake(ref msgRef) {
-	s.woken = s.recv.res.applied(ref, s.woken[:0])
-	for i, hm := range s.woken {
-		heap.Push(&s.ready, hm)
-		s.woken[i] = nil
+	s.scratch.woken = s.recv.res.applied(ref, s.scratch.woken[:0])
+	for i, hm := range s.scratch.woken {
+		heap.Push(&s.scratch.ready, hm)
+		s.scratch.woken[i] = nil
 	}
 }
 
 // runReady applies the ready messages, oldest first, waking their
 // dependents into the same queue.
 func (s *session) runReady(now time.Time) {
-	for s.ready.Len() > 0 {
-		hm := heap.Pop(&s.ready).(*held)
+	for s.scratch.ready.Len() > 0 {
+		hm := heap.Pop(&s.scratch.ready).(*held)
 		s.applyHeld(now, hm)
 		s.wake(hm.ref)
 		s.recv.res.recycle(hm)
@@ -181,8 +181,8 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	if m.fragStart {
 		order.reliable = h.reliable
 		order.inOrder = m.order != orderNone
-		s.deps = appendDeps(s.deps[:0], h, m)
-		order.deps = s.deps
+		s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
+		order.deps = s.scratch.deps
 	}
 	t, whole, err := s.recv.reasm.add(m, ref, order)
 	if err != nil {
@@ -207,8 +207,8 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 		}
 	}
 	s.establishServer(now)
-	deps := append(s.wdeps[:0], t.order.deps...)
-	s.wdeps = deps
+	deps := append(s.scratch.wdeps[:0], t.order.deps...)
+	s.scratch.wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
 	s.recv.lent = s.recv.reasm.lend(t, whole)
 	s.recv.reasm.finish(t)
@@ -244,16 +244,16 @@ func (s *session) recvDeadline(t *deadlines) {
 // expireHeld delivers the unreliable in-order messages that waited their
 // reorder window out, dropping those they overtook.
 func (s *session) expireHeld(now time.Time) {
-	ready, dropped := s.recv.res.expire(now, &s.recv.win, s.expired[:0], s.dropped[:0])
+	ready, dropped := s.recv.res.expire(now, &s.recv.win, s.scratch.expired[:0], s.scratch.dropped[:0])
 	for _, hm := range dropped {
 		s.stats.DroppedMessages++
 		s.recv.res.recycle(hm)
 	}
-	s.dropped = dropped[:0]
+	s.scratch.dropped = dropped[:0]
 	for i, hm := range ready {
-		heap.Push(&s.ready, hm)
+		heap.Push(&s.scratch.ready, hm)
 		ready[i] = nil
 	}
-	s.expired = ready[:0]
+	s.scratch.expired = ready[:0]
 	s.runReady(now)
 }

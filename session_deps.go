@@ -115,7 +115,7 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 // this datagram yet: a dependency is unsent, too far back to name, or a
 // fragmented message in this same datagram.
 func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool) {
-	refs := s.wdeps[:0]
+	refs := s.scratch.wdeps[:0]
 	for _, d := range m.deps {
 		t := d.live()
 		if t == nil || t.dropped {
@@ -187,8 +187,8 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			k++
 		}
 	}
-	s.wdeps = refs[:k]
-	return s.wdeps, true
+	s.scratch.wdeps = refs[:k]
+	return s.scratch.wdeps, true
 }
 
 // encodeDeps adds the entries refs need to the datagram header and sets
@@ -199,7 +199,7 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 	if len(refs) == 0 {
 		return true
 	}
-	idx := s.entries[:0]
+	idx := s.scratch.entries[:0]
 	for _, r := range refs {
 		delta := uint16(seqDiff(r.pid, h.packetID) - 1)
 		e := -1
@@ -222,7 +222,7 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 	if latest {
 		idx = append(idx, idx[0])
 	}
-	s.entries = idx
+	s.scratch.entries = idx
 	h.inOrder = true
 	switch {
 	case len(idx) > 1:

@@ -54,11 +54,11 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		return
 	}
 	// Parse everything first: a malformed datagram is dropped whole.
-	if parseInto(b, &s.rd) != nil {
+	if parseInto(b, &s.scratch.rd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	d := &s.rd
+	d := &s.scratch.rd
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
@@ -262,14 +262,14 @@ func (s *session) admits(msgs []message) bool {
 	if !over || !appContent {
 		return true
 	}
-	h := &s.rd.header
+	h := &s.scratch.rd.header
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		ref := msgRef{h.packetID, uint16(i)}
 		if !appRoom && !s.recv.res.waitedOn(ref) {
 			continue
 		}
-		deps := appendDeps(s.deps[:0], h, &msgs[i])
+		deps := appendDeps(s.scratch.deps[:0], h, &msgs[i])
 		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
 			return true
 		}
@@ -341,5 +341,5 @@ func (s *session) handlePacketAck(now time.Time, p []byte) {
 	if !ok {
 		return
 	}
-	s.loss.onPacketAck(now, a, &s.acked)
+	s.loss.onPacketAck(now, a, &s.scratch.acked)
 }

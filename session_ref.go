@@ -232,7 +232,7 @@ func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
 
 func (s *session) refPacketAck(now time.Time, p []byte) {
 	if a, ok := parseRefPacketAck(p); ok {
-		s.loss.onPacketAck(now, a, &s.acked)
+		s.loss.onPacketAck(now, a, &s.scratch.acked)
 	}
 }
 

@@ -89,16 +89,16 @@ func (p *refPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRe
 // buildRefReliable packs reliable messages into a new datagram, followed
 // by whatever acks fit.
 func (s *session) buildRefReliable(now time.Time) []byte {
-	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.relOut, tids: s.tidBuf[:0]}
+	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.relOut, tids: s.scratch.tidBuf[:0]}
 	s.packRef(now, &p, &s.send.relQ)
-	s.body, s.tidBuf = p.body, p.tids
+	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
 	}
 	n := len(p.body)
 	p.body = s.appendAcks(now, p.room(), p.body, false)
 	p.inOrder = p.inOrder || len(p.body) > n // PacketAcks have the InOrder bit
-	s.body = p.body
+	s.scratch.body = p.body
 	h := refHeader{packetID: s.send.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
 	b := appendRefHeader(s.getBuf(), &h)
 	b = append(b, p.body...)
@@ -129,7 +129,7 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data {
 		return nil
 	}
-	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram}
+	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}
 	var one [1]byte
 	for _, id := range s.live.pingReplies {
 		one[0] = id
@@ -146,7 +146,7 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 		n := len(p.body)
 		p.body = s.appendAcks(now, p.room(), p.body, true)
 		if len(p.body) > n {
-			p.count += len(s.ackBuf)
+			p.count += len(s.scratch.ackBuf)
 		}
 	}
 	if s.acks.pending() == 0 {
@@ -160,7 +160,7 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 			s.rc.sentUnpaced()
 		}
 	}
-	s.body = p.body
+	s.scratch.body = p.body
 	if p.count == 0 {
 		return nil
 	}

@@ -398,9 +398,9 @@ func (s *session) buildReliable(now time.Time) []byte {
 	if s.ref {
 		return s.buildRefReliable(now)
 	}
-	h := &s.wh
+	h := &s.scratch.wh
 	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
+	p := packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]}
 	if s.owed.take(oweAck) {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
 		p.count++
@@ -421,12 +421,12 @@ func (s *session) buildReliable(now time.Time) []byte {
 		p.count++
 	}
 	s.pack(now, h, &p, &s.send.relQ)
-	s.body, s.tidBuf = p.body, p.tids
+	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
 	}
 	p.body = s.appendAcks(now, p.room(h), p.body, false)
-	s.body = p.body
+	s.scratch.body = p.body
 	b := s.getBuf()
 	b = appendHeader(b, h)
 	b = append(b, p.body...)
@@ -457,20 +457,20 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 	if s.acks.pending() == 0 || room < ackBlock {
 		return body
 	}
-	s.ackBuf = s.acks.take(s.ackBuf[:0], room/ackBlock)
-	fresh := len(s.ackBuf)
+	s.scratch.ackBuf = s.acks.take(s.scratch.ackBuf[:0], room/ackBlock)
+	fresh := len(s.scratch.ackBuf)
 	if repeat {
 		// Acks sent in the last half round trip go again in the room
 		// left, so that a lost ack does not cost the peer a needless
 		// resend. (Not in reliable datagrams: those are kept and resent.)
-		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
+		s.scratch.ackBuf = s.acks.repeats(s.scratch.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
 	}
-	s.acks.remember(now, s.ackBuf[:fresh], s.ackRepeatWindow())
+	s.acks.remember(now, s.scratch.ackBuf[:fresh], s.ackRepeatWindow())
 	if repeat {
-		s.ackBuf = s.acks.merge(s.ackBuf)
+		s.scratch.ackBuf = s.acks.merge(s.scratch.ackBuf)
 	}
 	var p [packetAckSize]byte
-	for _, a := range s.ackBuf {
+	for _, a := range s.scratch.ackBuf {
 		if s.ref {
 			body = appendRefMessage(body, &refMessage{inOrder: true, id: idPacketAck, payload: appendRefPacketAck(p[:0], a)}, 0)
 		} else {
@@ -493,9 +493,9 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
 		return nil
 	}
-	h := &s.wh
+	h := &s.scratch.wh
 	*h = header{packetID: s.send.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
+	p := packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}
 	if s.owed.take(owePathResponse) {
 		var resp [1 + pathDataSize]byte
 		resp[0] = pathResponse
@@ -517,7 +517,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	if s.acks.pending() > 0 {
 		p.body = s.appendAcks(now, p.room(h), p.body, true)
-		p.count += len(s.ackBuf)
+		p.count += len(s.scratch.ackBuf)
 	}
 	if s.acks.pending() == 0 {
 		s.owed.take(oweAckNow)
@@ -529,7 +529,7 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 			s.rc.sentUnpaced()
 		}
 	}
-	s.body = p.body
+	s.scratch.body = p.body
 	if p.count == 0 {
 		return nil
 	}
@@ -708,7 +708,7 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
-	if a := &s.acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
+	if a := &s.scratch.acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
 			s.host.sendDone(a.appBytes)
 		}
