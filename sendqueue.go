@@ -248,7 +248,7 @@ func (s *session) prepare(m *outMsg) {
 		s.stats.UnreliableAsReliable++
 	}
 	m.fragSize = s.cfg.fragSize()
-	if s.ref {
+	if s.ref != nil {
 		// The reference's own size: its receiver took 400 bytes once, but
 		// 318 is what it is known to take.
 		m.fragSize = min(m.fragSize, refFragSize)

@@ -87,7 +87,6 @@ type session struct {
 	cfg    *config
 	host   host
 	client bool
-	ref    bool // the reference dialect (session_ref.go)
 	state  sessState
 	err    error // why the connection ended
 	stats  Stats
@@ -117,27 +116,7 @@ type session struct {
 	acks ackQueue  // ack.go: the acks owed the peer
 	recv recvState // session_recv.go, session_apply.go
 
-	// The reference dialect (session_ref.go, session_refsend.go).
-	rrd      refDatagram // the one being handled
-	relOut   uint32      // the next reliable number to send
-	relAcked relWindow   // reliable numbers the peer acked
-	// The fragmented transfer under way (s.bulk, or its last datagram
-	// unacked: one at a time) is in order and starts at this number; a
-	// receiver holds the in-order messages numbered after it until it is
-	// whole.
-	bulkRel      uint32
-	bulkInOrder  bool
-	fragFlight   int    // unacked reliable datagrams carrying fragments
-	discRel      uint32 // our Disconnect's reliable number
-	hasDiscRel   bool
-	relIn        relWindow // reliable numbers received
-	relHeld      relHeap   // in-order messages waiting for earlier numbers
-	relHeldBytes int
-	relOpen      []uint32 // FragmentStart numbers of in-order transfers incomplete
-	relFlushAt   time.Time
-	seqPID       uint32 // the datagram of the newest unreliable in-order message delivered
-	seqStarted   bool
-
+	ref     *refState // session_ref.go: the reference dialect's; nil in the spec's
 	scratch scratchSpace
 }
 
@@ -164,13 +143,13 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 		cfg:    cfg,
 		host:   h,
 		client: client,
-		ref:    ref,
 		rc:     newRateControl(cfg),
 	}
 	s.handshake.started = now
 	s.live.lastRecv = now
 	s.loss.cfg = cfg
 	if ref {
+		s.ref = new(refState)
 		s.loss.rekeys = true
 		s.acks.bits = refAckBits
 		s.send.tids.noZero = true
@@ -233,8 +212,10 @@ func (s *session) dropSending() {
 	s.anchors.hasApplied, s.anchors.hasLastWhole = false, false
 	s.send.order.reset()
 	clear(s.send.latestQueued)
-	s.send.tids = transferIDs{noZero: s.ref}
-	s.fragFlight = 0
+	s.send.tids = transferIDs{noZero: s.ref != nil}
+	if s.ref != nil {
+		s.ref.fragFlight = 0
+	}
 	if released > 0 {
 		s.host.sendDone(released)
 	}

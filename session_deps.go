@@ -69,14 +69,14 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 	if !t.reliable {
 		return now.Sub(t.sentAt) > s.unreliableHorizon()
 	}
-	if s.ref {
+	if s.ref != nil {
 		// Every reliable number up to its last acked: datagrams are
 		// resent under new PacketIDs, so those tell nothing.
-		if relDiff(t.relLast, s.relAcked.next) <= 0 {
+		if relDiff(t.relLast, s.ref.relAcked.next) <= 0 {
 			return false
 		}
 		// Nor is one numbered after an in-order transfer still open.
-		if s.bulkInOrder && (s.send.bulk != nil || s.fragFlight > 0) && relDiff(s.bulkRel, t.relLast) > 0 {
+		if s.ref.bulkInOrder && (s.send.bulk != nil || s.ref.fragFlight > 0) && relDiff(s.ref.bulkRel, t.relLast) > 0 {
 			return false
 		}
 		// That is all a receiver waits for in this dialect: what t

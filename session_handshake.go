@@ -129,7 +129,7 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 	s.state = stateOK
 	s.handshake.wasOpen = true
 	s.owed.take(oweSyn)
-	if !s.ref { // the reference dialect has no ConnectAck
+	if s.ref == nil { // the reference dialect has no ConnectAck
 		s.owed.owe(oweAck)
 	}
 	if s.handshake.synSends == 1 {
@@ -167,7 +167,7 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 		s.closing.refuseReason = reply // the reason, for a refusal
 		// The reference dialect has no refusal: any datagram would open
 		// the connection for a reference client.
-		if !s.cfg.stealth && !s.ref {
+		if !s.cfg.stealth && s.ref == nil {
 			s.owed.owe(oweDiscAck)
 		}
 		return

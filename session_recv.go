@@ -49,7 +49,7 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 	if s.state == stateDone {
 		return
 	}
-	if s.ref {
+	if s.ref != nil {
 		s.handleRefDatagram(now, b)
 		return
 	}

@@ -30,12 +30,12 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 		s.live.nextPingID++
 		m.id, m.payload = idPingRequest, one[:]
 	case idDisconnect:
-		if !s.hasDiscRel {
-			s.discRel, s.hasDiscRel = s.relOut, true
-			s.relOut = relNextNum(s.relOut)
+		if !s.ref.hasDiscRel {
+			s.ref.discRel, s.ref.hasDiscRel = s.ref.relOut, true
+			s.ref.relOut = relNextNum(s.ref.relOut)
 		}
-		h.reliable, h.relBase = true, s.discRel
-		m.reliable, m.relNum = true, s.discRel
+		h.reliable, h.relBase = true, s.ref.discRel
+		m.reliable, m.relNum = true, s.ref.discRel
 	}
 	b := appendRefHeader(buf[:0], &h)
 	b = appendRefMessage(b, &m, h.relBase)
@@ -89,7 +89,7 @@ func (p *refPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRe
 // buildRefReliable packs reliable messages into a new datagram, followed
 // by whatever acks fit.
 func (s *session) buildRefReliable(now time.Time) []byte {
-	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.relOut, tids: s.scratch.tidBuf[:0]}
+	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.ref.relOut, tids: s.scratch.tidBuf[:0]}
 	s.packRef(now, &p, &s.send.relQ)
 	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
 	if p.count == 0 {
@@ -112,9 +112,9 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 	d.relFirst, d.relCount = p.base, p.rels
 	d.transfers = append(d.transfers, p.tids...)
 	if len(p.tids) > 0 {
-		s.fragFlight++
+		s.ref.fragFlight++
 	}
-	s.relOut = p.nextRel()
+	s.ref.relOut = p.nextRel()
 	d.pn = s.send.nextPN
 	s.numberNew()
 	s.stats.DatagramsSent++
@@ -191,7 +191,7 @@ func (s *session) packRef(now time.Time, p *refPacking, q *sendQueue) {
 		}
 	}
 	if q == &s.send.relQ {
-		for s.send.bulk != nil && s.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
+		for s.send.bulk != nil && s.ref.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
 			if !s.placeRefFragment(now, p, s.send.bulk) {
 				break
 			}
@@ -235,7 +235,7 @@ func refInOrder(m *outMsg) bool { return m.inOrder || len(m.deps) > 0 || m.conte
 // datagram. A fragmented transfer starts only when no datagram carrying
 // fragments is unacked: see placeRefFragment.
 func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
-	if m.frag && (s.send.bulk != nil || s.fragFlight > 0) {
+	if m.frag && (s.send.bulk != nil || s.ref.fragFlight > 0) {
 		return false
 	}
 	// A reliable in-order message waits while an in-order transfer is
@@ -271,7 +271,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 		p.tids = append(p.tids, tid)
 		m.fragNext = 1
 		s.send.bulk = m
-		s.bulkRel, s.bulkInOrder = msg.relNum, msg.inOrder
+		s.ref.bulkRel, s.ref.bulkInOrder = msg.relNum, msg.inOrder
 	}
 	p.body = appendRefMessage(p.body, &msg, p.base)
 	if p.reliable {

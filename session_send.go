@@ -261,7 +261,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 // message. Disconnect and DisconnectAck are in-order messages: their
 // datagram has the InOrder flag, with no dependency left to name.
 func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
-	if s.ref {
+	if s.ref != nil {
 		return s.refControl(buf, id)
 	}
 	// Before the connection opened (a refusal) there is nothing to be in
@@ -346,7 +346,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 			s.send.pacedOut = true
 			return nil
 		}
-		if s.ref {
+		if s.ref != nil {
 			s.refResend(now, d)
 		} else {
 			s.loss.resend(now, d)
@@ -395,7 +395,7 @@ const maxWindow = 8192
 // buildReliable packs reliable messages into a new datagram, followed by
 // whatever acks fit.
 func (s *session) buildReliable(now time.Time) []byte {
-	if s.ref {
+	if s.ref != nil {
 		return s.buildRefReliable(now)
 	}
 	h := &s.scratch.wh
@@ -471,7 +471,7 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 	}
 	var p [packetAckSize]byte
 	for _, a := range s.scratch.ackBuf {
-		if s.ref {
+		if s.ref != nil {
 			body = appendRefMessage(body, &refMessage{inOrder: true, id: idPacketAck, payload: appendRefPacketAck(p[:0], a)}, 0)
 		} else {
 			body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
@@ -486,7 +486,7 @@ func (s *session) ackRepeatWindow() time.Duration { return max(s.loss.rtt.srtt/2
 // pollUnreliable builds an unreliable datagram when acks, pings or
 // unreliable messages are due.
 func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
-	if s.ref {
+	if s.ref != nil {
 		return s.pollRefUnreliable(now, buf)
 	}
 	acksDue, pingDue, data := s.unreliableDue(now)
@@ -715,10 +715,12 @@ func (s *session) afterAcks(now time.Time) {
 		for _, tid := range a.tids {
 			s.send.tids.release(tid)
 		}
-		for _, r := range a.rels {
-			s.relAcked.addRange(r.first, r.count)
+		if s.ref != nil {
+			for _, r := range a.rels {
+				s.ref.relAcked.addRange(r.first, r.count)
+			}
+			s.ref.fragFlight -= a.fragDgrams
 		}
-		s.fragFlight -= a.fragDgrams
 		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
 	}
 	s.loss.sent.trim(s.trimmed)

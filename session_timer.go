@@ -37,7 +37,9 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	s.liveDeadline(held, t)
 	s.closeDeadline(t)
 	s.recvDeadline(t)
-	t.at(s.relFlushAt)
+	if s.ref != nil {
+		s.refDeadline(t)
+	}
 }
 
 // advance runs the timers due at now.
@@ -68,7 +70,9 @@ func (s *session) advanceOpen(now time.Time) {
 		return
 	}
 	s.expireHeld(now)
-	s.flushRelHeld(now)
+	if s.ref != nil {
+		s.flushRelHeld(now)
+	}
 	if !now.Before(s.send.tidyAt) {
 		s.send.tidyAt = now.Add(s.cfg.keepalive())
 		s.tidy(now)
