@@ -3,9 +3,47 @@ package knet
 import "time"
 
 // session is the protocol state machine of one connection. It does no I/O
-// and keeps no clock: the connection's goroutine feeds it datagrams and the
-// time, and asks it for datagrams to send.
+// and keeps no clock: the connection's goroutine feeds it datagrams
+// (handleDatagram) and the time (advance), asks it for datagrams to send
+// (poll) and acts on what it reports (takeEvents).
+//
+// Its fields are components, each owned by the file named beside it. A
+// component with timers has a deadline method, which nextDeadline asks,
+// and an advance step, which advance runs (session_timer.go).
+type session struct {
+	cfg    *config
+	host   host
+	client bool
+	secure bool // a secure session (secure.go): every datagram it is handed was authenticated
+	state  sessState
+	err    error // why the connection ended
+	stats  Stats
+	events sessEvent // what the connection has yet to act on
+	owed   owed      // control messages the peer is owed, which poll sends
 
+	// The connection's life.
+	handshake handshakeState // session_handshake.go: ConnectSyn, ConnectSynAck, admission
+	live      liveState      // session_live.go: the peer's last sign of life, pings
+	closing   closeState     // session_close.go: Disconnect, DisconnectAck, linger
+	reach     reachState     // session_reach.go: the system's reports that the peer is gone
+	path      pathState      // session_path.go: a secure session's path checks
+
+	// Sending.
+	send    sendState   // session_send.go, sendqueue.go: packet numbers, queues, packing
+	anchors anchors     // session_deps.go: what in-order messages name when nothing else
+	loss    lossState   // loss.go: datagrams in flight, loss recovery, the round trip
+	rc      rateControl // congestion.go, pacer.go: how fast
+	acks    ackQueue    // ack.go: the acks owed the peer
+
+	// Receiving.
+	recv recvState // session_recv.go, session_apply.go: the window, reassembly, held messages
+	flow flowState // flowcontrol.go: the rate we ask of the peer
+
+	ref     *refState    // session_ref.go: the reference dialect's state; nil in the spec's
+	scratch scratchSpace // buffers reused from one datagram to the next
+}
+
+// sessState is where a session is in the connection's life.
 type sessState uint8
 
 // Connection states (DECISIONS §1). stateAdmit is the server's wait for its
@@ -81,43 +119,6 @@ type host interface {
 	recvUsed() int
 	// sendDone returns n payload bytes to the send buffer.
 	sendDone(n int)
-}
-
-type session struct {
-	cfg    *config
-	host   host
-	client bool
-	state  sessState
-	err    error // why the connection ended
-	stats  Stats
-	events sessEvent // what the connection has yet to act on
-	owed   owed      // control messages the peer is owed
-
-	reach reachState // session_reach.go
-
-	handshake handshakeState // session_handshake.go
-
-	closing closeState // session_close.go
-
-	live liveState // session_live.go
-
-	// A secure session (secure.go): every datagram it is handed was
-	// authenticated, and it understands path checks.
-	secure bool
-	path   pathState // session_path.go
-
-	send    sendState // session_send.go, sendqueue.go
-	anchors anchors   // session_deps.go
-	loss    lossState // loss.go
-	rc      rateControl
-
-	flow flowState // flowcontrol.go: the rate we ask of the peer
-
-	acks ackQueue  // ack.go: the acks owed the peer
-	recv recvState // session_recv.go, session_apply.go
-
-	ref     *refState // session_ref.go: the reference dialect's; nil in the spec's
-	scratch scratchSpace
 }
 
 // scratchSpace is the buffers a session reuses from one datagram to the
