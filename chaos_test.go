@@ -775,7 +775,7 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 		fmt.Fprintf(&b, "%s\nsimulated time %v since the start\n", what, p.now.Sub(timeZero))
 		for i, side := range [2]string{"client", "server"} {
 			s := p.s[i]
-			fmt.Fprintf(&b, "%s: state %v err %v, held %d, reassembling %d (%d bytes)\n", side, s.state, s.err, len(s.res.held), s.reasm.active, s.reasm.bytes)
+			fmt.Fprintf(&b, "%s: state %v err %v, held %d, reassembling %d (%d bytes)\n", side, s.state, s.err, len(s.recv.res.held), s.recv.reasm.active, s.recv.reasm.bytes)
 			fmt.Fprintf(&b, "  stats %+v\n", s.snapshot())
 			fmt.Fprintf(&b, "  link out %+v\n", p.links[i].Stats())
 			fmt.Fprintf(&b, "  received from the %s:\n%s", [2]string{"server", "client"}[i], recv[i].counts())
@@ -826,7 +826,7 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 	// half received (a large update of a ContentID travels reliably but
 	// counts as unreliable in the plan).
 	idle := func(s *session) bool {
-		return s.loss.sent.count == 0 && s.relQ.len() == 0 && len(s.res.held) == 0 && s.reasm.active == 0
+		return s.loss.sent.count == 0 && s.send.relQ.len() == 0 && len(s.recv.res.held) == 0 && s.recv.reasm.active == 0
 	}
 	bound := chaosProgressBound
 	if ref {
@@ -852,8 +852,8 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 			problems = append(problems, fmt.Sprintf("%s ended: %v %v", side, s.state, s.err))
 		}
 		// Nothing is held for ever once everything reliable is in.
-		if progress && (len(s.res.held) != 0 || s.reasm.active != 0) {
-			problems = append(problems, fmt.Sprintf("%s still holds %d messages and %d transfers", side, len(s.res.held), s.reasm.active))
+		if progress && (len(s.recv.res.held) != 0 || s.recv.reasm.active != 0) {
+			problems = append(problems, fmt.Sprintf("%s still holds %d messages and %d transfers", side, len(s.recv.res.held), s.recv.reasm.active))
 		}
 		if len(recv[i].errs) > 0 {
 			problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, recv[i].summary()))

@@ -223,8 +223,8 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	}
 	c.sendq.spare = q[:0]
 	if closing {
-		if c.sess.closeReason == nil && c.dialect != DialectReference {
-			c.sess.closeReason = why
+		if c.sess.closing.reason == nil && c.dialect != DialectReference {
+			c.sess.closing.reason = why
 		}
 		c.sess.requestClose(now)
 	}
@@ -237,7 +237,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 func (c *Conn) admit() {
 	var reply []byte
 	var err error
-	syn := append([]byte(nil), c.sess.syn...)
+	syn := append([]byte(nil), c.sess.handshake.syn...)
 	if c.sec != nil {
 		// The listener read the handshake message (admitSecure).
 		syn = c.sec.payload
@@ -385,9 +385,6 @@ func (c *Conn) refusal() {
 	c.kick()
 }
 
-// isRefusal reports whether err is the system's word that nothing listens
-// at the peer's port.
-func isRefusal(err error) bool { return errors.Is(err, errConnRefused) }
 
 // snapshot is the session's counters with the connection's corrections:
 // what the session built but the system did not send was not sent.
@@ -428,7 +425,7 @@ func (c *Conn) publish() {
 	c.state.mu.Lock()
 	st.DroppedDatagrams += c.inDroppedLocked()
 	c.state.stats = st
-	c.state.rates.note(now, &st, c.sess.pidAdvance, c.sess.uniqueIn)
+	c.state.rates.note(now, &st, c.sess.recv.pidAdvance, c.sess.recv.uniqueIn)
 	c.state.mu.Unlock()
 }
 
@@ -453,15 +450,15 @@ func (c *Conn) finish() {
 	case err != nil:
 	case eof:
 		err = ErrPeerClosed
-		if len(s.peerReason) > 0 {
-			err = &DisconnectError{Reason: string(s.peerReason)}
+		if len(s.closing.peerReason) > 0 {
+			err = &DisconnectError{Reason: string(s.closing.peerReason)}
 		}
 	case closing:
 		err = net.ErrClosed
 	default:
 		err = net.ErrClosed
 	}
-	if l := c.cfg.logger; l != nil && s.wasOpen {
+	if l := c.cfg.logger; l != nil && s.opened() {
 		graceful := err == net.ErrClosed || errors.Is(err, ErrPeerClosed)
 		level := slog.LevelInfo
 		if !graceful {
@@ -521,7 +518,7 @@ func (c *Conn) sendDone(n int) { c.sendq.released += n }
 
 func (c *Conn) established() {
 	c.state.mu.Lock()
-	c.state.syn, c.state.synAck = c.sess.syn, c.sess.synAck
+	c.state.syn, c.state.synAck = c.sess.handshake.syn, c.sess.handshake.synAck
 	if c.sec != nil {
 		c.state.syn, c.state.synAck = c.sec.payload, c.sec.reply
 	}

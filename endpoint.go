@@ -373,7 +373,7 @@ func (ep *endpoint) remove(c *Conn) {
 	}
 	ep.mu.Unlock()
 	if ep.l != nil {
-		ep.l.endAttempt(c, c.sess.err, c.sess.refuseReason) // no longer pending, whatever became of it
+		ep.l.endAttempt(c, c.sess.err, c.sess.closing.refuseReason) // no longer pending, whatever became of it
 		ep.l.dropCID(c)
 	}
 }

@@ -9,6 +9,17 @@ import "time"
 // keeps no more than its window unacked, never goes below MinDatagramRate
 // and never above what the peer asked for with FlowControlRequest.
 
+// flowState is the rate we ask of the peer: how fast its datagrams
+// arrive, and what we asked for last.
+type flowState struct {
+	arrivals    int // datagrams since arrivalsAt
+	arrivalsAt  time.Time
+	arrivalRate float64 // datagrams/s
+	askedRate   int     // the limit we asked the peer for, 0 if none
+	askedAt     time.Time
+	rate        uint16 // the FlowControlRequest owed (oweFlow) asks for this
+}
+
 // flowControl asks the peer to slow down when our application falls behind
 // (spec "Flow Control"): past half of ReceiveBuffer, for a rate that shrinks
 // as the buffer fills, at most once a round trip; once below a quarter, it
@@ -22,28 +33,28 @@ func (s *session) flowControl(now time.Time) {
 		return
 	}
 	fill := float64(s.host.recvUsed()) / float64(s.cfg.recvBuffer)
-	if dt := now.Sub(s.arrivalsAt); dt >= 10*time.Millisecond {
-		rate := float64(s.arrivals) / dt.Seconds()
-		s.arrivalRate = max(rate, s.arrivalRate*0.5) // quick to rise, slow to fall
-		s.arrivals = 0
-		s.arrivalsAt = now
+	if dt := now.Sub(s.flow.arrivalsAt); dt >= 10*time.Millisecond {
+		rate := float64(s.flow.arrivals) / dt.Seconds()
+		s.flow.arrivalRate = max(rate, s.flow.arrivalRate*0.5) // quick to rise, slow to fall
+		s.flow.arrivals = 0
+		s.flow.arrivalsAt = now
 	}
 	switch {
 	case fill >= 0.5:
-		if s.askedRate > 0 && now.Sub(s.askedAt) < max(s.loss.rtt.srtt, 10*time.Millisecond) {
+		if s.flow.askedRate > 0 && now.Sub(s.flow.askedAt) < max(s.loss.rtt.srtt, 10*time.Millisecond) {
 			return
 		}
 		// Half full: the arrival rate; full: the minimum.
-		want := int(max(s.cfg.minRate, s.arrivalRate*2*(1-min(fill, 1))))
-		if s.askedRate > 0 && want >= s.askedRate {
+		want := int(max(s.cfg.minRate, s.flow.arrivalRate*2*(1-min(fill, 1))))
+		if s.flow.askedRate > 0 && want >= s.flow.askedRate {
 			return
 		}
-		s.askedRate = max(want, 1)
-		s.askedAt = now
-		s.sendFlowControl(s.askedRate)
-	case fill < 0.25 && s.askedRate > 0:
-		s.askedRate = 0
-		s.askedAt = now
+		s.flow.askedRate = max(want, 1)
+		s.flow.askedAt = now
+		s.sendFlowControl(s.flow.askedRate)
+	case fill < 0.25 && s.flow.askedRate > 0:
+		s.flow.askedRate = 0
+		s.flow.askedAt = now
 		s.sendFlowControl(0xffff)
 	}
 }
@@ -68,9 +79,9 @@ func (s *session) peerRateRequest(now time.Time, rate uint16) {
 // sendFlowControl asks the peer to send at most rate datagrams a second.
 // The reference dialect has no FlowControlRequest in use (see Dialect).
 func (s *session) sendFlowControl(rate int) {
-	if s.ref {
+	if s.ref != nil {
 		return
 	}
-	s.flowRate = uint16(min(max(rate, 1), 0xffff))
-	s.needFlow = true
+	s.flow.rate = uint16(min(max(rate, 1), 0xffff))
+	s.owed.owe(oweFlow)
 }

@@ -57,8 +57,8 @@ func TestLargeMessagesLossy(t *testing.T) {
 		assert.Equal(t, sha256.Sum256(randomPayload(uint64(i), sizes[i])), sha256.Sum256(m.Payload), "message of %d bytes", sizes[i])
 	}
 	assert.Equal(t, 80, small)
-	assert.Zero(t, p.server().reasm.active)
-	assert.Zero(t, p.server().reasm.bytes)
+	assert.Zero(t, p.server().recv.reasm.active)
+	assert.Zero(t, p.server().recv.reasm.bytes)
 }
 
 func TestSmallMessagesOvertakeBulk(t *testing.T) {
@@ -116,7 +116,7 @@ func TestTransferIDsReusedOnlyWhenAcked(t *testing.T) {
 	}
 	assert.Len(t, got, n)
 	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.sent.count == 0 }))
-	assert.Zero(t, p.client().tids.inUse, "every TransferID free once all is acked")
+	assert.Zero(t, p.client().send.tids.inUse, "every TransferID free once all is acked")
 }
 
 // fragmentsOf cuts payload into fragment messages as a peer would.
@@ -233,7 +233,7 @@ func TestReassemblyBudget(t *testing.T) {
 func TestHostileFragmentCountCutsOffPeer(t *testing.T) {
 	p := newSimPair(t, nil, &Config{MaxMessageSize: 1 << 20}, perfect, perfect)
 	p.connect()
-	d := datagram{header: header{packetID: p.client().nextPID, reliable: true}, msgs: []message{
+	d := datagram{header: header{packetID: p.client().send.nextPID, reliable: true}, msgs: []message{
 		{fragStart: true, fragment: true, id: 6, fragCount: 1 << 28, transferID: 1, payload: make([]byte, 400)},
 	}}
 	p.inject(1, appendDatagram(nil, &d))
@@ -241,7 +241,7 @@ func TestHostileFragmentCountCutsOffPeer(t *testing.T) {
 	var pe *ProtocolError
 	assert.ErrorAs(t, p.server().err, &pe)
 	assert.Equal(t, uint64(1), p.server().stats.ProtocolErrors)
-	assert.Zero(t, p.server().reasm.bytes)
+	assert.Zero(t, p.server().recv.reasm.bytes)
 }
 
 func TestNeverFinishedTransfersStayBounded(t *testing.T) {
@@ -251,7 +251,7 @@ func TestNeverFinishedTransfersStayBounded(t *testing.T) {
 	cfg := &Config{ReassemblyBuffer: 64 << 10, MaxMessageSize: 256 << 10}
 	p := newSimPair(t, nil, cfg, perfect, perfect)
 	p.connect()
-	pid := p.client().nextPID
+	pid := p.client().send.nextPID
 	for tid := range 256 {
 		for k := range 40 {
 			m := message{fragment: true, transferID: uint8(tid), fragNumber: uint32(k + 1), payload: make([]byte, 1000)}
@@ -263,7 +263,7 @@ func TestNeverFinishedTransfersStayBounded(t *testing.T) {
 			p.inject(1, appendDatagram(nil, &d))
 		}
 	}
-	assert.LessOrEqual(t, p.server().reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
+	assert.LessOrEqual(t, p.server().recv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
 	assert.Positive(t, p.server().stats.DroppedDatagrams)
 	assert.Equal(t, stateOK, p.server().state)
 }

@@ -104,8 +104,8 @@ func runFuzzScript(t *testing.T, p *simPair, script []byte, malformed func([]byt
 		}
 		p.inject(1, append([]byte(nil), b...))
 		p.run(pause, nil)
-		require.LessOrEqual(t, srv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
-		require.LessOrEqual(t, srv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
+		require.LessOrEqual(t, srv.recv.res.bytes, 64<<10+2*maxDatagramSizeLimit)
+		require.LessOrEqual(t, srv.recv.reasm.bytes, 64<<10+256<<10+maxContentLength+fragRecordCost*(256<<10/minFragAverage+2))
 		require.LessOrEqual(t, srv.acks.pending(), 4*maxInbox)
 		if bounds != nil {
 			bounds()
@@ -215,7 +215,7 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		write("FuzzSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
 	}
 	rp := establishedRefForFuzz(t)
-	refSeeds := fuzzRefSeeds(rp.client().nextPID, rp.client().relOut)
+	refSeeds := fuzzRefSeeds(rp.client().send.nextPID, rp.client().ref.relOut)
 	write("FuzzRefSessionReceive", "seed-all", bytesLit(fuzzScript(refSeeds...)))
 	for i, s := range refSeeds {
 		write("FuzzRefSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
@@ -298,7 +298,7 @@ func fuzzRefSeeds(pid, rel uint32) [][]byte {
 // reference dialect.
 func FuzzRefSessionReceive(f *testing.F) {
 	p := establishedRefForFuzz(f)
-	seeds := fuzzRefSeeds(p.client().nextPID, p.client().relOut)
+	seeds := fuzzRefSeeds(p.client().send.nextPID, p.client().ref.relOut)
 	f.Add(fuzzScript(seeds...))
 	f.Add(fuzzScript(seeds[10], seeds[11], seeds[12]))
 	for _, s := range seeds {
@@ -311,8 +311,8 @@ func FuzzRefSessionReceive(f *testing.F) {
 		runFuzzScript(t, p, script, func(b []byte) bool {
 			return !isRefOpening(b) && parseRefInto(b, &d) != nil
 		}, func() {
-			require.LessOrEqual(t, srv.relHeldBytes, 64<<10+2*maxDatagramSizeLimit*refHeldCost)
-			require.LessOrEqual(t, len(srv.relIn.ring), maxRelWindow/64)
+			require.LessOrEqual(t, srv.ref.relHeldBytes, 64<<10+2*maxDatagramSizeLimit*refHeldCost)
+			require.LessOrEqual(t, len(srv.ref.relIn.ring), maxRelWindow/64)
 		})
 	})
 }

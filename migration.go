@@ -21,12 +21,9 @@ import (
 // address, and the new one gets no more than amplification times the
 // bytes of authenticated datagrams it sent (QUIC's rule, RFC 9000 8.1).
 
-// Path messages: MessageID 0 (idPath, reserved by the spec and ignored by
-// kNet receivers), content u8 kind, then 8 bytes.
+// Checking a new address (the path messages themselves are in
+// session_path.go).
 const (
-	pathChallenge = 1
-	pathResponse  = 2
-	pathDataSize  = 8
 	// amplification bounds what an unproven address gets: this many times
 	// what it sent.
 	amplification = 3

@@ -58,7 +58,7 @@ func TestInOrderAfterLostConnectAck(t *testing.T) {
 	p.run(50*time.Millisecond, nil)
 	deliver() // the ConnectAck's datagram, late
 	require.True(t, p.run(5*time.Second, func() bool { return len(p.h[1].msgs) == 20 }),
-		"delivered %d of 20, %d held", len(p.h[1].msgs), len(p.server().res.held))
+		"delivered %d of 20, %d held", len(p.h[1].msgs), len(p.server().recv.res.held))
 	for i, m := range p.h[1].msgs {
 		_, seq := chanOf(m)
 		require.Equal(t, i, seq)
@@ -78,7 +78,7 @@ func TestInOrderRightAfterHandshakeLossyReordering(t *testing.T) {
 			p.send(0, chanMsg(0, i, true, 100))
 		}
 		ok := p.run(30*time.Second, func() bool { return len(p.h[1].msgs) == 200 })
-		require.True(t, ok, "seed %d: delivered %d of 200, %d held, client %+v", seed, len(p.h[1].msgs), len(p.server().res.held), p.client().stats)
+		require.True(t, ok, "seed %d: delivered %d of 200, %d held, client %+v", seed, len(p.h[1].msgs), len(p.server().recv.res.held), p.client().stats)
 		for i, m := range p.h[1].msgs {
 			_, seq := chanOf(m)
 			require.Equal(t, i, seq, "seed %d", seed)
@@ -278,8 +278,8 @@ func TestDependencyNamedTwiceAppliesOnce(t *testing.T) {
 		p := newSimPair(t, nil, nil, perfect, perfect)
 		p.connect()
 		c := p.client()
-		first := c.nextPID
-		c.startPIDAt(c.nextPID + 2) // the client must not reuse these
+		first := c.send.nextPID
+		c.startPIDAt(c.send.nextPID + 2) // the client must not reuse these
 		dependent := header{packetID: first + 1, reliable: reliable, inOrder: true, deltas: []uint16{0, 0}, indices: []uint16{0, 0}}
 		b := appendHeader(nil, &dependent)
 		b = appendMessage(b, &message{id: 70, payload: []byte("twice"), order: orderMulti, orderMulti: []byte{0, 0, 1}})
@@ -294,7 +294,7 @@ func TestDependencyNamedTwiceAppliesOnce(t *testing.T) {
 			ids = append(ids, m.ID)
 		}
 		assert.Equal(t, []uint32{71, 70}, ids, "reliable %v", reliable)
-		assert.Equal(t, 0, len(p.server().res.held))
+		assert.Equal(t, 0, len(p.server().recv.res.held))
 	}
 }
 
@@ -335,7 +335,7 @@ func streamTime(t *testing.T, cfg *Config, path func(uint64) netsim.Params, seed
 	start := p.now
 	sent := 0
 	for len(p.h[1].msgs) < n {
-		for sent < n && p.client().relQ.len() < 256 {
+		for sent < n && p.client().send.relQ.len() < 256 {
 			b := make([]byte, size)
 			binary.LittleEndian.PutUint32(b, uint32(sent))
 			p.send(0, Message{ID: 10, Payload: b, Reliable: true, InOrder: ordered})

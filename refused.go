@@ -2,8 +2,15 @@
 
 package knet
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
 // errConnRefused is how the system reports an ICMP port unreachable on a
 // connected UDP socket.
 var errConnRefused error = syscall.ECONNREFUSED
+
+// isRefusal reports whether err is the system's word that nothing listens
+// at the peer's port.
+func isRefusal(err error) bool { return errors.Is(err, errConnRefused) }

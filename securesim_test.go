@@ -179,7 +179,7 @@ func TestSecureSimHandshake(t *testing.T) {
 	p.admit = func(syn []byte) ([]byte, bool) { got = syn; return []byte("welcome"), true }
 	p.connect()
 	require.Equal(t, "hello", string(got))
-	require.Equal(t, "welcome", string(p.client().synAck))
+	require.Equal(t, "welcome", string(p.client().handshake.synAck))
 	const n = 300
 	for i := range n {
 		p.send(0, numbered(100, i, 10+i))
@@ -290,7 +290,7 @@ func TestSecureNoNonceReuseBehindLostReliable(t *testing.T) {
 			break
 		}
 		// A sender with a bounded buffer: it keeps 64 queued.
-		for srv.unrelQ.len() < 64 {
+		for srv.send.unrelQ.len() < 64 {
 			p.send(1, Message{ID: 300, Payload: payload})
 		}
 		p.run(time.Millisecond, nil)
@@ -328,7 +328,7 @@ func TestSecureSimClearDatagramInHandshake(t *testing.T) {
 			require.True(t, p.run(time.Second, func() bool { return srv.state == stateSynAck }))
 			p.cut[0] = true // the client's sealed datagrams are late
 			require.True(t, p.run(time.Second, func() bool { return cl.state == stateOK }))
-			next := cl.nextPID
+			next := cl.send.nextPID
 			var msgs []message
 			if withSyn {
 				// The genuine ConnectSyn's content, even: still in clear.
@@ -390,7 +390,7 @@ func TestSecureSimReplayedSynOpensNothing(t *testing.T) {
 	// It ends at ConnectTimeout, never having opened.
 	p.run(p.server().cfg.connectTimeout, nil)
 	assert.Equal(t, stateDone, p.server().state)
-	assert.False(t, p.server().wasOpen)
+	assert.False(t, p.server().handshake.wasOpen)
 }
 
 // Finding 3: the client read every block of the datagram that carried the

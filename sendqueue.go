@@ -140,7 +140,7 @@ func (s *session) unsentBytes(m *outMsg) int { return len(m.payload) - m.off }
 // enqueue takes an application message for sending. The payload is already
 // a private copy.
 func (s *session) enqueue(m *outMsg) {
-	if s.state == stateDone || s.state == stateLinger || s.stopAccepting {
+	if s.state == stateDone || s.state == stateLinger || s.closing.stopAccepting {
 		s.host.sendDone(len(m.payload))
 		s.stats.DroppedMessages++
 		s.putMsg(m)
@@ -148,7 +148,7 @@ func (s *session) enqueue(m *outMsg) {
 	}
 	if m.contentID != 0 && !m.reliable {
 		k := contentKey{m.id, m.contentID}
-		if old := s.latestQueued[k]; old != nil && !old.track.packed {
+		if old := s.send.latestQueued[k]; old != nil && !old.track.packed {
 			// Latest state wins: the newer content replaces the older
 			// one still queued.
 			s.host.sendDone(len(old.payload))
@@ -163,16 +163,16 @@ func (s *session) enqueue(m *outMsg) {
 			// Ref: the older one goes, the newer one queues.
 			s.queueFor(old).remove(old)
 			old.track.dropped = true
-			delete(s.latestQueued, k)
+			delete(s.send.latestQueued, k)
 			s.putMsg(old)
 		}
 	}
-	s.order.add(m)
+	s.send.order.add(m)
 	if m.contentID != 0 && !m.reliable {
-		if s.latestQueued == nil {
-			s.latestQueued = make(map[contentKey]*outMsg)
+		if s.send.latestQueued == nil {
+			s.send.latestQueued = make(map[contentKey]*outMsg)
 		}
-		s.latestQueued[contentKey{m.id, m.contentID}] = m
+		s.send.latestQueued[contentKey{m.id, m.contentID}] = m
 	}
 	s.raise(m)
 	s.queueFor(m).push(m)
@@ -190,7 +190,7 @@ func (s *session) raise(m *outMsg) {
 		if t == nil || t.packed {
 			continue
 		}
-		for _, q := range [...]*sendQueue{&s.relQ, &s.unrelQ} {
+		for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ} {
 			for i := q.head; i < len(q.items); i++ {
 				o := q.items[i]
 				if o.track == t && o.priority < m.priority {
@@ -210,13 +210,13 @@ func (s *session) raise(m *outMsg) {
 // Transfers", 3).
 func (s *session) queueFor(m *outMsg) *sendQueue {
 	if m.reliable || m.frag {
-		return &s.relQ
+		return &s.send.relQ
 	}
-	return &s.unrelQ
+	return &s.send.unrelQ
 }
 
 func (s *session) newMsg() *outMsg {
-	if m, ok := s.freeMsgs.get(); ok {
+	if m, ok := s.send.freeMsgs.get(); ok {
 		return m
 	}
 	return new(outMsg)
@@ -225,14 +225,14 @@ func (s *session) newMsg() *outMsg {
 func (s *session) putMsg(m *outMsg) {
 	putPayload(m.pbuf)
 	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
-	s.freeMsgs.put(m, maxFreeMsgs)
+	s.send.freeMsgs.put(m, maxFreeMsgs)
 }
 
 func (s *session) freeQueued(m *outMsg) {
 	if m.contentID != 0 {
 		k := contentKey{m.id, m.contentID}
-		if s.latestQueued[k] == m {
-			delete(s.latestQueued, k)
+		if s.send.latestQueued[k] == m {
+			delete(s.send.latestQueued, k)
 		}
 	}
 	s.putMsg(m)
@@ -248,7 +248,7 @@ func (s *session) prepare(m *outMsg) {
 		s.stats.UnreliableAsReliable++
 	}
 	m.fragSize = s.cfg.fragSize()
-	if s.ref {
+	if s.ref != nil {
 		// The reference's own size: its receiver took 400 bytes once, but
 		// 318 is what it is known to take.
 		m.fragSize = min(m.fragSize, refFragSize)

@@ -1,15 +1,49 @@
 package knet
 
-import (
-	"fmt"
-	"net"
-	"time"
-)
+import "time"
 
 // session is the protocol state machine of one connection. It does no I/O
-// and keeps no clock: the connection's goroutine feeds it datagrams and the
-// time, and asks it for datagrams to send.
+// and keeps no clock: the connection's goroutine feeds it datagrams
+// (handleDatagram) and the time (advance), asks it for datagrams to send
+// (poll) and acts on what it reports (takeEvents).
+//
+// Its fields are components, each owned by the file named beside it. A
+// component with timers has a deadline method, which nextDeadline asks,
+// and an advance step, which advance runs (session_timer.go).
+type session struct {
+	cfg    *config
+	host   host
+	client bool
+	secure bool // a secure session (secure.go): every datagram it is handed was authenticated
+	state  sessState
+	err    error // why the connection ended
+	stats  Stats
+	events sessEvent // what the connection has yet to act on
+	owed   owed      // control messages the peer is owed, which poll sends
 
+	// The connection's life.
+	handshake handshakeState // session_handshake.go: ConnectSyn, ConnectSynAck, admission
+	live      liveState      // session_live.go: the peer's last sign of life, pings
+	closing   closeState     // session_close.go: Disconnect, DisconnectAck, linger
+	reach     reachState     // session_reach.go: the system's reports that the peer is gone
+	path      pathState      // session_path.go: a secure session's path checks
+
+	// Sending.
+	send    sendState   // session_send.go, sendqueue.go: packet numbers, queues, packing
+	anchors anchors     // session_deps.go: what in-order messages name when nothing else
+	loss    lossState   // loss.go: datagrams in flight, loss recovery, the round trip
+	rc      rateControl // congestion.go, pacer.go: how fast
+	acks    ackQueue    // ack.go: the acks owed the peer
+
+	// Receiving.
+	recv recvState // session_recv.go, session_apply.go: the window, reassembly, held messages
+	flow flowState // flowcontrol.go: the rate we ask of the peer
+
+	ref     *refState    // session_ref.go: the reference dialect's state; nil in the spec's
+	scratch scratchSpace // buffers reused from one datagram to the next
+}
+
+// sessState is where a session is in the connection's life.
 type sessState uint8
 
 // Connection states (DECISIONS §1). stateAdmit is the server's wait for its
@@ -37,6 +71,36 @@ const (
 	evTidy                              // the session tidied up (see tidy): the connection's turn
 )
 
+// owed is the control messages a session owes its peer, a bit each: set
+// when something calls for one, taken when a datagram carries it (poll),
+// or when what called for it is over.
+type owed uint16
+
+const (
+	oweSyn          owed = 1 << iota // client: a ConnectSyn (the first, or one resent)
+	oweSynAck                        // server: a ConnectSynAck (the first, or ours was lost)
+	oweAck                           // client: a ConnectAck, the first reliable message
+	oweDisc                          // a Disconnect (the first, or one resent)
+	oweDiscAck                       // a DisconnectAck, to the peer's Disconnect or refusing its ConnectSyn
+	oweFlow                          // a FlowControlRequest asking for flow.rate
+	oweAnchor                        // a reliable datagram whose first message names nothing (see wireDeps)
+	owePathResponse                  // a secure client: the PathResponse to path.challenge
+	oweAckNow                        // the acks owed, without the usual delay
+)
+
+// owe adds m to what is owed.
+func (o *owed) owe(m owed) { *o |= m }
+
+// owes reports whether any of m is owed.
+func (o owed) owes(m owed) bool { return o&m != 0 }
+
+// take removes m from what is owed and reports whether any of it was.
+func (o *owed) take(m owed) bool {
+	had := *o&m != 0
+	*o &^= m
+	return had
+}
+
 // takeEvents returns what happened since it was last called.
 func (s *session) takeEvents() sessEvent {
 	e := s.events
@@ -57,160 +121,19 @@ type host interface {
 	sendDone(n int)
 }
 
-type pingRecord struct {
-	id uint8
-	at time.Time
-}
-
-type session struct {
-	cfg    *config
-	host   host
-	client bool
-	ref    bool // the reference dialect (session_ref.go)
-	state  sessState
-	err    error // why the connection ended
-	stats  Stats
-	events sessEvent // what the connection has yet to act on
-
-	// Reports in a row that the peer cannot be reached (see unreachable),
-	// the latest one's error, and DatagramsReceived when they started.
-	strikes   int
-	strikeErr error
-	heard     uint64
-
-	// Handshake (session_handshake.go).
-	syn, synAck                  []byte
-	admitWaiting                 bool      // server: ConnectSyn in, Admit not yet run
-	wasOpen                      bool      // the handshake completed
-	started                      time.Time // the attempt's start (server: its admission)
-	synResend                    time.Time
-	synBackoff                   time.Duration
-	synSends                     int
-	synAckSent                   time.Time
-	synAckSends                  int
-	preIn, preOut                int // server: bytes from and to the peer before the handshake completed
-	needSyn, needSynAck, needAck bool
-
-	// Close (session_close.go).
-	closeAsked   bool
-	closeReason  []byte // ours, sent in our Disconnect
-	refuseReason []byte // sent in the DisconnectAck that refuses
-	peerReason   []byte // the peer's, from its Disconnect
-	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
-	// many datagrams arrived (new ones only).
-	pidAdvance, uniqueIn  uint64
-	stopAccepting         bool
-	closeBy               time.Time
-	discResend            time.Time
-	discBackoff           time.Duration // between Disconnects, doubling
-	discAckedAt           time.Time     // when we answered the peer's Disconnect
-	lingerUntil           time.Time
-	needDisc, needDiscAck bool
-
-	// Liveness and pings. lastRecv is when the peer last proved alive: a
-	// new datagram, never one received before (stale: the datagram being
-	// handled, in a secure session, was).
-	lastRecv    time.Time
-	stale       bool
-	nextPing    time.Time
-	pings       [8]pingRecord
-	pingCount   int
-	nextPingID  uint8
-	pingReplies []uint8
-
-	// A secure session (secure.go): every datagram it is handed was
-	// authenticated, and it understands path checks: a client owes the
-	// PathResponse to the last PathChallenge (pathAnswer), a server's
-	// connection reads the PathResponse heard (pathGot) after each
-	// datagram.
-	secure     bool
-	pathAnswer bool
-	pathGot    bool
-	pathData   [pathDataSize]byte // the challenge to answer
-	pathHeard  [pathDataSize]byte // the response heard
-
-	// Sending: the queues (sendqueue.go), packing (session_send.go),
-	// dependencies on the wire (session_deps.go), recovery (loss.go) and
-	// the rate (pacer.go, congestion.go).
-	nextPID      uint32 // the low 22 bits of nextPN
-	nextPN       uint64 // the packet number of the next new datagram
-	out          outInfo
-	relQ         sendQueue // reliable messages and fragmented transfers
-	unrelQ       sendQueue
-	latestQueued map[contentKey]*outMsg
-	order        sendOrder
-	tids         transferIDs
-	bulk         *outMsg // fragmented message whose fragments are being packed
-	loss         lossState
-	rc           rateControl
-	spanHold     int  // see holdLimit
-	pacedOut     bool // work waits for the pacer
-	// Anchors for in-order messages that would carry no dependency, so
-	// that the receiver still sees them in order (see wireDeps): the newest
-	// reliable message known applied (the first of a datagram acked with
-	// all before it, if it named nothing; or a tracked one resolved), and
-	// the first message, naming nothing, of the newest reliable datagram
-	// sent. needAnchor asks for a datagram that starts with one.
-	anchor, lastWhole       msgRef
-	hasAnchor, hasLastWhole bool
-	needAnchor              bool
-	tidyAt                  time.Time // see tidy
-	forgotAt                time.Time // see poll
-	freeMsgs                freeList[*outMsg]
-	freeBufs                freeList[[]byte]
-	lent                    *[]byte // see takeLent
-
-	// Flow control (flowcontrol.go): the rate we ask of the peer.
-	arrivals    int
-	arrivalsAt  time.Time
-	arrivalRate float64 // datagrams/s
-	askedRate   int     // the limit we asked the peer for, 0 if none
-	askedAt     time.Time
-	needFlow    bool
-	flowRate    uint16
-
-	// Receiving (session_recv.go, session_apply.go).
-	win        recvWindow
-	acks       ackQueue
-	ackNow     bool // ack without the usual delay
-	reasm      reassembly
-	res        resolver
-	newestAt   time.Time     // when the newest PacketID arrived
-	reorderExt time.Duration // how late reordered datagrams came
-	reorderAt  time.Time
-
-	// The reference dialect (session_ref.go, session_refsend.go).
-	rrd      refDatagram // the one being handled
-	relOut   uint32      // the next reliable number to send
-	relAcked relWindow   // reliable numbers the peer acked
-	// The fragmented transfer under way (s.bulk, or its last datagram
-	// unacked: one at a time) is in order and starts at this number; a
-	// receiver holds the in-order messages numbered after it until it is
-	// whole.
-	bulkRel      uint32
-	bulkInOrder  bool
-	fragFlight   int    // unacked reliable datagrams carrying fragments
-	discRel      uint32 // our Disconnect's reliable number
-	hasDiscRel   bool
-	relIn        relWindow // reliable numbers received
-	relHeld      relHeap   // in-order messages waiting for earlier numbers
-	relHeldBytes int
-	relOpen      []uint32 // FragmentStart numbers of in-order transfers incomplete
-	relFlushAt   time.Time
-	seqPID       uint32 // the datagram of the newest unreliable in-order message delivered
-	seqStarted   bool
-
-	// Scratch, reused.
-	rd      datagram // the one being handled
+// scratchSpace is the buffers a session reuses from one datagram to the
+// next, received or built, so that steady traffic allocates nothing.
+type scratchSpace struct {
+	rd      datagram  // the one being handled
+	acked   ackResult // what its acks freed (see afterAcks)
 	deps    []msgRef
 	ready   readyHeap
 	woken   []*held
 	dropped []*held
 	expired []*held
-	wh      header
+	wh      header // the one being built
 	body    []byte
 	ackBuf  []packetAck
-	acked   ackResult
 	wdeps   []msgRef
 	entries []byte
 	tidBuf  []byte
@@ -218,38 +141,38 @@ type session struct {
 
 func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	s := &session{
-		cfg:      cfg,
-		host:     h,
-		client:   client,
-		ref:      ref,
-		started:  now,
-		lastRecv: now,
-		rc:       newRateControl(cfg),
+		cfg:    cfg,
+		host:   h,
+		client: client,
+		rc:     newRateControl(cfg),
 	}
+	s.handshake.started = now
+	s.live.lastRecv = now
 	s.loss.cfg = cfg
 	if ref {
+		s.ref = new(refState)
 		s.loss.rekeys = true
 		s.acks.bits = refAckBits
-		s.tids.noZero = true
-		s.nextPID, s.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
+		s.send.tids.noZero = true
+		s.send.nextPID, s.send.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
 		// So the peer's PacketIDs start at 1 too: whichever of its first
 		// datagrams arrives first, those before it are still to come.
-		s.win.add(0)
+		s.recv.win.add(0)
 	}
 	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
 	if s.secure {
 		// Both ends number from 0; the handshake's datagrams, in clear,
 		// are no part of the window (recvWindow.startAt).
-		s.win.startAt(0)
+		s.recv.win.startAt(0)
 	}
-	s.reasm.budget = cfg.reassemblyBuffer
-	s.reasm.maxMessage = cfg.maxMessage
+	s.recv.reasm.budget = cfg.reassemblyBuffer
+	s.recv.reasm.maxMessage = cfg.maxMessage
 	if client {
 		s.state = stateSyn
-		s.needSyn = true
-		s.syn = cfg.connectPayload
-		s.synBackoff = firstSynResend
-		s.synResend = now.Add(s.synBackoff)
+		s.owed.owe(oweSyn)
+		s.handshake.syn = cfg.connectPayload
+		s.handshake.synBackoff = firstSynResend
+		s.handshake.synResend = now.Add(s.handshake.synBackoff)
 	} else {
 		s.state = stateAdmit
 	}
@@ -257,7 +180,7 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 }
 
 // done reports whether the session has ended and has nothing more to send.
-func (s *session) done() bool { return s.state == stateDone && !s.needDiscAck }
+func (s *session) done() bool { return s.state == stateDone && !s.owed.owes(oweDiscAck) }
 
 // fail ends the session with err.
 func (s *session) fail(err error) {
@@ -274,7 +197,7 @@ func (s *session) fail(err error) {
 // dropSending forgets everything queued or in flight.
 func (s *session) dropSending() {
 	released := 0
-	for _, q := range [...]*sendQueue{&s.relQ, &s.unrelQ} {
+	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ} {
 		for i := q.head; i < len(q.items); i++ {
 			if m := q.items[i]; !m.done {
 				released += s.unsentBytes(m)
@@ -284,14 +207,16 @@ func (s *session) dropSending() {
 		}
 		*q = sendQueue{}
 	}
-	s.bulk = nil
+	s.send.bulk = nil
 	released += s.loss.drop()
-	s.spanHold = 0
-	s.hasAnchor, s.hasLastWhole = false, false
-	s.order.reset()
-	clear(s.latestQueued)
-	s.tids = transferIDs{noZero: s.ref}
-	s.fragFlight = 0
+	s.send.spanHold = 0
+	s.anchors.hasApplied, s.anchors.hasLastWhole = false, false
+	s.send.order.reset()
+	clear(s.send.latestQueued)
+	s.send.tids = transferIDs{noZero: s.ref != nil}
+	if s.ref != nil {
+		s.ref.fragFlight = 0
+	}
 	if released > 0 {
 		s.host.sendDone(released)
 	}
@@ -316,65 +241,9 @@ func (s *session) snapshot() Stats {
 // client so if answer (DECISIONS §1: a stealthy listener answers nothing).
 func (s *session) refuse(answer bool) {
 	s.fail(ErrRefused)
-	s.needDiscAck = answer
-}
-
-// Fail-fast rules. One error must not end a connection (a full buffer, a
-// route flapping), but a client whose server is gone should learn it as
-// fast as TCP would tell it, not after a timeout.
-const (
-	// handshakeStrikes failed ConnectSyn attempts in a row fail Dial: each
-	// a send error or an ICMP port unreachable. With the ConnectSyn resent
-	// after 200ms, Dial to a port where nothing listens fails in about
-	// that time.
-	handshakeStrikes = 2
-	// openStrikes port unreachable reports in a row, with nothing heard
-	// from the peer in between, end an established connection.
-	openStrikes = 3
-)
-
-// unreachable takes the system's report that a datagram did not reach the
-// peer: a send error, or errConnRefused for an ICMP port unreachable. Every
-// one counts while handshaking, only port unreachable once open (other
-// send errors are counted in Stats.SendErrors and left to the timeouts).
-func (s *session) unreachable(err error) {
-	if isRefusal(err) && s.trustsICMP() || s.state == stateSyn {
-		s.strikes++
-		s.strikeErr = err
-	}
-}
-
-// trustsICMP reports whether the system's reports of an ICMP port
-// unreachable count against the connection. Nothing authenticates them:
-// anyone who knows the addresses and ports can forge one. A secure
-// connection, once open, leaves a peer that is gone to the lost timeout
-// rather than let a forgery end it; while connecting it fails fast, as it
-// does on a refusal, which is no more authenticated (SECURE.md).
-func (s *session) trustsICMP() bool { return !s.secure || !s.wasOpen }
-
-// checkReach ends the connection when the reports are many enough,
-// refusals more having come from the socket's reader (ICMP port
-// unreachable).
-func (s *session) checkReach(refusals int) {
-	if got := s.stats.DatagramsReceived; got != s.heard {
-		s.heard, s.strikes = got, 0 // the peer is there after all
-	}
-	if refusals > 0 && s.trustsICMP() {
-		s.strikes += refusals
-		s.strikeErr = errConnRefused
-	}
-	switch {
-	case s.state == stateSyn && s.strikes >= handshakeStrikes:
-		if isRefusal(s.strikeErr) {
-			s.fail(ErrPortUnreachable)
-		} else {
-			s.fail(fmt.Errorf("knet: cannot send to the peer: %w", s.strikeErr))
-		}
-	case s.state == stateOK && s.strikes >= openStrikes:
-		s.fail(errUnreachableClosed)
-	case s.state == stateClosing && s.strikes >= openStrikes:
-		// Closing, only the DisconnectAck was missing: with the peer
-		// gone, waiting for it is pointless, and nothing was lost.
-		s.fail(net.ErrClosed)
+	if answer {
+		s.owed.owe(oweDiscAck)
+	} else {
+		s.owed.take(oweDiscAck)
 	}
 }

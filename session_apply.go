@@ -34,23 +34,23 @@ const maxDerivedReorderWindow = 250 * time.Millisecond
 // handleOrdered applies a message now, or holds it until its dependencies
 // are applied.
 func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
-	m := &s.rd.msgs[ref.idx]
-	s.deps = appendDeps(s.deps[:0], h, m)
-	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.deps)
+	m := &s.scratch.rd.msgs[ref.idx]
+	s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
+	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.scratch.deps)
 }
 
 // handleOrderedDeps applies a message whose dependencies are deps, or holds
 // it. An unreliable message marked latest (see supersedes), or whose ID has
 // no reorder window, does not wait: it replaces what it names.
 func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder, latest bool, deps []msgRef) {
-	if s.res.lateDrop(ref, reliable) || !reliable && len(deps) > 0 && s.res.overtaken(ref, s.win.newest) {
+	if s.recv.res.lateDrop(ref, reliable) || !reliable && len(deps) > 0 && s.recv.res.overtaken(ref, s.recv.win.newest) {
 		s.stats.DroppedMessages++
 		// What it waited for is older still: drop that too if it comes.
-		s.supersede(now, s.res.pendingDeps(&s.win, deps, false))
+		s.supersede(now, s.recv.res.pendingDeps(&s.recv.win, deps, false))
 		s.cascade(now, ref)
 		return
 	}
-	deps = s.res.pendingDeps(&s.win, deps, reliable)
+	deps = s.recv.res.pendingDeps(&s.recv.win, deps, reliable)
 	var wait time.Duration
 	if len(deps) > 0 && !reliable {
 		wait = s.reorderWindowFor(id)
@@ -64,7 +64,7 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 		s.cascade(now, ref)
 		return
 	}
-	hm := s.res.newHeld()
+	hm := s.recv.res.newHeld()
 	hm.ref = ref
 	hm.kind = kind
 	hm.id = id
@@ -72,7 +72,7 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 	hm.reliable = reliable
 	hm.inOrder = inOrder
 	hm.deps = append(hm.deps[:0], deps...)
-	s.res.hold(hm, now.Add(wait))
+	s.recv.res.hold(hm, now.Add(wait))
 }
 
 // supersede gives up on deps (see resolver.supersede), dropping the held
@@ -81,14 +81,14 @@ func (s *session) supersede(now time.Time, deps []msgRef) {
 	if len(deps) == 0 {
 		return
 	}
-	s.dropped = s.res.supersede(&s.win, deps, s.dropped[:0])
-	for i, hm := range s.dropped {
+	s.scratch.dropped = s.recv.res.supersede(&s.recv.win, deps, s.scratch.dropped[:0])
+	for i, hm := range s.scratch.dropped {
 		s.stats.DroppedMessages++
 		s.wake(hm.ref)
-		s.res.recycle(hm)
-		s.dropped[i] = nil
+		s.recv.res.recycle(hm)
+		s.scratch.dropped[i] = nil
 	}
-	s.dropped = s.dropped[:0]
+	s.scratch.dropped = s.scratch.dropped[:0]
 }
 
 // cascade applies the held messages that ref's application released, and
@@ -100,28 +100,28 @@ func (s *session) cascade(now time.Time, ref msgRef) {
 
 // wake moves the messages waiting only on ref to the ready queue.
 func (s *session) wake(ref msgRef) {
-	s.woken = s.res.applied(ref, s.woken[:0])
-	for i, hm := range s.woken {
-		heap.Push(&s.ready, hm)
-		s.woken[i] = nil
+	s.scratch.woken = s.recv.res.applied(ref, s.scratch.woken[:0])
+	for i, hm := range s.scratch.woken {
+		heap.Push(&s.scratch.ready, hm)
+		s.scratch.woken[i] = nil
 	}
 }
 
 // runReady applies the ready messages, oldest first, waking their
 // dependents into the same queue.
 func (s *session) runReady(now time.Time) {
-	for s.ready.Len() > 0 {
-		hm := heap.Pop(&s.ready).(*held)
+	for s.scratch.ready.Len() > 0 {
+		hm := heap.Pop(&s.scratch.ready).(*held)
 		s.applyHeld(now, hm)
 		s.wake(hm.ref)
-		s.res.recycle(hm)
+		s.recv.res.recycle(hm)
 	}
 }
 
 // applyHeld applies a held message now ready, unless it is unreliable and
 // was overtaken while it waited.
 func (s *session) applyHeld(now time.Time, hm *held) {
-	if !hm.reliable && hm.kind == heldApp && s.res.overtaken(hm.ref, s.win.newest) {
+	if !hm.reliable && hm.kind == heldApp && s.recv.res.overtaken(hm.ref, s.recv.win.newest) {
 		s.stats.DroppedMessages++
 		return
 	}
@@ -141,13 +141,13 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.stats.DroppedMessages++
 		}
 	case heldDisconnect:
-		s.needDiscAck = true
-		if len(payload) > 0 && s.peerReason == nil {
-			s.peerReason = reasonBytes(string(payload))
+		s.owed.owe(oweDiscAck)
+		if len(payload) > 0 && s.closing.peerReason == nil {
+			s.closing.peerReason = reasonBytes(string(payload))
 		}
 		switch s.state {
 		case stateOK:
-			if s.closeAsked {
+			if s.closing.asked {
 				// Both sides closing at once: our answer ends it.
 				s.state = stateDone
 				s.dropSending()
@@ -156,7 +156,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.events |= evPeerClosed
 			s.dropSending()
 			s.state = stateLinger
-			s.lingerUntil = now.Add(s.lingerTime())
+			s.closing.lingerUntil = now.Add(s.lingerTime())
 		case stateClosing:
 			s.state = stateDone
 		}
@@ -181,10 +181,10 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	if m.fragStart {
 		order.reliable = h.reliable
 		order.inOrder = m.order != orderNone
-		s.deps = appendDeps(s.deps[:0], h, m)
-		order.deps = s.deps
+		s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
+		order.deps = s.scratch.deps
 	}
-	t, whole, err := s.reasm.add(m, ref, order)
+	t, whole, err := s.recv.reasm.add(m, ref, order)
 	if err != nil {
 		s.protocolError(err)
 		return
@@ -192,31 +192,31 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	if whole == nil {
 		if m.fragStart {
 			// Hold a place so that dependents wait for the whole.
-			hm := s.res.newHeld()
+			hm := s.recv.res.newHeld()
 			hm.ref = ref
 			hm.kind = heldFragments
-			s.res.hold(hm, time.Time{})
+			s.recv.res.hold(hm, time.Time{})
 		}
 		return
 	}
 	start := t.start
 	if !m.fragStart {
-		if hm, ok := s.res.held[start]; ok && hm.kind == heldFragments {
-			s.res.release(hm)
-			s.res.recycle(hm)
+		if hm, ok := s.recv.res.held[start]; ok && hm.kind == heldFragments {
+			s.recv.res.release(hm)
+			s.recv.res.recycle(hm)
 		}
 	}
 	s.establishServer(now)
-	deps := append(s.wdeps[:0], t.order.deps...)
-	s.wdeps = deps
+	deps := append(s.scratch.wdeps[:0], t.order.deps...)
+	s.scratch.wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
-	s.lent = s.reasm.lend(t, whole)
-	s.reasm.finish(t)
+	s.recv.lent = s.recv.reasm.lend(t, whole)
+	s.recv.reasm.finish(t)
 	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
-	if s.lent != nil {
+	if s.recv.lent != nil {
 		// Held or dropped, not delivered: a held message has its copy.
-		putPayload(s.lent)
-		s.lent = nil
+		putPayload(s.recv.lent)
+		s.recv.lent = nil
 	}
 }
 
@@ -225,27 +225,35 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 // if payload is that message (and not another one its application
 // released).
 func (s *session) takeLent(payload []byte) *[]byte {
-	b := s.lent
+	b := s.recv.lent
 	if b == nil || len(payload) == 0 || cap(*b) == 0 || &payload[0] != &(*b)[:1][0] {
 		return nil
 	}
-	s.lent = nil
+	s.recv.lent = nil
 	return b
+}
+
+// recvDeadline adds the receiving side's timer: the first reorder window
+// of a held message to run out (expireHeld).
+func (s *session) recvDeadline(t *deadlines) {
+	if x, ok := s.recv.res.nextDeadline(); ok {
+		t.at(x)
+	}
 }
 
 // expireHeld delivers the unreliable in-order messages that waited their
 // reorder window out, dropping those they overtook.
 func (s *session) expireHeld(now time.Time) {
-	ready, dropped := s.res.expire(now, &s.win, s.expired[:0], s.dropped[:0])
+	ready, dropped := s.recv.res.expire(now, &s.recv.win, s.scratch.expired[:0], s.scratch.dropped[:0])
 	for _, hm := range dropped {
 		s.stats.DroppedMessages++
-		s.res.recycle(hm)
+		s.recv.res.recycle(hm)
 	}
-	s.dropped = dropped[:0]
+	s.scratch.dropped = dropped[:0]
 	for i, hm := range ready {
-		heap.Push(&s.ready, hm)
+		heap.Push(&s.scratch.ready, hm)
 		ready[i] = nil
 	}
-	s.expired = ready[:0]
+	s.scratch.expired = ready[:0]
 	s.runReady(now)
 }

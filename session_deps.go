@@ -5,6 +5,18 @@ import (
 	"time"
 )
 
+// anchors are what in-order messages that would carry no dependency
+// name instead, so that the receiver still sees them in order (see
+// wireDeps): the newest reliable message known applied (the first of a
+// datagram acked with all before it, if it named nothing; or a tracked
+// one resolved), and the first message, naming nothing, of the newest
+// reliable datagram sent. oweAnchor asks for a datagram that starts with
+// one.
+type anchors struct {
+	applied, lastWhole       msgRef
+	hasApplied, hasLastWhole bool
+}
+
 // forgettable reports whether a tracked message can be forgotten: later
 // messages need not name it. A reliable one that is becomes an anchor.
 func (s *session) forgettable(now time.Time, t *track) bool {
@@ -18,9 +30,9 @@ func (s *session) forgettable(now time.Time, t *track) bool {
 }
 
 func (s *session) newAnchor(r msgRef) {
-	if !s.hasAnchor || refLess(s.anchor, r) {
-		s.anchor = r
-		s.hasAnchor = true
+	if !s.anchors.hasApplied || refLess(s.anchors.applied, r) {
+		s.anchors.applied = r
+		s.anchors.hasApplied = true
 	}
 }
 
@@ -57,14 +69,14 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 	if !t.reliable {
 		return now.Sub(t.sentAt) > s.unreliableHorizon()
 	}
-	if s.ref {
+	if s.ref != nil {
 		// Every reliable number up to its last acked: datagrams are
 		// resent under new PacketIDs, so those tell nothing.
-		if relDiff(t.relLast, s.relAcked.next) <= 0 {
+		if relDiff(t.relLast, s.ref.relAcked.next) <= 0 {
 			return false
 		}
 		// Nor is one numbered after an in-order transfer still open.
-		if s.bulkInOrder && (s.bulk != nil || s.fragFlight > 0) && relDiff(s.bulkRel, t.relLast) > 0 {
+		if s.ref.bulkInOrder && (s.send.bulk != nil || s.ref.fragFlight > 0) && relDiff(s.ref.bulkRel, t.relLast) > 0 {
 			return false
 		}
 		// That is all a receiver waits for in this dialect: what t
@@ -77,7 +89,7 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 	} else {
 		// Every datagram up to its last one sent (not the one being
 		// built) and acked.
-		if !seqLess(t.lastPID, s.nextPID) {
+		if !seqLess(t.lastPID, s.send.nextPID) {
 			return false
 		}
 		if first := s.loss.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
@@ -103,7 +115,7 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 // this datagram yet: a dependency is unsent, too far back to name, or a
 // fragmented message in this same datagram.
 func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool) {
-	refs := s.wdeps[:0]
+	refs := s.scratch.wdeps[:0]
 	for _, d := range m.deps {
 		t := d.live()
 		if t == nil || t.dropped {
@@ -155,7 +167,7 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 		for _, a := range [...]struct {
 			ref msgRef
 			ok  bool
-		}{{s.anchor, s.hasAnchor}, {s.lastWhole, s.hasLastWhole}} {
+		}{{s.anchors.applied, s.anchors.hasApplied}, {s.anchors.lastWhole, s.anchors.hasLastWhole}} {
 			if a.ok && a.ref.pid != pid && seqDiff(a.ref.pid, pid)-1 <= maxDepDelta && seqLess(a.ref.pid, pid) {
 				refs = append(refs, a.ref)
 				found = true
@@ -163,7 +175,7 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			}
 		}
 		if !found {
-			s.needAnchor = true
+			s.owed.owe(oweAnchor)
 			return nil, false
 		}
 	}
@@ -175,8 +187,8 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			k++
 		}
 	}
-	s.wdeps = refs[:k]
-	return s.wdeps, true
+	s.scratch.wdeps = refs[:k]
+	return s.scratch.wdeps, true
 }
 
 // encodeDeps adds the entries refs need to the datagram header and sets
@@ -187,7 +199,7 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 	if len(refs) == 0 {
 		return true
 	}
-	idx := s.entries[:0]
+	idx := s.scratch.entries[:0]
 	for _, r := range refs {
 		delta := uint16(seqDiff(r.pid, h.packetID) - 1)
 		e := -1
@@ -210,7 +222,7 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 	if latest {
 		idx = append(idx, idx[0])
 	}
-	s.entries = idx
+	s.scratch.entries = idx
 	h.inOrder = true
 	switch {
 	case len(idx) > 1:

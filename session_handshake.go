@@ -2,6 +2,22 @@ package knet
 
 import "time"
 
+// handshakeState is the opening of the connection: the ConnectSyn and its
+// answer, the client's resends, the server's wait for its application,
+// and what a server may send an address not yet proven.
+type handshakeState struct {
+	syn, synAck   []byte
+	admitWaiting  bool      // server: ConnectSyn in, Admit not yet run
+	wasOpen       bool      // the handshake completed
+	started       time.Time // the attempt's start (server: its admission)
+	synResend     time.Time // client: when the ConnectSyn goes again
+	synBackoff    time.Duration
+	synSends      int
+	synAckSent    time.Time
+	synAckSends   int
+	preIn, preOut int // server: bytes from and to the peer before the handshake completed
+}
+
 // The handshake as the secure layer drives it (secure.go): it reads the
 // handshake messages itself, the session never sees a clear datagram of a
 // secure connection, and these tell the session what happened.
@@ -15,9 +31,9 @@ func (s *session) setSyn(content []byte, now bool) {
 	if !s.connecting() {
 		return
 	}
-	s.syn = content
+	s.handshake.syn = content
 	if now {
-		s.needSyn = true
+		s.owed.owe(oweSyn)
 	}
 }
 
@@ -29,46 +45,39 @@ func (s *session) setSyn(content []byte, now bool) {
 // receive window: nothing authenticates them, and one taken for received
 // would make the peer's sealed datagram of that PacketID a duplicate.
 func (s *session) synArrived(now time.Time, n int) bool {
-	if s.client || s.state != stateAdmit || s.admitWaiting {
+	if s.client || s.state != stateAdmit || s.handshake.admitWaiting {
 		return false
 	}
 	s.countIn(n)
-	s.uniqueIn++ // for Stats.LossRate: it took a PacketID
-	s.admitWaiting = true
+	s.recv.uniqueIn++ // for Stats.LossRate: it took a PacketID
+	s.handshake.admitWaiting = true
 	s.events |= evAdmit
-	s.lastRecv = now
+	s.live.lastRecv = now
 	return true
 }
 
 // synAgain takes the client's ConnectSyn again (n bytes, credit for the
 // answer): our ConnectSynAck was lost, and goes again.
 func (s *session) synAgain(n int) {
-	if s.client || s.wasOpen || s.state == stateDone {
+	if s.client || s.handshake.wasOpen || s.state == stateDone {
 		return
 	}
 	s.countIn(n)
-	s.uniqueIn++
+	s.recv.uniqueIn++
 	if s.state == stateSynAck {
-		s.needSynAck = true
+		s.owed.owe(oweSynAck)
 	}
 }
 
 // opened reports whether the handshake completed.
-func (s *session) opened() bool { return s.wasOpen }
+func (s *session) opened() bool { return s.handshake.wasOpen }
 
 // lastOut is the packet number of the datagram poll (or pathChallenge)
 // returned last, and whether it is new: what sealing it needs.
-func (s *session) lastOut() outInfo { return s.out }
+func (s *session) lastOut() outInfo { return s.send.out }
 
 // rto is the retransmission timeout, which paces path challenges.
 func (s *session) rto() time.Duration { return s.loss.rto() }
-
-// pathChallenge builds, in buf, a new datagram holding a PathChallenge
-// with content (a server's connection checking a new address), or returns
-// nil when no new datagram may go now (spanFull).
-func (s *session) pathChallenge(buf, content []byte) []byte {
-	return s.control(buf, idPath, content)
-}
 
 // synAckOut is a server's ConnectSynAck content, once it sends it (nil
 // before, and once the connection is open).
@@ -76,7 +85,7 @@ func (s *session) synAckOut() []byte {
 	if s.state != stateSynAck {
 		return nil
 	}
-	return s.synAck
+	return s.handshake.synAck
 }
 
 // handshakeDone completes a client's handshake on the server's answer (a
@@ -89,10 +98,10 @@ func (s *session) handshakeDone(now time.Time, n int, syn, synAck []byte) {
 		return
 	}
 	s.countIn(n)
-	s.uniqueIn++
+	s.recv.uniqueIn++
 	s.clientEstablished(now, synAck)
-	s.syn = syn
-	s.lastRecv = now
+	s.handshake.syn = syn
+	s.live.lastRecv = now
 }
 
 // refusedBy ends a client's attempt on the server's refusal (n bytes).
@@ -108,44 +117,25 @@ func (s *session) refusedBy(reason []byte, n int) {
 // authenticated: fresh says it was never received before, and only such a
 // datagram proves the peer alive (one received before may be a replay).
 func (s *session) handleSealed(now time.Time, b []byte, fresh bool) {
-	s.stale = !fresh
+	s.live.stale = !fresh
 	s.handleDatagram(now, b)
-	s.stale = false
-}
-
-// pathResponse returns the PathResponse the last datagram carried, if any
-// (a server's connection checks it against its challenge).
-func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
-	if !s.pathGot {
-		return data, false
-	}
-	s.pathGot = false
-	return s.pathHeard, true
-}
-
-// moved takes a server connection's move to the client's new address:
-// news go there at once, and what is in flight, which went to the address
-// the client left, goes again now rather than at the probe timeouts (a
-// second and more before the connection has a round-trip time).
-func (s *session) moved(now time.Time) {
-	s.ackNow = true
-	if !s.loss.resendAll(now) {
-		s.fail(ErrRetransmitLimit)
-	}
+	s.live.stale = false
 }
 
 // clientEstablished completes the client's side of the handshake on the
 // ConnectSynAck carrying synAck; the ConnectAck goes next.
 func (s *session) clientEstablished(now time.Time, synAck []byte) {
-	s.synAck = append([]byte(nil), synAck...)
+	s.handshake.synAck = append([]byte(nil), synAck...)
 	s.state = stateOK
-	s.wasOpen = true
-	s.needSyn = false
-	s.needAck = !s.ref // the reference dialect has no ConnectAck
-	if s.synSends == 1 {
-		s.loss.rtt.sample(now.Sub(s.started)) // Karn: only when unambiguous
+	s.handshake.wasOpen = true
+	s.owed.take(oweSyn)
+	if s.ref == nil { // the reference dialect has no ConnectAck
+		s.owed.owe(oweAck)
 	}
-	s.nextPing = now.Add(s.cfg.keepalive())
+	if s.handshake.synSends == 1 {
+		s.loss.rtt.sample(now.Sub(s.handshake.started)) // Karn: only when unambiguous
+	}
+	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
 }
 
@@ -156,12 +146,12 @@ func (s *session) establishServer(now time.Time) {
 		return
 	}
 	s.state = stateOK
-	s.wasOpen = true
-	s.needSynAck = false
-	if s.synAckSends == 1 {
-		s.loss.rtt.sample(now.Sub(s.synAckSent))
+	s.handshake.wasOpen = true
+	s.owed.take(oweSynAck)
+	if s.handshake.synAckSends == 1 {
+		s.loss.rtt.sample(now.Sub(s.handshake.synAckSent))
 	}
-	s.nextPing = now.Add(s.cfg.keepalive())
+	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
 }
 
@@ -170,20 +160,43 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 	if s.state != stateAdmit {
 		return
 	}
-	s.admitWaiting = false
+	s.handshake.admitWaiting = false
 	if !ok {
 		s.state = stateDone
 		s.err = ErrRefused
-		s.refuseReason = reply // the reason, for a refusal
+		s.closing.refuseReason = reply // the reason, for a refusal
 		// The reference dialect has no refusal: any datagram would open
 		// the connection for a reference client.
-		s.needDiscAck = !s.cfg.stealth && !s.ref
+		if !s.cfg.stealth && s.ref == nil {
+			s.owed.owe(oweDiscAck)
+		}
 		return
 	}
-	s.synAck = reply
+	s.handshake.synAck = reply
 	s.state = stateSynAck
-	s.needSynAck = true
-	s.started = now
+	s.owed.owe(oweSynAck)
+	s.handshake.started = now
+}
+
+// handshakeDeadline adds the handshake's timers (states stateSyn,
+// stateAdmit, stateSynAck): ConnectTimeout, and a client's next ConnectSyn.
+func (s *session) handshakeDeadline(t *deadlines) {
+	if s.state == stateSyn {
+		t.at(s.handshake.synResend)
+	}
+	t.at(s.handshake.started.Add(s.cfg.connectTimeout))
+}
+
+// advanceHandshake gives up the handshake after ConnectTimeout; until
+// then a client sends the ConnectSyn again, backing off.
+func (s *session) advanceHandshake(now time.Time) {
+	if !now.Before(s.handshake.started.Add(s.cfg.connectTimeout)) {
+		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
+	} else if s.state == stateSyn && !now.Before(s.handshake.synResend) {
+		s.owed.owe(oweSyn)
+		s.handshake.synBackoff = min(2*s.handshake.synBackoff, maxSynBackoff)
+		s.handshake.synResend = now.Add(s.handshake.synBackoff)
+	}
 }
 
 // A ConnectSyn goes again after firstSynResend, then at intervals

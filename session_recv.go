@@ -4,11 +4,28 @@ import (
 	"time"
 )
 
+// recvState is what a session keeps of the datagrams it received: which
+// PacketIDs came (the window), fragments being put together, messages
+// held for what they depend on, how late reordered datagrams come, and
+// the counters of Stats.LossRate.
+type recvState struct {
+	win        recvWindow
+	reasm      reassembly
+	res        resolver
+	lent       *[]byte       // see takeLent
+	newestAt   time.Time     // when the newest PacketID arrived
+	reorderExt time.Duration // how late reordered datagrams came
+	reorderAt  time.Time
+	// For Stats.LossRate: how far the peer's PacketIDs advanced, and how
+	// many datagrams arrived (new ones only).
+	pidAdvance, uniqueIn uint64
+}
+
 // reorderSeen is how late out-of-order datagrams have been arriving
 // lately, with a margin: the extent halves every five seconds.
 func (s *session) reorderSeen() time.Duration {
-	e := s.reorderExt
-	for t := s.reorderAt; e > 0 && s.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
+	e := s.recv.reorderExt
+	for t := s.recv.reorderAt; e > 0 && s.live.lastRecv.Sub(t) > 5*time.Second; t = t.Add(5 * time.Second) {
 		e /= 2
 	}
 	return e * 5 / 4
@@ -17,13 +34,13 @@ func (s *session) reorderSeen() time.Duration {
 // noteArrival measures reordering: a datagram older than the newest one
 // seen arrives this long after it.
 func (s *session) noteArrival(now time.Time, pid uint32) {
-	if !s.win.started || seqLess(s.win.newest, pid) {
-		s.newestAt = now
+	if !s.recv.win.started || seqLess(s.recv.win.newest, pid) {
+		s.recv.newestAt = now
 		return
 	}
-	if late := now.Sub(s.newestAt); late > 0 {
-		s.reorderExt = max(s.reorderSeen()*4/5, late)
-		s.reorderAt = now
+	if late := now.Sub(s.recv.newestAt); late > 0 {
+		s.recv.reorderExt = max(s.reorderSeen()*4/5, late)
+		s.recv.reorderAt = now
 	}
 }
 
@@ -32,16 +49,16 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 	if s.state == stateDone {
 		return
 	}
-	if s.ref {
+	if s.ref != nil {
 		s.handleRefDatagram(now, b)
 		return
 	}
 	// Parse everything first: a malformed datagram is dropped whole.
-	if parseInto(b, &s.rd) != nil {
+	if parseInto(b, &s.scratch.rd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	d := &s.rd
+	d := &s.scratch.rd
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
@@ -82,16 +99,16 @@ func (s *session) recvConnecting(now time.Time, d *datagram) {
 // the connection: the first ConnectSyn is handed to it (evAdmit), anything
 // else waits for the decision.
 func (s *session) recvAdmit(now time.Time, d *datagram) {
-	if s.admitWaiting {
+	if s.handshake.admitWaiting {
 		return
 	}
 	for i := range d.msgs {
 		if m := &d.msgs[i]; m.id == idConnectSyn && !m.fragment {
-			s.admitWaiting = true
+			s.handshake.admitWaiting = true
 			s.events |= evAdmit
-			s.syn = append([]byte(nil), m.payload...)
-			s.lastRecv = now
-			s.win.add(d.packetID)
+			s.handshake.syn = append([]byte(nil), m.payload...)
+			s.live.lastRecv = now
+			s.recv.win.add(d.packetID)
 			return
 		}
 	}
@@ -100,9 +117,9 @@ func (s *session) recvAdmit(now time.Time, d *datagram) {
 // recvLinger takes a datagram after we answered the peer's Disconnect: a
 // Disconnect again means our DisconnectAck was lost.
 func (s *session) recvLinger(now time.Time, d *datagram) {
-	s.lastRecv = now
+	s.live.lastRecv = now
 	if d.has(idDisconnect) {
-		s.needDiscAck = true
+		s.owed.owe(oweDiscAck)
 	}
 }
 
@@ -124,8 +141,8 @@ func (s *session) recvClosing(now time.Time, d *datagram) {
 func (s *session) countIn(n int) {
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(n)
-	if !s.client && !s.wasOpen {
-		s.preIn += n
+	if !s.client && !s.handshake.wasOpen {
+		s.handshake.preIn += n
 	}
 }
 
@@ -133,11 +150,11 @@ func (s *session) countIn(n int) {
 // implausibly far from those seen is invalid, one seen before a duplicate
 // (acked again, as its ack may have been lost).
 func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
-	if !s.win.plausible(pid) {
+	if !s.recv.win.plausible(pid) {
 		s.stats.InvalidDatagrams++
 		return true
 	}
-	if s.win.contains(pid) {
+	if s.recv.win.contains(pid) {
 		// Acked again, as our ack may have been lost; but a copy proves
 		// nothing of the peer's life (anyone may replay one).
 		s.stats.DuplicateDatagrams++
@@ -149,35 +166,27 @@ func (s *session) seenBefore(now time.Time, pid uint32, reliable bool) bool {
 	return false
 }
 
-// alive notes that the datagram being handled proves the peer alive,
-// unless it is a copy of one received before.
-func (s *session) alive(now time.Time) {
-	if !s.stale {
-		s.lastRecv = now
-	}
-}
-
 // arrived records a new datagram, taken in, and owes its ack if reliable.
 func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 	s.alive(now)
-	s.uniqueIn++
+	s.recv.uniqueIn++
 	switch {
-	case !s.win.started:
-		s.pidAdvance++
-	case seqLess(s.win.newest, pid):
-		s.pidAdvance += uint64(seqDiff(s.win.newest, pid))
+	case !s.recv.win.started:
+		s.recv.pidAdvance++
+	case seqLess(s.recv.win.newest, pid):
+		s.recv.pidAdvance += uint64(seqDiff(s.recv.win.newest, pid))
 	}
 	s.noteArrival(now, pid)
 	// Every datagram takes the next PacketID, so a skipped one means
 	// something went missing, and an older one arriving fills a gap:
 	// either way the sender wants to hear at once (an immediate ack speeds
 	// up its loss detection, as TCP does on out-of-order data).
-	gap := s.win.started && (pid != (s.win.newest+1)&packetIDMask)
-	s.win.add(pid)
+	gap := s.recv.win.started && (pid != (s.recv.win.newest+1)&packetIDMask)
+	s.recv.win.add(pid)
 	if reliable {
 		s.acks.add(now, pid)
 		if gap {
-			s.ackNow = true
+			s.owed.owe(oweAckNow)
 		}
 	}
 }
@@ -202,7 +211,7 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 			}
 		}
 		s.afterAcks(now)
-		s.arrivals++
+		s.flow.arrivals++
 		s.flowControl(now)
 		return
 	}
@@ -221,7 +230,7 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 	if acked {
 		s.afterAcks(now)
 	}
-	s.arrivals++
+	s.flow.arrivals++
 	s.flowControl(now)
 }
 
@@ -235,12 +244,12 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 // when it is several datagrams back from the first held one.
 func (s *session) admits(msgs []message) bool {
 	used := s.host.recvUsed()
-	over := used+s.res.bytes >= s.cfg.recvBuffer
+	over := used+s.recv.res.bytes >= s.cfg.recvBuffer
 	appContent := false
 	for i := range msgs {
 		m := &msgs[i]
 		if m.fragment {
-			if !s.reasm.admits(m.transferID, len(m.payload)) {
+			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
 				return false
 			}
 			appContent = true
@@ -253,41 +262,19 @@ func (s *session) admits(msgs []message) bool {
 	if !over || !appContent {
 		return true
 	}
-	h := &s.rd.header
+	h := &s.scratch.rd.header
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		ref := msgRef{h.packetID, uint16(i)}
-		if !appRoom && !s.res.waitedOn(ref) {
+		if !appRoom && !s.recv.res.waitedOn(ref) {
 			continue
 		}
-		deps := appendDeps(s.deps[:0], h, &msgs[i])
-		if len(s.res.pendingDeps(&s.win, deps, h.reliable)) == 0 {
+		deps := appendDeps(s.scratch.deps[:0], h, &msgs[i])
+		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
 			return true
 		}
 	}
 	return false
-}
-
-// handlePing takes a PingRequest, PingReply or FlowControlRequest, the
-// messages both dialects share, and reports whether m was one.
-func (s *session) handlePing(now time.Time, id uint32, payload []byte) bool {
-	switch id {
-	case idPingRequest:
-		if len(payload) == 1 && len(s.pingReplies) < maxPingReplies {
-			s.pingReplies = append(s.pingReplies, payload[0])
-		}
-	case idPingReply:
-		if len(payload) == 1 {
-			s.handlePingReply(now, payload[0])
-		}
-	case idFlowControlRequest:
-		if len(payload) == 2 {
-			s.peerRateRequest(now, uint16(payload[0])|uint16(payload[1])<<8)
-		}
-	default:
-		return false
-	}
-	return true
 }
 
 // handleMessage processes one message block of an accepted datagram.
@@ -304,7 +291,7 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 		s.handlePacketAck(now, m.payload)
 	case idConnectSyn:
 		if s.state == stateSynAck {
-			s.needSynAck = true // ours was lost
+			s.owed.owe(oweSynAck) // ours was lost
 		}
 	case idConnectSynAck:
 		// A copy of one we already had; our ConnectAck is reliable
@@ -334,22 +321,6 @@ func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message
 	s.cascade(now, ref)
 }
 
-// handlePath takes a PathChallenge (a client answers the latest one) or a
-// PathResponse (a server's connection checks it against its challenge).
-func (s *session) handlePath(p []byte) {
-	if len(p) != 1+pathDataSize {
-		return
-	}
-	switch {
-	case p[0] == pathChallenge && s.client:
-		copy(s.pathData[:], p[1:])
-		s.pathAnswer = true
-	case p[0] == pathResponse && !s.client:
-		copy(s.pathHeard[:], p[1:])
-		s.pathGot = true
-	}
-}
-
 func heldKindOf(id uint32) heldKind {
 	switch id {
 	case idDisconnect:
@@ -365,25 +336,10 @@ func (s *session) protocolError(err error) {
 	s.fail(&ProtocolError{Err: err})
 }
 
-func (s *session) handlePingReply(now time.Time, id uint8) {
-	for i := range min(s.pingCount, len(s.pings)) {
-		p := &s.pings[i]
-		if p.id == id && !p.at.IsZero() {
-			s.loss.rtt.sample(now.Sub(p.at))
-			p.at = time.Time{}
-			return
-		}
-	}
-}
-
 func (s *session) handlePacketAck(now time.Time, p []byte) {
 	a, ok := parsePacketAck(p)
 	if !ok {
 		return
 	}
-	s.loss.onPacketAck(now, a, &s.acked)
+	s.loss.onPacketAck(now, a, &s.scratch.acked)
 }
-
-// maxPingReplies bounds the PingReplies owed: a peer pinging faster than we
-// answer gets the first ones answered.
-const maxPingReplies = 64

@@ -21,6 +21,32 @@ import (
 // numbers (the first of a fragmented message standing for the whole), and
 // the unreliable in-order ones unless a later datagram's came first.
 
+// refState is what a session in the reference dialect keeps beside the
+// spec dialect's state: reliable numbers sent, acked and received, the
+// in-order messages held for earlier numbers, and the datagram being
+// handled. A session in the spec's dialect has none (session.ref is nil).
+type refState struct {
+	rrd      refDatagram // the one being handled
+	relOut   uint32      // the next reliable number to send
+	relAcked relWindow   // reliable numbers the peer acked
+	// The fragmented transfer under way (send.bulk, or its last datagram
+	// unacked: one at a time) is in order and starts at this number; a
+	// receiver holds the in-order messages numbered after it until it is
+	// whole.
+	bulkRel      uint32
+	bulkInOrder  bool
+	fragFlight   int    // unacked reliable datagrams carrying fragments
+	discRel      uint32 // our Disconnect's reliable number
+	hasDiscRel   bool
+	relIn        relWindow // reliable numbers received
+	relHeld      relHeap   // in-order messages waiting for earlier numbers
+	relHeldBytes int
+	relOpen      []uint32 // FragmentStart numbers of in-order transfers incomplete
+	relFlushAt   time.Time
+	seqPID       uint32 // the datagram of the newest unreliable in-order message delivered
+	seqStarted   bool
+}
+
 // refHeld is an in-order message waiting for the messages numbered before
 // it.
 type refHeld struct {
@@ -39,11 +65,11 @@ func (s *session) handleRefDatagram(now time.Time, b []byte) {
 		s.refOpening(now, len(b))
 		return
 	}
-	if parseRefInto(b, &s.rrd) != nil {
+	if parseRefInto(b, &s.ref.rrd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	d := &s.rrd
+	d := &s.ref.rrd
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
@@ -57,9 +83,9 @@ func (s *session) handleRefDatagram(now time.Time, b []byte) {
 		s.establishServer(now)
 		s.recvRefOpen(now, d)
 	case stateLinger:
-		s.lastRecv = now
+		s.live.lastRecv = now
 		if d.refHas(idDisconnect) {
-			s.needDiscAck = true
+			s.owed.owe(oweDiscAck)
 		}
 	case stateClosing:
 		if d.refHas(idDisconnectAck) {
@@ -80,19 +106,19 @@ func (s *session) refOpening(now time.Time, n int) {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	if !s.wasOpen {
-		s.preIn += n
+	if !s.handshake.wasOpen {
+		s.handshake.preIn += n
 	}
 	switch s.state {
 	case stateAdmit:
-		if !s.admitWaiting {
-			s.admitWaiting = true
+		if !s.handshake.admitWaiting {
+			s.handshake.admitWaiting = true
 			s.events |= evAdmit
-			s.syn = nil
-			s.lastRecv = now
+			s.handshake.syn = nil
+			s.live.lastRecv = now
 		}
 	case stateSynAck:
-		s.needSynAck = true
+		s.owed.owe(oweSynAck)
 	default:
 		// The client opens again after the connection was up: it lost
 		// everything we sent it, or restarted. Nothing to act on; the
@@ -122,14 +148,14 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 		// No room: leave it unacked so it comes again, but take the
 		// acks it carries.
 		s.stats.DroppedDatagrams++
-		s.lastRecv = now
+		s.live.lastRecv = now
 		for i := range msgs {
 			if m := &msgs[i]; !m.fragment && m.id == idPacketAck {
 				s.refPacketAck(now, m.payload)
 			}
 		}
 		s.afterAcks(now)
-		s.arrivals++
+		s.flow.arrivals++
 		s.flowControl(now)
 		return
 	}
@@ -140,7 +166,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 		// ack held back for MaxAckDelay would cost that much per datagram.
 		for i := range msgs {
 			if msgs[i].fragment {
-				s.ackNow = true
+				s.owed.owe(oweAckNow)
 				break
 			}
 		}
@@ -160,7 +186,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 	if acked {
 		s.afterAcks(now)
 	}
-	s.arrivals++
+	s.flow.arrivals++
 	s.flowControl(now)
 }
 
@@ -169,18 +195,18 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 // waiting behind a missing one, only the datagram bringing that one (the
 // oldest reliable number missing) gets in.
 func (s *session) refAdmits(msgs []refMessage) bool {
-	over := s.host.recvUsed()+s.relHeldBytes >= s.cfg.recvBuffer
+	over := s.host.recvUsed()+s.ref.relHeldBytes >= s.cfg.recvBuffer
 	appContent, fills := false, false
 	for i := range msgs {
 		m := &msgs[i]
 		if m.reliable {
-			if !s.relIn.fits(m.relNum) {
+			if !s.ref.relIn.fits(m.relNum) {
 				return false // far ahead of a hole: it comes again
 			}
-			fills = fills || m.relNum == s.relIn.next
+			fills = fills || m.relNum == s.ref.relIn.next
 		}
 		if m.fragment {
-			if !s.reasm.admits(m.transferID, len(m.payload)) {
+			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
 				return false
 			}
 			appContent = true
@@ -205,11 +231,11 @@ func refAppID(id uint32) bool {
 // with PacketID pid.
 func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
 	if m.reliable {
-		if s.relIn.has(m.relNum) {
+		if s.ref.relIn.has(m.relNum) {
 			s.stats.DuplicateMessages++
 			return
 		}
-		s.relIn.add(m.relNum)
+		s.ref.relIn.add(m.relNum)
 	}
 	if m.fragment {
 		s.handleRefFragment(now, pid, m)
@@ -232,7 +258,7 @@ func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
 
 func (s *session) refPacketAck(now time.Time, p []byte) {
 	if a, ok := parseRefPacketAck(p); ok {
-		s.loss.onPacketAck(now, a, &s.acked)
+		s.loss.onPacketAck(now, a, &s.scratch.acked)
 	}
 }
 
@@ -242,23 +268,23 @@ func (s *session) refPacketAck(now time.Time, p []byte) {
 func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
 	switch {
 	case reliable && inOrder:
-		if len(s.relHeld) == 0 && s.relReady(rel) {
+		if len(s.ref.relHeld) == 0 && s.relReady(rel) {
 			s.apply(now, kind, id, payload, true, true)
 			return
 		}
-		heap.Push(&s.relHeld, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
-		s.relHeldBytes += len(payload) + refHeldCost
+		heap.Push(&s.ref.relHeld, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
+		s.ref.relHeldBytes += len(payload) + refHeldCost
 	case !reliable && kind == heldApp:
 		// An unreliable message from a datagram older than the last
 		// one's that had an in-order message goes: that one may name it
 		// (a dependency, or a newer state of its ContentID), and the wire
 		// does not say.
-		if s.seqStarted && seqLess(pid, s.seqPID) {
+		if s.ref.seqStarted && seqLess(pid, s.ref.seqPID) {
 			s.stats.DroppedMessages++
 			return
 		}
 		if inOrder {
-			s.seqPID, s.seqStarted = pid, true
+			s.ref.seqPID, s.ref.seqStarted = pid, true
 		}
 		s.apply(now, kind, id, payload, false, inOrder)
 	default:
@@ -270,10 +296,10 @@ func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id u
 // number before it has arrived, and no in-order fragmented message begun
 // before it is still incomplete.
 func (s *session) relReady(rel uint32) bool {
-	if relDiff(rel, s.relIn.next) <= 0 {
+	if relDiff(rel, s.ref.relIn.next) <= 0 {
 		return false
 	}
-	for _, o := range s.relOpen {
+	for _, o := range s.ref.relOpen {
 		if relDiff(o, rel) > 0 {
 			return false
 		}
@@ -283,24 +309,24 @@ func (s *session) relReady(rel uint32) bool {
 
 // releaseRelHeld applies the held in-order messages now ready, in order.
 func (s *session) releaseRelHeld(now time.Time) {
-	for len(s.relHeld) > 0 && s.state != stateDone && s.relReady(s.relHeld[0].rel) {
+	for len(s.ref.relHeld) > 0 && s.state != stateDone && s.relReady(s.ref.relHeld[0].rel) {
 		s.applyFirstHeld(now)
 	}
 }
 
 // applyRelHeld applies every held message, in order.
 func (s *session) applyRelHeld(now time.Time) {
-	for len(s.relHeld) > 0 && s.state != stateDone {
+	for len(s.ref.relHeld) > 0 && s.state != stateDone {
 		s.applyFirstHeld(now)
 	}
 }
 
 // applyFirstHeld applies the held message with the lowest number.
 func (s *session) applyFirstHeld(now time.Time) {
-	e := heap.Pop(&s.relHeld).(refHeld)
-	s.relHeldBytes -= len(e.payload) + refHeldCost
-	if len(s.relHeld) == 0 {
-		s.relFlushAt = time.Time{}
+	e := heap.Pop(&s.ref.relHeld).(refHeld)
+	s.ref.relHeldBytes -= len(e.payload) + refHeldCost
+	if len(s.ref.relHeld) == 0 {
+		s.ref.relFlushAt = time.Time{}
 	}
 	s.apply(now, e.kind, e.id, e.payload, true, true)
 }
@@ -331,14 +357,14 @@ func (h *relHeap) Pop() any {
 // of what we miss); past relFlushWait what arrived goes to the
 // application and the Disconnect is answered.
 func (s *session) refDisconnect(now time.Time, m *refMessage) {
-	if !m.reliable || s.relReady(m.relNum) && len(s.relHeld) == 0 {
+	if !m.reliable || s.relReady(m.relNum) && len(s.ref.relHeld) == 0 {
 		s.applyRelHeld(now)
 		s.apply(now, heldDisconnect, 0, nil, true, true)
 		return
 	}
 	s.refDeliver(now, 0, m.relNum, heldDisconnect, 0, nil, true, true)
-	if s.relFlushAt.IsZero() {
-		s.relFlushAt = now.Add(s.relFlushWait())
+	if s.ref.relFlushAt.IsZero() {
+		s.ref.relFlushAt = now.Add(s.relFlushWait())
 	}
 }
 
@@ -346,14 +372,18 @@ func (s *session) refDisconnect(now time.Time, m *refMessage) {
 // before it: two retransmission timeouts, at least 100ms.
 func (s *session) relFlushWait() time.Duration { return max(2*s.loss.rto(), 100*time.Millisecond) }
 
+// refDeadline adds the reference dialect's timer: the end of a held
+// Disconnect's wait (flushRelHeld).
+func (s *session) refDeadline(t *deadlines) { t.at(s.ref.relFlushAt) }
+
 // flushRelHeld applies every held message, in order, gaps or not: the
 // peer's Disconnect waited long enough (see refDisconnect).
 func (s *session) flushRelHeld(now time.Time) {
-	if s.relFlushAt.IsZero() || now.Before(s.relFlushAt) {
+	if s.ref.relFlushAt.IsZero() || now.Before(s.ref.relFlushAt) {
 		return
 	}
-	s.relFlushAt = time.Time{}
-	s.relOpen = s.relOpen[:0]
+	s.ref.relFlushAt = time.Time{}
+	s.ref.relOpen = s.ref.relOpen[:0]
 	s.applyRelHeld(now)
 }
 
@@ -366,10 +396,10 @@ func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
 	if m.fragStart {
 		order = startOrder{reliable: m.reliable, inOrder: m.inOrder, rel: m.relNum}
 		if m.reliable && m.inOrder {
-			s.relOpen = append(s.relOpen, m.relNum)
+			s.ref.relOpen = append(s.ref.relOpen, m.relNum)
 		}
 	}
-	t, whole, err := s.reasm.add(&msg, msgRef{pid: pid}, order)
+	t, whole, err := s.recv.reasm.add(&msg, msgRef{pid: pid}, order)
 	if err != nil {
 		s.protocolError(err)
 		return
@@ -378,15 +408,15 @@ func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
 		return
 	}
 	reliable, inOrder, id, rel := t.order.reliable, t.order.inOrder, t.id, t.order.rel
-	s.lent = s.reasm.lend(t, whole)
-	s.reasm.finish(t)
-	if i := slices.Index(s.relOpen, rel); i >= 0 && reliable && inOrder {
-		s.relOpen = slices.Delete(s.relOpen, i, i+1)
+	s.recv.lent = s.recv.reasm.lend(t, whole)
+	s.recv.reasm.finish(t)
+	if i := slices.Index(s.ref.relOpen, rel); i >= 0 && reliable && inOrder {
+		s.ref.relOpen = slices.Delete(s.ref.relOpen, i, i+1)
 	}
 	s.refDeliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
-	if s.lent != nil {
+	if s.recv.lent != nil {
 		// Held (a copy) or dropped, not delivered.
-		putPayload(s.lent)
-		s.lent = nil
+		putPayload(s.recv.lent)
+		s.recv.lent = nil
 	}
 }

@@ -21,21 +21,21 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 		s.stats.BytesSent += uint64(len(b))
 		return b
 	}
-	h := refHeader{packetID: s.nextPID, inOrder: true}
+	h := refHeader{packetID: s.send.nextPID, inOrder: true}
 	m := refMessage{inOrder: true, id: id}
 	var one [1]byte
 	switch id {
 	case idConnectSynAck:
-		one[0] = s.nextPingID
-		s.nextPingID++
+		one[0] = s.live.nextPingID
+		s.live.nextPingID++
 		m.id, m.payload = idPingRequest, one[:]
 	case idDisconnect:
-		if !s.hasDiscRel {
-			s.discRel, s.hasDiscRel = s.relOut, true
-			s.relOut = relNextNum(s.relOut)
+		if !s.ref.hasDiscRel {
+			s.ref.discRel, s.ref.hasDiscRel = s.ref.relOut, true
+			s.ref.relOut = relNextNum(s.ref.relOut)
 		}
-		h.reliable, h.relBase = true, s.discRel
-		m.reliable, m.relNum = true, s.discRel
+		h.reliable, h.relBase = true, s.ref.discRel
+		m.reliable, m.relNum = true, s.ref.discRel
 	}
 	b := appendRefHeader(buf[:0], &h)
 	b = appendRefMessage(b, &m, h.relBase)
@@ -50,13 +50,13 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 // reference keeps PacketIDs unique, and its receiver drops a PacketID seen
 // before. The reliable numbers inside tell the messages for what they are.
 func (s *session) refResend(now time.Time, d *sent) {
-	pid := s.nextPID
+	pid := s.send.nextPID
 	d.b[0] = d.b[0]&^0x3f | byte(pid&0x3f)
 	hi := pid >> 6
 	d.b[1], d.b[2] = byte(hi), byte(hi>>8)
 	s.loss.resendAs(now, d, pid)
 	s.loss.sent.trim(s.trimmed) // the stand-in, if it is at the front
-	d.pn = s.nextPN
+	d.pn = s.send.nextPN
 	s.numberNew()
 }
 
@@ -89,17 +89,17 @@ func (p *refPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRe
 // buildRefReliable packs reliable messages into a new datagram, followed
 // by whatever acks fit.
 func (s *session) buildRefReliable(now time.Time) []byte {
-	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.relOut, tids: s.tidBuf[:0]}
-	s.packRef(now, &p, &s.relQ)
-	s.body, s.tidBuf = p.body, p.tids
+	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.ref.relOut, tids: s.scratch.tidBuf[:0]}
+	s.packRef(now, &p, &s.send.relQ)
+	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
 	}
 	n := len(p.body)
 	p.body = s.appendAcks(now, p.room(), p.body, false)
 	p.inOrder = p.inOrder || len(p.body) > n // PacketAcks have the InOrder bit
-	s.body = p.body
-	h := refHeader{packetID: s.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
+	s.scratch.body = p.body
+	h := refHeader{packetID: s.send.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
 	b := appendRefHeader(s.getBuf(), &h)
 	b = append(b, p.body...)
 	d := s.loss.sendNew(now, h.packetID, b)
@@ -107,15 +107,15 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 	d.appBytes = p.appBytes
 	if p.holds {
 		d.hold = p.appBytes
-		s.spanHold += d.hold
+		s.send.spanHold += d.hold
 	}
 	d.relFirst, d.relCount = p.base, p.rels
 	d.transfers = append(d.transfers, p.tids...)
 	if len(p.tids) > 0 {
-		s.fragFlight++
+		s.ref.fragFlight++
 	}
-	s.relOut = p.nextRel()
-	d.pn = s.nextPN
+	s.ref.relOut = p.nextRel()
+	d.pn = s.send.nextPN
 	s.numberNew()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
@@ -126,17 +126,17 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 // unreliable messages are due (see pollUnreliable).
 func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data {
+	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data {
 		return nil
 	}
-	p := refPacking{body: s.body[:0], limit: s.cfg.maxDatagram}
+	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}
 	var one [1]byte
-	for _, id := range s.pingReplies {
+	for _, id := range s.live.pingReplies {
 		one[0] = id
 		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingReply, payload: one[:]}, 0)
 		p.count++
 	}
-	s.pingReplies = s.pingReplies[:0]
+	s.live.pingReplies = s.live.pingReplies[:0]
 	if pingDue {
 		one[0] = s.pingNow(now)
 		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingRequest, payload: one[:]}, 0)
@@ -146,23 +146,25 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 		n := len(p.body)
 		p.body = s.appendAcks(now, p.room(), p.body, true)
 		if len(p.body) > n {
-			p.count += len(s.ackBuf)
+			p.count += len(s.scratch.ackBuf)
 		}
 	}
-	s.ackNow = s.acks.pending() > 0 && s.ackNow
+	if s.acks.pending() == 0 {
+		s.owed.take(oweAckNow)
+	}
 	p.inOrder = p.count > 0 // library messages have the InOrder bit
 	if data {
 		before := p.count
-		s.packRef(now, &p, &s.unrelQ)
+		s.packRef(now, &p, &s.send.unrelQ)
 		if p.count > before {
 			s.rc.sentUnpaced()
 		}
 	}
-	s.body = p.body
+	s.scratch.body = p.body
 	if p.count == 0 {
 		return nil
 	}
-	h := refHeader{packetID: s.nextPID, inOrder: p.inOrder}
+	h := refHeader{packetID: s.send.nextPID, inOrder: p.inOrder}
 	b := appendRefHeader(buf[:0], &h)
 	b = append(b, p.body...)
 	if p.appBytes > 0 {
@@ -188,9 +190,9 @@ func (s *session) packRef(now time.Time, p *refPacking, q *sendQueue) {
 			}
 		}
 	}
-	if q == &s.relQ {
-		for s.bulk != nil && s.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
-			if !s.placeRefFragment(now, p, s.bulk) {
+	if q == &s.send.relQ {
+		for s.send.bulk != nil && s.ref.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
+			if !s.placeRefFragment(now, p, s.send.bulk) {
 				break
 			}
 		}
@@ -233,14 +235,14 @@ func refInOrder(m *outMsg) bool { return m.inOrder || len(m.deps) > 0 || m.conte
 // datagram. A fragmented transfer starts only when no datagram carrying
 // fragments is unacked: see placeRefFragment.
 func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
-	if m.frag && (s.bulk != nil || s.fragFlight > 0) {
+	if m.frag && (s.send.bulk != nil || s.ref.fragFlight > 0) {
 		return false
 	}
 	// A reliable in-order message waits while an in-order transfer is
 	// still being sent: a reference receiver delivers in arrival order,
 	// so one sent now, beside the transfer's stop-and-wait datagrams,
 	// would reach its application before the message it follows.
-	if p.reliable && s.bulk != nil && refInOrder(m) && refInOrder(s.bulk) {
+	if p.reliable && s.send.bulk != nil && refInOrder(m) && refInOrder(s.send.bulk) {
 		return false
 	}
 	if !s.refDepsReady(now, m) {
@@ -259,17 +261,17 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 		return false
 	}
 	if m.frag {
-		tid, ok := s.tids.alloc()
+		tid, ok := s.send.tids.alloc()
 		if !ok {
 			return false
 		}
 		m.tid = tid
 		msg.transferID = tid
-		s.tids.carried(tid)
+		s.send.tids.carried(tid)
 		p.tids = append(p.tids, tid)
 		m.fragNext = 1
-		s.bulk = m
-		s.bulkRel, s.bulkInOrder = msg.relNum, msg.inOrder
+		s.send.bulk = m
+		s.ref.bulkRel, s.ref.bulkInOrder = msg.relNum, msg.inOrder
 	}
 	p.body = appendRefMessage(p.body, &msg, p.base)
 	if p.reliable {
@@ -281,7 +283,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	p.appBytes += len(msg.payload)
 	m.off = len(msg.payload)
 	if t := m.track; t != nil {
-		t.placed(now, msgRef{s.nextPID, uint16(p.count - 1)}, m, true)
+		t.placed(now, msgRef{s.send.nextPID, uint16(p.count - 1)}, m, true)
 		t.relLast = msg.relNum
 	}
 	if !m.frag {
@@ -309,22 +311,22 @@ func (s *session) placeRefFragment(now time.Time, p *refPacking, m *outMsg) bool
 	p.holds = true
 	p.inOrder = p.inOrder || msg.inOrder
 	if !slices.Contains(p.tids, m.tid) {
-		s.tids.carried(m.tid)
+		s.send.tids.carried(m.tid)
 		p.tids = append(p.tids, m.tid)
 	}
 	m.off = end
 	m.fragNext++
 	if t := m.track; t != nil {
-		t.lastPID = s.nextPID
+		t.lastPID = s.send.nextPID
 		t.relLast = msg.relNum
 	}
 	if m.fragNext == m.fragCount {
 		if t := m.track; t != nil {
 			t.complete = true
 		}
-		s.tids.release(m.tid)
+		s.send.tids.release(m.tid)
 		m.done = true
-		s.bulk = nil
+		s.send.bulk = nil
 	}
 	return true
 }

@@ -6,6 +6,80 @@ import (
 	"time"
 )
 
+// sendState is what goes out: the packet numbers, the queues
+// (sendqueue.go), the dependencies tracked (inorder.go's sendOrder), the
+// transfer being packed, and the free lists that keep steady traffic from
+// allocating. Recovery (loss.go) and the rate (congestion.go, pacer.go)
+// are components of their own.
+type sendState struct {
+	nextPID      uint32    // the low 22 bits of nextPN
+	nextPN       uint64    // the packet number of the next new datagram
+	out          outInfo   // the datagram poll returned last (see lastOut)
+	relQ         sendQueue // reliable messages and fragmented transfers
+	unrelQ       sendQueue
+	latestQueued map[contentKey]*outMsg
+	order        sendOrder
+	tids         transferIDs
+	bulk         *outMsg   // fragmented message whose fragments are being packed
+	spanHold     int       // see holdLimit
+	pacedOut     bool      // work waits for the pacer
+	forgotAt     time.Time // see poll
+	tidyAt       time.Time // see tidy
+	freeMsgs     freeList[*outMsg]
+	freeBufs     freeList[[]byte]
+}
+
+// sendDeadline adds an open connection's timers of sending: the acks
+// owed, once their delay is up (unless held: no new datagram may go, see
+// spanFull), the loss and probe timers (loss.go), and the pacer, when
+// work waits for it.
+func (s *session) sendDeadline(now time.Time, held bool, t *deadlines) {
+	if s.acks.pending() > 0 && !held {
+		t.at(s.acks.oldest.Add(s.ackDelay()))
+	}
+	if x, ok := s.loss.nextTimeout(s.closing.asked); ok {
+		t.at(x)
+	}
+	t.at(s.loss.lossTime)
+	if s.send.pacedOut {
+		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
+	}
+}
+
+// advanceSend runs the loss and probe timers: what they find lost goes
+// again. (Acks and paced work due go with the next poll.)
+func (s *session) advanceSend(now time.Time) {
+	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
+		s.detectLoss(now)
+		if s.state == stateDone {
+			return
+		}
+	}
+	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
+		s.onProbeTimeout(now)
+	}
+}
+
+// onProbeTimeout runs when nothing was acked for a probe timeout (see
+// lossState.onProbeTimeout).
+func (s *session) onProbeTimeout(now time.Time) {
+	probed, ok := s.loss.onProbeTimeout(now)
+	if !ok {
+		s.fail(ErrRetransmitLimit)
+		return
+	}
+	if probed {
+		s.rc.cc.OnTimeout(now)
+	}
+	if s.client && s.secure {
+		// A secure client may have moved (a NAT rebinding) without
+		// knowing: resends keep their packet numbers, which cannot start
+		// the server's check of a new address, so a fresh datagram (a
+		// ping) goes too (see Conn.checkPath).
+		s.live.nextPing = now
+	}
+}
+
 // ackDelay is how long we hold a lone ack hoping for company: a quarter of
 // the round trip, within 1ms and MaxAckDelay.
 func (s *session) ackDelay() time.Duration {
@@ -18,7 +92,7 @@ func (s *session) ackDelay() time.Duration {
 // hundreds of datagrams in flight at once, does not allocate them afresh
 // every time while a connection still keeps no more than before.
 func (s *session) getBuf() []byte {
-	if b, ok := s.freeBufs.get(); ok {
+	if b, ok := s.send.freeBufs.get(); ok {
 		return b[:0]
 	}
 	p := getPayload(s.cfg.maxDatagram)
@@ -32,8 +106,8 @@ func (s *session) putBuf(b []byte) {
 	if cap(b) < s.cfg.maxDatagram {
 		return
 	}
-	if len(s.freeBufs.items) < maxFreeBufs {
-		s.freeBufs.put(b, maxFreeBufs)
+	if len(s.send.freeBufs.items) < maxFreeBufs {
+		s.send.freeBufs.put(b, maxFreeBufs)
 		return
 	}
 	putShared(b)
@@ -106,40 +180,36 @@ func (c *config) fragSize() int {
 // reliable datagram's bytes stay the session's (they are kept for
 // retransmission); other datagrams are built in buf.
 func (s *session) poll(now time.Time, buf []byte) []byte {
-	s.pacedOut = false
+	s.send.pacedOut = false
 	switch s.state {
 	case stateSyn:
-		if s.needSyn {
-			s.needSyn = false
-			s.synSends++
-			return s.control(buf, idConnectSyn, s.syn)
+		if s.owed.take(oweSyn) {
+			s.handshake.synSends++
+			return s.control(buf, idConnectSyn, s.handshake.syn)
 		}
 		return nil
 	case stateSynAck:
-		if s.needSynAck {
-			s.needSynAck = false
-			b := s.control(buf, idConnectSynAck, s.synAck)
+		if s.owed.take(oweSynAck) {
+			b := s.control(buf, idConnectSynAck, s.handshake.synAck)
 			if b != nil {
-				s.synAckSent = now
-				s.synAckSends++
+				s.handshake.synAckSent = now
+				s.handshake.synAckSends++
 			}
 			return b
 		}
 		return nil
 	case stateClosing:
-		if s.needDisc {
-			s.needDisc = false
-			return s.control(buf, idDisconnect, s.closeReason)
+		if s.owed.take(oweDisc) {
+			return s.control(buf, idDisconnect, s.closing.reason)
 		}
 		return nil
 	case stateLinger, stateDone:
-		if s.needDiscAck {
-			s.needDiscAck = false
-			if s.wasOpen {
-				s.discAckedAt = now
+		if s.owed.take(oweDiscAck) {
+			if s.handshake.wasOpen {
+				s.closing.discAckedAt = now
 				return s.control(buf, idDisconnectAck, nil)
 			}
-			if b := s.control(buf, idDisconnectAck, s.refuseReason); b != nil || len(s.refuseReason) == 0 {
+			if b := s.control(buf, idDisconnectAck, s.closing.refuseReason); b != nil || len(s.closing.refuseReason) == 0 {
 				return b
 			}
 			// A ConnectSyn too short to earn the reason's bytes (the
@@ -151,19 +221,18 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	default:
 		return nil
 	}
-	if s.needDiscAck {
-		s.needDiscAck = false
-		s.discAckedAt = now
+	if s.owed.take(oweDiscAck) {
+		s.closing.discAckedAt = now
 		return s.control(buf, idDisconnectAck, nil)
 	}
-	if now != s.forgotAt && s.order.tracking() {
+	if now != s.send.forgotAt && s.send.order.tracking() {
 		// Acks forget resolved tracks too, but a connection that sends
 		// only unreliable messages hears none: their tracks resolve with
 		// age, and went only when a reliable one was acked, 60 of them
-		// kept between a game server's reliable events 2s apart. Once a
-		// flush.
-		s.forgotAt = now
-		s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+		// kept between a game server's reliable events 2s apart. Done
+		// at the first poll of a flush only: its polls share their now.
+		s.send.forgotAt = now
+		s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	}
 	if b := s.pollReliable(now); b != nil {
 		return b
@@ -171,19 +240,19 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	if b := s.pollUnreliable(now, buf); b != nil {
 		return b
 	}
-	if s.needAnchor {
+	if s.owed.owes(oweAnchor) {
 		// An unreliable in-order message waits for one.
 		if b := s.pollReliable(now); b != nil {
 			return b
 		}
 	}
-	if s.closeAsked && s.relQ.len() == 0 && s.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
-		s.discBackoff = min(s.loss.rto(), firstDiscResend)
-		s.discResend = now.Add(s.discBackoff)
-		return s.control(buf, idDisconnect, s.closeReason)
+		s.closing.discBackoff = min(s.loss.rto(), firstDiscResend)
+		s.closing.discResend = now.Add(s.closing.discBackoff)
+		return s.control(buf, idDisconnect, s.closing.reason)
 	}
 	return nil
 }
@@ -192,7 +261,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 // message. Disconnect and DisconnectAck are in-order messages: their
 // datagram has the InOrder flag, with no dependency left to name.
 func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
-	if s.ref {
+	if s.ref != nil {
 		return s.refControl(buf, id)
 	}
 	// Before the connection opened (a refusal) there is nothing to be in
@@ -201,7 +270,7 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 	if s.spanFull() {
 		return nil
 	}
-	h := header{packetID: s.nextPID, inOrder: s.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	h := header{packetID: s.send.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
@@ -218,13 +287,13 @@ func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
 // open, and counts it: an endpoint not yet proven to be the sender gets no
 // more bytes than it sent (a resent ConnectSyn or opening adds credit).
 func (s *session) amplifies(b []byte) bool {
-	if s.client || s.wasOpen {
+	if s.client || s.handshake.wasOpen {
 		return true
 	}
-	if s.preOut+len(b) > s.preIn {
+	if s.handshake.preOut+len(b) > s.handshake.preIn {
 		return false
 	}
-	s.preOut += len(b)
+	s.handshake.preOut += len(b)
 	return true
 }
 
@@ -247,16 +316,16 @@ type outInfo struct {
 // for each new datagram, and a reliable datagram keeps its number for
 // every resend (sent.pn). A secure connection seals with it as the nonce.
 func (s *session) numberNew() {
-	s.out = outInfo{pn: s.nextPN, fresh: true}
-	s.nextPN++
-	s.nextPID = uint32(s.nextPN) & packetIDMask
+	s.send.out = outInfo{pn: s.send.nextPN, fresh: true}
+	s.send.nextPN++
+	s.send.nextPID = uint32(s.send.nextPN) & packetIDMask
 }
 
 // startPIDAt has the next new datagram take PacketID pid (tests start near
 // a wrap with it).
 func (s *session) startPIDAt(pid uint32) {
-	s.nextPID = pid & packetIDMask
-	s.nextPN = uint64(s.nextPID)
+	s.send.nextPID = pid & packetIDMask
+	s.send.nextPN = uint64(s.send.nextPID)
 }
 
 // spanFull reports whether one more datagram would put the newest PacketID
@@ -267,21 +336,21 @@ func (s *session) startPIDAt(pid uint32) {
 // delivered. Unreliable messages, acks and pings wait; resends go.
 func (s *session) spanFull() bool {
 	first := s.loss.sent.firstUnacked()
-	return first != nil && seqDiff(first.packetID, s.nextPID) >= recvSpan-1
+	return first != nil && seqDiff(first.packetID, s.send.nextPID) >= recvSpan-1
 }
 
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
 	if d := s.loss.nextResend(); d != nil {
 		if !s.rc.canSend(now, len(d.b)) {
-			s.pacedOut = true
+			s.send.pacedOut = true
 			return nil
 		}
-		if s.ref {
+		if s.ref != nil {
 			s.refResend(now, d)
 		} else {
 			s.loss.resend(now, d)
-			s.out = outInfo{pn: d.pn}
+			s.send.out = outInfo{pn: d.pn}
 		}
 		s.rc.sent(len(d.b))
 		s.stats.Retransmits++
@@ -289,7 +358,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.needAck && !s.needFlow && !s.needAnchor && s.relQ.len() == 0 {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()
@@ -299,13 +368,13 @@ func (s *session) pollReliable(now time.Time) []byte {
 	if s.loss.inflight >= s.rc.window() || s.loss.sent.count >= maxWindow || s.spanFull() {
 		return nil
 	}
-	if s.spanHold >= s.holdLimit() {
+	if s.send.spanHold >= s.holdLimit() {
 		// Held back by the receiver's room, not by the path.
 		s.loss.appLimited()
 		return nil
 	}
 	if !s.rc.canSend(now, s.cfg.maxDatagram) {
-		s.pacedOut = true
+		s.send.pacedOut = true
 		return nil
 	}
 	return s.buildReliable(now)
@@ -326,40 +395,38 @@ const maxWindow = 8192
 // buildReliable packs reliable messages into a new datagram, followed by
 // whatever acks fit.
 func (s *session) buildReliable(now time.Time) []byte {
-	if s.ref {
+	if s.ref != nil {
 		return s.buildRefReliable(now)
 	}
-	h := &s.wh
-	*h = header{packetID: s.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram, tids: s.tidBuf[:0]}
-	if s.needAck {
+	h := &s.scratch.wh
+	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]}
+	if s.owed.take(oweAck) {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
 		p.count++
 		p.whole0 = true
-		s.needAck = false
-	} else if s.needAnchor {
+	} else if s.owed.owes(oweAnchor) {
 		// An empty reserved message, applied as it arrives (a receiver
 		// ignores it), for in-order messages to name: see wireDeps.
 		p.body = appendMessage(p.body, &message{id: idPadding})
 		p.count++
 		p.whole0 = true
 	}
-	s.needAnchor = false
-	if s.needFlow {
-		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flowRate), byte(s.flowRate >> 8)}})
+	s.owed.take(oweAnchor)
+	if s.owed.take(oweFlow) {
+		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flow.rate), byte(s.flow.rate >> 8)}})
 		if p.count == 0 {
 			p.whole0 = true
 		}
 		p.count++
-		s.needFlow = false
 	}
-	s.pack(now, h, &p, &s.relQ)
-	s.body, s.tidBuf = p.body, p.tids
+	s.pack(now, h, &p, &s.send.relQ)
+	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
 	}
 	p.body = s.appendAcks(now, p.room(h), p.body, false)
-	s.body = p.body
+	s.scratch.body = p.body
 	b := s.getBuf()
 	b = appendHeader(b, h)
 	b = append(b, p.body...)
@@ -368,15 +435,15 @@ func (s *session) buildReliable(now time.Time) []byte {
 	d.appBytes = p.appBytes
 	if p.holds {
 		d.hold = p.appBytes
-		s.spanHold += d.hold
+		s.send.spanHold += d.hold
 	}
 	d.whole0 = p.whole0
 	if p.whole0 {
-		s.lastWhole = msgRef{h.packetID, 0}
-		s.hasLastWhole = true
+		s.anchors.lastWhole = msgRef{h.packetID, 0}
+		s.anchors.hasLastWhole = true
 	}
 	d.transfers = append(d.transfers, p.tids...)
-	d.pn = s.nextPN
+	d.pn = s.send.nextPN
 	s.numberNew()
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
@@ -390,21 +457,21 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 	if s.acks.pending() == 0 || room < ackBlock {
 		return body
 	}
-	s.ackBuf = s.acks.take(s.ackBuf[:0], room/ackBlock)
-	fresh := len(s.ackBuf)
+	s.scratch.ackBuf = s.acks.take(s.scratch.ackBuf[:0], room/ackBlock)
+	fresh := len(s.scratch.ackBuf)
 	if repeat {
 		// Acks sent in the last half round trip go again in the room
 		// left, so that a lost ack does not cost the peer a needless
 		// resend. (Not in reliable datagrams: those are kept and resent.)
-		s.ackBuf = s.acks.repeats(s.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
+		s.scratch.ackBuf = s.acks.repeats(s.scratch.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
 	}
-	s.acks.remember(now, s.ackBuf[:fresh], s.ackRepeatWindow())
+	s.acks.remember(now, s.scratch.ackBuf[:fresh], s.ackRepeatWindow())
 	if repeat {
-		s.ackBuf = s.acks.merge(s.ackBuf)
+		s.scratch.ackBuf = s.acks.merge(s.scratch.ackBuf)
 	}
 	var p [packetAckSize]byte
-	for _, a := range s.ackBuf {
-		if s.ref {
+	for _, a := range s.scratch.ackBuf {
+		if s.ref != nil {
 			body = appendRefMessage(body, &refMessage{inOrder: true, id: idPacketAck, payload: appendRefPacketAck(p[:0], a)}, 0)
 		} else {
 			body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
@@ -419,31 +486,30 @@ func (s *session) ackRepeatWindow() time.Duration { return max(s.loss.rtt.srtt/2
 // pollUnreliable builds an unreliable datagram when acks, pings or
 // unreliable messages are due.
 func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
-	if s.ref {
+	if s.ref != nil {
 		return s.pollRefUnreliable(now, buf)
 	}
 	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.pingReplies) == 0 && !data && !s.pathAnswer || s.spanFull() {
+	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
 		return nil
 	}
-	h := &s.wh
-	*h = header{packetID: s.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := packing{body: s.body[:0], limit: s.cfg.maxDatagram}
-	if s.pathAnswer {
-		s.pathAnswer = false
+	h := &s.scratch.wh
+	*h = header{packetID: s.send.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}
+	if s.owed.take(owePathResponse) {
 		var resp [1 + pathDataSize]byte
 		resp[0] = pathResponse
-		copy(resp[1:], s.pathData[:])
+		copy(resp[1:], s.path.challenge[:])
 		p.body = appendMessage(p.body, &message{id: idPath, payload: resp[:]})
 		p.count++
 	}
 	var one [1]byte
-	for _, id := range s.pingReplies {
+	for _, id := range s.live.pingReplies {
 		one[0] = id
 		p.body = appendMessage(p.body, &message{id: idPingReply, payload: one[:]})
 		p.count++
 	}
-	s.pingReplies = s.pingReplies[:0]
+	s.live.pingReplies = s.live.pingReplies[:0]
 	if pingDue {
 		one[0] = s.pingNow(now)
 		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
@@ -451,17 +517,19 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	if s.acks.pending() > 0 {
 		p.body = s.appendAcks(now, p.room(h), p.body, true)
-		p.count += len(s.ackBuf)
+		p.count += len(s.scratch.ackBuf)
 	}
-	s.ackNow = s.acks.pending() > 0 && s.ackNow
+	if s.acks.pending() == 0 {
+		s.owed.take(oweAckNow)
+	}
 	if data {
 		before := p.count
-		s.pack(now, h, &p, &s.unrelQ)
+		s.pack(now, h, &p, &s.send.unrelQ)
 		if p.count > before {
 			s.rc.sentUnpaced()
 		}
 	}
-	s.body = p.body
+	s.scratch.body = p.body
 	if p.count == 0 {
 		return nil
 	}
@@ -477,28 +545,18 @@ func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
 // unreliableDue reports what an unreliable datagram would carry now: acks
 // owed, a ping, unreliable messages.
 func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
-	acksDue = s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.ackNow || now.Sub(s.acks.oldest) >= s.ackDelay())
-	pingDue = !now.Before(s.nextPing)
+	acksDue = s.acks.pending() >= 2 || s.acks.pending() > 0 && (s.owed.owes(oweAckNow) || now.Sub(s.acks.oldest) >= s.ackDelay())
+	pingDue = !now.Before(s.live.nextPing)
 	// Unreliable messages are not held to the congestion controller's
 	// rate: nothing acks them, so it could never learn to raise it. The
 	// application sets their pace, and the peer can still cap it with a
 	// FlowControlRequest.
-	data = s.unrelQ.len() > 0
+	data = s.send.unrelQ.len() > 0
 	if data && !s.rc.peerAllows(now) {
-		s.pacedOut = true
+		s.send.pacedOut = true
 		data = false
 	}
 	return acksDue, pingDue, data
-}
-
-// pingNow records a PingRequest going out now and returns its ID.
-func (s *session) pingNow(now time.Time) uint8 {
-	id := s.nextPingID
-	s.pings[s.pingCount%len(s.pings)] = pingRecord{id: id, at: now}
-	s.pingCount++
-	s.nextPingID++
-	s.nextPing = now.Add(s.cfg.keepalive())
-	return id
 }
 
 // packing is a datagram being filled.
@@ -532,9 +590,9 @@ func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
 			}
 		}
 	}
-	if q == &s.relQ {
-		for s.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
-			if !s.placeFragment(now, h, p, s.bulk) {
+	if q == &s.send.relQ {
+		for s.send.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
+			if !s.placeFragment(now, h, p, s.send.bulk) {
 				break
 			}
 		}
@@ -553,7 +611,7 @@ const maxSkipped = 64
 
 // place tries to put m (whole, or its first fragment) into the datagram.
 func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
-	if m.frag && s.bulk != nil {
+	if m.frag && s.send.bulk != nil {
 		return false // one transfer at a time keeps the receiver's reassembly small
 	}
 	refs, ok := s.wireDeps(now, m, h.packetID)
@@ -579,17 +637,17 @@ func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
 		return false
 	}
 	if m.frag {
-		tid, ok := s.tids.alloc()
+		tid, ok := s.send.tids.alloc()
 		if !ok {
 			h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
 			return false
 		}
 		m.tid = tid
 		msg.transferID = tid
-		s.tids.carried(tid)
+		s.send.tids.carried(tid)
 		p.tids = append(p.tids, tid)
 		m.fragNext = 1
-		s.bulk = m
+		s.send.bulk = m
 	}
 	p.body = appendMessage(p.body, &msg)
 	p.holds = p.holds || len(refs) > 0 || m.frag
@@ -623,7 +681,7 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 	p.appBytes += len(msg.payload)
 	p.holds = true
 	if !slices.Contains(p.tids, m.tid) {
-		s.tids.carried(m.tid)
+		s.send.tids.carried(m.tid)
 		p.tids = append(p.tids, m.tid)
 	}
 	m.off = end
@@ -635,9 +693,9 @@ func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg)
 		if t := m.track; t != nil {
 			t.complete = true
 		}
-		s.tids.release(m.tid) // packing is over; acks release the rest
+		s.send.tids.release(m.tid) // packing is over; acks release the rest
 		m.done = true
-		s.bulk = nil
+		s.send.bulk = nil
 	}
 	return true
 }
@@ -650,29 +708,31 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
-	if a := &s.acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
+	if a := &s.scratch.acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
 			s.host.sendDone(a.appBytes)
 		}
 		for _, tid := range a.tids {
-			s.tids.release(tid)
+			s.send.tids.release(tid)
 		}
-		for _, r := range a.rels {
-			s.relAcked.addRange(r.first, r.count)
+		if s.ref != nil {
+			for _, r := range a.rels {
+				s.ref.relAcked.addRange(r.first, r.count)
+			}
+			s.ref.fragFlight -= a.fragDgrams
 		}
-		s.fragFlight -= a.fragDgrams
 		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)
-	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 }
 
 // trimmed takes a datagram acked along with every one before it: its
 // first message, if it named nothing, is applied at the receiver, an anchor
 // for in-order messages with nothing else to depend on.
 func (s *session) trimmed(d *sent) {
-	s.spanHold -= d.hold
+	s.send.spanHold -= d.hold
 	if d.whole0 {
 		s.newAnchor(msgRef{d.packetID, 0})
 	}

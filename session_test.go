@@ -35,8 +35,8 @@ func TestSessionHandshake(t *testing.T) {
 	p.admit = func(syn []byte) ([]byte, bool) { gotSyn = syn; return []byte("welcome"), true }
 	p.connect()
 	assert.Equal(t, "let me in", string(gotSyn))
-	assert.Equal(t, "welcome", string(p.client().synAck))
-	assert.Equal(t, "let me in", string(p.server().syn))
+	assert.Equal(t, "welcome", string(p.client().handshake.synAck))
+	assert.Equal(t, "let me in", string(p.server().handshake.syn))
 	assert.Equal(t, stateOK, p.client().state)
 	assert.Equal(t, stateOK, p.server().state)
 	// The client's RTT starts from the handshake.
@@ -91,7 +91,7 @@ func TestSessionPacketIDWrap(t *testing.T) {
 		p.send(0, numbered(100, i, 100))
 	}
 	require.True(t, p.run(60*time.Second, func() bool { return len(p.h[1].msgs) == n }))
-	assert.Less(t, p.client().nextPID, uint32(100000), "PacketIDs wrapped")
+	assert.Less(t, p.client().send.nextPID, uint32(100000), "PacketIDs wrapped")
 	seen := map[uint32]bool{}
 	for _, m := range p.h[1].msgs {
 		i := binary.LittleEndian.Uint32(m.Payload)
@@ -737,16 +737,16 @@ func TestServerNeverAmplifies(t *testing.T) {
 			p.admit = func([]byte) ([]byte, bool) { return make([]byte, reply), true }
 			in, out := 0, 0
 			p.tap = func(from int, b []byte) {
-				if from == 0 && !p.server().wasOpen {
+				if from == 0 && !p.server().handshake.wasOpen {
 					in += len(b)
 				}
-				if from == 1 && !p.server().wasOpen {
+				if from == 1 && !p.server().handshake.wasOpen {
 					out += len(b)
 					assert.LessOrEqual(t, out, in, "server sent %d bytes for %d received", out, in)
 				}
 			}
 			p.connect()
-			assert.Equal(t, reply, len(p.client().synAck))
+			assert.Equal(t, reply, len(p.client().handshake.synAck))
 		})
 	}
 }

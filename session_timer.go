@@ -2,26 +2,6 @@ package knet
 
 import "time"
 
-// onProbeTimeout runs when nothing was acked for a probe timeout (see
-// lossState.onProbeTimeout).
-func (s *session) onProbeTimeout(now time.Time) {
-	probed, ok := s.loss.onProbeTimeout(now)
-	if !ok {
-		s.fail(ErrRetransmitLimit)
-		return
-	}
-	if probed {
-		s.rc.cc.OnTimeout(now)
-	}
-	if s.client && s.secure {
-		// A secure client may have moved (a NAT rebinding) without
-		// knowing: resends keep their packet numbers, which cannot start
-		// the server's check of a new address, so a fresh datagram (a
-		// ping) goes too (see Conn.checkPath).
-		s.nextPing = now
-	}
-}
-
 // nextDeadline is when advance must next run.
 func (s *session) nextDeadline(now time.Time) time.Time {
 	if s.state == stateDone {
@@ -29,16 +9,10 @@ func (s *session) nextDeadline(now time.Time) time.Time {
 	}
 	t := deadlines{t: now.Add(time.Hour)}
 	switch s.state {
-	case stateSyn:
-		t.at(s.synResend)
-		t.at(s.started.Add(s.cfg.connectTimeout))
-	case stateAdmit, stateSynAck:
-		t.at(s.started.Add(s.cfg.connectTimeout))
-	case stateLinger:
-		t.at(s.lingerUntil)
-	case stateClosing:
-		t.at(s.discResend)
-		t.at(s.closeBy)
+	case stateSyn, stateAdmit, stateSynAck:
+		s.handshakeDeadline(&t)
+	case stateClosing, stateLinger:
+		s.closeDeadline(&t)
 	case stateOK:
 		s.openDeadlines(now, &t)
 	}
@@ -59,111 +33,48 @@ func (d *deadlines) at(x time.Time) {
 // reorder windows and the pacer.
 func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	held := s.spanFull() // no new datagram until an ack comes (see spanFull)
-	if s.acks.pending() > 0 && !held {
-		t.at(s.acks.oldest.Add(s.ackDelay()))
-	}
-	if x, ok := s.loss.nextTimeout(s.closeAsked); ok {
-		t.at(x)
-	}
-	t.at(s.loss.lossTime)
-	if !held {
-		t.at(s.nextPing)
-	}
-	t.at(s.lastRecv.Add(s.cfg.lostTimeout))
-	if s.closeAsked {
-		t.at(s.closeBy)
-	}
-	if x, ok := s.res.nextDeadline(); ok {
-		t.at(x)
-	}
-	t.at(s.relFlushAt)
-	if s.pacedOut {
-		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
+	s.sendDeadline(now, held, t)
+	s.liveDeadline(held, t)
+	s.closeDeadline(t)
+	s.recvDeadline(t)
+	if s.ref != nil {
+		s.refDeadline(t)
 	}
 }
 
 // advance runs the timers due at now.
 func (s *session) advance(now time.Time) {
 	switch s.state {
-	case stateSyn:
-		s.advanceSyn(now)
-	case stateAdmit, stateSynAck:
-		if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
-			s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
-		}
-	case stateLinger:
-		if !now.Before(s.lingerUntil) {
-			s.state = stateDone
-		}
-	case stateClosing:
-		s.advanceClosing(now)
+	case stateSyn, stateAdmit, stateSynAck:
+		s.advanceHandshake(now)
+	case stateClosing, stateLinger:
+		s.advanceClose(now)
 	case stateOK:
 		s.advanceOpen(now)
-	}
-}
-
-// advanceSyn gives up the handshake after ConnectTimeout, and sends the
-// ConnectSyn again, backing off, until then.
-func (s *session) advanceSyn(now time.Time) {
-	if !now.Before(s.started.Add(s.cfg.connectTimeout)) {
-		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
-	} else if !now.Before(s.synResend) {
-		s.needSyn = true
-		s.synBackoff = min(2*s.synBackoff, maxSynBackoff)
-		s.synResend = now.Add(s.synBackoff)
-	}
-}
-
-// advanceClosing resends the Disconnect, backing off, until
-// DisconnectTimeout.
-func (s *session) advanceClosing(now time.Time) {
-	if s.needDisc {
-		return // goes out before the end
-	}
-	if !now.Before(s.closeBy) {
-		// No DisconnectAck: the peer is declared lost (spec
-		// "DisconnectTimeOut").
-		s.fail(&TimeoutError{Op: "disconnect", Silent: s.cfg.disconnect})
-	} else if !now.Before(s.discResend) {
-		// Resent with backoff: a peer that does not answer is gone or
-		// far, and DisconnectTimeout bounds the wait anyway.
-		s.needDisc = true
-		s.discBackoff = min(2*max(s.discBackoff, s.loss.minRTO()), maxDiscBackoff)
-		s.discResend = now.Add(s.discBackoff)
 	}
 }
 
 // advanceOpen runs an open connection's timers: silence, a close that
 // took too long, the loss and probe timers, held messages' windows.
 func (s *session) advanceOpen(now time.Time) {
-	if silent := now.Sub(s.lastRecv); silent >= s.cfg.lostTimeout {
-		s.fail(&TimeoutError{Silent: silent})
+	s.advanceLive(now)
+	if s.state != stateOK {
 		return
 	}
-	if s.closeAsked && !now.Before(s.closeBy) {
-		// Gave up delivering what was queued; still tell the peer, so
-		// that it does not wait for a lost timeout.
-		s.dropSending()
-		s.state = stateClosing
-		s.needDisc = true
+	s.advanceClose(now)
+	if s.state != stateOK {
 		return
 	}
-	if !s.loss.lossTime.IsZero() && !now.Before(s.loss.lossTime) {
-		s.detectLoss(now)
-		if s.state == stateDone {
-			return
-		}
-	}
-	if x, ok := s.loss.nextTimeout(s.closeAsked); ok && !now.Before(x) {
-		s.onProbeTimeout(now)
-		if s.state == stateDone {
-			return
-		}
+	s.advanceSend(now)
+	if s.state != stateOK {
+		return
 	}
 	s.expireHeld(now)
-	s.flushRelHeld(now)
-	if !now.Before(s.tidyAt) {
-		s.tidyAt = now.Add(s.cfg.keepalive())
+	if s.ref != nil {
+		s.flushRelHeld(now)
+	}
+	if !now.Before(s.send.tidyAt) {
+		s.send.tidyAt = now.Add(s.cfg.keepalive())
 		s.tidy(now)
 	}
 }
@@ -176,14 +87,14 @@ func (s *session) advanceOpen(now time.Time) {
 func (s *session) tidy(now time.Time) {
 	// Tracks resolve with time as well as with acks, and an idle
 	// connection hears no acks.
-	s.order.forget(func(t *track) bool { return s.forgettable(now, t) })
-	s.order.trim()
-	s.freeMsgs.trim()
-	s.freeBufs.trim()
+	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
+	s.send.order.trim()
+	s.send.freeMsgs.trim()
+	s.send.freeBufs.trim()
 	s.loss.sent.shrink()
-	s.res.free.trim()
-	if len(s.latestQueued) == 0 {
-		s.latestQueued = nil // an emptied map keeps its buckets
+	s.recv.res.free.trim()
+	if len(s.send.latestQueued) == 0 {
+		s.send.latestQueued = nil // an emptied map keeps its buckets
 	}
 	s.events |= evTidy
 }

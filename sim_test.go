@@ -131,7 +131,7 @@ func (p *simPair) flush() {
 		ev := s.takeEvents()
 		if ev&evAdmit != 0 {
 			reply, ok := []byte("ok"), true
-			syn := s.syn
+			syn := s.handshake.syn
 			if p.sec[i] != nil {
 				syn = p.sec[i].payload
 			}
@@ -263,7 +263,7 @@ func (p *simPair) run(d time.Duration, cond func() bool) bool {
 		}
 	}
 	for i, s := range p.s {
-		p.t.Logf("side %d state %v deadline %v now %v paced %v ackPending %d nextPing %v lastRecv %v timed %d", i, s.state, s.nextDeadline(p.now).Sub(p.now), p.now, s.pacedOut, s.acks.pending(), s.nextPing.Sub(p.now), s.lastRecv.Sub(p.now), s.res.timed.Len())
+		p.t.Logf("side %d state %v deadline %v now %v paced %v ackPending %d nextPing %v lastRecv %v timed %d", i, s.state, s.nextDeadline(p.now).Sub(p.now), p.now, s.send.pacedOut, s.acks.pending(), s.live.nextPing.Sub(p.now), s.live.lastRecv.Sub(p.now), s.recv.res.timed.Len())
 	}
 	p.t.Fatal("simulation did not settle")
 	return false

@@ -1,0 +1,98 @@
+package knet
+
+import "time"
+
+// liveState is what tells whether the peer is still there: when it last
+// proved alive, and the pings that keep it proving so (spec "Ping"),
+// answered with PingReplies that also sample the round trip.
+type liveState struct {
+	// lastRecv is when the peer last proved alive: a new datagram, never
+	// one received before (stale: the datagram being handled, in a secure
+	// session, was).
+	lastRecv    time.Time
+	stale       bool
+	nextPing    time.Time // when a PingRequest goes, unless the span is full
+	pings       [8]pingRecord
+	pingCount   int
+	nextPingID  uint8
+	pingReplies []uint8 // PingReplies owed, by the requests' IDs
+}
+
+// liveDeadline adds an open connection's timers of liveness: the next
+// ping, unless held (no new datagram may go, see spanFull), and the lost
+// timeout.
+func (s *session) liveDeadline(held bool, t *deadlines) {
+	if !held {
+		t.at(s.live.nextPing)
+	}
+	t.at(s.live.lastRecv.Add(s.cfg.lostTimeout))
+}
+
+// advanceLive ends an open connection whose peer was silent for the
+// lost timeout. (A ping due goes with the next poll: see unreliableDue.)
+func (s *session) advanceLive(now time.Time) {
+	if silent := now.Sub(s.live.lastRecv); silent >= s.cfg.lostTimeout {
+		s.fail(&TimeoutError{Silent: silent})
+	}
+}
+
+// pingRecord is a PingRequest sent: its ID, and when (zero once answered).
+type pingRecord struct {
+	id uint8
+	at time.Time
+}
+
+// alive notes that the datagram being handled proves the peer alive,
+// unless it is a copy of one received before.
+func (s *session) alive(now time.Time) {
+	if !s.live.stale {
+		s.live.lastRecv = now
+	}
+}
+
+// pingNow records a PingRequest going out now and returns its ID.
+func (s *session) pingNow(now time.Time) uint8 {
+	id := s.live.nextPingID
+	s.live.pings[s.live.pingCount%len(s.live.pings)] = pingRecord{id: id, at: now}
+	s.live.pingCount++
+	s.live.nextPingID++
+	s.live.nextPing = now.Add(s.cfg.keepalive())
+	return id
+}
+
+// handlePing takes a PingRequest, PingReply or FlowControlRequest, the
+// messages both dialects share, and reports whether m was one.
+func (s *session) handlePing(now time.Time, id uint32, payload []byte) bool {
+	switch id {
+	case idPingRequest:
+		if len(payload) == 1 && len(s.live.pingReplies) < maxPingReplies {
+			s.live.pingReplies = append(s.live.pingReplies, payload[0])
+		}
+	case idPingReply:
+		if len(payload) == 1 {
+			s.handlePingReply(now, payload[0])
+		}
+	case idFlowControlRequest:
+		if len(payload) == 2 {
+			s.peerRateRequest(now, uint16(payload[0])|uint16(payload[1])<<8)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+func (s *session) handlePingReply(now time.Time, id uint8) {
+	for i := range min(s.live.pingCount, len(s.live.pings)) {
+		p := &s.live.pings[i]
+		if p.id == id && !p.at.IsZero() {
+			s.loss.rtt.sample(now.Sub(p.at))
+			p.at = time.Time{}
+			return
+		}
+	}
+}
+
+// maxPingReplies bounds the PingReplies owed: a peer pinging faster than we
+// answer gets the first ones answered.
+const maxPingReplies = 64

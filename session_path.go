@@ -1,0 +1,66 @@
+package knet
+
+import "time"
+
+// Path messages: MessageID 0 (idPath, reserved by the spec and ignored by
+// kNet receivers), content u8 kind, then 8 bytes. Only secure sessions
+// send them and take them (secure.go checks a new address with them).
+const (
+	pathChallenge = 1
+	pathResponse  = 2
+	pathDataSize  = 8
+)
+
+// pathState is a secure session's side of the path checks: a client
+// answers the latest PathChallenge (owePathResponse), a server's
+// connection reads the PathResponse heard (pathResponse) after each
+// datagram, and moves when secure.go finds the client at a new address.
+type pathState struct {
+	got       bool
+	challenge [pathDataSize]byte // the challenge to answer
+	heard     [pathDataSize]byte // the response heard
+}
+
+// handlePath takes a PathChallenge (a client answers the latest one) or a
+// PathResponse (a server's connection checks it against its challenge).
+func (s *session) handlePath(p []byte) {
+	if len(p) != 1+pathDataSize {
+		return
+	}
+	switch {
+	case p[0] == pathChallenge && s.client:
+		copy(s.path.challenge[:], p[1:])
+		s.owed.owe(owePathResponse)
+	case p[0] == pathResponse && !s.client:
+		copy(s.path.heard[:], p[1:])
+		s.path.got = true
+	}
+}
+
+// pathResponse returns the PathResponse the last datagram carried, if any
+// (a server's connection checks it against its challenge).
+func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
+	if !s.path.got {
+		return data, false
+	}
+	s.path.got = false
+	return s.path.heard, true
+}
+
+// pathChallenge builds, in buf, a new datagram holding a PathChallenge
+// with content (a server's connection checking a new address), or returns
+// nil when no new datagram may go now (spanFull).
+func (s *session) pathChallenge(buf, content []byte) []byte {
+	return s.control(buf, idPath, content)
+}
+
+// moved takes a server connection's move to the client's new address:
+// news go there at once, and what is in flight, which went to the address
+// the client left, goes again now rather than at the probe timeouts (a
+// second and more before the connection has a round-trip time).
+func (s *session) moved(now time.Time) {
+	s.owed.owe(oweAckNow)
+	if !s.loss.resendAll(now) {
+		s.fail(ErrRetransmitLimit)
+	}
+}
