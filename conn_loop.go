@@ -385,7 +385,6 @@ func (c *Conn) refusal() {
 	c.kick()
 }
 
-
 // snapshot is the session's counters with the connection's corrections:
 // what the session built but the system did not send was not sent.
 func (c *Conn) snapshot() Stats {
