@@ -10,7 +10,7 @@ import (
 // the fewest PacketAcks, and those sent lately, sent again while there is
 // room. A plain struct; the session calls it with the current time. The
 // window of PacketIDs seen is recvwindow.go's; the PacketAck codec is
-// message.go's (refwire.go's in the reference dialect).
+// message.go's (cppwire.go's in the reference dialect).
 
 // ackQueue holds the PacketIDs of reliable datagrams received and not yet
 // acked, and when the oldest of them arrived. It also remembers the
@@ -24,7 +24,7 @@ type ackQueue struct {
 	// scratch holds the PacketIDs merge works on.
 	scratch []uint32
 	// bits is how many PacketIDs after its base one PacketAck names:
-	// packetAckBits, or refAckBits in the reference dialect.
+	// packetAckBits, or cppAckBits in the reference dialect.
 	bits uint32
 }
 

@@ -50,11 +50,11 @@ var chaosSeeds = flag.Int("knet.chaos.seeds", 0, "seeds per cell of TestChaos an
 // catch stalls.
 const chaosProgressBound = 60 * time.Second
 
-// chaosRefProgressBound is chaosProgressBound in the reference dialect,
+// chaosReferenceProgressBound is chaosProgressBound in the reference dialect,
 // where a fragmented message goes one datagram per round trip (see
 // Dialect): the megabyte messages of the fragmented cells take 1.5-2.5
 // simulated minutes under 20% bursty loss.
-const chaosRefProgressBound = 10 * time.Minute
+const chaosReferenceProgressBound = 10 * time.Minute
 
 // chaosConnectTimeout bounds the handshake.
 const chaosConnectTimeout = 30 * time.Second
@@ -830,7 +830,7 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 	}
 	bound := chaosProgressBound
 	if ref {
-		bound = chaosRefProgressBound
+		bound = chaosReferenceProgressBound
 	}
 	progress := p.run(bound, func() bool {
 		take()

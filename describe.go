@@ -31,32 +31,32 @@ func DescribeDatagram(b []byte, d Dialect) string {
 	switch d {
 	case DialectSpec:
 		s, _ := describeSpec(b)
-		if isRefOpening(b) {
+		if isCppOpening(b) {
 			s += " (8 zero bytes: the reference dialect's connection opening)"
 		}
 		return s
 	case DialectReference:
-		if isRefOpening(b) {
-			return describeRefOpening
+		if isCppOpening(b) {
+			return describeCppOpening
 		}
-		s, _ := describeRef(b)
+		s, _ := describeCpp(b)
 		return s
 	}
-	if isRefOpening(b) {
-		return describeRefOpening
+	if isCppOpening(b) {
+		return describeCppOpening
 	}
 	s, ok := describeSpec(b)
 	if ok {
 		return s
 	}
-	r, rok := describeRef(b)
+	r, rok := describeCpp(b)
 	if rok {
 		return r
 	}
 	return "invalid in both dialects: " + s + " | " + r
 }
 
-const describeRefOpening = "reference opening, 8 bytes: a connection attempt (8 zero bytes)"
+const describeCppOpening = "reference opening, 8 bytes: a connection attempt (8 zero bytes)"
 
 // describeSpec describes b in the specification's dialect and reports
 // whether it is a valid datagram.
@@ -291,17 +291,17 @@ func preview(p []byte) string {
 	return strconv.Quote(string(cut)) + more
 }
 
-// describeRef describes b in the reference dialect and reports whether it
+// describeCpp describes b in the reference dialect and reports whether it
 // is a valid datagram.
-func describeRef(b []byte) (string, bool) {
+func describeCpp(b []byte) (string, bool) {
 	var sb strings.Builder
 	sb.WriteString("reference")
-	var d refDatagram
-	if _, err := parseRefHeader(b, &d.refHeader); err != nil {
+	var d cppDatagram
+	if _, err := parseCppHeader(b, &d.cppHeader); err != nil {
 		sb.WriteString(", " + strconv.Itoa(len(b)) + " bytes: malformed: " + err.Error())
 		return sb.String(), false
 	}
-	err := parseRefInto(b, &d)
+	err := parseCppInto(b, &d)
 	sb.WriteString(" PacketID=" + strconv.FormatUint(uint64(d.packetID), 10))
 	if d.reliable {
 		sb.WriteString(" reliable")
@@ -321,7 +321,7 @@ func describeRef(b []byte) (string, bool) {
 		sb.WriteByte(' ')
 		describeFragment(&sb, m.fragStart, m.fragment, m.transferID, m.fragCount, m.fragNumber)
 		if m.hasID() {
-			describeID(&sb, m.id, m.payload, m.fragment, parseRefPacketAck)
+			describeID(&sb, m.id, m.payload, m.fragment, parseCppPacketAck)
 		} else {
 			sb.WriteString(" len=" + strconv.Itoa(len(m.payload)))
 		}

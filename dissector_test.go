@@ -170,8 +170,8 @@ type msgView struct {
 	Single              uint8
 	Multi               []uint8
 	Latest              bool
-	RefInOrder          bool // reference per-message flags
-	RefReliable         bool
+	CppInOrder          bool // reference per-message flags
+	CppReliable         bool
 	RelNum              uint32
 	FragCount           uint32
 	TransferID          uint8
@@ -207,7 +207,7 @@ func reservedView(v *msgView, payload []byte, ref bool) bool {
 	case idPacketAck:
 		parse := parsePacketAck
 		if ref {
-			parse = parseRefPacketAck
+			parse = parseCppPacketAck
 		}
 		a, ok := parse(payload)
 		if !ok {
@@ -244,18 +244,18 @@ func specView(b []byte) wireView {
 	return w
 }
 
-// refView is the Go codec's reading of b as a reference datagram.
-func refView(b []byte) wireView {
-	if isRefOpening(b) {
+// cppView is the Go codec's reading of b as a reference datagram.
+func cppView(b []byte) wireView {
+	if isCppOpening(b) {
 		return wireView{Dialect: "opening"}
 	}
-	var d refDatagram
-	if err := parseRefInto(b, &d); err != nil {
+	var d cppDatagram
+	if err := parseCppInto(b, &d); err != nil {
 		return wireView{Dialect: "reference", Malformed: true}
 	}
 	w := wireView{Dialect: "reference", PacketID: d.packetID, Reliable: d.reliable, InOrder: d.inOrder, RelBase: d.relBase}
 	for _, m := range d.msgs {
-		v := msgView{FragStart: m.fragStart, Fragment: m.fragment, RefInOrder: m.inOrder, RefReliable: m.reliable,
+		v := msgView{FragStart: m.fragStart, Fragment: m.fragment, CppInOrder: m.inOrder, CppReliable: m.reliable,
 			RelNum: m.relNum, FragCount: m.fragCount, TransferID: m.transferID, FragNumber: m.fragNumber,
 			ID: m.id, PayloadLen: len(m.payload), PingID: -1}
 		if m.hasID() {
@@ -318,9 +318,9 @@ func pdmlView(t *testing.T, tree *pdmlField) wireView {
 		case "knetgo.msg.latest_state":
 			m.Latest = flag(f)
 		case "knetgo.msg.ref.inorder":
-			m.RefInOrder = flag(f)
+			m.CppInOrder = flag(f)
 		case "knetgo.msg.ref.reliable":
-			m.RefReliable = flag(f)
+			m.CppReliable = flag(f)
 		case "knetgo.msg.relnum":
 			m.RelNum = uint32(num(f))
 		case "knetgo.msg.frag_count":
@@ -424,9 +424,9 @@ func TestDissector(t *testing.T) {
 	// pair; told from the spec by its opening.
 	for _, pair := range simulate(t, true) {
 		if pair[0] != nil {
-			tr.add("ref c2s", 50002, 7000, pair[0], refView(pair[0]))
+			tr.add("ref c2s", 50002, 7000, pair[0], cppView(pair[0]))
 		} else {
-			tr.add("ref s2c", 7000, 50002, pair[1], refView(pair[1]))
+			tr.add("ref s2c", 7000, 50002, pair[1], cppView(pair[1]))
 		}
 	}
 	// Conversation 3: malformed datagrams in both dialects, after a
@@ -437,12 +437,12 @@ func TestDissector(t *testing.T) {
 	for _, b := range malformedSpec() {
 		tr.add("spec malformed", 50004, 7000, b, specView(b))
 	}
-	tr.add("ref opening", 50003, 7000, refOpening[:], refView(refOpening[:]))
-	for _, b := range handmadeRef() {
-		tr.add("ref handmade", 50003, 7000, b, refView(b))
+	tr.add("ref opening", 50003, 7000, refOpening[:], cppView(refOpening[:]))
+	for _, b := range handmadeCpp() {
+		tr.add("ref handmade", 50003, 7000, b, cppView(b))
 	}
-	for _, b := range malformedRef() {
-		tr.add("ref malformed", 50003, 7000, b, refView(b))
+	for _, b := range malformedCpp() {
+		tr.add("ref malformed", 50003, 7000, b, cppView(b))
 	}
 	// Conversation 5: the datagrams so far cut short or with a byte
 	// changed, which no codec must choke on. With no opening or
@@ -475,7 +475,7 @@ func TestDissector(t *testing.T) {
 		port := capturePorts[c.file]
 		require.NotZero(t, port, c.file)
 		client := uint16(40000 + len(c.file)) // one conversation per file
-		want := refView(c.b)
+		want := cppView(c.b)
 		if c.file == "trashtalk_garbage.txt" {
 			want = wireView{} // no opening: the dissector guesses; checked below
 		}
@@ -501,7 +501,7 @@ func TestDissector(t *testing.T) {
 			if got.Dialect == "spec" {
 				want = specView(b)
 			} else {
-				want = refView(b)
+				want = cppView(b)
 			}
 		}
 		if !assert.Equal(t, want, got, "frame %d (%s)", i+1, e.what) {
@@ -578,7 +578,7 @@ func TestDissectorDialectPreference(t *testing.T) {
 			b, src, dst = pair[1], dst, src
 		}
 		w.add(src, dst, b)
-		want = append(want, refView(b))
+		want = append(want, cppView(b))
 	}
 	trees := dissect(t, w, "-o", "knetgo.dialect:reference")
 	require.Len(t, trees, len(want))
@@ -628,28 +628,28 @@ func malformedSpec() [][]byte {
 	}
 }
 
-// handmadeRef are valid reference datagrams no capture has: high
+// handmadeCpp are valid reference datagrams no capture has: high
 // PacketIDs, an ack across the wrap, a large reliable number.
-func handmadeRef() [][]byte {
+func handmadeCpp() [][]byte {
 	return [][]byte{
-		appendRefDatagram(nil, &refDatagram{refHeader: refHeader{packetID: 3_000_123, inOrder: true},
-			msgs: []refMessage{{inOrder: true, id: idPacketAck, payload: appendRefPacketAck(nil, packetAck{base: packetIDMask - 2, more: 0x8000_0007})}}}),
-		appendRefDatagram(nil, &refDatagram{refHeader: refHeader{packetID: packetIDMask, reliable: true, relBase: 1 << 30},
-			msgs: []refMessage{{reliable: true, relNum: 1<<30 + 300, id: 1 << 20, payload: []byte("x")},
+		appendCppDatagram(nil, &cppDatagram{cppHeader: cppHeader{packetID: 3_000_123, inOrder: true},
+			msgs: []cppMessage{{inOrder: true, id: idPacketAck, payload: appendCppPacketAck(nil, packetAck{base: packetIDMask - 2, more: 0x8000_0007})}}}),
+		appendCppDatagram(nil, &cppDatagram{cppHeader: cppHeader{packetID: packetIDMask, reliable: true, relBase: 1 << 30},
+			msgs: []cppMessage{{reliable: true, relNum: 1<<30 + 300, id: 1 << 20, payload: []byte("x")},
 				{reliable: true, relNum: 1<<30 + 1, fragment: true, transferID: 200, fragNumber: 20000, payload: []byte("frag")}}}),
-		appendRefDatagram(nil, &refDatagram{refHeader: refHeader{packetID: 77},
-			msgs: []refMessage{{id: idFlowControlRequest, payload: []byte{0x2c, 0x01}}}}),
+		appendCppDatagram(nil, &cppDatagram{cppHeader: cppHeader{packetID: 77},
+			msgs: []cppMessage{{id: idFlowControlRequest, payload: []byte{0x2c, 0x01}}}}),
 	}
 }
 
-// malformedRef are reference datagrams the codec refuses.
-func malformedRef() [][]byte {
+// malformedCpp are reference datagrams the codec refuses.
+func malformedCpp() [][]byte {
 	return [][]byte{
 		{0x41, 0x00, 0x00, 0x05},                               // ReliableMsgNumBase cut short
 		{0x02, 0x00, 0x00, 0x03, 0x08, 0x06, 1, 2},             // reserved bit 11
 		{0x03, 0x00, 0x00, 0x03, 0x10, 0x00, 0x06, 1},          // reliable message, unreliable datagram
 		{0x44, 0x00, 0x00, 0x00, 0x00, 0x09, 0x10, 0x00, 0x06}, // content past the end
-		appendRefDatagram(nil, &refDatagram{refHeader: refHeader{packetID: 5, inOrder: true},
-			msgs: []refMessage{{inOrder: true, id: idPacketAck, payload: []byte{1, 0, 0}}}}), // short PacketAck
+		appendCppDatagram(nil, &cppDatagram{cppHeader: cppHeader{packetID: 5, inOrder: true},
+			msgs: []cppMessage{{inOrder: true, id: idPacketAck, payload: []byte{1, 0, 0}}}}), // short PacketAck
 	}
 }

@@ -32,7 +32,7 @@ type endpoint struct {
 
 	mu     sync.Mutex
 	conns  map[netip.AddrPort]*Conn
-	rd     refDatagram // the reader's, for stray reference datagrams
+	rd     cppDatagram // the reader's, for stray reference datagrams
 	runBuf []*packet   // the reader's, for dispatch
 
 	readerDone chan struct{}
@@ -449,26 +449,26 @@ func (ep *endpoint) answerDisconnect(addr netip.AddrPort, b []byte) {
 	var buf [16]byte
 	d := disconnectAnswer(buf[:0], b)
 	if d == nil && ep.cfg.dialect != DialectSpec {
-		d = refDisconnectAnswer(buf[:0], b, &ep.rd)
+		d = cppDisconnectAnswer(buf[:0], b, &ep.rd)
 	}
 	if d != nil {
 		ep.write(d, addr)
 	}
 }
 
-// refDisconnectAnswer is disconnectAnswer for a reference peer: the
+// cppDisconnectAnswer is disconnectAnswer for a reference peer: the
 // reference's DisconnectAck (7 bytes), never larger than its Disconnect
 // (at least 10). Its PacketID is taken from the Disconnect's, counted
 // down from the top of the range: a reference receiver drops a PacketID
 // it has seen, so answers to successive resends must differ, and the
 // top of the range is far from the PacketIDs of a connection just ended.
-func refDisconnectAnswer(buf, b []byte, d *refDatagram) []byte {
-	if parseRefInto(b, d) != nil || !d.refHas(idDisconnect) {
+func cppDisconnectAnswer(buf, b []byte, d *cppDatagram) []byte {
+	if parseCppInto(b, d) != nil || !d.has(idDisconnect) {
 		return nil
 	}
-	h := refHeader{packetID: (packetIDMask - d.packetID) & packetIDMask, inOrder: true}
-	a := appendRefHeader(buf[:0], &h)
-	a = appendRefMessage(a, &refMessage{inOrder: true, id: idDisconnectAck}, 0)
+	h := cppHeader{packetID: (packetIDMask - d.packetID) & packetIDMask, inOrder: true}
+	a := appendCppHeader(buf[:0], &h)
+	a = appendCppMessage(a, &cppMessage{inOrder: true, id: idDisconnectAck}, 0)
 	if len(a) > len(b) {
 		return nil
 	}

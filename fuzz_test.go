@@ -214,12 +214,12 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	for i, s := range seeds {
 		write("FuzzSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
 	}
-	rp := establishedRefForFuzz(t)
-	refSeeds := fuzzRefSeeds(rp.client().send.nextPID, rp.client().ref.relOut)
-	write("FuzzRefSessionReceive", "seed-all", bytesLit(fuzzScript(refSeeds...)))
-	for i, s := range refSeeds {
-		write("FuzzRefSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
-		write("FuzzParseRefDatagram", fmt.Sprintf("seed-%02d", i), bytesLit(s))
+	rp := establishedCppForFuzz(t)
+	cppSeeds := fuzzCppSeeds(rp.client().send.nextPID, rp.client().ref.relOut)
+	write("FuzzCppSessionReceive", "seed-all", bytesLit(fuzzScript(cppSeeds...)))
+	for i, s := range cppSeeds {
+		write("FuzzCppSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
+		write("FuzzParseCppDatagram", fmt.Sprintf("seed-%02d", i), bytesLit(s))
 	}
 	d := sampleDatagram()
 	write("FuzzParseDatagram", "seed-sample", bytesLit(appendDatagram(nil, &d)))
@@ -252,8 +252,8 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	}
 }
 
-// establishedRefForFuzz is establishedForFuzz in the reference dialect.
-func establishedRefForFuzz(t testing.TB) *simPair {
+// establishedCppForFuzz is establishedForFuzz in the reference dialect.
+func establishedCppForFuzz(t testing.TB) *simPair {
 	p := newSimPairIn(t, true, nil, &Config{ReceiveBuffer: 64 << 10, ReassemblyBuffer: 64 << 10, MaxMessageSize: 256 << 10}, perfect, perfect)
 	p.connect()
 	for i := range 5 {
@@ -263,53 +263,53 @@ func establishedRefForFuzz(t testing.TB) *simPair {
 	return p
 }
 
-// fuzzRefSeeds are reference datagrams a peer could send next, given its
+// fuzzCppSeeds are reference datagrams a peer could send next, given its
 // next PacketID and reliable number, and malformed ones.
-func fuzzRefSeeds(pid, rel uint32) [][]byte {
-	d := func(h refHeader, msgs ...refMessage) []byte {
-		return appendRefDatagram(nil, &refDatagram{refHeader: h, msgs: msgs})
+func fuzzCppSeeds(pid, rel uint32) [][]byte {
+	d := func(h cppHeader, msgs ...cppMessage) []byte {
+		return appendCppDatagram(nil, &cppDatagram{cppHeader: h, msgs: msgs})
 	}
-	ack := appendRefPacketAck(nil, packetAck{base: 1, more: 0xff})
+	ack := appendCppPacketAck(nil, packetAck{base: 1, more: 0xff})
 	return [][]byte{
-		d(refHeader{packetID: pid, reliable: true, relBase: rel}, refMessage{reliable: true, relNum: rel, id: 6, payload: []byte("hello")}),
-		d(refHeader{packetID: pid + 1, reliable: true, inOrder: true, relBase: rel + 2},
-			refMessage{reliable: true, inOrder: true, relNum: rel + 2, id: 7, payload: []byte("after")}),
-		d(refHeader{packetID: pid + 2, inOrder: true}, refMessage{inOrder: true, id: idPingRequest, payload: []byte{9}},
-			refMessage{inOrder: true, id: idPacketAck, payload: ack}),
-		d(refHeader{packetID: pid + 3, reliable: true, relBase: rel + 3},
-			refMessage{reliable: true, inOrder: true, relNum: rel + 3, fragStart: true, fragment: true, fragCount: 3, transferID: 1, id: 8, payload: []byte("abc")}),
-		d(refHeader{packetID: pid + 5, reliable: true, relBase: rel + 5},
-			refMessage{reliable: true, inOrder: true, relNum: rel + 5, fragment: true, transferID: 1, fragNumber: 2, payload: []byte("ghi")}),
-		d(refHeader{packetID: pid + 4, reliable: true, relBase: rel + 4},
-			refMessage{reliable: true, inOrder: true, relNum: rel + 4, fragment: true, transferID: 1, fragNumber: 1, payload: []byte("def")}),
-		d(refHeader{packetID: pid + 6, reliable: true, relBase: rel + 1},
-			refMessage{reliable: true, inOrder: true, relNum: rel + 1, id: 9, payload: []byte("fills the hole")}),
-		d(refHeader{packetID: pid + 7, inOrder: true}, refMessage{inOrder: true, id: idFlowControlRequest, payload: []byte{100, 0}}),
-		d(refHeader{packetID: pid + 8, reliable: true, inOrder: true, relBase: rel + 6},
-			refMessage{reliable: true, inOrder: true, relNum: rel + 6, id: idDisconnect}),
+		d(cppHeader{packetID: pid, reliable: true, relBase: rel}, cppMessage{reliable: true, relNum: rel, id: 6, payload: []byte("hello")}),
+		d(cppHeader{packetID: pid + 1, reliable: true, inOrder: true, relBase: rel + 2},
+			cppMessage{reliable: true, inOrder: true, relNum: rel + 2, id: 7, payload: []byte("after")}),
+		d(cppHeader{packetID: pid + 2, inOrder: true}, cppMessage{inOrder: true, id: idPingRequest, payload: []byte{9}},
+			cppMessage{inOrder: true, id: idPacketAck, payload: ack}),
+		d(cppHeader{packetID: pid + 3, reliable: true, relBase: rel + 3},
+			cppMessage{reliable: true, inOrder: true, relNum: rel + 3, fragStart: true, fragment: true, fragCount: 3, transferID: 1, id: 8, payload: []byte("abc")}),
+		d(cppHeader{packetID: pid + 5, reliable: true, relBase: rel + 5},
+			cppMessage{reliable: true, inOrder: true, relNum: rel + 5, fragment: true, transferID: 1, fragNumber: 2, payload: []byte("ghi")}),
+		d(cppHeader{packetID: pid + 4, reliable: true, relBase: rel + 4},
+			cppMessage{reliable: true, inOrder: true, relNum: rel + 4, fragment: true, transferID: 1, fragNumber: 1, payload: []byte("def")}),
+		d(cppHeader{packetID: pid + 6, reliable: true, relBase: rel + 1},
+			cppMessage{reliable: true, inOrder: true, relNum: rel + 1, id: 9, payload: []byte("fills the hole")}),
+		d(cppHeader{packetID: pid + 7, inOrder: true}, cppMessage{inOrder: true, id: idFlowControlRequest, payload: []byte{100, 0}}),
+		d(cppHeader{packetID: pid + 8, reliable: true, inOrder: true, relBase: rel + 6},
+			cppMessage{reliable: true, inOrder: true, relNum: rel + 6, id: idDisconnect}),
 		refOpening[:],
 		{0x00, 0x00},
 		{0xc5, 0x00, 0x80, 0xff, 0x01},
-		d(refHeader{packetID: pid + 9, reliable: true, relBase: rel + 7}, refMessage{reliable: true, relNum: rel + 7, id: 6, payload: []byte("cut")})[:6:6],
+		d(cppHeader{packetID: pid + 9, reliable: true, relBase: rel + 7}, cppMessage{reliable: true, relNum: rel + 7, id: 6, payload: []byte("cut")})[:6:6],
 	}
 }
 
-// FuzzRefSessionReceive is FuzzSessionReceive for a server talking the
+// FuzzCppSessionReceive is FuzzSessionReceive for a server talking the
 // reference dialect.
-func FuzzRefSessionReceive(f *testing.F) {
-	p := establishedRefForFuzz(f)
-	seeds := fuzzRefSeeds(p.client().send.nextPID, p.client().ref.relOut)
+func FuzzCppSessionReceive(f *testing.F) {
+	p := establishedCppForFuzz(f)
+	seeds := fuzzCppSeeds(p.client().send.nextPID, p.client().ref.relOut)
 	f.Add(fuzzScript(seeds...))
 	f.Add(fuzzScript(seeds[10], seeds[11], seeds[12]))
 	for _, s := range seeds {
 		f.Add(fuzzScript(s))
 	}
 	f.Fuzz(func(t *testing.T, script []byte) {
-		p := establishedRefForFuzz(t)
+		p := establishedCppForFuzz(t)
 		srv := p.server()
-		var d refDatagram
+		var d cppDatagram
 		runFuzzScript(t, p, script, func(b []byte) bool {
-			return !isRefOpening(b) && parseRefInto(b, &d) != nil
+			return !isCppOpening(b) && parseCppInto(b, &d) != nil
 		}, func() {
 			require.LessOrEqual(t, srv.ref.relHeldBytes, 64<<10+2*maxDatagramSizeLimit*refHeldCost)
 			require.LessOrEqual(t, len(srv.ref.relIn.ring), maxRelWindow/64)

@@ -298,7 +298,7 @@ func (l *Listener) Close() error {
 // dialects are accepted is the Config's Dialect.
 func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	dialect := DialectSpec
-	if isRefOpening(p.b) {
+	if isCppOpening(p.b) {
 		dialect = DialectReference
 	}
 	if l.cfg.dialect != DialectAuto && l.cfg.dialect != dialect {
@@ -310,7 +310,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		if !valid && l.cfg.dialect != DialectSpec {
 			// A reference peer's datagram, late from a connection that
 			// ended (its Disconnect is answered too).
-			valid = parseRefInto(p.b, &ep.rd) == nil
+			valid = parseCppInto(p.b, &ep.rd) == nil
 		}
 		if valid {
 			ep.stray.Add(1) // say, late from a connection that ended

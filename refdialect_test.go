@@ -237,23 +237,23 @@ func TestReferenceDialectIgnoresHandshakePayloads(t *testing.T) {
 // DisconnectAck was lost) is answered statelessly, each answer under its
 // own PacketID and never larger than the Disconnect.
 func TestStatelessReferenceDisconnectAck(t *testing.T) {
-	var d refDatagram
+	var d cppDatagram
 	disc := func(pid uint32) []byte {
-		return appendRefDatagram(nil, &refDatagram{refHeader: refHeader{packetID: pid, reliable: true, inOrder: true, relBase: 541},
-			msgs: []refMessage{{reliable: true, inOrder: true, relNum: 541, id: idDisconnect}}})
+		return appendCppDatagram(nil, &cppDatagram{cppHeader: cppHeader{packetID: pid, reliable: true, inOrder: true, relBase: 541},
+			msgs: []cppMessage{{reliable: true, inOrder: true, relNum: 541, id: idDisconnect}}})
 	}
-	a1 := refDisconnectAnswer(nil, disc(270), &d)
-	a2 := refDisconnectAnswer(nil, disc(271), &d)
+	a1 := cppDisconnectAnswer(nil, disc(270), &d)
+	a2 := cppDisconnectAnswer(nil, disc(271), &d)
 	require.NotNil(t, a1)
 	require.NotNil(t, a2)
 	assert.LessOrEqual(t, len(a1), len(disc(270)))
-	var r refDatagram
-	require.NoError(t, parseRefInto(a1, &r))
-	assert.True(t, r.refHas(idDisconnectAck))
+	var r cppDatagram
+	require.NoError(t, parseCppInto(a1, &r))
+	assert.True(t, r.has(idDisconnectAck))
 	p1 := r.packetID
-	require.NoError(t, parseRefInto(a2, &r))
+	require.NoError(t, parseCppInto(a2, &r))
 	assert.NotEqual(t, p1, r.packetID)
-	assert.Nil(t, refDisconnectAnswer(nil, a1, &d), "a DisconnectAck is never answered")
+	assert.Nil(t, cppDisconnectAnswer(nil, a1, &d), "a DisconnectAck is never answered")
 
 	// Through a listener: the peer's late Disconnect gets an answer.
 	l := listen(t, testConfig())
@@ -266,6 +266,6 @@ func TestStatelessReferenceDisconnectAck(t *testing.T) {
 	buf := make([]byte, 64)
 	n, _, err := pc.ReadFrom(buf)
 	require.NoError(t, err)
-	require.NoError(t, parseRefInto(buf[:n], &r))
-	assert.True(t, r.refHas(idDisconnectAck))
+	require.NoError(t, parseCppInto(buf[:n], &r))
+	assert.True(t, r.has(idDisconnectAck))
 }

@@ -5,7 +5,7 @@ package knet_test
 // testdata/reference/README.md describes it byte by byte and as its
 // captures show it. The codec below and the peer in refpeer_e2e_test.go
 // are written from that README alone; nothing here uses the library's own
-// codec (refwire.go), so the two can only agree by both following the
+// codec (cppwire.go), so the two can only agree by both following the
 // captures.
 //
 // The peer behaves like the reference, with one deliberate difference: it

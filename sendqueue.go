@@ -251,7 +251,7 @@ func (s *session) prepare(m *outMsg) {
 	if s.ref != nil {
 		// The reference's own size: its receiver took 400 bytes once, but
 		// 318 is what it is known to take.
-		m.fragSize = min(m.fragSize, refFragSize)
+		m.fragSize = min(m.fragSize, cppFragSize)
 	}
 	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
 }

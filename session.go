@@ -152,7 +152,7 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	if ref {
 		s.ref = new(refState)
 		s.loss.rekeys = true
-		s.acks.bits = refAckBits
+		s.acks.bits = cppAckBits
 		s.send.tids.noZero = true
 		s.send.nextPID, s.send.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
 		// So the peer's PacketIDs start at 1 too: whichever of its first

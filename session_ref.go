@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The reference dialect (dialect.go, refwire.go): the connection opening
+// The reference dialect (dialect.go, cppwire.go): the connection opening
 // and receiving. Sending is in session_refsend.go.
 //
 // A reference client opens with 8 zero bytes, no datagram, and takes the
@@ -26,7 +26,7 @@ import (
 // in-order messages held for earlier numbers, and the datagram being
 // handled. A session in the spec's dialect has none (session.ref is nil).
 type refState struct {
-	rrd      refDatagram // the one being handled
+	rrd      cppDatagram // the one being handled
 	relOut   uint32      // the next reliable number to send
 	relAcked relWindow   // reliable numbers the peer acked
 	// The fragmented transfer under way (send.bulk, or its last datagram
@@ -59,13 +59,13 @@ type refHeld struct {
 // handleRefDatagram processes one datagram from a reference peer. b is
 // not kept.
 func (s *session) handleRefDatagram(now time.Time, b []byte) {
-	if isRefOpening(b) {
+	if isCppOpening(b) {
 		s.stats.DatagramsReceived++
 		s.stats.BytesReceived += uint64(len(b))
 		s.refOpening(now, len(b))
 		return
 	}
-	if parseRefInto(b, &s.ref.rrd) != nil {
+	if parseCppInto(b, &s.ref.rrd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
@@ -84,11 +84,11 @@ func (s *session) handleRefDatagram(now time.Time, b []byte) {
 		s.recvRefOpen(now, d)
 	case stateLinger:
 		s.live.lastRecv = now
-		if d.refHas(idDisconnect) {
+		if d.has(idDisconnect) {
 			s.owed.owe(oweDiscAck)
 		}
 	case stateClosing:
-		if d.refHas(idDisconnectAck) {
+		if d.has(idDisconnectAck) {
 			s.state = stateDone
 			return
 		}
@@ -127,8 +127,8 @@ func (s *session) refOpening(now time.Time, n int) {
 	}
 }
 
-// refHas reports whether the datagram holds a whole message with ID id.
-func (d *refDatagram) refHas(id uint32) bool {
+// has reports whether the datagram holds a whole message with ID id.
+func (d *cppDatagram) has(id uint32) bool {
 	for i := range d.msgs {
 		if m := &d.msgs[i]; !m.fragment && m.id == id {
 			return true
@@ -139,8 +139,8 @@ func (d *refDatagram) refHas(id uint32) bool {
 
 // recvRefOpen takes a datagram of an open connection (or, on the server,
 // the one completing it), as recvOpen does in the spec's dialect.
-func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
-	h, msgs := &d.refHeader, d.msgs
+func (s *session) recvRefOpen(now time.Time, d *cppDatagram) {
+	h, msgs := &d.cppHeader, d.msgs
 	if s.seenBefore(now, h.packetID, h.reliable) {
 		return
 	}
@@ -194,7 +194,7 @@ func (s *session) recvRefOpen(now time.Time, d *refDatagram) {
 // admits does in the spec's dialect: with the buffer full of messages
 // waiting behind a missing one, only the datagram bringing that one (the
 // oldest reliable number missing) gets in.
-func (s *session) refAdmits(msgs []refMessage) bool {
+func (s *session) refAdmits(msgs []cppMessage) bool {
 	over := s.host.recvUsed()+s.ref.relHeldBytes >= s.cfg.recvBuffer
 	appContent, fills := false, false
 	for i := range msgs {
@@ -229,7 +229,7 @@ func refAppID(id uint32) bool {
 
 // handleRefMessage processes one message block of an accepted datagram
 // with PacketID pid.
-func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
+func (s *session) handleRefMessage(now time.Time, pid uint32, m *cppMessage) {
 	if m.reliable {
 		if s.ref.relIn.has(m.relNum) {
 			s.stats.DuplicateMessages++
@@ -257,7 +257,7 @@ func (s *session) handleRefMessage(now time.Time, pid uint32, m *refMessage) {
 }
 
 func (s *session) refPacketAck(now time.Time, p []byte) {
-	if a, ok := parseRefPacketAck(p); ok {
+	if a, ok := parseCppPacketAck(p); ok {
 		s.loss.onPacketAck(now, a, &s.scratch.acked)
 	}
 }
@@ -356,7 +356,7 @@ func (h *relHeap) Pop() any {
 // not for long, since a reference peer sends nothing after it (no resend
 // of what we miss); past relFlushWait what arrived goes to the
 // application and the Disconnect is answered.
-func (s *session) refDisconnect(now time.Time, m *refMessage) {
+func (s *session) refDisconnect(now time.Time, m *cppMessage) {
 	if !m.reliable || s.relReady(m.relNum) && len(s.ref.relHeld) == 0 {
 		s.applyRelHeld(now)
 		s.apply(now, heldDisconnect, 0, nil, true, true)
@@ -389,7 +389,7 @@ func (s *session) flushRelHeld(now time.Time) {
 
 // handleRefFragment feeds a fragment to reassembly and, once the message
 // is whole, delivers it in its FragmentStart's place.
-func (s *session) handleRefFragment(now time.Time, pid uint32, m *refMessage) {
+func (s *session) handleRefFragment(now time.Time, pid uint32, m *cppMessage) {
 	msg := message{fragStart: m.fragStart, fragment: true, fragCount: m.fragCount, transferID: m.transferID,
 		fragNumber: m.fragNumber, id: m.id, payload: m.payload}
 	var order startOrder

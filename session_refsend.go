@@ -21,8 +21,8 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 		s.stats.BytesSent += uint64(len(b))
 		return b
 	}
-	h := refHeader{packetID: s.send.nextPID, inOrder: true}
-	m := refMessage{inOrder: true, id: id}
+	h := cppHeader{packetID: s.send.nextPID, inOrder: true}
+	m := cppMessage{inOrder: true, id: id}
 	var one [1]byte
 	switch id {
 	case idConnectSynAck:
@@ -37,8 +37,8 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 		h.reliable, h.relBase = true, s.ref.discRel
 		m.reliable, m.relNum = true, s.ref.discRel
 	}
-	b := appendRefHeader(buf[:0], &h)
-	b = appendRefMessage(b, &m, h.relBase)
+	b := appendCppHeader(buf[:0], &h)
+	b = appendCppMessage(b, &m, h.relBase)
 	if !s.amplifies(b) { // 7 bytes answer the 8 of the opening
 		return nil
 	}
@@ -76,7 +76,7 @@ type refPacking struct {
 }
 
 func (p *refPacking) room() int {
-	n := p.limit - refHeaderSize - len(p.body)
+	n := p.limit - cppHeaderSize - len(p.body)
 	if p.reliable {
 		n -= sizeVLE1516(p.base)
 	}
@@ -99,8 +99,8 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 	p.body = s.appendAcks(now, p.room(), p.body, false)
 	p.inOrder = p.inOrder || len(p.body) > n // PacketAcks have the InOrder bit
 	s.scratch.body = p.body
-	h := refHeader{packetID: s.send.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
-	b := appendRefHeader(s.getBuf(), &h)
+	h := cppHeader{packetID: s.send.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
+	b := appendCppHeader(s.getBuf(), &h)
 	b = append(b, p.body...)
 	d := s.loss.sendNew(now, h.packetID, b)
 	s.rc.sent(len(b))
@@ -133,13 +133,13 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	var one [1]byte
 	for _, id := range s.live.pingReplies {
 		one[0] = id
-		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingReply, payload: one[:]}, 0)
+		p.body = appendCppMessage(p.body, &cppMessage{inOrder: true, id: idPingReply, payload: one[:]}, 0)
 		p.count++
 	}
 	s.live.pingReplies = s.live.pingReplies[:0]
 	if pingDue {
 		one[0] = s.pingNow(now)
-		p.body = appendRefMessage(p.body, &refMessage{inOrder: true, id: idPingRequest, payload: one[:]}, 0)
+		p.body = appendCppMessage(p.body, &cppMessage{inOrder: true, id: idPingRequest, payload: one[:]}, 0)
 		p.count++
 	}
 	if s.acks.pending() > 0 {
@@ -164,8 +164,8 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	if p.count == 0 {
 		return nil
 	}
-	h := refHeader{packetID: s.send.nextPID, inOrder: p.inOrder}
-	b := appendRefHeader(buf[:0], &h)
+	h := cppHeader{packetID: s.send.nextPID, inOrder: p.inOrder}
+	b := appendCppHeader(buf[:0], &h)
 	b = append(b, p.body...)
 	if p.appBytes > 0 {
 		s.host.sendDone(p.appBytes)
@@ -248,7 +248,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 	if !s.refDepsReady(now, m) {
 		return false
 	}
-	msg := refMessage{inOrder: refInOrder(m), reliable: p.reliable, id: m.id, payload: m.payload}
+	msg := cppMessage{inOrder: refInOrder(m), reliable: p.reliable, id: m.id, payload: m.payload}
 	if p.reliable {
 		msg.relNum = p.nextRel()
 	}
@@ -257,7 +257,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 		msg.fragCount = m.fragCount
 		msg.payload = m.payload[:m.fragSize]
 	}
-	if sizeRefMessage(&msg, p.base) > p.room() {
+	if sizeCppMessage(&msg, p.base) > p.room() {
 		return false
 	}
 	if m.frag {
@@ -273,7 +273,7 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 		s.send.bulk = m
 		s.ref.bulkRel, s.ref.bulkInOrder = msg.relNum, msg.inOrder
 	}
-	p.body = appendRefMessage(p.body, &msg, p.base)
+	p.body = appendCppMessage(p.body, &msg, p.base)
 	if p.reliable {
 		p.rels++
 	}
@@ -299,12 +299,12 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 // or a resend after later ones, would corrupt its message.
 func (s *session) placeRefFragment(now time.Time, p *refPacking, m *outMsg) bool {
 	end := min(m.off+m.fragSize, len(m.payload))
-	msg := refMessage{fragment: true, reliable: true, inOrder: refInOrder(m), relNum: p.nextRel(),
+	msg := cppMessage{fragment: true, reliable: true, inOrder: refInOrder(m), relNum: p.nextRel(),
 		transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
-	if sizeRefMessage(&msg, p.base) > p.room() {
+	if sizeCppMessage(&msg, p.base) > p.room() {
 		return false
 	}
-	p.body = appendRefMessage(p.body, &msg, p.base)
+	p.body = appendCppMessage(p.body, &msg, p.base)
 	p.rels++
 	p.count++
 	p.appBytes += len(msg.payload)

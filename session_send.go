@@ -472,7 +472,7 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 	var p [packetAckSize]byte
 	for _, a := range s.scratch.ackBuf {
 		if s.ref != nil {
-			body = appendRefMessage(body, &refMessage{inOrder: true, id: idPacketAck, payload: appendRefPacketAck(p[:0], a)}, 0)
+			body = appendCppMessage(body, &cppMessage{inOrder: true, id: idPacketAck, payload: appendCppPacketAck(p[:0], a)}, 0)
 		} else {
 			body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
 		}

@@ -2,7 +2,7 @@
 --
 -- Two dialects share the wire:
 --   spec       the specification's layout (datagram.go, message.go, vle.go)
---   reference  the C++ reference implementation's (refwire.go,
+--   reference  the C++ reference implementation's (cppwire.go,
 --              testdata/reference/README.md)
 -- Preference knet.dialect picks one, or "auto": a conversation that opens
 -- with the reference's 8 zero bytes is reference from there on, one whose

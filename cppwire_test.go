@@ -55,21 +55,21 @@ func notReference(c captured) bool {
 	return c.file == "trashtalk_garbage.txt" && c.dir == "c2s" || c.file == "pyprobe_speclayout.txt" && c.dir == "c2s"
 }
 
-func TestRefGoldenCaptures(t *testing.T) {
+func TestReferenceGoldenCaptures(t *testing.T) {
 	// Every datagram the reference sent (and the hand-made ones it
 	// accepted) decodes, and encodes back to the same bytes.
-	var d refDatagram
+	var d cppDatagram
 	decoded, openings := 0, 0
 	for _, c := range captures(t) {
-		if isRefOpening(c.b) {
+		if isCppOpening(c.b) {
 			openings++
 			continue
 		}
 		if notReference(c) {
 			continue
 		}
-		require.NoError(t, parseRefInto(c.b, &d), "%s:%d %x", c.file, c.line, c.b)
-		again := appendRefDatagram(nil, &d)
+		require.NoError(t, parseCppInto(c.b, &d), "%s:%d %x", c.file, c.line, c.b)
+		again := appendCppDatagram(nil, &d)
 		require.Equal(t, hex.EncodeToString(c.b), hex.EncodeToString(again), "%s:%d", c.file, c.line)
 		decoded++
 	}
@@ -78,7 +78,7 @@ func TestRefGoldenCaptures(t *testing.T) {
 	assert.Positive(t, openings)
 }
 
-func TestRefVLE1516(t *testing.T) {
+func TestVLE1516(t *testing.T) {
 	for _, tt := range []struct {
 		v    uint32
 		want string
@@ -95,7 +95,7 @@ func TestRefVLE1516(t *testing.T) {
 	assert.Negative(t, n, "the long form needs four bytes")
 }
 
-func TestRefHeader(t *testing.T) {
+func TestCppHeader(t *testing.T) {
 	// Examples from the captures (testdata/reference/README.md).
 	for _, tt := range []struct {
 		hex               string
@@ -112,21 +112,21 @@ func TestRefHeader(t *testing.T) {
 		if tt.reliable {
 			b = append(b, 0, 0) // ReliableMsgNumBase 0
 		}
-		var h refHeader
-		n, err := parseRefHeader(b, &h)
+		var h cppHeader
+		n, err := parseCppHeader(b, &h)
 		require.NoError(t, err, tt.hex)
 		assert.Equal(t, len(b), n)
-		assert.Equal(t, refHeader{packetID: tt.pid, inOrder: tt.inOrder, reliable: tt.reliable}, h, tt.hex)
-		assert.Equal(t, hex.EncodeToString(b), hex.EncodeToString(appendRefHeader(nil, &h)))
+		assert.Equal(t, cppHeader{packetID: tt.pid, inOrder: tt.inOrder, reliable: tt.reliable}, h, tt.hex)
+		assert.Equal(t, hex.EncodeToString(b), hex.EncodeToString(appendCppHeader(nil, &h)))
 	}
 }
 
-func TestRefMessage(t *testing.T) {
+func TestCppMessage(t *testing.T) {
 	// 14 10 00 0b ...: Reliable, ContentLength 20, delta 0, MessageID 11,
 	// 19 payload bytes.
 	b, _ := hex.DecodeString("1410000b52322d302d72656c6961626c652d736d616c6c")
-	h := refHeader{reliable: true, relBase: 7}
-	m, n, err := parseRefMessage(b, &h)
+	h := cppHeader{reliable: true, relBase: 7}
+	m, n, err := parseCppMessage(b, &h)
 	require.NoError(t, err)
 	assert.Equal(t, len(b), n)
 	assert.True(t, m.reliable)
@@ -135,10 +135,10 @@ func TestRefMessage(t *testing.T) {
 	assert.Equal(t, uint32(11), m.id)
 	assert.Equal(t, "R2-0-reliable-small", string(m.payload))
 	// A fragment start: FS and F both set.
-	fs := refMessage{fragStart: true, fragment: true, reliable: true, relNum: 9, fragCount: 315, transferID: 1, id: 70000, payload: make([]byte, 318)}
-	enc := appendRefMessage(nil, &fs, 9)
+	fs := cppMessage{fragStart: true, fragment: true, reliable: true, relNum: 9, fragCount: 315, transferID: 1, id: 70000, payload: make([]byte, 318)}
+	enc := appendCppMessage(nil, &fs, 9)
 	assert.Equal(t, "42d1", hex.EncodeToString(enc[:2]), "header 0xd142")
-	back, _, err := parseRefMessage(enc, &refHeader{reliable: true, relBase: 9})
+	back, _, err := parseCppMessage(enc, &cppHeader{reliable: true, relBase: 9})
 	require.NoError(t, err)
 	assert.Equal(t, fs.fragCount, back.fragCount)
 	assert.Equal(t, fs.id, back.id)
@@ -146,12 +146,12 @@ func TestRefMessage(t *testing.T) {
 	// datagram, content past the end, too short.
 	for _, bad := range []string{"0108", "01100a", "0a000b", "01"} {
 		b, _ := hex.DecodeString(bad)
-		_, _, err := parseRefMessage(b, &refHeader{})
+		_, _, err := parseCppMessage(b, &cppHeader{})
 		assert.Error(t, err, bad)
 	}
 }
 
-func TestRefPacketAck(t *testing.T) {
+func TestCppPacketAck(t *testing.T) {
 	for _, tt := range []struct {
 		hex   string
 		first uint32
@@ -162,7 +162,7 @@ func TestRefPacketAck(t *testing.T) {
 		{"0400007d000000", 4, []uint32{5, 7, 8, 9, 10, 11}}, // 6 lost
 	} {
 		b, _ := hex.DecodeString(tt.hex)
-		a, ok := parseRefPacketAck(b)
+		a, ok := parseCppPacketAck(b)
 		require.True(t, ok)
 		assert.Equal(t, tt.first, a.base)
 		var got []uint32
@@ -176,29 +176,29 @@ func TestRefPacketAck(t *testing.T) {
 		} else {
 			assert.Len(t, got, 32)
 		}
-		assert.Equal(t, tt.hex, hex.EncodeToString(appendRefPacketAck(nil, a)))
+		assert.Equal(t, tt.hex, hex.EncodeToString(appendCppPacketAck(nil, a)))
 	}
 }
 
-func FuzzParseRefDatagram(f *testing.F) {
+func FuzzParseCppDatagram(f *testing.F) {
 	for _, c := range captures(f) {
-		if !isRefOpening(c.b) && !notReference(c) && len(c.b) < 400 {
+		if !isCppOpening(c.b) && !notReference(c) && len(c.b) < 400 {
 			f.Add(c.b)
 		}
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var d refDatagram
-		if parseRefInto(b, &d) != nil {
+		var d cppDatagram
+		if parseCppInto(b, &d) != nil {
 			return // refusing is fine; panicking is not
 		}
 		for i := range d.msgs {
 			m := &d.msgs[i]
-			if m.reliable && m.relNum-d.relBase > maxVLE16 || refContentLength(m) > maxContentLength {
+			if m.reliable && m.relNum-d.relBase > maxVLE16 || cppContentLength(m) > maxContentLength {
 				return // decodable but not what an encoder makes (non-minimal VLE)
 			}
 		}
-		var again refDatagram
-		require.NoError(t, parseRefInto(appendRefDatagram(nil, &d), &again))
+		var again cppDatagram
+		require.NoError(t, parseCppInto(appendCppDatagram(nil, &d), &again))
 		require.Equal(t, len(d.msgs), len(again.msgs))
 		for i := range d.msgs {
 			a, b := d.msgs[i], again.msgs[i]

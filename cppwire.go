@@ -4,7 +4,9 @@ import "errors"
 
 // The C++ reference implementation's wire (DialectReference), as its
 // captures show it (testdata/reference/README.md): a second dialect beside
-// the specification's. Little-endian throughout.
+// the specification's. Little-endian throughout. Its names say cpp (the
+// wire of the C++ kNet), as the spec's say nothing: "ref" in this package
+// is a reference to a message (Ref, msgRef).
 //
 // Datagram:
 //
@@ -29,52 +31,52 @@ import "errors"
 // connection with 8 zero bytes, which are no datagram (refOpening).
 
 const (
-	refFlagInOrder  = 0x80 // byte 0
-	refFlagReliable = 0x40
-	refHeaderSize   = 3
+	cppFlagInOrder  = 0x80 // byte 0
+	cppFlagReliable = 0x40
+	cppHeaderSize   = 3
 
-	refMsgFragStart = 1 << 15
-	refMsgFragment  = 1 << 14
-	refMsgInOrder   = 1 << 13
-	refMsgReliable  = 1 << 12
-	refMsgReserved  = 1 << 11
+	cppMsgFragStart = 1 << 15
+	cppMsgFragment  = 1 << 14
+	cppMsgInOrder   = 1 << 13
+	cppMsgReliable  = 1 << 12
+	cppMsgReserved  = 1 << 11
 
 	// maxRelNum is the largest reliable number VLE-1.15/16 carries.
 	maxRelNum = 1<<31 - 1
-	// refAckBits is how many datagrams after its base one reference
+	// cppAckBits is how many datagrams after its base one reference
 	// PacketAck acks: u32, bit i acking base+1+i.
-	refAckBits = 32
+	cppAckBits = 32
 )
 
 // refOpening is what a reference client sends first: 8 zero bytes, no
 // kNet datagram, which a server takes for a connection attempt.
 var refOpening = [8]byte{}
 
-// isRefOpening reports whether b is the reference's connection opening.
-// refFragSize is the fragment payload the reference sends (README fact
+// cppFragSize is the fragment payload the reference sends (README fact
 // 16): knet sends no larger fragments to a reference peer.
-const refFragSize = 318
+const cppFragSize = 318
 
-func isRefOpening(b []byte) bool { return len(b) == len(refOpening) && [8]byte(b) == refOpening }
+// isCppOpening reports whether b is the reference's connection opening.
+func isCppOpening(b []byte) bool { return len(b) == len(refOpening) && [8]byte(b) == refOpening }
 
 var (
-	errRefShort     = errors.New("knet: reference datagram truncated")
-	errRefReserved  = errors.New("knet: reference message block with its reserved bit set")
-	errRefRelBase   = errors.New("knet: reliable message in a datagram without ReliableMsgNumBase")
-	errRefRelNumber = errors.New("knet: reliable number out of range")
+	errCppShort     = errors.New("knet: reference datagram truncated")
+	errCppReserved  = errors.New("knet: reference message block with its reserved bit set")
+	errCppRelBase   = errors.New("knet: reliable message in a datagram without ReliableMsgNumBase")
+	errCppRelNumber = errors.New("knet: reliable number out of range")
 )
 
-// refHeader is a reference datagram header.
-type refHeader struct {
+// cppHeader is a reference datagram header.
+type cppHeader struct {
 	packetID uint32
 	reliable bool
 	inOrder  bool
 	relBase  uint32 // ReliableMsgNumBase, when reliable
 }
 
-// refMessage is one reference message block. payload aliases the parsed
+// cppMessage is one reference message block. payload aliases the parsed
 // bytes.
-type refMessage struct {
+type cppMessage struct {
 	inOrder, reliable   bool
 	fragStart, fragment bool
 	relNum              uint32 // when reliable
@@ -86,7 +88,7 @@ type refMessage struct {
 }
 
 // hasID reports whether the content block starts with a MessageID.
-func (m *refMessage) hasID() bool { return m.fragStart || !m.fragment }
+func (m *cppMessage) hasID() bool { return m.fragStart || !m.fragment }
 
 // appendVLE1516 appends v in VLE-1.15/16 form: a u16 below 32768, else
 // u16 0x8000|v&0x7fff then u16 v>>15.
@@ -125,14 +127,14 @@ func sizeVLE1516(v uint32) int {
 	return 4
 }
 
-// appendRefHeader appends the encoding of h.
-func appendRefHeader(b []byte, h *refHeader) []byte {
+// appendCppHeader appends the encoding of h.
+func appendCppHeader(b []byte, h *cppHeader) []byte {
 	b0 := byte(h.packetID & 0x3f)
 	if h.inOrder {
-		b0 |= refFlagInOrder
+		b0 |= cppFlagInOrder
 	}
 	if h.reliable {
-		b0 |= refFlagReliable
+		b0 |= cppFlagReliable
 	}
 	hi := (h.packetID & packetIDMask) >> 6
 	b = append(b, b0, byte(hi), byte(hi>>8))
@@ -142,22 +144,22 @@ func appendRefHeader(b []byte, h *refHeader) []byte {
 	return b
 }
 
-// parseRefHeader decodes a reference datagram header into h and returns
+// parseCppHeader decodes a reference datagram header into h and returns
 // its size.
-func parseRefHeader(b []byte, h *refHeader) (int, error) {
-	if len(b) < refHeaderSize {
-		return 0, errRefShort
+func parseCppHeader(b []byte, h *cppHeader) (int, error) {
+	if len(b) < cppHeaderSize {
+		return 0, errCppShort
 	}
-	*h = refHeader{
+	*h = cppHeader{
 		packetID: uint32(b[0]&0x3f) | (uint32(b[1])|uint32(b[2])<<8)<<6,
-		inOrder:  b[0]&refFlagInOrder != 0,
-		reliable: b[0]&refFlagReliable != 0,
+		inOrder:  b[0]&cppFlagInOrder != 0,
+		reliable: b[0]&cppFlagReliable != 0,
 	}
-	n := refHeaderSize
+	n := cppHeaderSize
 	if h.reliable {
 		v, k := consumeVLE1516(b[n:])
 		if k < 0 {
-			return 0, errRefShort
+			return 0, errCppShort
 		}
 		h.relBase = v
 		n += k
@@ -165,9 +167,9 @@ func parseRefHeader(b []byte, h *refHeader) (int, error) {
 	return n, nil
 }
 
-// refContentLength is the ContentLength m encodes to: the MessageID, when
+// cppContentLength is the ContentLength m encodes to: the MessageID, when
 // present, and the payload.
-func refContentLength(m *refMessage) int {
+func cppContentLength(m *cppMessage) int {
 	n := len(m.payload)
 	if m.hasID() {
 		n += sizeVLE32(m.id)
@@ -175,10 +177,10 @@ func refContentLength(m *refMessage) int {
 	return n
 }
 
-// sizeRefMessage is the encoded size of m in a datagram whose
+// sizeCppMessage is the encoded size of m in a datagram whose
 // ReliableMsgNumBase is base.
-func sizeRefMessage(m *refMessage, base uint32) int {
-	n := 2 + refContentLength(m)
+func sizeCppMessage(m *cppMessage, base uint32) int {
+	n := 2 + cppContentLength(m)
 	if m.reliable {
 		n += sizeVLE16(uint16(min(m.relNum-base, maxVLE16)))
 	}
@@ -194,26 +196,26 @@ func sizeRefMessage(m *refMessage, base uint32) int {
 	return n
 }
 
-// appendRefMessage appends the encoding of m in a datagram whose
+// appendCppMessage appends the encoding of m in a datagram whose
 // ReliableMsgNumBase is base. It panics if the content is longer than 2047
 // bytes or the reliable number is not within 32767 above base: the
 // session builds messages within those limits.
-func appendRefMessage(b []byte, m *refMessage, base uint32) []byte {
-	cl := refContentLength(m)
+func appendCppMessage(b []byte, m *cppMessage, base uint32) []byte {
+	cl := cppContentLength(m)
 	if cl > maxContentLength || m.reliable && (m.relNum < base || m.relNum-base > maxVLE16) {
 		panic("knet: reference message block does not fit its encoding")
 	}
 	h := uint16(cl)
 	if m.fragStart {
-		h |= refMsgFragStart | refMsgFragment
+		h |= cppMsgFragStart | cppMsgFragment
 	} else if m.fragment {
-		h |= refMsgFragment
+		h |= cppMsgFragment
 	}
 	if m.inOrder {
-		h |= refMsgInOrder
+		h |= cppMsgInOrder
 	}
 	if m.reliable {
-		h |= refMsgReliable
+		h |= cppMsgReliable
 	}
 	b = append(b, byte(h), byte(h>>8))
 	if m.reliable {
@@ -234,32 +236,32 @@ func appendRefMessage(b []byte, m *refMessage, base uint32) []byte {
 	return append(b, m.payload...)
 }
 
-// parseRefMessage decodes one message block at the start of b, in a
+// parseCppMessage decodes one message block at the start of b, in a
 // datagram with header h. The payload aliases b.
-func parseRefMessage(b []byte, h *refHeader) (m refMessage, n int, err error) {
+func parseCppMessage(b []byte, h *cppHeader) (m cppMessage, n int, err error) {
 	if len(b) < 2 {
-		return m, 0, errRefShort
+		return m, 0, errCppShort
 	}
 	hdr := uint16(b[0]) | uint16(b[1])<<8
-	if hdr&refMsgReserved != 0 {
-		return m, 0, errRefReserved
+	if hdr&cppMsgReserved != 0 {
+		return m, 0, errCppReserved
 	}
-	m.fragStart = hdr&refMsgFragStart != 0
-	m.fragment = hdr&refMsgFragment != 0 || m.fragStart
-	m.inOrder = hdr&refMsgInOrder != 0
-	m.reliable = hdr&refMsgReliable != 0
+	m.fragStart = hdr&cppMsgFragStart != 0
+	m.fragment = hdr&cppMsgFragment != 0 || m.fragStart
+	m.inOrder = hdr&cppMsgInOrder != 0
+	m.reliable = hdr&cppMsgReliable != 0
 	cl := int(hdr & maxContentLength)
 	n = 2
 	if m.reliable {
 		if !h.reliable {
-			return m, 0, errRefRelBase
+			return m, 0, errCppRelBase
 		}
 		d, k := consumeVLE16(b[n:])
 		if k < 0 {
-			return m, 0, errRefShort
+			return m, 0, errCppShort
 		}
 		if uint64(h.relBase)+uint64(d) > maxRelNum {
-			return m, 0, errRefRelNumber
+			return m, 0, errCppRelNumber
 		}
 		m.relNum = h.relBase + uint32(d)
 		n += k
@@ -267,14 +269,14 @@ func parseRefMessage(b []byte, h *refHeader) (m refMessage, n int, err error) {
 	if m.fragStart {
 		v, k := consumeVLE32(b[n:])
 		if k < 0 {
-			return m, 0, errRefShort
+			return m, 0, errCppShort
 		}
 		m.fragCount = v
 		n += k
 	}
 	if m.fragment {
 		if n >= len(b) {
-			return m, 0, errRefShort
+			return m, 0, errCppShort
 		}
 		m.transferID = b[n]
 		n++
@@ -282,7 +284,7 @@ func parseRefMessage(b []byte, h *refHeader) (m refMessage, n int, err error) {
 	if m.fragment && !m.fragStart {
 		v, k := consumeVLE32(b[n:])
 		if k < 0 {
-			return m, 0, errRefShort
+			return m, 0, errCppShort
 		}
 		m.fragNumber = v
 		n += k
@@ -304,24 +306,24 @@ func parseRefMessage(b []byte, h *refHeader) (m refMessage, n int, err error) {
 	return m, n, nil
 }
 
-// refDatagram is a whole parsed reference datagram.
-type refDatagram struct {
-	refHeader
-	msgs []refMessage
+// cppDatagram is a whole parsed reference datagram.
+type cppDatagram struct {
+	cppHeader
+	msgs []cppMessage
 }
 
-// parseRefInto decodes a whole reference datagram into d, reusing its
+// parseCppInto decodes a whole reference datagram into d, reusing its
 // storage; a malformed block makes it an error as a whole. Payloads alias
 // b; the message list grows with the bytes present, never with a count the
 // peer announced.
-func parseRefInto(b []byte, d *refDatagram) error {
+func parseCppInto(b []byte, d *cppDatagram) error {
 	d.msgs = d.msgs[:0]
-	n, err := parseRefHeader(b, &d.refHeader)
+	n, err := parseCppHeader(b, &d.cppHeader)
 	if err != nil {
 		return err
 	}
 	for n < len(b) {
-		m, k, err := parseRefMessage(b[n:], &d.refHeader)
+		m, k, err := parseCppMessage(b[n:], &d.cppHeader)
 		if err != nil {
 			return err
 		}
@@ -331,11 +333,11 @@ func parseRefInto(b []byte, d *refDatagram) error {
 	return nil
 }
 
-// appendRefDatagram appends the encoding of d.
-func appendRefDatagram(b []byte, d *refDatagram) []byte {
-	b = appendRefHeader(b, &d.refHeader)
+// appendCppDatagram appends the encoding of d.
+func appendCppDatagram(b []byte, d *cppDatagram) []byte {
+	b = appendCppHeader(b, &d.cppHeader)
 	for i := range d.msgs {
-		b = appendRefMessage(b, &d.msgs[i], d.relBase)
+		b = appendCppMessage(b, &d.msgs[i], d.relBase)
 	}
 	return b
 }
@@ -343,16 +345,16 @@ func appendRefDatagram(b []byte, d *refDatagram) []byte {
 // The reference PacketAck (MessageID 4), 7 bytes: a u24 base PacketID
 // (bits 22-23 zero) and a u32 whose bit i acks base+1+i: 33 datagrams.
 
-// appendRefPacketAck appends the payload of a reference PacketAck.
-func appendRefPacketAck(b []byte, a packetAck) []byte {
+// appendCppPacketAck appends the payload of a reference PacketAck.
+func appendCppPacketAck(b []byte, a packetAck) []byte {
 	base := a.base & packetIDMask
 	m := uint32(a.more)
 	return append(b, byte(base), byte(base>>8), byte(base>>16),
 		byte(m), byte(m>>8), byte(m>>16), byte(m>>24))
 }
 
-// parseRefPacketAck decodes a reference PacketAck payload.
-func parseRefPacketAck(p []byte) (packetAck, bool) {
+// parseCppPacketAck decodes a reference PacketAck payload.
+func parseCppPacketAck(p []byte) (packetAck, bool) {
 	if len(p) != packetAckSize {
 		return packetAck{}, false
 	}
