@@ -703,16 +703,16 @@ func (r *chaosRecv) counts() string {
 	return b.String()
 }
 
-func TestChaos(t *testing.T) { runChaosMatrix(t, false, 6, 3) }
+func TestChaos(t *testing.T) { runChaosMatrix(t, DialectSpec, 6, 3) }
 
 // TestChaosReference runs the matrix in the reference dialect: the same
 // checks hold there, since knet on both ends keeps every promise the API
 // makes (ordering is by reliable message number instead of dependencies).
-func TestChaosReference(t *testing.T) { runChaosMatrix(t, true, 4, 2) }
+func TestChaosReference(t *testing.T) { runChaosMatrix(t, DialectReference, 4, 2) }
 
 // runChaosMatrix runs every cell with -knet.chaos.seeds seeds, or by
 // default seeds (short with -short).
-func runChaosMatrix(t *testing.T, ref bool, seeds, short int) {
+func runChaosMatrix(t *testing.T, dialect Dialect, seeds, short int) {
 	if *chaosSeeds > 0 {
 		seeds = *chaosSeeds
 	} else if testing.Short() {
@@ -725,7 +725,7 @@ func runChaosMatrix(t *testing.T, ref bool, seeds, short int) {
 					for seed := range uint64(seeds) {
 						t.Run(fmt.Sprint(seed+1), func(t *testing.T) {
 							t.Parallel()
-							runChaosCellIn(t, ref, mode, cond, seed+1, nil)
+							runChaosCellIn(t, dialect, mode, cond, seed+1, nil)
 						})
 					}
 				})
@@ -737,11 +737,11 @@ func runChaosMatrix(t *testing.T, ref bool, seeds, short int) {
 // runChaosCell runs one cell; setup, if not nil, may set taps on the pair
 // to look into a failing cell.
 func runChaosCell(t *testing.T, mode chaosMode, cond chaosCond, seed uint64, setup func(*simPair)) {
-	runChaosCellIn(t, false, mode, cond, seed, setup)
+	runChaosCellIn(t, DialectSpec, mode, cond, seed, setup)
 }
 
-// runChaosCellIn runs one cell, in the reference dialect if ref is set.
-func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed uint64, setup func(*simPair)) {
+// runChaosCellIn runs one cell in dialect.
+func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCond, seed uint64, setup func(*simPair)) {
 	// A panic in the library fails this cell, not the whole matrix.
 	defer func() {
 		if e := recover(); e != nil {
@@ -756,7 +756,7 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 	// Per-datagram bursts (BurstLen) on the few spaced datagrams of a
 	// handshake can black a direction out for seconds: give it time.
 	cfg := &Config{ConnectTimeout: chaosConnectTimeout}
-	p := newSimPairIn(t, ref, cfg, cfg, links[0], links[1])
+	p := newSimPairIn(t, dialect, cfg, cfg, links[0], links[1])
 	if setup != nil {
 		setup(p)
 	}
@@ -829,7 +829,7 @@ func runChaosCellIn(t *testing.T, ref bool, mode chaosMode, cond chaosCond, seed
 		return s.loss.sent.count == 0 && s.send.relQ.len() == 0 && len(s.recv.res.held) == 0 && s.recv.reasm.active == 0
 	}
 	bound := chaosProgressBound
-	if ref {
+	if dialect == DialectReference {
 		bound = chaosReferenceProgressBound
 	}
 	progress := p.run(bound, func() bool {

@@ -152,7 +152,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 	c.remote.Store(net.UDPAddrFromAddrPort(raddr))
 	c.readDL.init(c.recvq.ready)
 	c.writeDL.init(c.sendq.space)
-	c.sess = newSession(cfg, c, client, dialect == DialectReference, time.Now())
+	c.sess = newSession(cfg, c, client, dialect, time.Now())
 	// A secure connection's c.sec is set by its maker: Dial, or the
 	// listener once the client's handshake message and token are read
 	// (admitSecure).

@@ -28,7 +28,7 @@ import "errors"
 //	            fragment after the first] payload
 //
 // There are no dependency arrays: in-order is a flag. A client opens a
-// connection with 8 zero bytes, which are no datagram (refOpening).
+// connection with 8 zero bytes, which are no datagram (cppOpening).
 
 const (
 	cppFlagInOrder  = 0x80 // byte 0
@@ -48,16 +48,16 @@ const (
 	cppAckBits = 32
 )
 
-// refOpening is what a reference client sends first: 8 zero bytes, no
+// cppOpening is what a reference client sends first: 8 zero bytes, no
 // kNet datagram, which a server takes for a connection attempt.
-var refOpening = [8]byte{}
+var cppOpening = [8]byte{}
 
 // cppFragSize is the fragment payload the reference sends (README fact
 // 16): knet sends no larger fragments to a reference peer.
 const cppFragSize = 318
 
 // isCppOpening reports whether b is the reference's connection opening.
-func isCppOpening(b []byte) bool { return len(b) == len(refOpening) && [8]byte(b) == refOpening }
+func isCppOpening(b []byte) bool { return len(b) == len(cppOpening) && [8]byte(b) == cppOpening }
 
 var (
 	errCppShort     = errors.New("knet: reference datagram truncated")

@@ -193,7 +193,7 @@ var reservedNames = map[uint32]string{
 
 // reservedView fills in the decoded content of a whole reserved message;
 // it reports false for a content the codec refuses.
-func reservedView(v *msgView, payload []byte, ref bool) bool {
+func reservedView(v *msgView, payload []byte, cpp bool) bool {
 	v.Name = reservedNames[v.ID]
 	switch v.ID {
 	case idPingRequest, idPingReply:
@@ -206,7 +206,7 @@ func reservedView(v *msgView, payload []byte, ref bool) bool {
 		}
 	case idPacketAck:
 		parse := parsePacketAck
-		if ref {
+		if cpp {
 			parse = parseCppPacketAck
 		}
 		a, ok := parse(payload)
@@ -371,15 +371,15 @@ func (tr *trace) add(what string, src, dst uint16, b []byte, want wireView) {
 // simulate runs a session pair through handshake, reliable, unreliable,
 // in-order and latest-state messages, a fragmented message, pings and a
 // close, and returns every datagram sent, client's first.
-func simulate(t *testing.T, ref bool) (sent [][2][]byte) {
+func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 	link := netsim.Params{Delay: 20 * time.Millisecond}
-	p := newSimPairIn(t, ref, &Config{ConnectPayload: []byte("let me in")}, nil, link, link)
+	p := newSimPairIn(t, dialect, &Config{ConnectPayload: []byte("let me in")}, nil, link, link)
 	p.tap = func(from int, b []byte) {
 		var pair [2][]byte
 		pair[from] = append([]byte(nil), b...)
 		sent = append(sent, pair)
 	}
-	if !ref {
+	if dialect == DialectSpec {
 		// PacketIDs about to wrap, and above 16 bits on the other side.
 		// (A reference peer always starts at 1.)
 		p.client().startPIDAt(packetIDMask - 20)
@@ -413,7 +413,7 @@ func TestDissector(t *testing.T) {
 
 	// Conversation 1, port 7000 (the dissector's default): the spec
 	// dialect, from a simulated pair.
-	for _, pair := range simulate(t, false) {
+	for _, pair := range simulate(t, DialectSpec) {
 		if pair[0] != nil {
 			tr.add("spec c2s", 50001, 7000, pair[0], specView(pair[0]))
 		} else {
@@ -422,11 +422,11 @@ func TestDissector(t *testing.T) {
 	}
 	// Conversation 2, port 7000: the reference dialect, from a simulated
 	// pair; told from the spec by its opening.
-	for _, pair := range simulate(t, true) {
+	for _, pair := range simulate(t, DialectReference) {
 		if pair[0] != nil {
-			tr.add("ref c2s", 50002, 7000, pair[0], cppView(pair[0]))
+			tr.add("reference c2s", 50002, 7000, pair[0], cppView(pair[0]))
 		} else {
-			tr.add("ref s2c", 7000, 50002, pair[1], cppView(pair[1]))
+			tr.add("reference s2c", 7000, 50002, pair[1], cppView(pair[1]))
 		}
 	}
 	// Conversation 3: malformed datagrams in both dialects, after a
@@ -437,12 +437,12 @@ func TestDissector(t *testing.T) {
 	for _, b := range malformedSpec() {
 		tr.add("spec malformed", 50004, 7000, b, specView(b))
 	}
-	tr.add("ref opening", 50003, 7000, refOpening[:], cppView(refOpening[:]))
+	tr.add("reference opening", 50003, 7000, cppOpening[:], cppView(cppOpening[:]))
 	for _, b := range handmadeCpp() {
-		tr.add("ref handmade", 50003, 7000, b, cppView(b))
+		tr.add("reference handmade", 50003, 7000, b, cppView(b))
 	}
 	for _, b := range malformedCpp() {
-		tr.add("ref malformed", 50003, 7000, b, cppView(b))
+		tr.add("reference malformed", 50003, 7000, b, cppView(b))
 	}
 	// Conversation 5: the datagrams so far cut short or with a byte
 	// changed, which no codec must choke on. With no opening or
@@ -572,7 +572,7 @@ func TestDissectorDialectPreference(t *testing.T) {
 	tshark(t)
 	w := newPcap()
 	var want []wireView
-	for _, pair := range simulate(t, true)[1:] {
+	for _, pair := range simulate(t, DialectReference)[1:] {
 		b, src, dst := pair[0], uint16(50002), uint16(7000)
 		if b == nil {
 			b, src, dst = pair[1], dst, src

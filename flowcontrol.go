@@ -77,9 +77,9 @@ func (s *session) peerRateRequest(now time.Time, rate uint16) {
 }
 
 // sendFlowControl asks the peer to send at most rate datagrams a second.
-// The reference dialect has no FlowControlRequest in use (see Dialect).
+// The C++ wire has no FlowControlRequest in use (see Dialect).
 func (s *session) sendFlowControl(rate int) {
-	if s.ref != nil {
+	if !s.wire.sendsFlowControl() {
 		return
 	}
 	s.flow.rate = uint16(min(max(rate, 1), 0xffff))

@@ -173,7 +173,7 @@ func FuzzPacketAck(f *testing.F) {
 					delete(inFlight, id)
 				}
 			})
-			c.handlePacketAck(p.now, payload)
+			c.wire.(*specWire).handlePacketAck(p.now, payload)
 			c.afterAcks(p.now)
 			require.Equal(t, len(inFlight), c.loss.sent.count)
 			require.Equal(t, released, p.h[0].released, "payload bytes returned to the send buffer")
@@ -215,7 +215,7 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		write("FuzzSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
 	}
 	rp := establishedCppForFuzz(t)
-	cppSeeds := fuzzCppSeeds(rp.client().send.nextPID, rp.client().ref.relOut)
+	cppSeeds := fuzzCppSeeds(rp.client().send.nextPID, rp.client().wire.(*cppWire).relOut)
 	write("FuzzCppSessionReceive", "seed-all", bytesLit(fuzzScript(cppSeeds...)))
 	for i, s := range cppSeeds {
 		write("FuzzCppSessionReceive", fmt.Sprintf("seed-%02d", i), bytesLit(fuzzScript(s)))
@@ -254,7 +254,7 @@ func TestWriteFuzzCorpus(t *testing.T) {
 
 // establishedCppForFuzz is establishedForFuzz in the reference dialect.
 func establishedCppForFuzz(t testing.TB) *simPair {
-	p := newSimPairIn(t, true, nil, &Config{ReceiveBuffer: 64 << 10, ReassemblyBuffer: 64 << 10, MaxMessageSize: 256 << 10}, perfect, perfect)
+	p := newSimPairIn(t, DialectReference, nil, &Config{ReceiveBuffer: 64 << 10, ReassemblyBuffer: 64 << 10, MaxMessageSize: 256 << 10}, perfect, perfect)
 	p.connect()
 	for i := range 5 {
 		p.send(0, chanMsg(1, i, true, 30))
@@ -287,7 +287,7 @@ func fuzzCppSeeds(pid, rel uint32) [][]byte {
 		d(cppHeader{packetID: pid + 7, inOrder: true}, cppMessage{inOrder: true, id: idFlowControlRequest, payload: []byte{100, 0}}),
 		d(cppHeader{packetID: pid + 8, reliable: true, inOrder: true, relBase: rel + 6},
 			cppMessage{reliable: true, inOrder: true, relNum: rel + 6, id: idDisconnect}),
-		refOpening[:],
+		cppOpening[:],
 		{0x00, 0x00},
 		{0xc5, 0x00, 0x80, 0xff, 0x01},
 		d(cppHeader{packetID: pid + 9, reliable: true, relBase: rel + 7}, cppMessage{reliable: true, relNum: rel + 7, id: 6, payload: []byte("cut")})[:6:6],
@@ -298,7 +298,7 @@ func fuzzCppSeeds(pid, rel uint32) [][]byte {
 // reference dialect.
 func FuzzCppSessionReceive(f *testing.F) {
 	p := establishedCppForFuzz(f)
-	seeds := fuzzCppSeeds(p.client().send.nextPID, p.client().ref.relOut)
+	seeds := fuzzCppSeeds(p.client().send.nextPID, p.client().wire.(*cppWire).relOut)
 	f.Add(fuzzScript(seeds...))
 	f.Add(fuzzScript(seeds[10], seeds[11], seeds[12]))
 	for _, s := range seeds {
@@ -311,8 +311,8 @@ func FuzzCppSessionReceive(f *testing.F) {
 		runFuzzScript(t, p, script, func(b []byte) bool {
 			return !isCppOpening(b) && parseCppInto(b, &d) != nil
 		}, func() {
-			require.LessOrEqual(t, srv.ref.relHeldBytes, 64<<10+2*maxDatagramSizeLimit*refHeldCost)
-			require.LessOrEqual(t, len(srv.ref.relIn.ring), maxRelWindow/64)
+			require.LessOrEqual(t, srv.wire.(*cppWire).relHeldBytes, 64<<10+2*maxDatagramSizeLimit*cppHeldCost)
+			require.LessOrEqual(t, len(srv.wire.(*cppWire).relIn.ring), maxRelWindow/64)
 		})
 	})
 }

@@ -294,7 +294,7 @@ func (l *Listener) Close() error {
 // connection attempt if it is a well-formed datagram with a ConnectSyn
 // (DECISIONS §1), otherwise dropped.
 //
-// A reference peer's attempt is its 8 zero bytes (refOpening); which
+// A reference peer's attempt is its 8 zero bytes (cppOpening); which
 // dialects are accepted is the Config's Dialect.
 func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 	dialect := DialectSpec

@@ -109,8 +109,8 @@ func newSecureSimPairKeys(t testing.TB, priv, pub []byte, client, server *Config
 	p := &simPair{t: t, now: timeZero, buf: make([]byte, 0, 65536), spare: make([]byte, 0, 65536+wireOverhead),
 		secure: true, priv: priv, pub: pub}
 	p.h[0], p.h[1] = new(simHost), new(simHost)
-	p.s[0] = newSession(cc, p.h[0], true, false, p.now)
-	p.s[1] = newSession(sc, p.h[1], false, false, p.now)
+	p.s[0] = newSession(cc, p.h[0], true, DialectSpec, p.now)
+	p.s[1] = newSession(sc, p.h[1], false, DialectSpec, p.now)
 	p.links[0], p.links[1] = netsim.NewLink(up), netsim.NewLink(down)
 	sec, syn, err := newClientSecure(pub, nil, cc.connectPayload)
 	if err != nil {

@@ -247,12 +247,7 @@ func (s *session) prepare(m *outMsg) {
 	if !m.reliable {
 		s.stats.UnreliableAsReliable++
 	}
-	m.fragSize = s.cfg.fragSize()
-	if s.ref != nil {
-		// The reference's own size: its receiver took 400 bytes once, but
-		// 318 is what it is known to take.
-		m.fragSize = min(m.fragSize, cppFragSize)
-	}
+	m.fragSize = s.send.fragSize
 	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
 }
 

@@ -21,6 +21,11 @@ type session struct {
 	events sessEvent // what the connection has yet to act on
 	owed   owed      // control messages the peer is owed, which poll sends
 
+	// The wire (session_wire.go): how datagrams are read and built, in
+	// the spec's dialect (session_spec.go, session_specsend.go) or the
+	// C++ implementation's (session_cpp.go, session_cppsend.go).
+	wire wire
+
 	// The connection's life.
 	handshake handshakeState // session_handshake.go: ConnectSyn, ConnectSynAck, admission
 	live      liveState      // session_live.go: the peer's last sign of life, pings
@@ -39,7 +44,6 @@ type session struct {
 	recv recvState // session_recv.go, session_apply.go: the window, reassembly, held messages
 	flow flowState // flowcontrol.go: the rate we ask of the peer
 
-	ref     *refState    // session_ref.go: the reference dialect's state; nil in the spec's
 	scratch scratchSpace // buffers reused from one datagram to the next
 }
 
@@ -139,7 +143,9 @@ type scratchSpace struct {
 	tidBuf  []byte
 }
 
-func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
+// newSession makes a session speaking dialect's wire (DialectSpec or
+// DialectReference).
+func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time) *session {
 	s := &session{
 		cfg:    cfg,
 		host:   h,
@@ -149,15 +155,11 @@ func newSession(cfg *config, h host, client, ref bool, now time.Time) *session {
 	s.handshake.started = now
 	s.live.lastRecv = now
 	s.loss.cfg = cfg
-	if ref {
-		s.ref = new(refState)
-		s.loss.rekeys = true
-		s.acks.bits = cppAckBits
-		s.send.tids.noZero = true
-		s.send.nextPID, s.send.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
-		// So the peer's PacketIDs start at 1 too: whichever of its first
-		// datagrams arrives first, those before it are still to come.
-		s.recv.win.add(0)
+	s.send.fragSize = cfg.fragSize()
+	if dialect == DialectReference {
+		s.wire = newCppWire(s)
+	} else {
+		s.wire = &specWire{s}
 	}
 	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
 	if s.secure {
@@ -213,10 +215,8 @@ func (s *session) dropSending() {
 	s.anchors.hasApplied, s.anchors.hasLastWhole = false, false
 	s.send.order.reset()
 	clear(s.send.latestQueued)
-	s.send.tids = transferIDs{noZero: s.ref != nil}
-	if s.ref != nil {
-		s.ref.fragFlight = 0
-	}
+	s.send.tids = transferIDs{noZero: s.send.tids.noZero}
+	s.wire.dropSending()
 	if released > 0 {
 		s.host.sendDone(released)
 	}

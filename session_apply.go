@@ -184,9 +184,8 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 		s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
 		order.deps = s.scratch.deps
 	}
-	t, whole, err := s.recv.reasm.add(m, ref, order)
-	if err != nil {
-		s.protocolError(err)
+	t, whole, ok := s.reassemble(m, ref, order)
+	if !ok {
 		return
 	}
 	if whole == nil {
@@ -210,14 +209,9 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	deps := append(s.scratch.wdeps[:0], t.order.deps...)
 	s.scratch.wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
-	s.recv.lent = s.recv.reasm.lend(t, whole)
-	s.recv.reasm.finish(t)
+	s.endTransfer(t, whole)
 	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
-	if s.recv.lent != nil {
-		// Held or dropped, not delivered: a held message has its copy.
-		putPayload(s.recv.lent)
-		s.recv.lent = nil
-	}
+	s.reclaimLent()
 }
 
 // takeLent returns the pooled buffer behind a reassembled message being

@@ -6,8 +6,10 @@ import (
 	"time"
 )
 
-// The reference dialect (dialect.go, cppwire.go): the connection opening
-// and receiving. Sending is in session_refsend.go.
+// The C++ reference implementation's wire (DialectReference; the codec is
+// cppwire.go): the session's wire (session_wire.go) when it speaks to a
+// C++ kNet peer. Opening and receiving are here, sending in
+// session_cppsend.go.
 //
 // A reference client opens with 8 zero bytes, no datagram, and takes the
 // connection as open on the first datagram back; the server answers the
@@ -21,12 +23,13 @@ import (
 // numbers (the first of a fragmented message standing for the whole), and
 // the unreliable in-order ones unless a later datagram's came first.
 
-// refState is what a session in the reference dialect keeps beside the
-// spec dialect's state: reliable numbers sent, acked and received, the
+// cppWire is the C++ wire, with what a session keeps for it beside the
+// state both wires share: reliable numbers sent, acked and received, the
 // in-order messages held for earlier numbers, and the datagram being
-// handled. A session in the spec's dialect has none (session.ref is nil).
-type refState struct {
-	rrd      cppDatagram // the one being handled
+// handled.
+type cppWire struct {
+	s        *session
+	rd       cppDatagram // the one being handled
 	relOut   uint32      // the next reliable number to send
 	relAcked relWindow   // reliable numbers the peer acked
 	// The fragmented transfer under way (send.bulk, or its last datagram
@@ -47,61 +50,81 @@ type refState struct {
 	seqStarted   bool
 }
 
-// refHeld is an in-order message waiting for the messages numbered before
+// newCppWire makes s speak the C++ wire, and sets what its shared parts
+// do differently for it.
+func newCppWire(s *session) *cppWire {
+	s.loss.rekeys = true
+	s.acks.bits = cppAckBits
+	s.send.tids.noZero = true
+	// The reference's own fragment size: its receiver took 400 bytes
+	// once, but 318 is what it is known to take.
+	s.send.fragSize = min(s.send.fragSize, cppFragSize)
+	s.send.nextPID, s.send.nextPN = 1, 1 // both sides start at 1; the opening is no datagram
+	// So the peer's PacketIDs start at 1 too: whichever of its first
+	// datagrams arrives first, those before it are still to come.
+	s.recv.win.add(0)
+	return &cppWire{s: s}
+}
+
+// The C++ wire has no ConnectAck and no refusal, and knet sends it no
+// FlowControlRequest (see Dialect).
+func (w *cppWire) hasConnectAck() bool    { return false }
+func (w *cppWire) hasRefusal() bool       { return false }
+func (w *cppWire) sendsFlowControl() bool { return false }
+
+// cppHeld is an in-order message waiting for the messages numbered before
 // it.
-type refHeld struct {
+type cppHeld struct {
 	rel     uint32
 	kind    heldKind
 	id      uint32
 	payload []byte
 }
 
-// handleRefDatagram processes one datagram from a reference peer. b is
-// not kept.
-func (s *session) handleRefDatagram(now time.Time, b []byte) {
+// read takes one datagram from a C++ peer.
+func (w *cppWire) read(now time.Time, b []byte) {
+	s := w.s
 	if isCppOpening(b) {
 		s.stats.DatagramsReceived++
 		s.stats.BytesReceived += uint64(len(b))
-		s.refOpening(now, len(b))
+		w.opening(now, len(b))
 		return
 	}
-	if parseCppInto(b, &s.ref.rrd) != nil {
+	if parseCppInto(b, &w.rd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	d := &s.ref.rrd
+	d := &w.rd
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
 		// Any datagram opens the connection.
 		s.clientEstablished(now, nil)
-		s.recvRefOpen(now, d)
+		w.recvOpen(now, d)
 	case stateAdmit:
 		// Nothing comes before our answer to the opening; a stray
 		// datagram waits for the application's decision like any.
 	case stateSynAck:
 		s.establishServer(now)
-		s.recvRefOpen(now, d)
+		w.recvOpen(now, d)
 	case stateLinger:
-		s.live.lastRecv = now
-		if d.has(idDisconnect) {
-			s.owed.owe(oweDiscAck)
-		}
+		s.recvLinger(now, d.has(idDisconnect))
 	case stateClosing:
 		if d.has(idDisconnectAck) {
 			s.state = stateDone
 			return
 		}
-		s.recvRefOpen(now, d)
+		w.recvOpen(now, d)
 	default:
-		s.recvRefOpen(now, d)
+		w.recvOpen(now, d)
 	}
 }
 
-// refOpening takes a client's opening: the first goes to the application
+// opening takes a client's opening: the first goes to the application
 // (evAdmit, with no payload: the reference has none); one repeated while
 // we answer means our answer was lost, and earns the credit for another.
-func (s *session) refOpening(now time.Time, n int) {
+func (w *cppWire) opening(now time.Time, n int) {
+	s := w.s
 	if s.client {
 		s.stats.InvalidDatagrams++
 		return
@@ -137,26 +160,25 @@ func (d *cppDatagram) has(id uint32) bool {
 	return false
 }
 
-// recvRefOpen takes a datagram of an open connection (or, on the server,
-// the one completing it), as recvOpen does in the spec's dialect.
-func (s *session) recvRefOpen(now time.Time, d *cppDatagram) {
+// recvOpen takes a datagram of an open connection (or, on the server,
+// the one completing it), as the spec wire's recvOpen does.
+func (w *cppWire) recvOpen(now time.Time, d *cppDatagram) {
+	s := w.s
 	h, msgs := &d.cppHeader, d.msgs
 	if s.seenBefore(now, h.packetID, h.reliable) {
 		return
 	}
-	if h.reliable && !s.refAdmits(msgs) {
+	if h.reliable && !w.admits(msgs) {
 		// No room: leave it unacked so it comes again, but take the
 		// acks it carries.
 		s.stats.DroppedDatagrams++
-		s.live.lastRecv = now
+		s.alive(now)
 		for i := range msgs {
 			if m := &msgs[i]; !m.fragment && m.id == idPacketAck {
-				s.refPacketAck(now, m.payload)
+				w.handlePacketAck(now, m.payload)
 			}
 		}
-		s.afterAcks(now)
-		s.flow.arrivals++
-		s.flowControl(now)
+		s.datagramDone(now, true)
 		return
 	}
 	s.arrived(now, h.packetID, h.reliable)
@@ -180,30 +202,27 @@ func (s *session) recvRefOpen(now time.Time, d *cppDatagram) {
 		if !m.fragment && m.id == idPacketAck {
 			acked = true
 		}
-		s.handleRefMessage(now, h.packetID, m)
+		w.handleMessage(now, h.packetID, m)
 	}
-	s.releaseRelHeld(now)
-	if acked {
-		s.afterAcks(now)
-	}
-	s.flow.arrivals++
-	s.flowControl(now)
+	w.releaseRelHeld(now)
+	s.datagramDone(now, acked)
 }
 
-// refAdmits reports whether a reliable datagram fits our buffers, as
-// admits does in the spec's dialect: with the buffer full of messages
-// waiting behind a missing one, only the datagram bringing that one (the
-// oldest reliable number missing) gets in.
-func (s *session) refAdmits(msgs []cppMessage) bool {
-	over := s.host.recvUsed()+s.ref.relHeldBytes >= s.cfg.recvBuffer
+// admits reports whether a reliable datagram fits our buffers, as the
+// spec wire's admits does: with the buffer full of messages waiting
+// behind a missing one, only the datagram bringing that one (the oldest
+// reliable number missing) gets in.
+func (w *cppWire) admits(msgs []cppMessage) bool {
+	s := w.s
+	over := s.host.recvUsed()+w.relHeldBytes >= s.cfg.recvBuffer
 	appContent, fills := false, false
 	for i := range msgs {
 		m := &msgs[i]
 		if m.reliable {
-			if !s.ref.relIn.fits(m.relNum) {
+			if !w.relIn.fits(m.relNum) {
 				return false // far ahead of a hole: it comes again
 			}
-			fills = fills || m.relNum == s.ref.relIn.next
+			fills = fills || m.relNum == w.relIn.next
 		}
 		if m.fragment {
 			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
@@ -212,14 +231,14 @@ func (s *session) refAdmits(msgs []cppMessage) bool {
 			appContent = true
 			continue
 		}
-		appContent = appContent || refAppID(m.id)
+		appContent = appContent || cppAppID(m.id)
 	}
 	return !over || !appContent || fills
 }
 
-// refAppID reports whether a reference peer's message with this ID is the
+// cppAppID reports whether a C++ peer's message with this ID is the
 // application's: all but the IDs its library uses.
-func refAppID(id uint32) bool {
+func cppAppID(id uint32) bool {
 	switch id {
 	case idPingRequest, idPingReply, idFlowControlRequest, idPacketAck, idDisconnect, idDisconnectAck:
 		return false
@@ -227,18 +246,19 @@ func refAppID(id uint32) bool {
 	return true
 }
 
-// handleRefMessage processes one message block of an accepted datagram
+// handleMessage processes one message block of an accepted datagram
 // with PacketID pid.
-func (s *session) handleRefMessage(now time.Time, pid uint32, m *cppMessage) {
+func (w *cppWire) handleMessage(now time.Time, pid uint32, m *cppMessage) {
+	s := w.s
 	if m.reliable {
-		if s.ref.relIn.has(m.relNum) {
+		if w.relIn.has(m.relNum) {
 			s.stats.DuplicateMessages++
 			return
 		}
-		s.ref.relIn.add(m.relNum)
+		w.relIn.add(m.relNum)
 	}
 	if m.fragment {
-		s.handleRefFragment(now, pid, m)
+		w.handleFragment(now, pid, m)
 		return
 	}
 	if s.handlePing(now, m.id, m.payload) {
@@ -246,45 +266,46 @@ func (s *session) handleRefMessage(now time.Time, pid uint32, m *cppMessage) {
 	}
 	switch m.id {
 	case idPacketAck:
-		s.refPacketAck(now, m.payload)
+		w.handlePacketAck(now, m.payload)
 	case idDisconnect:
-		s.refDisconnect(now, m)
+		w.handleDisconnect(now, m)
 	case idDisconnectAck:
 		s.apply(now, heldDisconnectAck, 0, nil, m.reliable, m.inOrder)
 	default:
-		s.refDeliver(now, pid, m.relNum, heldApp, m.id, m.payload, m.reliable, m.inOrder)
+		w.deliver(now, pid, m.relNum, heldApp, m.id, m.payload, m.reliable, m.inOrder)
 	}
 }
 
-func (s *session) refPacketAck(now time.Time, p []byte) {
+func (w *cppWire) handlePacketAck(now time.Time, p []byte) {
 	if a, ok := parseCppPacketAck(p); ok {
-		s.loss.onPacketAck(now, a, &s.scratch.acked)
+		w.s.loss.onPacketAck(now, a, &w.s.scratch.acked)
 	}
 }
 
-// refDeliver applies a message now, or holds it until the messages
-// numbered before it have arrived (reliable in-order ones); an unreliable
-// in-order one from a datagram older than the last one's is dropped.
-func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
+// deliver applies a message now, or holds it until the messages numbered
+// before it have arrived (reliable in-order ones); an unreliable in-order
+// one from a datagram older than the last one's is dropped.
+func (w *cppWire) deliver(now time.Time, pid, rel uint32, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
+	s := w.s
 	switch {
 	case reliable && inOrder:
-		if len(s.ref.relHeld) == 0 && s.relReady(rel) {
+		if len(w.relHeld) == 0 && w.relReady(rel) {
 			s.apply(now, kind, id, payload, true, true)
 			return
 		}
-		heap.Push(&s.ref.relHeld, refHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
-		s.ref.relHeldBytes += len(payload) + refHeldCost
+		heap.Push(&w.relHeld, cppHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
+		w.relHeldBytes += len(payload) + cppHeldCost
 	case !reliable && kind == heldApp:
 		// An unreliable message from a datagram older than the last
 		// one's that had an in-order message goes: that one may name it
 		// (a dependency, or a newer state of its ContentID), and the wire
 		// does not say.
-		if s.ref.seqStarted && seqLess(pid, s.ref.seqPID) {
+		if w.seqStarted && seqLess(pid, w.seqPID) {
 			s.stats.DroppedMessages++
 			return
 		}
 		if inOrder {
-			s.ref.seqPID, s.ref.seqStarted = pid, true
+			w.seqPID, w.seqStarted = pid, true
 		}
 		s.apply(now, kind, id, payload, false, inOrder)
 	default:
@@ -295,11 +316,11 @@ func (s *session) refDeliver(now time.Time, pid, rel uint32, kind heldKind, id u
 // relReady reports whether an in-order message numbered rel can go: every
 // number before it has arrived, and no in-order fragmented message begun
 // before it is still incomplete.
-func (s *session) relReady(rel uint32) bool {
-	if relDiff(rel, s.ref.relIn.next) <= 0 {
+func (w *cppWire) relReady(rel uint32) bool {
+	if relDiff(rel, w.relIn.next) <= 0 {
 		return false
 	}
-	for _, o := range s.ref.relOpen {
+	for _, o := range w.relOpen {
 		if relDiff(o, rel) > 0 {
 			return false
 		}
@@ -308,115 +329,109 @@ func (s *session) relReady(rel uint32) bool {
 }
 
 // releaseRelHeld applies the held in-order messages now ready, in order.
-func (s *session) releaseRelHeld(now time.Time) {
-	for len(s.ref.relHeld) > 0 && s.state != stateDone && s.relReady(s.ref.relHeld[0].rel) {
-		s.applyFirstHeld(now)
+func (w *cppWire) releaseRelHeld(now time.Time) {
+	for len(w.relHeld) > 0 && w.s.state != stateDone && w.relReady(w.relHeld[0].rel) {
+		w.applyFirstHeld(now)
 	}
 }
 
 // applyRelHeld applies every held message, in order.
-func (s *session) applyRelHeld(now time.Time) {
-	for len(s.ref.relHeld) > 0 && s.state != stateDone {
-		s.applyFirstHeld(now)
+func (w *cppWire) applyRelHeld(now time.Time) {
+	for len(w.relHeld) > 0 && w.s.state != stateDone {
+		w.applyFirstHeld(now)
 	}
 }
 
 // applyFirstHeld applies the held message with the lowest number.
-func (s *session) applyFirstHeld(now time.Time) {
-	e := heap.Pop(&s.ref.relHeld).(refHeld)
-	s.ref.relHeldBytes -= len(e.payload) + refHeldCost
-	if len(s.ref.relHeld) == 0 {
-		s.ref.relFlushAt = time.Time{}
+func (w *cppWire) applyFirstHeld(now time.Time) {
+	e := heap.Pop(&w.relHeld).(cppHeld)
+	w.relHeldBytes -= len(e.payload) + cppHeldCost
+	if len(w.relHeld) == 0 {
+		w.relFlushAt = time.Time{}
 	}
-	s.apply(now, e.kind, e.id, e.payload, true, true)
+	w.s.apply(now, e.kind, e.id, e.payload, true, true)
 }
 
-// refHeldCost is what a held message counts for beyond its payload, so
+// cppHeldCost is what a held message counts for beyond its payload, so
 // that empty ones cannot pile up unbounded.
-const refHeldCost = 64
+const cppHeldCost = 64
 
 // relHeap is the held in-order messages, lowest reliable number first.
 // Their numbers all lie within maxRelWindow, so serial order is total.
-type relHeap []refHeld
+type relHeap []cppHeld
 
 func (h relHeap) Len() int           { return len(h) }
 func (h relHeap) Less(i, j int) bool { return relDiff(h[i].rel, h[j].rel) > 0 }
 func (h relHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *relHeap) Push(x any)        { *h = append(*h, x.(refHeld)) }
+func (h *relHeap) Push(x any)        { *h = append(*h, x.(cppHeld)) }
 func (h *relHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]
-	old[len(old)-1] = refHeld{}
+	old[len(old)-1] = cppHeld{}
 	*h = old[:len(old)-1]
 	return e
 }
 
-// refDisconnect takes the peer's Disconnect. It is in order after
+// handleDisconnect takes the peer's Disconnect. It is in order after
 // everything the peer sent: it waits for what is missing before it, but
-// not for long, since a reference peer sends nothing after it (no resend
-// of what we miss); past relFlushWait what arrived goes to the
-// application and the Disconnect is answered.
-func (s *session) refDisconnect(now time.Time, m *cppMessage) {
-	if !m.reliable || s.relReady(m.relNum) && len(s.ref.relHeld) == 0 {
-		s.applyRelHeld(now)
-		s.apply(now, heldDisconnect, 0, nil, true, true)
+// not for long, since a C++ peer sends nothing after it (no resend of
+// what we miss); past relFlushWait what arrived goes to the application
+// and the Disconnect is answered.
+func (w *cppWire) handleDisconnect(now time.Time, m *cppMessage) {
+	if !m.reliable || w.relReady(m.relNum) && len(w.relHeld) == 0 {
+		w.applyRelHeld(now)
+		w.s.apply(now, heldDisconnect, 0, nil, true, true)
 		return
 	}
-	s.refDeliver(now, 0, m.relNum, heldDisconnect, 0, nil, true, true)
-	if s.ref.relFlushAt.IsZero() {
-		s.ref.relFlushAt = now.Add(s.relFlushWait())
+	w.deliver(now, 0, m.relNum, heldDisconnect, 0, nil, true, true)
+	if w.relFlushAt.IsZero() {
+		w.relFlushAt = now.Add(w.relFlushWait())
 	}
 }
 
 // relFlushWait is how long a held Disconnect waits for the messages
 // before it: two retransmission timeouts, at least 100ms.
-func (s *session) relFlushWait() time.Duration { return max(2*s.loss.rto(), 100*time.Millisecond) }
-
-// refDeadline adds the reference dialect's timer: the end of a held
-// Disconnect's wait (flushRelHeld).
-func (s *session) refDeadline(t *deadlines) { t.at(s.ref.relFlushAt) }
-
-// flushRelHeld applies every held message, in order, gaps or not: the
-// peer's Disconnect waited long enough (see refDisconnect).
-func (s *session) flushRelHeld(now time.Time) {
-	if s.ref.relFlushAt.IsZero() || now.Before(s.ref.relFlushAt) {
-		return
-	}
-	s.ref.relFlushAt = time.Time{}
-	s.ref.relOpen = s.ref.relOpen[:0]
-	s.applyRelHeld(now)
+func (w *cppWire) relFlushWait() time.Duration {
+	return max(2*w.s.loss.rto(), 100*time.Millisecond)
 }
 
-// handleRefFragment feeds a fragment to reassembly and, once the message
-// is whole, delivers it in its FragmentStart's place.
-func (s *session) handleRefFragment(now time.Time, pid uint32, m *cppMessage) {
+// deadline is the C++ wire's timer on an open connection: the end of a
+// held Disconnect's wait (advance).
+func (w *cppWire) deadline() time.Time { return w.relFlushAt }
+
+// advance applies every held message, in order, gaps or not, once the
+// peer's Disconnect waited long enough (see handleDisconnect).
+func (w *cppWire) advance(now time.Time) {
+	if w.relFlushAt.IsZero() || now.Before(w.relFlushAt) {
+		return
+	}
+	w.relFlushAt = time.Time{}
+	w.relOpen = w.relOpen[:0]
+	w.applyRelHeld(now)
+}
+
+// handleFragment feeds a fragment to reassembly and, once the message is
+// whole, delivers it in its FragmentStart's place.
+func (w *cppWire) handleFragment(now time.Time, pid uint32, m *cppMessage) {
+	s := w.s
 	msg := message{fragStart: m.fragStart, fragment: true, fragCount: m.fragCount, transferID: m.transferID,
 		fragNumber: m.fragNumber, id: m.id, payload: m.payload}
 	var order startOrder
 	if m.fragStart {
 		order = startOrder{reliable: m.reliable, inOrder: m.inOrder, rel: m.relNum}
 		if m.reliable && m.inOrder {
-			s.ref.relOpen = append(s.ref.relOpen, m.relNum)
+			w.relOpen = append(w.relOpen, m.relNum)
 		}
 	}
-	t, whole, err := s.recv.reasm.add(&msg, msgRef{pid: pid}, order)
-	if err != nil {
-		s.protocolError(err)
-		return
-	}
-	if whole == nil {
+	t, whole, ok := s.reassemble(&msg, msgRef{pid: pid}, order)
+	if !ok || whole == nil {
 		return
 	}
 	reliable, inOrder, id, rel := t.order.reliable, t.order.inOrder, t.id, t.order.rel
-	s.recv.lent = s.recv.reasm.lend(t, whole)
-	s.recv.reasm.finish(t)
-	if i := slices.Index(s.ref.relOpen, rel); i >= 0 && reliable && inOrder {
-		s.ref.relOpen = slices.Delete(s.ref.relOpen, i, i+1)
+	s.endTransfer(t, whole)
+	if i := slices.Index(w.relOpen, rel); i >= 0 && reliable && inOrder {
+		w.relOpen = slices.Delete(w.relOpen, i, i+1)
 	}
-	s.refDeliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
-	if s.recv.lent != nil {
-		// Held (a copy) or dropped, not delivered.
-		putPayload(s.recv.lent)
-		s.recv.lent = nil
-	}
+	w.deliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
+	s.reclaimLent()
 }

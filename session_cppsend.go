@@ -1,22 +1,21 @@
 package knet
 
-import (
-	"slices"
-	"time"
-)
+import "time"
 
-// Sending in the reference dialect (see session_ref.go). The queues, the
-// rate control, loss detection and the probe timer are the spec dialect's;
-// what differs is the packing, the control messages and retransmission,
-// which goes under a new PacketID.
+// Sending on the C++ wire (see session_cpp.go). The queues, the rate
+// control, loss detection and the probe timer are the session's, shared
+// with the spec's wire; what differs is the packing, the control messages
+// and retransmission, which goes under a new PacketID.
 
-// refControl builds the datagram of a connection control message: the
+// control builds the datagram of a connection control message: the
 // opening (idConnectSyn), the server's answer to it (idConnectSynAck: a
 // PingRequest), Disconnect (reliable and in order, under one reliable
-// number however often it goes) and DisconnectAck.
-func (s *session) refControl(buf []byte, id uint32) []byte {
+// number however often it goes) and DisconnectAck. The wire carries no
+// payload in them.
+func (w *cppWire) control(buf []byte, id uint32, _ []byte) []byte {
+	s := w.s
 	if id == idConnectSyn {
-		b := append(buf[:0], refOpening[:]...)
+		b := append(buf[:0], cppOpening[:]...)
 		s.stats.DatagramsSent++
 		s.stats.BytesSent += uint64(len(b))
 		return b
@@ -30,12 +29,12 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 		s.live.nextPingID++
 		m.id, m.payload = idPingRequest, one[:]
 	case idDisconnect:
-		if !s.ref.hasDiscRel {
-			s.ref.discRel, s.ref.hasDiscRel = s.ref.relOut, true
-			s.ref.relOut = relNextNum(s.ref.relOut)
+		if !w.hasDiscRel {
+			w.discRel, w.hasDiscRel = w.relOut, true
+			w.relOut = relNextNum(w.relOut)
 		}
-		h.reliable, h.relBase = true, s.ref.discRel
-		m.reliable, m.relNum = true, s.ref.discRel
+		h.reliable, h.relBase = true, w.discRel
+		m.reliable, m.relNum = true, w.discRel
 	}
 	b := appendCppHeader(buf[:0], &h)
 	b = appendCppMessage(b, &m, h.relBase)
@@ -46,10 +45,11 @@ func (s *session) refControl(buf []byte, id uint32) []byte {
 	return b
 }
 
-// refResend sends d, found lost, again under the next PacketID: the
+// resend sends d, found lost, again under the next PacketID: the
 // reference keeps PacketIDs unique, and its receiver drops a PacketID seen
 // before. The reliable numbers inside tell the messages for what they are.
-func (s *session) refResend(now time.Time, d *sent) {
+func (w *cppWire) resend(now time.Time, d *sent) {
+	s := w.s
 	pid := s.send.nextPID
 	d.b[0] = d.b[0]&^0x3f | byte(pid&0x3f)
 	hi := pid >> 6
@@ -60,22 +60,51 @@ func (s *session) refResend(now time.Time, d *sent) {
 	s.numberNew()
 }
 
-// refPacking is a reference datagram being filled.
-type refPacking struct {
-	body     []byte
-	limit    int
+// appendAck appends a PacketAck message for a.
+func (w *cppWire) appendAck(b []byte, a packetAck) []byte {
+	var p [packetAckSize]byte
+	return appendCppMessage(b, &cppMessage{inOrder: true, id: idPacketAck, payload: appendCppPacketAck(p[:0], a)}, 0)
+}
+
+// freed takes what the acks of a datagram freed: the reliable numbers
+// acked, and the datagrams carrying fragments, one of which may now go.
+func (w *cppWire) freed(a *ackResult) {
+	for _, r := range a.rels {
+		w.relAcked.addRange(r.first, r.count)
+	}
+	w.fragFlight -= a.fragDgrams
+}
+
+// dropSending forgets the datagrams carrying fragments in flight.
+func (w *cppWire) dropSending() { w.fragFlight = 0 }
+
+// acked reports whether reliable message t, packed whole, is known to
+// have arrived: every reliable number up to its last is acked (datagrams
+// are resent under new PacketIDs, so those tell nothing), and none of an
+// in-order transfer still open comes before it. That is all a receiver
+// waits for on this wire (alone): what t depends on has lower numbers, or
+// is unreliable and does not hold it.
+func (w *cppWire) acked(t *track) (acked, alone bool) {
+	if relDiff(t.relLast, w.relAcked.next) <= 0 {
+		return false, false
+	}
+	if w.bulkInOrder && (w.s.send.bulk != nil || w.fragFlight > 0) && relDiff(w.bulkRel, t.relLast) > 0 {
+		return false, false
+	}
+	return true, true
+}
+
+// cppPacking is a C++ datagram being filled.
+type cppPacking struct {
+	packing
 	reliable bool   // a reliable datagram: messages get reliable numbers from base on
 	base     uint32 // ReliableMsgNumBase
 	rels     int    // reliable numbers taken
 	inOrder  bool   // a message has the InOrder bit
-	count    int
-	appBytes int
-	holds    bool
-	tids     []byte
-	skipped  int
 }
 
-func (p *refPacking) room() int {
+// room is how many bytes the datagram can still take.
+func (p *cppPacking) room() int {
 	n := p.limit - cppHeaderSize - len(p.body)
 	if p.reliable {
 		n -= sizeVLE1516(p.base)
@@ -84,13 +113,15 @@ func (p *refPacking) room() int {
 }
 
 // nextRel is the reliable number of the next message placed.
-func (p *refPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRelNum }
+func (p *cppPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRelNum }
 
-// buildRefReliable packs reliable messages into a new datagram, followed
-// by whatever acks fit.
-func (s *session) buildRefReliable(now time.Time) []byte {
-	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, reliable: true, base: s.ref.relOut, tids: s.scratch.tidBuf[:0]}
-	s.packRef(now, &p, &s.send.relQ)
+// buildReliable packs reliable messages into a new datagram, followed by
+// whatever acks fit.
+func (w *cppWire) buildReliable(now time.Time) []byte {
+	s := w.s
+	p := cppPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]},
+		reliable: true, base: w.relOut}
+	w.pack(now, &p, &s.send.relQ)
 	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
@@ -112,9 +143,9 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 	d.relFirst, d.relCount = p.base, p.rels
 	d.transfers = append(d.transfers, p.tids...)
 	if len(p.tids) > 0 {
-		s.ref.fragFlight++
+		w.fragFlight++
 	}
-	s.ref.relOut = p.nextRel()
+	w.relOut = p.nextRel()
 	d.pn = s.send.nextPN
 	s.numberNew()
 	s.stats.DatagramsSent++
@@ -122,14 +153,15 @@ func (s *session) buildRefReliable(now time.Time) []byte {
 	return b
 }
 
-// pollRefUnreliable builds an unreliable datagram when acks, pings or
-// unreliable messages are due (see pollUnreliable).
-func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
+// pollUnreliable builds an unreliable datagram when acks, pings or
+// unreliable messages are due.
+func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
+	s := w.s
 	acksDue, pingDue, data := s.unreliableDue(now)
 	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data {
 		return nil
 	}
-	p := refPacking{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}
+	p := cppPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}}
 	var one [1]byte
 	for _, id := range s.live.pingReplies {
 		one[0] = id
@@ -155,7 +187,7 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	p.inOrder = p.count > 0 // library messages have the InOrder bit
 	if data {
 		before := p.count
-		s.packRef(now, &p, &s.send.unrelQ)
+		w.pack(now, &p, &s.send.unrelQ)
 		if p.count > before {
 			s.rc.sentUnpaced()
 		}
@@ -174,16 +206,17 @@ func (s *session) pollRefUnreliable(now time.Time, buf []byte) []byte {
 	return b
 }
 
-// packRef fills the datagram from q, as pack does: whole messages and the
-// first fragments of transfers in queue order, then further fragments of
-// the transfer under way.
-func (s *session) packRef(now time.Time, p *refPacking, q *sendQueue) {
+// pack fills the datagram from q, as the spec wire's pack does: whole
+// messages and the first fragments of transfers in queue order, then
+// further fragments of the transfer under way.
+func (w *cppWire) pack(now time.Time, p *cppPacking, q *sendQueue) {
+	s := w.s
 	for i := q.head; i < len(q.items) && p.room() >= 8 && p.count < maxPerDatagram; i++ {
 		m := q.items[i]
 		if m.done || (m.frag && m.off > 0) {
 			continue
 		}
-		if !s.placeRef(now, p, m) {
+		if !w.place(now, p, m) {
 			p.skipped++
 			if p.skipped > maxSkipped {
 				break
@@ -191,8 +224,8 @@ func (s *session) packRef(now time.Time, p *refPacking, q *sendQueue) {
 		}
 	}
 	if q == &s.send.relQ {
-		for s.send.bulk != nil && s.ref.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
-			if !s.placeRefFragment(now, p, s.send.bulk) {
+		for s.send.bulk != nil && w.fragFlight == 0 && p.room() >= 16 && p.count < maxPerDatagram {
+			if !w.placeFragment(p, s.send.bulk) {
 				break
 			}
 		}
@@ -200,11 +233,12 @@ func (s *session) packRef(now time.Time, p *refPacking, q *sendQueue) {
 	q.compact(s.freeQueued)
 }
 
-// refDepsReady reports whether m may go: what it depends on went before
+// depsReady reports whether m may go: what it depends on went before
 // it, and, for an unreliable message naming a reliable one, is acked. The
 // receiver orders reliable messages by number but cannot hold an
 // unreliable one for a reliable one (see Dialect).
-func (s *session) refDepsReady(now time.Time, m *outMsg) bool {
+func (w *cppWire) depsReady(now time.Time, m *outMsg) bool {
+	s := w.s
 	for _, d := range m.deps {
 		t := d.live()
 		if t == nil || t.dropped {
@@ -225,30 +259,31 @@ func (s *session) refDepsReady(now time.Time, m *outMsg) bool {
 	return true
 }
 
-// refInOrder reports whether m goes with the InOrder bit: in-order
+// cppInOrder reports whether m goes with the InOrder bit: in-order
 // messages, those that depend on others, and the states of a ContentID
 // (so that an older one arriving after a newer one is dropped, or, when
 // reliable, delivered before it).
-func refInOrder(m *outMsg) bool { return m.inOrder || len(m.deps) > 0 || m.contentID != 0 }
+func cppInOrder(m *outMsg) bool { return m.inOrder || len(m.deps) > 0 || m.contentID != 0 }
 
-// placeRef tries to put m (whole, or its first fragment) into the
-// datagram. A fragmented transfer starts only when no datagram carrying
-// fragments is unacked: see placeRefFragment.
-func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
-	if m.frag && (s.send.bulk != nil || s.ref.fragFlight > 0) {
+// place tries to put m (whole, or its first fragment) into the datagram.
+// A fragmented transfer starts only when no datagram carrying fragments is
+// unacked: see placeFragment.
+func (w *cppWire) place(now time.Time, p *cppPacking, m *outMsg) bool {
+	s := w.s
+	if m.frag && (s.send.bulk != nil || w.fragFlight > 0) {
 		return false
 	}
 	// A reliable in-order message waits while an in-order transfer is
 	// still being sent: a reference receiver delivers in arrival order,
 	// so one sent now, beside the transfer's stop-and-wait datagrams,
 	// would reach its application before the message it follows.
-	if p.reliable && s.send.bulk != nil && refInOrder(m) && refInOrder(s.send.bulk) {
+	if p.reliable && s.send.bulk != nil && cppInOrder(m) && cppInOrder(s.send.bulk) {
 		return false
 	}
-	if !s.refDepsReady(now, m) {
+	if !w.depsReady(now, m) {
 		return false
 	}
-	msg := cppMessage{inOrder: refInOrder(m), reliable: p.reliable, id: m.id, payload: m.payload}
+	msg := cppMessage{inOrder: cppInOrder(m), reliable: p.reliable, id: m.id, payload: m.payload}
 	if p.reliable {
 		msg.relNum = p.nextRel()
 	}
@@ -261,72 +296,44 @@ func (s *session) placeRef(now time.Time, p *refPacking, m *outMsg) bool {
 		return false
 	}
 	if m.frag {
-		tid, ok := s.send.tids.alloc()
+		tid, ok := s.startTransfer(&p.packing, m)
 		if !ok {
 			return false
 		}
-		m.tid = tid
 		msg.transferID = tid
-		s.send.tids.carried(tid)
-		p.tids = append(p.tids, tid)
-		m.fragNext = 1
-		s.send.bulk = m
-		s.ref.bulkRel, s.ref.bulkInOrder = msg.relNum, msg.inOrder
+		w.bulkRel, w.bulkInOrder = msg.relNum, msg.inOrder
 	}
 	p.body = appendCppMessage(p.body, &msg, p.base)
 	if p.reliable {
 		p.rels++
 	}
 	p.inOrder = p.inOrder || msg.inOrder
-	p.holds = p.holds || msg.inOrder || m.frag
-	p.count++
-	p.appBytes += len(msg.payload)
-	m.off = len(msg.payload)
+	idx := p.took(m, len(msg.payload), msg.inOrder)
 	if t := m.track; t != nil {
-		t.placed(now, msgRef{s.send.nextPID, uint16(p.count - 1)}, m, true)
+		t.placed(now, msgRef{s.send.nextPID, idx}, m, true)
 		t.relLast = msg.relNum
-	}
-	if !m.frag {
-		m.done = true
 	}
 	return true
 }
 
-// placeRefFragment puts the next fragment of the transfer under way into
-// the datagram. Fragments go in order, in datagrams sent one at a time,
-// each once the one before is acked (packRef): a reference receiver puts
+// placeFragment puts the next fragment of the transfer under way into the
+// datagram. Fragments go in order, in datagrams sent one at a time, each
+// once the one before is acked (pack): a reference receiver puts
 // fragments together in the order they arrive, so one overtaking another,
 // or a resend after later ones, would corrupt its message.
-func (s *session) placeRefFragment(now time.Time, p *refPacking, m *outMsg) bool {
+func (w *cppWire) placeFragment(p *cppPacking, m *outMsg) bool {
 	end := min(m.off+m.fragSize, len(m.payload))
-	msg := cppMessage{fragment: true, reliable: true, inOrder: refInOrder(m), relNum: p.nextRel(),
+	msg := cppMessage{fragment: true, reliable: true, inOrder: cppInOrder(m), relNum: p.nextRel(),
 		transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
 	if sizeCppMessage(&msg, p.base) > p.room() {
 		return false
 	}
 	p.body = appendCppMessage(p.body, &msg, p.base)
 	p.rels++
-	p.count++
-	p.appBytes += len(msg.payload)
-	p.holds = true
 	p.inOrder = p.inOrder || msg.inOrder
-	if !slices.Contains(p.tids, m.tid) {
-		s.send.tids.carried(m.tid)
-		p.tids = append(p.tids, m.tid)
-	}
-	m.off = end
-	m.fragNext++
 	if t := m.track; t != nil {
-		t.lastPID = s.send.nextPID
 		t.relLast = msg.relNum
 	}
-	if m.fragNext == m.fragCount {
-		if t := m.track; t != nil {
-			t.complete = true
-		}
-		s.send.tids.release(m.tid)
-		m.done = true
-		s.send.bulk = nil
-	}
+	w.s.tookFragment(&p.packing, m, end, w.s.send.nextPID)
 	return true
 }

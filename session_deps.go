@@ -69,39 +69,18 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 	if !t.reliable {
 		return now.Sub(t.sentAt) > s.unreliableHorizon()
 	}
-	if s.ref != nil {
-		// Every reliable number up to its last acked: datagrams are
-		// resent under new PacketIDs, so those tell nothing.
-		if relDiff(t.relLast, s.ref.relAcked.next) <= 0 {
-			return false
-		}
-		// Nor is one numbered after an in-order transfer still open.
-		if s.ref.bulkInOrder && (s.send.bulk != nil || s.ref.fragFlight > 0) && relDiff(s.ref.bulkRel, t.relLast) > 0 {
-			return false
-		}
-		// That is all a receiver waits for in this dialect: what t
-		// depends on has lower numbers, or is unreliable and does not
-		// hold it.
-		t.resolved = true
-		clear(t.deps)
-		t.deps = t.deps[:0]
-		return true
-	} else {
-		// Every datagram up to its last one sent (not the one being
-		// built) and acked.
-		if !seqLess(t.lastPID, s.send.nextPID) {
-			return false
-		}
-		if first := s.loss.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
-			return false
-		}
-	}
-	if depth == maxResolveDepth {
+	acked, alone := s.wire.acked(t)
+	if !acked {
 		return false
 	}
-	for _, d := range t.deps {
-		if dt := d.live(); dt != nil && !s.resolvedWithin(now, dt, depth+1) {
+	if !alone {
+		if depth == maxResolveDepth {
 			return false
+		}
+		for _, d := range t.deps {
+			if dt := d.live(); dt != nil && !s.resolvedWithin(now, dt, depth+1) {
+				return false
+			}
 		}
 	}
 	t.resolved = true

@@ -129,7 +129,7 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 	s.state = stateOK
 	s.handshake.wasOpen = true
 	s.owed.take(oweSyn)
-	if s.ref == nil { // the reference dialect has no ConnectAck
+	if s.wire.hasConnectAck() {
 		s.owed.owe(oweAck)
 	}
 	if s.handshake.synSends == 1 {
@@ -165,9 +165,9 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 		s.state = stateDone
 		s.err = ErrRefused
 		s.closing.refuseReason = reply // the reason, for a refusal
-		// The reference dialect has no refusal: any datagram would open
-		// the connection for a reference client.
-		if !s.cfg.stealth && s.ref == nil {
+		// The C++ wire has no refusal: any datagram would open the
+		// connection for its client.
+		if !s.cfg.stealth && s.wire.hasRefusal() {
 			s.owed.owe(oweDiscAck)
 		}
 		return

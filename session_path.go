@@ -51,7 +51,7 @@ func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
 // with content (a server's connection checking a new address), or returns
 // nil when no new datagram may go now (spanFull).
 func (s *session) pathChallenge(buf, content []byte) []byte {
-	return s.control(buf, idPath, content)
+	return s.wire.control(buf, idPath, content)
 }
 
 // moved takes a server connection's move to the client's new address:

@@ -44,96 +44,22 @@ func (s *session) noteArrival(now time.Time, pid uint32) {
 	}
 }
 
-// handleDatagram processes one datagram from the peer. b is not kept.
+// handleDatagram processes one datagram from the peer: the wire reads it
+// (session_spec.go, session_cpp.go). b is not kept.
 func (s *session) handleDatagram(now time.Time, b []byte) {
 	if s.state == stateDone {
 		return
 	}
-	if s.ref != nil {
-		s.handleRefDatagram(now, b)
-		return
-	}
-	// Parse everything first: a malformed datagram is dropped whole.
-	if parseInto(b, &s.scratch.rd) != nil {
-		s.stats.InvalidDatagrams++
-		return
-	}
-	d := &s.scratch.rd
-	s.countIn(len(b))
-	switch s.state {
-	case stateSyn:
-		s.recvConnecting(now, d)
-	case stateAdmit:
-		s.recvAdmit(now, d)
-	case stateLinger:
-		s.recvLinger(now, d)
-	case stateClosing:
-		s.recvClosing(now, d)
-	default: // stateSynAck, stateOK
-		s.recvOpen(now, d)
-	}
-}
-
-// recvConnecting takes a datagram while the client waits for its
-// ConnectSynAck: one completes the handshake, and what came with it is
-// taken as on an open connection; a DisconnectAck is a refusal.
-func (s *session) recvConnecting(now time.Time, d *datagram) {
-	for i := range d.msgs {
-		m := &d.msgs[i]
-		if m.fragment {
-			continue
-		}
-		switch m.id {
-		case idConnectSynAck:
-			s.clientEstablished(now, m.payload)
-			s.recvOpen(now, d)
-			return
-		case idDisconnectAck:
-			s.fail(refusedErr(m.payload))
-			return
-		}
-	}
-}
-
-// recvAdmit takes a datagram before the server's application decided on
-// the connection: the first ConnectSyn is handed to it (evAdmit), anything
-// else waits for the decision.
-func (s *session) recvAdmit(now time.Time, d *datagram) {
-	if s.handshake.admitWaiting {
-		return
-	}
-	for i := range d.msgs {
-		if m := &d.msgs[i]; m.id == idConnectSyn && !m.fragment {
-			s.handshake.admitWaiting = true
-			s.events |= evAdmit
-			s.handshake.syn = append([]byte(nil), m.payload...)
-			s.live.lastRecv = now
-			s.recv.win.add(d.packetID)
-			return
-		}
-	}
+	s.wire.read(now, b)
 }
 
 // recvLinger takes a datagram after we answered the peer's Disconnect: a
-// Disconnect again means our DisconnectAck was lost.
-func (s *session) recvLinger(now time.Time, d *datagram) {
+// Disconnect again (disconnect) means our DisconnectAck was lost.
+func (s *session) recvLinger(now time.Time, disconnect bool) {
 	s.live.lastRecv = now
-	if d.has(idDisconnect) {
+	if disconnect {
 		s.owed.owe(oweDiscAck)
 	}
-}
-
-// recvClosing takes a datagram while our Disconnect waits for its answer.
-// The answer may come from a peer that has already forgotten us (the
-// listener answers statelessly, PacketID 0, when our first DisconnectAck
-// was lost): it ends the close whatever its PacketID. Before it comes, the
-// peer's datagrams are taken as on an open connection.
-func (s *session) recvClosing(now time.Time, d *datagram) {
-	if d.has(idDisconnectAck) {
-		s.state = stateDone
-		return
-	}
-	s.recvOpen(now, d)
 }
 
 // countIn counts a well-formed datagram of n bytes in, and, on a server
@@ -191,42 +117,10 @@ func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 	}
 }
 
-// recvOpen takes a datagram of a connection past its handshake (or, on
-// the server, completing it): duplicates are acked again, a reliable one
-// without room goes unacked, the others are acked and their messages
-// handled in order.
-func (s *session) recvOpen(now time.Time, d *datagram) {
-	h, msgs := &d.header, d.msgs
-	if s.seenBefore(now, h.packetID, h.reliable) {
-		return
-	}
-	if h.reliable && !s.admits(msgs) {
-		// No room: leave it unacked so it comes again, but take the
-		// acks it carries.
-		s.stats.DroppedDatagrams++
-		s.alive(now)
-		for i := range msgs {
-			if !msgs[i].fragment && msgs[i].id == idPacketAck {
-				s.handlePacketAck(now, msgs[i].payload)
-			}
-		}
-		s.afterAcks(now)
-		s.flow.arrivals++
-		s.flowControl(now)
-		return
-	}
-	s.arrived(now, h.packetID, h.reliable)
-	acked := false
-	for i := range msgs {
-		if s.state == stateDone {
-			break
-		}
-		m := &msgs[i]
-		if !m.fragment && m.id == idPacketAck {
-			acked = true
-		}
-		s.handleMessage(now, h, msgRef{h.packetID, uint16(i)}, m)
-	}
+// datagramDone ends the handling of a datagram taken in, or refused for
+// want of room: the acks it carried (acked) take effect, and flow control
+// counts it.
+func (s *session) datagramDone(now time.Time, acked bool) {
 	if acked {
 		s.afterAcks(now)
 	}
@@ -234,112 +128,41 @@ func (s *session) recvOpen(now time.Time, d *datagram) {
 	s.flowControl(now)
 }
 
-// admits reports whether a reliable datagram fits our buffers, or makes
-// progress: it carries a message that can be applied now and either held
-// messages wait for it or the application has room for it, or a fragment
-// the reassembly takes.
-//
-// Held messages alone may fill the buffer while the application has read
-// everything; what fills the hole they wait behind must still get in, even
-// when it is several datagrams back from the first held one.
-func (s *session) admits(msgs []message) bool {
-	used := s.host.recvUsed()
-	over := used+s.recv.res.bytes >= s.cfg.recvBuffer
-	appContent := false
-	for i := range msgs {
-		m := &msgs[i]
-		if m.fragment {
-			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
-				return false
-			}
-			appContent = true
-			continue
-		}
-		if m.id >= MinMessageID && m.id <= MaxMessageID {
-			appContent = true
-		}
-	}
-	if !over || !appContent {
-		return true
-	}
-	h := &s.scratch.rd.header
-	appRoom := used < s.cfg.recvBuffer
-	for i := range msgs {
-		ref := msgRef{h.packetID, uint16(i)}
-		if !appRoom && !s.recv.res.waitedOn(ref) {
-			continue
-		}
-		deps := appendDeps(s.scratch.deps[:0], h, &msgs[i])
-		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// handleMessage processes one message block of an accepted datagram.
-func (s *session) handleMessage(now time.Time, h *header, ref msgRef, m *message) {
-	if m.fragment {
-		s.handleFragment(now, h, ref, m)
-		return
-	}
-	if s.handlePing(now, m.id, m.payload) {
-		return
-	}
-	switch m.id {
-	case idPacketAck:
-		s.handlePacketAck(now, m.payload)
-	case idConnectSyn:
-		if s.state == stateSynAck {
-			s.owed.owe(oweSynAck) // ours was lost
-		}
-	case idConnectSynAck:
-		// A copy of one we already had; our ConnectAck is reliable
-		// and takes care of itself.
-	case idConnectAck:
-		s.establishServer(now)
-	case idDisconnect, idDisconnectAck:
-		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
-		return
-	case idPath:
-		// Ignored, as any reserved message, unless the connection is
-		// secure.
-		if s.secure {
-			s.handlePath(m.payload)
-		}
-	default:
-		if m.id >= MinMessageID && m.id <= MaxMessageID {
-			s.establishServer(now)
-			s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
-			return
-		}
-		// Reserved and unknown: ignored, which applies it.
-	}
-	// A connection control message is applied as it arrives, and may be
-	// named by later messages (the first in-order message of a connection
-	// names the ConnectAck): release what waits for it.
-	s.cascade(now, ref)
-}
-
-func heldKindOf(id uint32) heldKind {
-	switch id {
-	case idDisconnect:
-		return heldDisconnect
-	case idDisconnectAck:
-		return heldDisconnectAck
-	}
-	return heldApp
-}
-
 func (s *session) protocolError(err error) {
 	s.stats.ProtocolErrors++
 	s.fail(&ProtocolError{Err: err})
 }
 
-func (s *session) handlePacketAck(now time.Time, p []byte) {
-	a, ok := parsePacketAck(p)
-	if !ok {
-		return
+// Fragments, in either wire: the wire reads each and says what the
+// message is once whole (order); reassembly (fragment.go) puts it
+// together.
+
+// reassemble feeds a fragment, found at at, to reassembly. Once the
+// message is whole it returns its transfer and the message; a fragment
+// the protocol forbids ends the session (ok false).
+func (s *session) reassemble(m *message, at msgRef, order startOrder) (t *transfer, whole []byte, ok bool) {
+	t, whole, err := s.recv.reasm.add(m, at, order)
+	if err != nil {
+		s.protocolError(err)
+		return nil, nil, false
 	}
-	s.loss.onPacketAck(now, a, &s.scratch.acked)
+	return t, whole, true
+}
+
+// endTransfer forgets transfer t, whose message whole is about to be
+// applied, and lends the pooled buffer behind whole, if any, to the
+// receive queue meanwhile (see takeLent); reclaimLent takes it back if
+// the queue did not keep it.
+func (s *session) endTransfer(t *transfer, whole []byte) {
+	s.recv.lent = s.recv.reasm.lend(t, whole)
+	s.recv.reasm.finish(t)
+}
+
+// reclaimLent puts back the buffer endTransfer lent, if the message was
+// held (a held message has its copy) or dropped, not delivered.
+func (s *session) reclaimLent() {
+	if s.recv.lent != nil {
+		putPayload(s.recv.lent)
+		s.recv.lent = nil
+	}
 }

@@ -20,6 +20,7 @@ type sendState struct {
 	latestQueued map[contentKey]*outMsg
 	order        sendOrder
 	tids         transferIDs
+	fragSize     int       // each fragment's payload (config.fragSize, or the C++ wire's)
 	bulk         *outMsg   // fragmented message whose fragments are being packed
 	spanHold     int       // see holdLimit
 	pacedOut     bool      // work waits for the pacer
@@ -148,8 +149,6 @@ const (
 	startRoom = 2 * maxVLE32Size
 )
 
-// fragSize is the payload of each fragment: at most MaxFragmentSize, and
-// sized so that whole fragments fill a datagram with little left over.
 // placed records that m, tracked by t, had its (first) block placed at
 // at. Only a reliable message's resolution waits for what it depends on
 // (resolvedWithin), so only then are its dependencies kept (named says
@@ -167,6 +166,8 @@ func (t *track) placed(now time.Time, at msgRef, m *outMsg, named bool) {
 	t.sentAt = now
 }
 
+// fragSize is the payload of each fragment: at most MaxFragmentSize, and
+// sized so that whole fragments fill a datagram with little left over.
 func (c *config) fragSize() int {
 	const perFrag = 7 // header, TransferID, FragmentNumber at its longest
 	avail := c.maxDatagram - minHeaderSize - 16
@@ -185,12 +186,12 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	case stateSyn:
 		if s.owed.take(oweSyn) {
 			s.handshake.synSends++
-			return s.control(buf, idConnectSyn, s.handshake.syn)
+			return s.wire.control(buf, idConnectSyn, s.handshake.syn)
 		}
 		return nil
 	case stateSynAck:
 		if s.owed.take(oweSynAck) {
-			b := s.control(buf, idConnectSynAck, s.handshake.synAck)
+			b := s.wire.control(buf, idConnectSynAck, s.handshake.synAck)
 			if b != nil {
 				s.handshake.synAckSent = now
 				s.handshake.synAckSends++
@@ -200,21 +201,21 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		return nil
 	case stateClosing:
 		if s.owed.take(oweDisc) {
-			return s.control(buf, idDisconnect, s.closing.reason)
+			return s.wire.control(buf, idDisconnect, s.closing.reason)
 		}
 		return nil
 	case stateLinger, stateDone:
 		if s.owed.take(oweDiscAck) {
 			if s.handshake.wasOpen {
 				s.closing.discAckedAt = now
-				return s.control(buf, idDisconnectAck, nil)
+				return s.wire.control(buf, idDisconnectAck, nil)
 			}
-			if b := s.control(buf, idDisconnectAck, s.closing.refuseReason); b != nil || len(s.closing.refuseReason) == 0 {
+			if b := s.wire.control(buf, idDisconnectAck, s.closing.refuseReason); b != nil || len(s.closing.refuseReason) == 0 {
 				return b
 			}
 			// A ConnectSyn too short to earn the reason's bytes (the
 			// anti-amplification rule) gets the bare refusal.
-			return s.control(buf, idDisconnectAck, nil)
+			return s.wire.control(buf, idDisconnectAck, nil)
 		}
 		return nil
 	case stateOK:
@@ -223,7 +224,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	}
 	if s.owed.take(oweDiscAck) {
 		s.closing.discAckedAt = now
-		return s.control(buf, idDisconnectAck, nil)
+		return s.wire.control(buf, idDisconnectAck, nil)
 	}
 	if now != s.send.forgotAt && s.send.order.tracking() {
 		// Acks forget resolved tracks too, but a connection that sends
@@ -237,7 +238,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	if b := s.pollReliable(now); b != nil {
 		return b
 	}
-	if b := s.pollUnreliable(now, buf); b != nil {
+	if b := s.wire.pollUnreliable(now, buf); b != nil {
 		return b
 	}
 	if s.owed.owes(oweAnchor) {
@@ -252,35 +253,9 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.state = stateClosing
 		s.closing.discBackoff = min(s.loss.rto(), firstDiscResend)
 		s.closing.discResend = now.Add(s.closing.discBackoff)
-		return s.control(buf, idDisconnect, s.closing.reason)
+		return s.wire.control(buf, idDisconnect, s.closing.reason)
 	}
 	return nil
-}
-
-// control builds an unreliable datagram holding one connection control
-// message. Disconnect and DisconnectAck are in-order messages: their
-// datagram has the InOrder flag, with no dependency left to name.
-func (s *session) control(buf []byte, id uint32, payload []byte) []byte {
-	if s.ref != nil {
-		return s.refControl(buf, id)
-	}
-	// Before the connection opened (a refusal) there is nothing to be in
-	// order after, and the flag's count byte would make the answer larger
-	// than the smallest ConnectSyn.
-	if s.spanFull() {
-		return nil
-	}
-	h := header{packetID: s.send.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
-	b := appendHeader(buf[:0], &h)
-	b = appendMessage(b, &message{id: id, payload: payload})
-	if id == idConnectSyn {
-		b = appendPadding(b, s.synPadding())
-	}
-	if !s.amplifies(b) {
-		return nil
-	}
-	s.sentUnreliable(b)
-	return b
 }
 
 // amplifies reports whether a server may send b before the connection is
@@ -346,12 +321,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 			s.send.pacedOut = true
 			return nil
 		}
-		if s.ref != nil {
-			s.refResend(now, d)
-		} else {
-			s.loss.resend(now, d)
-			s.send.out = outInfo{pn: d.pn}
-		}
+		s.wire.resend(now, d)
 		s.rc.sent(len(d.b))
 		s.stats.Retransmits++
 		s.stats.DatagramsSent++
@@ -377,7 +347,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.send.pacedOut = true
 		return nil
 	}
-	return s.buildReliable(now)
+	return s.wire.buildReliable(now)
 }
 
 // holdLimit bounds spanHold: the payload bytes sent, since the oldest
@@ -391,64 +361,6 @@ func (s *session) holdLimit() int { return s.cfg.recvBuffer * 3 / 4 }
 // maxWindow bounds the reliable datagrams in flight, well within the span
 // the protocol allows (2^15).
 const maxWindow = 8192
-
-// buildReliable packs reliable messages into a new datagram, followed by
-// whatever acks fit.
-func (s *session) buildReliable(now time.Time) []byte {
-	if s.ref != nil {
-		return s.buildRefReliable(now)
-	}
-	h := &s.scratch.wh
-	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]}
-	if s.owed.take(oweAck) {
-		p.body = appendMessage(p.body, &message{id: idConnectAck})
-		p.count++
-		p.whole0 = true
-	} else if s.owed.owes(oweAnchor) {
-		// An empty reserved message, applied as it arrives (a receiver
-		// ignores it), for in-order messages to name: see wireDeps.
-		p.body = appendMessage(p.body, &message{id: idPadding})
-		p.count++
-		p.whole0 = true
-	}
-	s.owed.take(oweAnchor)
-	if s.owed.take(oweFlow) {
-		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flow.rate), byte(s.flow.rate >> 8)}})
-		if p.count == 0 {
-			p.whole0 = true
-		}
-		p.count++
-	}
-	s.pack(now, h, &p, &s.send.relQ)
-	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
-	if p.count == 0 {
-		return nil
-	}
-	p.body = s.appendAcks(now, p.room(h), p.body, false)
-	s.scratch.body = p.body
-	b := s.getBuf()
-	b = appendHeader(b, h)
-	b = append(b, p.body...)
-	d := s.loss.sendNew(now, h.packetID, b)
-	s.rc.sent(len(b))
-	d.appBytes = p.appBytes
-	if p.holds {
-		d.hold = p.appBytes
-		s.send.spanHold += d.hold
-	}
-	d.whole0 = p.whole0
-	if p.whole0 {
-		s.anchors.lastWhole = msgRef{h.packetID, 0}
-		s.anchors.hasLastWhole = true
-	}
-	d.transfers = append(d.transfers, p.tids...)
-	d.pn = s.send.nextPN
-	s.numberNew()
-	s.stats.DatagramsSent++
-	s.stats.BytesSent += uint64(len(b))
-	return b
-}
 
 // appendAcks adds to body PacketAcks for as many pending acks as fit in
 // room bytes.
@@ -469,78 +381,14 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 	if repeat {
 		s.scratch.ackBuf = s.acks.merge(s.scratch.ackBuf)
 	}
-	var p [packetAckSize]byte
 	for _, a := range s.scratch.ackBuf {
-		if s.ref != nil {
-			body = appendCppMessage(body, &cppMessage{inOrder: true, id: idPacketAck, payload: appendCppPacketAck(p[:0], a)}, 0)
-		} else {
-			body = appendMessage(body, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
-		}
+		body = s.wire.appendAck(body, a)
 	}
 	return body
 }
 
 // ackRepeatWindow is how far back acks are sent again.
 func (s *session) ackRepeatWindow() time.Duration { return max(s.loss.rtt.srtt/2, time.Millisecond) }
-
-// pollUnreliable builds an unreliable datagram when acks, pings or
-// unreliable messages are due.
-func (s *session) pollUnreliable(now time.Time, buf []byte) []byte {
-	if s.ref != nil {
-		return s.pollRefUnreliable(now, buf)
-	}
-	acksDue, pingDue, data := s.unreliableDue(now)
-	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
-		return nil
-	}
-	h := &s.scratch.wh
-	*h = header{packetID: s.send.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}
-	if s.owed.take(owePathResponse) {
-		var resp [1 + pathDataSize]byte
-		resp[0] = pathResponse
-		copy(resp[1:], s.path.challenge[:])
-		p.body = appendMessage(p.body, &message{id: idPath, payload: resp[:]})
-		p.count++
-	}
-	var one [1]byte
-	for _, id := range s.live.pingReplies {
-		one[0] = id
-		p.body = appendMessage(p.body, &message{id: idPingReply, payload: one[:]})
-		p.count++
-	}
-	s.live.pingReplies = s.live.pingReplies[:0]
-	if pingDue {
-		one[0] = s.pingNow(now)
-		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
-		p.count++
-	}
-	if s.acks.pending() > 0 {
-		p.body = s.appendAcks(now, p.room(h), p.body, true)
-		p.count += len(s.scratch.ackBuf)
-	}
-	if s.acks.pending() == 0 {
-		s.owed.take(oweAckNow)
-	}
-	if data {
-		before := p.count
-		s.pack(now, h, &p, &s.send.unrelQ)
-		if p.count > before {
-			s.rc.sentUnpaced()
-		}
-	}
-	s.scratch.body = p.body
-	if p.count == 0 {
-		return nil
-	}
-	b := appendHeader(buf[:0], h)
-	b = append(b, p.body...)
-	if p.appBytes > 0 {
-		s.host.sendDone(p.appBytes)
-	}
-	s.sentUnreliable(b)
-	return b
-}
 
 // unreliableDue reports what an unreliable datagram would carry now: acks
 // owed, a ping, unreliable messages.
@@ -559,7 +407,8 @@ func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
 	return acksDue, pingDue, data
 }
 
-// packing is a datagram being filled.
+// packing is a datagram being filled, in either wire (specPacking,
+// cppPacking): what both count.
 type packing struct {
 	body     []byte
 	limit    int
@@ -568,36 +417,65 @@ type packing struct {
 	holds    bool   // a message in it may wait at the receiver
 	tids     []byte // TransferIDs of the fragments in it
 	skipped  int
-	whole0   bool // the first block is a whole message
 }
 
-// room is how many bytes the datagram can still take.
-func (p *packing) room(h *header) int { return p.limit - sizeHeader(h) - len(p.body) }
+// took records m's block (m whole, or its first fragment) of n payload
+// bytes placed in the datagram; waits says whether the receiver may hold
+// it for others. It returns the block's index in the datagram.
+func (p *packing) took(m *outMsg, n int, waits bool) uint16 {
+	idx := uint16(p.count)
+	p.holds = p.holds || waits || m.frag
+	p.count++
+	p.appBytes += n
+	m.off = n
+	if !m.frag {
+		m.done = true
+	}
+	return idx
+}
 
-// pack fills the datagram from q: whole messages and the first fragments of
-// transfers in queue order, then further fragments of the transfer under way
-// in the space left.
-func (s *session) pack(now time.Time, h *header, p *packing, q *sendQueue) {
-	for i := q.head; i < len(q.items) && p.room(h) >= 4 && p.count < maxPerDatagram; i++ {
-		m := q.items[i]
-		if m.done || (m.frag && m.off > 0) {
-			continue
-		}
-		if !s.place(now, h, p, m) {
-			p.skipped++
-			if p.skipped > maxSkipped {
-				break
-			}
-		}
+// startTransfer makes m, whose first fragment is being placed in p, the
+// transfer under way (send.bulk) under a new TransferID, which it
+// returns; ok is false when none is free. One transfer at a time keeps
+// the receiver's reassembly small.
+func (s *session) startTransfer(p *packing, m *outMsg) (tid uint8, ok bool) {
+	tid, ok = s.send.tids.alloc()
+	if !ok {
+		return 0, false
 	}
-	if q == &s.send.relQ {
-		for s.send.bulk != nil && p.room(h) >= 16 && p.count < maxPerDatagram {
-			if !s.placeFragment(now, h, p, s.send.bulk) {
-				break
-			}
-		}
+	m.tid = tid
+	s.send.tids.carried(tid)
+	p.tids = append(p.tids, tid)
+	m.fragNext = 1
+	s.send.bulk = m
+	return tid, true
+}
+
+// tookFragment records the next fragment of the transfer under way, m's
+// payload up to end, placed in the datagram p fills, PacketID pid. With
+// its last fragment the transfer is packed: its TransferID is released
+// from packing (acks release the rest) and the next one may start.
+func (s *session) tookFragment(p *packing, m *outMsg, end int, pid uint32) {
+	p.count++
+	p.appBytes += end - m.off
+	p.holds = true
+	if !slices.Contains(p.tids, m.tid) {
+		s.send.tids.carried(m.tid)
+		p.tids = append(p.tids, m.tid)
 	}
-	q.compact(s.freeQueued)
+	m.off = end
+	m.fragNext++
+	if t := m.track; t != nil {
+		t.lastPID = pid
+	}
+	if m.fragNext == m.fragCount {
+		if t := m.track; t != nil {
+			t.complete = true
+		}
+		s.send.tids.release(m.tid)
+		m.done = true
+		s.send.bulk = nil
+	}
 }
 
 // maxPerDatagram bounds the message blocks in one datagram, so that an
@@ -608,97 +486,6 @@ const maxPerDatagram = 1024
 // dependency, or a transfer under way) pack passes over before it stops
 // looking further down the queue.
 const maxSkipped = 64
-
-// place tries to put m (whole, or its first fragment) into the datagram.
-func (s *session) place(now time.Time, h *header, p *packing, m *outMsg) bool {
-	if m.frag && s.send.bulk != nil {
-		return false // one transfer at a time keeps the receiver's reassembly small
-	}
-	refs, ok := s.wireDeps(now, m, h.packetID)
-	if !ok {
-		return false
-	}
-	mark := len(h.deltas)
-	wasInOrder := h.inOrder
-	msg := message{id: m.id}
-	if !s.encodeDeps(h, &msg, refs, m.latest) {
-		return false
-	}
-	if m.frag {
-		msg.fragStart = true
-		msg.fragment = true
-		msg.fragCount = m.fragCount
-		msg.payload = m.payload[:m.fragSize]
-	} else {
-		msg.payload = m.payload
-	}
-	if sizeMessage(&msg) > p.room(h) {
-		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
-		return false
-	}
-	if m.frag {
-		tid, ok := s.send.tids.alloc()
-		if !ok {
-			h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
-			return false
-		}
-		m.tid = tid
-		msg.transferID = tid
-		s.send.tids.carried(tid)
-		p.tids = append(p.tids, tid)
-		m.fragNext = 1
-		s.send.bulk = m
-	}
-	p.body = appendMessage(p.body, &msg)
-	p.holds = p.holds || len(refs) > 0 || m.frag
-	at := msgRef{h.packetID, uint16(p.count)}
-	if p.count == 0 && !m.frag && len(refs) == 0 {
-		p.whole0 = true // applied as it arrives: an anchor
-	}
-	p.count++
-	p.appBytes += len(msg.payload)
-	m.off = len(msg.payload)
-	if t := m.track; t != nil {
-		t.wire = append(t.wire[:0], refs...)
-		t.placed(now, at, m, len(refs) > 0)
-	}
-	if !m.frag {
-		m.done = true
-	}
-	return true
-}
-
-// placeFragment puts the next fragment of the transfer under way into the
-// datagram.
-func (s *session) placeFragment(now time.Time, h *header, p *packing, m *outMsg) bool {
-	end := min(m.off+m.fragSize, len(m.payload))
-	msg := message{fragment: true, transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
-	if sizeMessage(&msg) > p.room(h) {
-		return false
-	}
-	p.body = appendMessage(p.body, &msg)
-	p.count++
-	p.appBytes += len(msg.payload)
-	p.holds = true
-	if !slices.Contains(p.tids, m.tid) {
-		s.send.tids.carried(m.tid)
-		p.tids = append(p.tids, m.tid)
-	}
-	m.off = end
-	m.fragNext++
-	if t := m.track; t != nil {
-		t.lastPID = h.packetID
-	}
-	if m.fragNext == m.fragCount {
-		if t := m.track; t != nil {
-			t.complete = true
-		}
-		s.send.tids.release(m.tid) // packing is over; acks release the rest
-		m.done = true
-		s.send.bulk = nil
-	}
-	return true
-}
 
 // afterAcks ends the handling of the acks one datagram carried: the
 // controller hears of them, what they freed is released, acked datagrams
@@ -715,12 +502,7 @@ func (s *session) afterAcks(now time.Time) {
 		for _, tid := range a.tids {
 			s.send.tids.release(tid)
 		}
-		if s.ref != nil {
-			for _, r := range a.rels {
-				s.ref.relAcked.addRange(r.first, r.count)
-			}
-			s.ref.fragFlight -= a.fragDgrams
-		}
+		s.wire.freed(a)
 		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
 	}
 	s.loss.sent.trim(s.trimmed)

@@ -37,9 +37,7 @@ func (s *session) openDeadlines(now time.Time, t *deadlines) {
 	s.liveDeadline(held, t)
 	s.closeDeadline(t)
 	s.recvDeadline(t)
-	if s.ref != nil {
-		s.refDeadline(t)
-	}
+	t.at(s.wire.deadline())
 }
 
 // advance runs the timers due at now.
@@ -70,9 +68,7 @@ func (s *session) advanceOpen(now time.Time) {
 		return
 	}
 	s.expireHeld(now)
-	if s.ref != nil {
-		s.flushRelHeld(now)
-	}
+	s.wire.advance(now)
 	if !now.Before(s.send.tidyAt) {
 		s.send.tidyAt = now.Add(s.cfg.keepalive())
 		s.tidy(now)

@@ -90,15 +90,15 @@ type simPair struct {
 }
 
 func newSimPair(t testing.TB, client, server *Config, up, down netsim.Params) *simPair {
-	return newSimPairIn(t, false, client, server, up, down)
+	return newSimPairIn(t, DialectSpec, client, server, up, down)
 }
 
-// newSimPairIn is newSimPair in the reference dialect if ref is set.
-func newSimPairIn(t testing.TB, ref bool, client, server *Config, up, down netsim.Params) *simPair {
+// newSimPairIn is newSimPair in dialect (DialectSpec or DialectReference).
+func newSimPairIn(t testing.TB, dialect Dialect, client, server *Config, up, down netsim.Params) *simPair {
 	p := &simPair{t: t, now: timeZero, buf: make([]byte, 0, 65536)}
 	p.h[0], p.h[1] = new(simHost), new(simHost)
-	p.s[0] = newSession(client.resolve(), p.h[0], true, ref, p.now)
-	p.s[1] = newSession(server.resolve(), p.h[1], false, ref, p.now)
+	p.s[0] = newSession(client.resolve(), p.h[0], true, dialect, p.now)
+	p.s[1] = newSession(server.resolve(), p.h[1], false, dialect, p.now)
 	p.links[0], p.links[1] = netsim.NewLink(up), netsim.NewLink(down)
 	return p
 }

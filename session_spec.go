@@ -1,0 +1,245 @@
+package knet
+
+import "time"
+
+// The specification's wire (DialectSpec; the codec is datagram.go,
+// message.go, vle.go): the session's wire (session_wire.go) unless it
+// speaks to a C++ peer. Receiving is here, sending in session_specsend.go;
+// applying what arrives, with the dependencies the wire carries, is
+// session_apply.go.
+
+// specWire is the specification's wire. Its buffers are the session's
+// (scratch.rd, scratch.wh): session_apply.go reads the datagram being
+// handled.
+type specWire struct{ s *session }
+
+// The specification's wire has every word the session uses.
+func (w *specWire) hasConnectAck() bool    { return true }
+func (w *specWire) hasRefusal() bool       { return true }
+func (w *specWire) sendsFlowControl() bool { return true }
+
+// The specification's wire has no timer of its own.
+func (w *specWire) deadline() time.Time { return time.Time{} }
+func (w *specWire) advance(time.Time)   {}
+
+// read takes one datagram from the peer. Everything is parsed first: a
+// malformed datagram is dropped whole.
+func (w *specWire) read(now time.Time, b []byte) {
+	s := w.s
+	if parseInto(b, &s.scratch.rd) != nil {
+		s.stats.InvalidDatagrams++
+		return
+	}
+	d := &s.scratch.rd
+	s.countIn(len(b))
+	switch s.state {
+	case stateSyn:
+		w.recvConnecting(now, d)
+	case stateAdmit:
+		w.recvAdmit(now, d)
+	case stateLinger:
+		s.recvLinger(now, d.has(idDisconnect))
+	case stateClosing:
+		w.recvClosing(now, d)
+	default: // stateSynAck, stateOK
+		w.recvOpen(now, d)
+	}
+}
+
+// recvConnecting takes a datagram while the client waits for its
+// ConnectSynAck: one completes the handshake, and what came with it is
+// taken as on an open connection; a DisconnectAck is a refusal.
+func (w *specWire) recvConnecting(now time.Time, d *datagram) {
+	s := w.s
+	for i := range d.msgs {
+		m := &d.msgs[i]
+		if m.fragment {
+			continue
+		}
+		switch m.id {
+		case idConnectSynAck:
+			s.clientEstablished(now, m.payload)
+			w.recvOpen(now, d)
+			return
+		case idDisconnectAck:
+			s.fail(refusedErr(m.payload))
+			return
+		}
+	}
+}
+
+// recvAdmit takes a datagram before the server's application decided on
+// the connection: the first ConnectSyn is handed to it (evAdmit), anything
+// else waits for the decision.
+func (w *specWire) recvAdmit(now time.Time, d *datagram) {
+	s := w.s
+	if s.handshake.admitWaiting {
+		return
+	}
+	for i := range d.msgs {
+		if m := &d.msgs[i]; m.id == idConnectSyn && !m.fragment {
+			s.handshake.admitWaiting = true
+			s.events |= evAdmit
+			s.handshake.syn = append([]byte(nil), m.payload...)
+			s.live.lastRecv = now
+			s.recv.win.add(d.packetID)
+			return
+		}
+	}
+}
+
+// recvClosing takes a datagram while our Disconnect waits for its answer.
+// The answer may come from a peer that has already forgotten us (the
+// listener answers statelessly, PacketID 0, when our first DisconnectAck
+// was lost): it ends the close whatever its PacketID. Before it comes, the
+// peer's datagrams are taken as on an open connection.
+func (w *specWire) recvClosing(now time.Time, d *datagram) {
+	if d.has(idDisconnectAck) {
+		w.s.state = stateDone
+		return
+	}
+	w.recvOpen(now, d)
+}
+
+// recvOpen takes a datagram of a connection past its handshake (or, on
+// the server, completing it): duplicates are acked again, a reliable one
+// without room goes unacked, the others are acked and their messages
+// handled in order.
+func (w *specWire) recvOpen(now time.Time, d *datagram) {
+	s := w.s
+	h, msgs := &d.header, d.msgs
+	if s.seenBefore(now, h.packetID, h.reliable) {
+		return
+	}
+	if h.reliable && !w.admits(msgs) {
+		// No room: leave it unacked so it comes again, but take the
+		// acks it carries.
+		s.stats.DroppedDatagrams++
+		s.alive(now)
+		for i := range msgs {
+			if !msgs[i].fragment && msgs[i].id == idPacketAck {
+				w.handlePacketAck(now, msgs[i].payload)
+			}
+		}
+		s.datagramDone(now, true)
+		return
+	}
+	s.arrived(now, h.packetID, h.reliable)
+	acked := false
+	for i := range msgs {
+		if s.state == stateDone {
+			break
+		}
+		m := &msgs[i]
+		if !m.fragment && m.id == idPacketAck {
+			acked = true
+		}
+		w.handleMessage(now, h, msgRef{h.packetID, uint16(i)}, m)
+	}
+	s.datagramDone(now, acked)
+}
+
+// admits reports whether a reliable datagram fits our buffers, or makes
+// progress: it carries a message that can be applied now and either held
+// messages wait for it or the application has room for it, or a fragment
+// the reassembly takes.
+//
+// Held messages alone may fill the buffer while the application has read
+// everything; what fills the hole they wait behind must still get in, even
+// when it is several datagrams back from the first held one.
+func (w *specWire) admits(msgs []message) bool {
+	s := w.s
+	used := s.host.recvUsed()
+	over := used+s.recv.res.bytes >= s.cfg.recvBuffer
+	appContent := false
+	for i := range msgs {
+		m := &msgs[i]
+		if m.fragment {
+			if !s.recv.reasm.admits(m.transferID, len(m.payload)) {
+				return false
+			}
+			appContent = true
+			continue
+		}
+		if m.id >= MinMessageID && m.id <= MaxMessageID {
+			appContent = true
+		}
+	}
+	if !over || !appContent {
+		return true
+	}
+	h := &s.scratch.rd.header
+	appRoom := used < s.cfg.recvBuffer
+	for i := range msgs {
+		ref := msgRef{h.packetID, uint16(i)}
+		if !appRoom && !s.recv.res.waitedOn(ref) {
+			continue
+		}
+		deps := appendDeps(s.scratch.deps[:0], h, &msgs[i])
+		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// handleMessage processes one message block of an accepted datagram.
+func (w *specWire) handleMessage(now time.Time, h *header, ref msgRef, m *message) {
+	s := w.s
+	if m.fragment {
+		s.handleFragment(now, h, ref, m)
+		return
+	}
+	if s.handlePing(now, m.id, m.payload) {
+		return
+	}
+	switch m.id {
+	case idPacketAck:
+		w.handlePacketAck(now, m.payload)
+	case idConnectSyn:
+		if s.state == stateSynAck {
+			s.owed.owe(oweSynAck) // ours was lost
+		}
+	case idConnectSynAck:
+		// A copy of one we already had; our ConnectAck is reliable
+		// and takes care of itself.
+	case idConnectAck:
+		s.establishServer(now)
+	case idDisconnect, idDisconnectAck:
+		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
+		return
+	case idPath:
+		// Ignored, as any reserved message, unless the connection is
+		// secure.
+		if s.secure {
+			s.handlePath(m.payload)
+		}
+	default:
+		if m.id >= MinMessageID && m.id <= MaxMessageID {
+			s.establishServer(now)
+			s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
+			return
+		}
+		// Reserved and unknown: ignored, which applies it.
+	}
+	// A connection control message is applied as it arrives, and may be
+	// named by later messages (the first in-order message of a connection
+	// names the ConnectAck): release what waits for it.
+	s.cascade(now, ref)
+}
+
+func heldKindOf(id uint32) heldKind {
+	switch id {
+	case idDisconnect:
+		return heldDisconnect
+	case idDisconnectAck:
+		return heldDisconnectAck
+	}
+	return heldApp
+}
+
+func (w *specWire) handlePacketAck(now time.Time, p []byte) {
+	if a, ok := parsePacketAck(p); ok {
+		w.s.loss.onPacketAck(now, a, &w.s.scratch.acked)
+	}
+}

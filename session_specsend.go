@@ -1,0 +1,277 @@
+package knet
+
+import "time"
+
+// Sending on the specification's wire (see session_spec.go): the control
+// messages, the packing of reliable and unreliable datagrams with the
+// dependencies they carry (session_deps.go works them out), and
+// retransmission under the same PacketID.
+
+// control builds an unreliable datagram holding one connection control
+// message. Disconnect and DisconnectAck are in-order messages: their
+// datagram has the InOrder flag, with no dependency left to name.
+func (w *specWire) control(buf []byte, id uint32, payload []byte) []byte {
+	s := w.s
+	if s.spanFull() {
+		return nil
+	}
+	// Before the connection opened (a refusal) there is nothing to be in
+	// order after, and the flag's count byte would make the answer larger
+	// than the smallest ConnectSyn.
+	h := header{packetID: s.send.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	b := appendHeader(buf[:0], &h)
+	b = appendMessage(b, &message{id: id, payload: payload})
+	if id == idConnectSyn {
+		b = appendPadding(b, s.synPadding())
+	}
+	if !s.amplifies(b) {
+		return nil
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+// resend records d, found lost, going again as it was: same bytes, same
+// PacketID, same packet number.
+func (w *specWire) resend(now time.Time, d *sent) {
+	w.s.loss.resend(now, d)
+	w.s.send.out = outInfo{pn: d.pn}
+}
+
+// appendAck appends a PacketAck message for a.
+func (w *specWire) appendAck(b []byte, a packetAck) []byte {
+	var p [packetAckSize]byte
+	return appendMessage(b, &message{id: idPacketAck, payload: appendPacketAck(p[:0], a)})
+}
+
+// The specification's wire keeps nothing of what it sent beside the
+// session's state.
+func (w *specWire) freed(*ackResult) {}
+func (w *specWire) dropSending()     {}
+
+// acked reports whether reliable message t, packed whole, is known to
+// have arrived: every datagram up to its last one sent (not the one being
+// built) is acked. The receiver may still hold it for what it depends on
+// (alone is false): see resolvedWithin.
+func (w *specWire) acked(t *track) (acked, alone bool) {
+	s := w.s
+	if !seqLess(t.lastPID, s.send.nextPID) {
+		return false, false
+	}
+	if first := s.loss.sent.firstUnacked(); first != nil && !seqLess(t.lastPID, first.packetID) {
+		return false, false
+	}
+	return true, false
+}
+
+// specPacking is a datagram of the specification's wire being filled.
+type specPacking struct {
+	packing
+	h      *header // its header, where place adds dependencies
+	whole0 bool    // the first block is a whole message
+}
+
+// room is how many bytes the datagram can still take.
+func (p *specPacking) room() int { return p.limit - sizeHeader(p.h) - len(p.body) }
+
+// buildReliable packs reliable messages into a new datagram, followed by
+// whatever acks fit.
+func (w *specWire) buildReliable(now time.Time) []byte {
+	s := w.s
+	h := &s.scratch.wh
+	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := specPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]}, h: h}
+	if s.owed.take(oweAck) {
+		p.body = appendMessage(p.body, &message{id: idConnectAck})
+		p.count++
+		p.whole0 = true
+	} else if s.owed.owes(oweAnchor) {
+		// An empty reserved message, applied as it arrives (a receiver
+		// ignores it), for in-order messages to name: see wireDeps.
+		p.body = appendMessage(p.body, &message{id: idPadding})
+		p.count++
+		p.whole0 = true
+	}
+	s.owed.take(oweAnchor)
+	if s.owed.take(oweFlow) {
+		p.body = appendMessage(p.body, &message{id: idFlowControlRequest, payload: []byte{byte(s.flow.rate), byte(s.flow.rate >> 8)}})
+		if p.count == 0 {
+			p.whole0 = true
+		}
+		p.count++
+	}
+	w.pack(now, &p, &s.send.relQ)
+	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
+	if p.count == 0 {
+		return nil
+	}
+	p.body = s.appendAcks(now, p.room(), p.body, false)
+	s.scratch.body = p.body
+	b := s.getBuf()
+	b = appendHeader(b, h)
+	b = append(b, p.body...)
+	d := s.loss.sendNew(now, h.packetID, b)
+	s.rc.sent(len(b))
+	d.appBytes = p.appBytes
+	if p.holds {
+		d.hold = p.appBytes
+		s.send.spanHold += d.hold
+	}
+	d.whole0 = p.whole0
+	if p.whole0 {
+		s.anchors.lastWhole = msgRef{h.packetID, 0}
+		s.anchors.hasLastWhole = true
+	}
+	d.transfers = append(d.transfers, p.tids...)
+	d.pn = s.send.nextPN
+	s.numberNew()
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+	return b
+}
+
+// pollUnreliable builds an unreliable datagram when acks, pings or
+// unreliable messages are due.
+func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
+	s := w.s
+	acksDue, pingDue, data := s.unreliableDue(now)
+	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
+		return nil
+	}
+	h := &s.scratch.wh
+	*h = header{packetID: s.send.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := specPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}, h: h}
+	if s.owed.take(owePathResponse) {
+		var resp [1 + pathDataSize]byte
+		resp[0] = pathResponse
+		copy(resp[1:], s.path.challenge[:])
+		p.body = appendMessage(p.body, &message{id: idPath, payload: resp[:]})
+		p.count++
+	}
+	var one [1]byte
+	for _, id := range s.live.pingReplies {
+		one[0] = id
+		p.body = appendMessage(p.body, &message{id: idPingReply, payload: one[:]})
+		p.count++
+	}
+	s.live.pingReplies = s.live.pingReplies[:0]
+	if pingDue {
+		one[0] = s.pingNow(now)
+		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
+		p.count++
+	}
+	if s.acks.pending() > 0 {
+		p.body = s.appendAcks(now, p.room(), p.body, true)
+		p.count += len(s.scratch.ackBuf)
+	}
+	if s.acks.pending() == 0 {
+		s.owed.take(oweAckNow)
+	}
+	if data {
+		before := p.count
+		w.pack(now, &p, &s.send.unrelQ)
+		if p.count > before {
+			s.rc.sentUnpaced()
+		}
+	}
+	s.scratch.body = p.body
+	if p.count == 0 {
+		return nil
+	}
+	b := appendHeader(buf[:0], h)
+	b = append(b, p.body...)
+	if p.appBytes > 0 {
+		s.host.sendDone(p.appBytes)
+	}
+	s.sentUnreliable(b)
+	return b
+}
+
+// pack fills the datagram from q: whole messages and the first fragments of
+// transfers in queue order, then further fragments of the transfer under way
+// in the space left.
+func (w *specWire) pack(now time.Time, p *specPacking, q *sendQueue) {
+	s := w.s
+	for i := q.head; i < len(q.items) && p.room() >= 4 && p.count < maxPerDatagram; i++ {
+		m := q.items[i]
+		if m.done || (m.frag && m.off > 0) {
+			continue
+		}
+		if !w.place(now, p, m) {
+			p.skipped++
+			if p.skipped > maxSkipped {
+				break
+			}
+		}
+	}
+	if q == &s.send.relQ {
+		for s.send.bulk != nil && p.room() >= 16 && p.count < maxPerDatagram {
+			if !w.placeFragment(p, s.send.bulk) {
+				break
+			}
+		}
+	}
+	q.compact(s.freeQueued)
+}
+
+// place tries to put m (whole, or its first fragment) into the datagram,
+// with the dependencies it names.
+func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
+	s, h := w.s, p.h
+	if m.frag && s.send.bulk != nil {
+		return false // one transfer at a time keeps the receiver's reassembly small
+	}
+	refs, ok := s.wireDeps(now, m, h.packetID)
+	if !ok {
+		return false
+	}
+	mark := len(h.deltas)
+	wasInOrder := h.inOrder
+	msg := message{id: m.id}
+	if !s.encodeDeps(h, &msg, refs, m.latest) {
+		return false
+	}
+	if m.frag {
+		msg.fragStart = true
+		msg.fragment = true
+		msg.fragCount = m.fragCount
+		msg.payload = m.payload[:m.fragSize]
+	} else {
+		msg.payload = m.payload
+	}
+	if sizeMessage(&msg) > p.room() {
+		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
+		return false
+	}
+	if m.frag {
+		tid, ok := s.startTransfer(&p.packing, m)
+		if !ok {
+			h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
+			return false
+		}
+		msg.transferID = tid
+	}
+	p.body = appendMessage(p.body, &msg)
+	if p.count == 0 && !m.frag && len(refs) == 0 {
+		p.whole0 = true // applied as it arrives: an anchor
+	}
+	idx := p.took(m, len(msg.payload), len(refs) > 0)
+	if t := m.track; t != nil {
+		t.wire = append(t.wire[:0], refs...)
+		t.placed(now, msgRef{h.packetID, idx}, m, len(refs) > 0)
+	}
+	return true
+}
+
+// placeFragment puts the next fragment of the transfer under way into the
+// datagram.
+func (w *specWire) placeFragment(p *specPacking, m *outMsg) bool {
+	end := min(m.off+m.fragSize, len(m.payload))
+	msg := message{fragment: true, transferID: m.tid, fragNumber: m.fragNext, payload: m.payload[m.off:end]}
+	if sizeMessage(&msg) > p.room() {
+		return false
+	}
+	p.body = appendMessage(p.body, &msg)
+	w.s.tookFragment(&p.packing, m, end, p.h.packetID)
+	return true
+}
