@@ -17,20 +17,20 @@ import (
 
 // knet talking to knet in the reference dialect: a Dial with
 // DialectReference against a Listener detecting it. The reference peer
-// itself is played by refpeer_test.go; this pair checks what knet adds on
+// itself is played by referencepeer_test.go; this pair checks what knet adds on
 // both ends (ordering by reliable number, reassembly, retransmission under
 // new PacketIDs) over clean and bad networks.
 
-// refWorkload is what the client sends: kind, ID and payload of each
+// referenceWorkload is what the client sends: kind, ID and payload of each
 // message, every payload tagged with its index.
-type refWorkItem struct {
+type referenceWorkItem struct {
 	m    Message
 	size int
 }
 
-func refWorkload() []refWorkItem {
-	var w []refWorkItem
-	add := func(m Message, size int) { w = append(w, refWorkItem{m, size}) }
+func referenceWorkload() []referenceWorkItem {
+	var w []referenceWorkItem
+	add := func(m Message, size int) { w = append(w, referenceWorkItem{m, size}) }
 	for range 20 {
 		add(Message{ID: 10}, 40)
 	}
@@ -49,8 +49,8 @@ func refWorkload() []refWorkItem {
 	return w
 }
 
-// refPayload is message i's payload: its index, then a pattern.
-func refPayload(i, size int) []byte {
+// referencePayload is message i's payload: its index, then a pattern.
+func referencePayload(i, size int) []byte {
 	p := make([]byte, size)
 	if size >= 4 {
 		binary.LittleEndian.PutUint32(p, uint32(i))
@@ -112,10 +112,10 @@ func TestReferenceDialectPair(t *testing.T) {
 			assert.Empty(t, syn)
 			assert.Empty(t, synAck)
 
-			work := refWorkload()
+			work := referenceWorkload()
 			for i, w := range work {
 				m := w.m
-				m.Payload = refPayload(i, w.size)
+				m.Payload = referencePayload(i, w.size)
 				require.NoError(t, c.Send(m))
 			}
 			ctx := within(t, 20*time.Second)
@@ -140,7 +140,7 @@ func TestReferenceDialectPair(t *testing.T) {
 				got[i] = true
 				assert.Equal(t, w.m.ID, m.ID, "message %d", i)
 				assert.Equal(t, w.m.Reliable, m.Reliable, "message %d", i)
-				assert.True(t, bytes.Equal(refPayload(i, w.size), m.Payload), "message %d content", i)
+				assert.True(t, bytes.Equal(referencePayload(i, w.size), m.Payload), "message %d content", i)
 				if w.m.InOrder {
 					assert.True(t, m.InOrder)
 					assert.Greater(t, i, lastOrdered, "in-order message %d after %d", i, lastOrdered)

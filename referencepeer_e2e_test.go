@@ -2,7 +2,7 @@ package knet_test
 
 // End-to-end runs of knet against a scripted reference peer: a client or
 // server that speaks only the reference wire, with the codec of
-// refpeer_test.go (never the library's), over real loopback sockets.
+// referencepeer_test.go (never the library's), over real loopback sockets.
 //
 // The peer behaves as testdata/reference/README.md says the reference
 // does: it opens with 8 zero bytes (or, as a server, answers them with two
@@ -335,7 +335,7 @@ type rpPeer struct {
 	// Counters for the log.
 	dgIn, dgOut, dropIn, dropOut, resends, dupPID, dupRel, openings, pings, pingReplies, afterClose int
 	fragsIn, violations                                                                             int
-	errorf                                                                                          func(format string, args ...any) // t.Errorf; a recorder in TestRefPeerReassemblyDefects
+	errorf                                                                                          func(format string, args ...any) // t.Errorf; a recorder in TestReferencePeerReassemblyDefects
 }
 
 func newRPPeer(t *testing.T, server bool, conn *net.UDPConn, remote *net.UDPAddr, loss float64, seed uint64) *rpPeer {
@@ -937,10 +937,10 @@ var rpPaths = []struct {
 	{"loss5", rpLoss, 1},
 }
 
-// TestRefPeerClientAgainstListener: the scripted reference client against
-// a knet Listener with the default Config (DialectAuto), whose echo server
-// sends every message back as it came.
-func TestRefPeerClientAgainstListener(t *testing.T) {
+// TestReferencePeerClientAgainstListener: the scripted reference client
+// against a knet Listener with the default Config (DialectAuto), whose echo
+// server sends every message back as it came.
+func TestReferencePeerClientAgainstListener(t *testing.T) {
 	t.Parallel()
 	for _, path := range rpPaths {
 		t.Run(path.name, func(t *testing.T) {
@@ -1072,9 +1072,9 @@ func rpRunClient(t *testing.T, loss float64, seed uint64) {
 		st.DatagramsSent, st.Retransmits, st.RTT, st.RTO, st.DatagramsReceived, st.DuplicateMessages, st.InvalidDatagrams)
 }
 
-// TestRefPeerServerForDial: a knet Dial in the reference dialect against
+// TestReferencePeerServerForDial: a knet Dial in the reference dialect against
 // the scripted reference server, which echoes every message.
-func TestRefPeerServerForDial(t *testing.T) {
+func TestReferencePeerServerForDial(t *testing.T) {
 	t.Parallel()
 	for _, path := range rpPaths {
 		t.Run(path.name, func(t *testing.T) {
@@ -1162,11 +1162,11 @@ func rpRunServer(t *testing.T, loss float64, seed uint64) {
 		st.DatagramsSent, st.Retransmits, st.RTT, st.RTO, st.DatagramsReceived, st.DuplicateMessages, st.InvalidDatagrams)
 }
 
-// TestRefPeerReassemblyDefects shows that the scripted peer's receiver
+// TestReferencePeerReassemblyDefects shows that the scripted peer's receiver
 // catches what would break the reference's (fact 18): a fragment before
 // its FragmentStart, fragments out of FragmentNumber order; and that a
 // duplicate (same reliable number) is dropped before it is checked.
-func TestRefPeerReassemblyDefects(t *testing.T) {
+func TestReferencePeerReassemblyDefects(t *testing.T) {
 	frag := func(rel, n uint32, payload string) rpBlock {
 		b := rpBlock{frag: true, reliable: true, inOrder: true, relNum: rel, transferID: 1, fragNum: n, payload: []byte(payload)}
 		if n == 0 {

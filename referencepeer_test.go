@@ -3,10 +3,10 @@ package knet_test
 // An end-to-end check of the reference dialect against a scripted peer that
 // speaks only the C++ reference implementation's wire, as
 // testdata/reference/README.md describes it byte by byte and as its
-// captures show it. The codec below and the peer in refpeer_e2e_test.go
-// are written from that README alone; nothing here uses the library's own
-// codec (cppwire.go), so the two can only agree by both following the
-// captures.
+// captures show it. The codec below and the peer in
+// referencepeer_e2e_test.go are written from that README alone; nothing
+// here uses the library's own codec (cppwire.go), so the two can only
+// agree by both following the captures.
 //
 // The peer behaves like the reference, with one deliberate difference: it
 // resends unacked reliable messages after a short fixed timeout instead of
@@ -471,8 +471,8 @@ func rpIDName(id uint32) string {
 // takes 6..0x3FFFFFFA; 0, 5 and 0x3FFFFFFB..0x3FFFFFFD are reserved).
 func rpIsApp(id uint32) bool { return id >= 6 && id < rpConnectAck }
 
-// TestRefPeerCodec pins the test's codec to the README's examples.
-func TestRefPeerCodec(t *testing.T) {
+// TestReferencePeerCodec pins the test's codec to the README's examples.
+func TestReferencePeerCodec(t *testing.T) {
 	for _, tt := range []struct {
 		v    uint32
 		want string
@@ -646,15 +646,15 @@ func rpReadCapture(t *testing.T, path string) []rpCaptureLine {
 	return lines
 }
 
-// TestRefPeerGolden decodes every datagram of every reference capture with
-// the test's codec and encodes it back to the same bytes. The trashtalk
-// capture's client sends random bytes, and every other capture's client
-// opens with 8 zero bytes, which are not a datagram.
+// TestReferencePeerGolden decodes every datagram of every reference
+// capture with the test's codec and encodes it back to the same bytes. The
+// trashtalk capture's client sends random bytes, and every other capture's
+// client opens with 8 zero bytes, which are not a datagram.
 //
 // It also checks the README's facts that the peer below relies on, where
 // the traffic is the reference's own (the pyprobe captures' clients are
 // hand-written).
-func TestRefPeerGolden(t *testing.T) {
+func TestReferencePeerGolden(t *testing.T) {
 	paths, err := filepath.Glob(filepath.Join("testdata", "reference", "*.txt"))
 	require.NoError(t, err)
 	var captures []string
