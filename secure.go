@@ -58,7 +58,7 @@ var (
 	// client whose ConnectSyn is no secure handshake (a plaintext client).
 	ErrHandshakeFailed = errors.New("knet: secure handshake failed")
 	errBadKey          = errors.New("knet: a key must be 32 bytes (X25519)")
-	errSecureRef       = errors.New("knet: the reference dialect cannot be secure")
+	errSecureCpp       = errors.New("knet: the reference dialect cannot be secure")
 	errTokenInClear    = errors.New("knet: Config.Token needs Config.ServerKey: a connect token travels only in a secure handshake")
 	errTokenKeyAlone   = errors.New("knet: Config.TokenKey needs Config.PrivateKey: connect tokens are checked only by a secure listener")
 	errTokenAddrs      = errors.New("knet: Config.TokenKey on an unspecified address needs Config.PublicAddrs, the addresses tokens name")
@@ -551,7 +551,7 @@ func (c *config) secureListener() error {
 		return fmt.Errorf("knet: Config.PrivateKey: %w", err)
 	}
 	if c.dialect == DialectReference {
-		return errSecureRef
+		return errSecureCpp
 	}
 	c.publicKey = pub
 	c.dialect = DialectSpec
@@ -579,7 +579,7 @@ func (c *config) secureDialer() error {
 		return fmt.Errorf("knet: Config.ServerKey: %w", err)
 	}
 	if c.dialect == DialectReference {
-		return errSecureRef
+		return errSecureCpp
 	}
 	if len(c.token) > maxTokenSize {
 		return fmt.Errorf("knet: Config.Token of %d bytes, a connect token has at most %d", len(c.token), maxTokenSize)

@@ -234,7 +234,7 @@ func TestSecureConfigChecks(t *testing.T) {
 	assert.Len(t, priv, KeySize)
 	assert.Len(t, pub, KeySize)
 	_, err = Listen("udp", "127.0.0.1:0", &Config{PrivateKey: priv, Dialect: DialectReference})
-	assert.ErrorIs(t, err, errSecureRef)
+	assert.ErrorIs(t, err, errSecureCpp)
 	_, err = Dial(context.Background(), "udp", "127.0.0.1:9", &Config{ServerKey: pub[:5]})
 	assert.Error(t, err)
 	ccfg := &Config{ServerKey: pub, ConnectPayload: make([]byte, defaultMaxDatagramSize)}
