@@ -333,6 +333,16 @@ func parseCppInto(b []byte, d *cppDatagram) error {
 	return nil
 }
 
+// has reports whether the datagram holds a whole message with ID id.
+func (d *cppDatagram) has(id uint32) bool {
+	for i := range d.msgs {
+		if m := &d.msgs[i]; !m.fragment && m.id == id {
+			return true
+		}
+	}
+	return false
+}
+
 // appendCppDatagram appends the encoding of d.
 func appendCppDatagram(b []byte, d *cppDatagram) []byte {
 	b = appendCppHeader(b, &d.cppHeader)

@@ -150,16 +150,6 @@ func (w *cppWire) opening(now time.Time, n int) {
 	}
 }
 
-// has reports whether the datagram holds a whole message with ID id.
-func (d *cppDatagram) has(id uint32) bool {
-	for i := range d.msgs {
-		if m := &d.msgs[i]; !m.fragment && m.id == id {
-			return true
-		}
-	}
-	return false
-}
-
 // recvOpen takes a datagram of an open connection (or, on the server,
 // the one completing it), as the spec wire's recvOpen does.
 func (w *cppWire) recvOpen(now time.Time, d *cppDatagram) {
