@@ -26,6 +26,11 @@ func TestNoAllocsPerMessage(t *testing.T) {
 	t.Run("secure", func(t *testing.T) {
 		noAllocsPerMessage(t, &Config{DisconnectTimeout: time.Second, PrivateKey: priv, ServerKey: pub})
 	})
+	// The C++ implementation's wire, whose reading and building are its
+	// own (session_cpp.go, session_cppsend.go).
+	t.Run("reference", func(t *testing.T) {
+		noAllocsPerMessage(t, &Config{DisconnectTimeout: time.Second, Dialect: DialectReference})
+	})
 }
 
 func noAllocsPerMessage(t *testing.T, cfg *Config) {
