@@ -133,23 +133,12 @@ func (w *cppWire) buildReliable(now time.Time) []byte {
 	h := cppHeader{packetID: s.send.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
 	b := appendCppHeader(s.getBuf(), &h)
 	b = append(b, p.body...)
-	d := s.loss.sendNew(now, h.packetID, b)
-	s.rc.sent(len(b))
-	d.appBytes = p.appBytes
-	if p.holds {
-		d.hold = p.appBytes
-		s.send.spanHold += d.hold
-	}
+	d := s.sentReliable(now, h.packetID, b, &p.packing)
 	d.relFirst, d.relCount = p.base, p.rels
-	d.transfers = append(d.transfers, p.tids...)
 	if len(p.tids) > 0 {
 		w.fragFlight++
 	}
 	w.relOut = p.nextRel()
-	d.pn = s.send.nextPN
-	s.numberNew()
-	s.stats.DatagramsSent++
-	s.stats.BytesSent += uint64(len(b))
 	return b
 }
 

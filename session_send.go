@@ -478,6 +478,26 @@ func (s *session) tookFragment(p *packing, m *outMsg, end int, pid uint32) {
 	}
 }
 
+// sentReliable records b, a new reliable datagram with PacketID pid that
+// p packed, going out: kept until acked (loss.go) with what its acks will
+// free, counted against the window, the span held (holdLimit) and the
+// stats. It returns the record, for the wire to add its own.
+func (s *session) sentReliable(now time.Time, pid uint32, b []byte, p *packing) *sent {
+	d := s.loss.sendNew(now, pid, b)
+	s.rc.sent(len(b))
+	d.appBytes = p.appBytes
+	if p.holds {
+		d.hold = p.appBytes
+		s.send.spanHold += d.hold
+	}
+	d.transfers = append(d.transfers, p.tids...)
+	d.pn = s.send.nextPN
+	s.numberNew()
+	s.stats.DatagramsSent++
+	s.stats.BytesSent += uint64(len(b))
+	return d
+}
+
 // maxPerDatagram bounds the message blocks in one datagram, so that an
 // index into them fits InOrderDatagramIndexArray with room to spare.
 const maxPerDatagram = 1024

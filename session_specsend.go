@@ -110,23 +110,12 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 	b := s.getBuf()
 	b = appendHeader(b, h)
 	b = append(b, p.body...)
-	d := s.loss.sendNew(now, h.packetID, b)
-	s.rc.sent(len(b))
-	d.appBytes = p.appBytes
-	if p.holds {
-		d.hold = p.appBytes
-		s.send.spanHold += d.hold
-	}
+	d := s.sentReliable(now, h.packetID, b, &p.packing)
 	d.whole0 = p.whole0
 	if p.whole0 {
 		s.anchors.lastWhole = msgRef{h.packetID, 0}
 		s.anchors.hasLastWhole = true
 	}
-	d.transfers = append(d.transfers, p.tids...)
-	d.pn = s.send.nextPN
-	s.numberNew()
-	s.stats.DatagramsSent++
-	s.stats.BytesSent += uint64(len(b))
 	return b
 }
 

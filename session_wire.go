@@ -16,10 +16,13 @@ import "time"
 // The rest of the session is shared by both: the states and their
 // timers, the send queues and what orders them, loss recovery and rate
 // control, the receive window, reassembly, acks and pings, applying
-// messages. So are the parts of packing and reading fragments that are
-// not encoding (packing, startTransfer and tookFragment in
-// session_send.go; reassemble, endTransfer and reclaimLent in
-// session_recv.go).
+// messages. So is what building and reading datagrams does beyond
+// encoding: the counts of a datagram being packed, a transfer started and
+// its fragments placed, a reliable datagram recorded going out (packing,
+// startTransfer, tookFragment, sentReliable in session_send.go); a
+// fragment into reassembly and the whole message out of it, the end of a
+// datagram's handling (reassemble, endTransfer, reclaimLent,
+// datagramDone in session_recv.go).
 //
 // An implementation holds its session and calls into it; the session
 // calls it only through these methods. They run on the connection's
