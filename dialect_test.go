@@ -21,16 +21,16 @@ import (
 // both ends (ordering by reliable number, reassembly, retransmission under
 // new PacketIDs) over clean and bad networks.
 
-// referenceWorkload is what the client sends: kind, ID and payload of each
+// refWorkload is what the client sends: kind, ID and payload of each
 // message, every payload tagged with its index.
-type referenceWorkItem struct {
+type refWorkItem struct {
 	m    Message
 	size int
 }
 
-func referenceWorkload() []referenceWorkItem {
-	var w []referenceWorkItem
-	add := func(m Message, size int) { w = append(w, referenceWorkItem{m, size}) }
+func refWorkload() []refWorkItem {
+	var w []refWorkItem
+	add := func(m Message, size int) { w = append(w, refWorkItem{m, size}) }
 	for range 20 {
 		add(Message{ID: 10}, 40)
 	}
@@ -49,8 +49,8 @@ func referenceWorkload() []referenceWorkItem {
 	return w
 }
 
-// referencePayload is message i's payload: its index, then a pattern.
-func referencePayload(i, size int) []byte {
+// refPayload is message i's payload: its index, then a pattern.
+func refPayload(i, size int) []byte {
 	p := make([]byte, size)
 	if size >= 4 {
 		binary.LittleEndian.PutUint32(p, uint32(i))
@@ -112,10 +112,10 @@ func TestReferenceDialectPair(t *testing.T) {
 			assert.Empty(t, syn)
 			assert.Empty(t, synAck)
 
-			work := referenceWorkload()
+			work := refWorkload()
 			for i, w := range work {
 				m := w.m
-				m.Payload = referencePayload(i, w.size)
+				m.Payload = refPayload(i, w.size)
 				require.NoError(t, c.Send(m))
 			}
 			ctx := within(t, 20*time.Second)
@@ -140,7 +140,7 @@ func TestReferenceDialectPair(t *testing.T) {
 				got[i] = true
 				assert.Equal(t, w.m.ID, m.ID, "message %d", i)
 				assert.Equal(t, w.m.Reliable, m.Reliable, "message %d", i)
-				assert.True(t, bytes.Equal(referencePayload(i, w.size), m.Payload), "message %d content", i)
+				assert.True(t, bytes.Equal(refPayload(i, w.size), m.Payload), "message %d content", i)
 				if w.m.InOrder {
 					assert.True(t, m.InOrder)
 					assert.Greater(t, i, lastOrdered, "in-order message %d after %d", i, lastOrdered)
