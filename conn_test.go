@@ -33,12 +33,10 @@ func testConfig() *Config {
 	return &Config{DisconnectTimeout: 2 * time.Second, ConnectTimeout: 3 * time.Second}
 }
 
+// listen, dial and dialErr are sysNet's (testnet_test.go).
 func listen(t testing.TB, cfg *Config) *Listener {
 	t.Helper()
-	l, err := Listen("udp", "127.0.0.1:0", cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	return l
+	return sysNet().listen(t, cfg)
 }
 
 // serveEcho accepts connections and sends every message back as it came,
@@ -75,22 +73,11 @@ func serveEcho(t testing.TB, l *Listener) *sync.WaitGroup {
 
 func dial(t testing.TB, addr string, cfg *Config) *Conn {
 	t.Helper()
-	c, err := dialErr(t, addr, cfg)
-	require.NoError(t, err)
-	return c
+	return sysNet().dial(t, addr, cfg)
 }
 
-// dialErr is dial for goroutines other than the test's, which may not
-// call t.FailNow: it returns the error instead.
 func dialErr(t testing.TB, addr string, cfg *Config) (*Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := Dial(ctx, "udp", addr, cfg)
-	if err != nil {
-		return nil, err
-	}
-	t.Cleanup(func() { c.Close() })
-	return c, nil
+	return sysNet().dialErr(t, addr, cfg)
 }
 
 func within(t testing.TB, d time.Duration) context.Context {

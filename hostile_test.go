@@ -24,7 +24,7 @@ import (
 // session's rules: it acks only when told, and sends whatever it is given.
 type rawPeer struct {
 	t    testing.TB
-	c    *net.UDPConn
+	c    rawConn
 	next uint32
 	buf  []byte
 }
@@ -32,10 +32,14 @@ type rawPeer struct {
 // dialRaw opens a socket to addr and completes the handshake.
 func dialRaw(t testing.TB, addr net.Addr) *rawPeer {
 	t.Helper()
-	c, err := net.DialUDP("udp", nil, addr.(*net.UDPAddr))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	p := &rawPeer{t: t, c: c, next: 1, buf: make([]byte, 65536)}
+	return sysNet().dialRaw(t, addr)
+}
+
+// dialRaw opens a socket to addr on the network and completes the
+// handshake.
+func (n *testNet) dialRaw(t testing.TB, addr net.Addr) *rawPeer {
+	t.Helper()
+	p := &rawPeer{t: t, c: n.rawSocket(t, addr), next: 1, buf: make([]byte, 65536)}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
@@ -555,12 +559,9 @@ func TestNoGoroutinesLeftAfterClose(t *testing.T) {
 
 // synRaw opens a socket to addr and runs the handshake up to the server's
 // ConnectSynAck, leaving the ConnectAck to the caller.
-func synRaw(t testing.TB, addr net.Addr) *rawPeer {
+func (n *testNet) synRaw(t testing.TB, addr net.Addr) *rawPeer {
 	t.Helper()
-	c, err := net.DialUDP("udp", nil, addr.(*net.UDPAddr))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	p := &rawPeer{t: t, c: c, next: 1, buf: make([]byte, 65536)}
+	p := &rawPeer{t: t, c: n.rawSocket(t, addr), next: 1, buf: make([]byte, 65536)}
 	for range 25 {
 		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
 		if d, ok := p.recv(200 * time.Millisecond); ok && len(d.msgs) > 0 && d.msgs[0].id == idConnectSynAck {
@@ -583,7 +584,7 @@ func TestStealthNeverAnswersBacklogRefusal(t *testing.T) {
 			cfg.AcceptBacklog = 1
 			cfg.DisconnectTimeout = 200 * time.Millisecond // the raw peer never answers
 			l := listen(t, cfg)
-			peers := []*rawPeer{synRaw(t, l.Addr()), synRaw(t, l.Addr())}
+			peers := []*rawPeer{sysNet().synRaw(t, l.Addr()), sysNet().synRaw(t, l.Addr())}
 			for _, p := range peers {
 				p.send(true, message{id: idConnectAck})
 			}
