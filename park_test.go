@@ -82,13 +82,13 @@ func (w *parkWatcher) parked(t testing.TB, c *Conn) {
 func TestIdleConnectionParks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const after = 20 * time.Millisecond
-		n := memNet(t)
-		w := n.watchParking(after)
+		nw := memNet(t)
+		w := nw.watchParking(after)
 		cfg := testConfig()
 		cfg.PingInterval = 50 * time.Millisecond
 		cfg.ConnectionLostTimeout = 200 * time.Millisecond
-		l := n.listen(t, cfg)
-		c := n.dial(t, l.Addr().String(), cfg)
+		l := nw.listen(t, cfg)
+		c := nw.dial(t, l.Addr().String(), cfg)
 		sc := serverConn(t, l)
 		roundTrip := func(from, to *Conn, what string) {
 			t.Helper()
@@ -136,14 +136,14 @@ func TestIdleConnectionParks(t *testing.T) {
 // once lose no message.
 func TestParkRacesWithWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		n := memNet(t)
-		w := n.watchParking(time.Millisecond)
+		nw := memNet(t)
+		w := nw.watchParking(time.Millisecond)
 		cfg := testConfig()
-		l := n.listen(t, cfg)
+		l := nw.listen(t, cfg)
 		serveEcho(t, l)
 		var wg sync.WaitGroup
 		for range 8 {
-			c := n.dial(t, l.Addr().String(), cfg)
+			c := nw.dial(t, l.Addr().String(), cfg)
 			wg.Go(func() {
 				for i := range 60 {
 					if err := c.Send(Message{ID: 6, Payload: []byte{byte(i)}, Reliable: true}); !assert.NoError(t, err) {
@@ -167,14 +167,14 @@ func TestParkRacesWithWork(t *testing.T) {
 // its connections ended, parked ones included.
 func TestListenerCloseEndsParkedConnections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		n := memNet(t)
-		w := n.watchParking(20 * time.Millisecond)
+		nw := memNet(t)
+		w := nw.watchParking(20 * time.Millisecond)
 		cfg := testConfig()
-		l, err := n.Listen(cfg)
+		l, err := nw.Listen(cfg)
 		require.NoError(t, err)
 		var server []*Conn
 		for range 3 {
-			c := n.dial(t, l.Addr().String(), cfg)
+			c := nw.dial(t, l.Addr().String(), cfg)
 			require.NoError(t, c.Send(Message{ID: 6, Reliable: true}))
 			sc, err := l.AcceptConn(within(t, 5*time.Second))
 			require.NoError(t, err)

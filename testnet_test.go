@@ -137,6 +137,14 @@ func (n *testNet) parkWatch(after time.Duration) <-chan *Conn {
 	return parked
 }
 
+// paths puts the datagrams from everyone else to the server at addr
+// through a link with parameters up, and those from it through one with
+// down, and returns the links, for their Stats. The network is in memory.
+func (n *testNet) paths(server net.Addr, up, down netsim.Params) (upLink, downLink *netsim.Link) {
+	a := unmap(server.(*net.UDPAddr).AddrPort())
+	return n.mem.SetLink(netip.AddrPort{}, a, &up), n.mem.SetLink(a, netip.AddrPort{}, &down)
+}
+
 // rawConn is a socket connected to a server, for test peers that speak
 // the wire themselves: a *net.UDPConn, or a *netsim.Socket in memory.
 type rawConn interface {
