@@ -18,8 +18,9 @@ type Listener struct {
 	eps       []*endpoint
 	cfg       *config
 	acceptq   chan *Conn
-	closed    chan struct{}
+	closed    chan struct{} // Close was called
 	closeOnce sync.Once
+	closeDone chan struct{} // Close is done
 	open      atomic.Bool
 	loops     sync.WaitGroup
 
@@ -119,10 +120,11 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		}
 	}
 	l := &Listener{
-		cfg:     rc,
-		acceptq: make(chan *Conn, rc.backlog),
-		closed:  make(chan struct{}),
-		pending: make(map[*Conn]bool),
+		cfg:       rc,
+		acceptq:   make(chan *Conn, rc.backlog),
+		closed:    make(chan struct{}),
+		closeDone: make(chan struct{}),
+		pending:   make(map[*Conn]bool),
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
@@ -231,42 +233,51 @@ func (l *Listener) Stats() ListenerStats {
 // Close stops accepting, closes every connection gracefully (in parallel,
 // within DisconnectTimeout) and then the sockets. It is idempotent.
 func (l *Listener) Close() error {
-	l.closeOnce.Do(func() {
-		close(l.closed)
-		l.mu.Lock()
-		l.closing = true
-		for i, j := range l.hs.queue {
-			j.ep.putPacket(j.p)
-			l.hs.queue[i] = handshakeJob{}
+	// Later calls wait for the first on a channel, not in the Once: a
+	// goroutine blocked on a mutex is not durably blocked in a
+	// testing/synctest bubble, whose clock, which the connections'
+	// closes need, would then stop.
+	first := false
+	l.closeOnce.Do(func() { first = true })
+	if !first {
+		<-l.closeDone
+		return nil
+	}
+	defer close(l.closeDone)
+	close(l.closed)
+	l.mu.Lock()
+	l.closing = true
+	for i, j := range l.hs.queue {
+		j.ep.putPacket(j.p)
+		l.hs.queue[i] = handshakeJob{}
+	}
+	l.hs.active -= len(l.hs.queue)
+	l.hs.queue = nil
+	clear(l.hs.busy)
+	l.mu.Unlock()
+	// A worker's connection, if it makes one, is among those
+	// closed below.
+	l.workers.Wait()
+	var conns []*Conn
+	for _, ep := range l.eps {
+		ep.mu.Lock()
+		for _, c := range ep.conns {
+			conns = append(conns, c)
 		}
-		l.hs.active -= len(l.hs.queue)
-		l.hs.queue = nil
-		clear(l.hs.busy)
-		l.mu.Unlock()
-		// A worker's connection, if it makes one, is among those
-		// closed below.
-		l.workers.Wait()
-		var conns []*Conn
-		for _, ep := range l.eps {
-			ep.mu.Lock()
-			for _, c := range ep.conns {
-				conns = append(conns, c)
-			}
-			ep.mu.Unlock()
-		}
-		var wg sync.WaitGroup
-		for _, c := range conns {
-			wg.Go(func() {
-				c.shutdown()
-				<-c.done
-			})
-		}
-		wg.Wait()
-		l.loops.Wait()
-		for _, ep := range l.eps {
-			ep.close()
-		}
-	})
+		ep.mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() {
+			c.shutdown()
+			<-c.done
+		})
+	}
+	wg.Wait()
+	l.loops.Wait()
+	for _, ep := range l.eps {
+		ep.close()
+	}
 	return nil
 }
 
