@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,16 +44,52 @@ func sysNet() *testNet { return &testNet{} }
 // the test's goroutine, must run until then. A socket still open a
 // minute later, on that clock, fails the test: something leaked.
 func memNet(t testing.TB) *testNet {
-	n := netsim.NewNetwork()
-	n.Refusal = errConnRefused
-	t.Cleanup(func() {
-		select {
-		case <-n.Empty():
-		case <-time.After(time.Minute):
-			t.Errorf("sockets left open: %v", n.Open())
+	n := &testNet{mem: netsim.NewNetwork()}
+	n.mem.Refusal = errConnRefused
+	t.Cleanup(func() { n.allClosed(t) })
+	return n
+}
+
+// allClosed waits until every socket of the network in memory is closed,
+// failing the test if one is still open a minute later on the bubble's
+// clock.
+func (n *testNet) allClosed(t testing.TB) {
+	t.Helper()
+	select {
+	case <-n.mem.Empty():
+	case <-time.After(time.Minute):
+		t.Errorf("sockets left open: %v", n.mem.Open())
+	}
+}
+
+// bubbleGoroutines returns the stacks of the package's goroutines in the
+// caller's synctest bubble, bar the caller and the test's own. After
+// synctest.Wait, what it finds is blocked for good, or waits on a timer.
+func bubbleGoroutines() string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
 		}
-	})
-	return &testNet{mem: n}
+		buf = make([]byte, 2*len(buf))
+	}
+	gs := strings.Split(string(buf), "\n\n")
+	head, _, _ := strings.Cut(gs[0], "\n") // the caller's
+	_, bubble, ok := strings.Cut(head, "synctest bubble ")
+	if !ok {
+		panic("bubbleGoroutines outside a bubble")
+	}
+	bubble = "synctest bubble " + bubble
+	var out []string
+	for _, g := range gs[1:] {
+		head, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(head, bubble) && strings.Contains(g, "knet-go/knet") && !strings.Contains(g, "testing.tRunner") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 func (n *testNet) options() *endpointOptions {
