@@ -179,7 +179,7 @@ func TestSecureWrongServerKey(t *testing.T) {
 	require.NoError(t, err)
 	ccfg := testConfig()
 	ccfg.ServerKey = otherPub
-	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	_, err = sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrHandshakeFailed)
 	assert.ErrorIs(t, err, ErrRefused)
@@ -189,7 +189,7 @@ func TestSecureWrongServerKey(t *testing.T) {
 	scfg.Stealth = true
 	l2 := listen(t, scfg)
 	ccfg.ConnectTimeout = 300 * time.Millisecond
-	_, err = Dial(within(t, 5*time.Second), "udp", l2.Addr().String(), ccfg)
+	_, err = sysNet().Dial(within(t, 5*time.Second), l2.Addr().String(), ccfg)
 	require.Error(t, err)
 	var te *TimeoutError
 	assert.ErrorAs(t, err, &te)
@@ -204,7 +204,7 @@ func TestSecureServerRefusesPlaintextClient(t *testing.T) {
 	serveEcho(t, l)
 	plain := testConfig()
 	plain.ConnectPayload = bytes.Repeat([]byte{1}, 100) // as long as a handshake
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), plain)
+	_, err := sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), plain)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrRefused)
 	assert.Contains(t, err.Error(), ErrHandshakeFailed.Error())
@@ -214,7 +214,7 @@ func TestSecureServerRefusesPlaintextClient(t *testing.T) {
 	ref := testConfig()
 	ref.Dialect = DialectReference
 	ref.ConnectTimeout = 300 * time.Millisecond
-	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ref)
+	_, err = sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ref)
 	require.Error(t, err)
 }
 
@@ -224,7 +224,7 @@ func TestSecureClientRefusesPlaintextServer(t *testing.T) {
 	l := listen(t, testConfig())
 	serveEcho(t, l)
 	_, ccfg := secureConfigs(t)
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	_, err := sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrHandshakeFailed)
 	assert.NotErrorIs(t, err, ErrRefused)
@@ -1333,7 +1333,7 @@ func TestSecureRacedSynStillConnects(t *testing.T) {
 				return [][]byte{b}
 			}, nil)
 			ctx := within(t, 10*time.Second)
-			c, err := Dial(ctx, "udp", r.Addr(), ccfg)
+			c, err := sysNet().Dial(ctx, r.Addr(), ccfg)
 			require.NoError(t, err)
 			defer c.Close()
 			sc, err := l.AcceptConn(ctx)
