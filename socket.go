@@ -43,6 +43,8 @@ type socket interface {
 	Close() error
 }
 
+var _ socket = (*udpSocket)(nil)
+
 // udpSocket is a socket of the system, read and written in batches by
 // internal/udp. It holds the one reader's state.
 type udpSocket struct {

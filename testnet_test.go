@@ -92,6 +92,8 @@ func bubbleGoroutines() string {
 	return strings.Join(out, "\n\n")
 }
 
+var _ socket = (*netsim.Socket)(nil)
+
 func (n *testNet) options() *endpointOptions {
 	o := &endpointOptions{parkAfter: n.parkAfter, parkHook: n.parkHook}
 	if o.parkAfter == 0 {
