@@ -96,7 +96,7 @@ func TestTokenRejectedBeforeAnyState(t *testing.T) {
 		before := l.Stats()
 		cfg := *ccfg
 		cfg.Token = tt.token
-		_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &cfg)
+		_, err := sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), &cfg)
 		require.Error(t, err, tt.name)
 		assert.ErrorIs(t, err, ErrTokenRejected, tt.name)
 		assert.ErrorIs(t, err, ErrRefused, tt.name)
@@ -143,7 +143,7 @@ func TestTokenReplayRejected(t *testing.T) {
 	assert.Equal(t, uint64(1), st.KeyExchanges)
 
 	// The client dialing again with the token is refused: it was used.
-	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	_, err = sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
 	assert.ErrorIs(t, err, ErrTokenRejected)
 	assert.Contains(t, err.Error(), "already used")
 	st = l.Stats()
@@ -184,7 +184,7 @@ func TestTokenPublicAddrs(t *testing.T) {
 	// The socket's own address is not one of PublicAddrs.
 	want := sampleToken(addrPort(t, l.Addr()))
 	ccfg.Token = issue(t, key, want)
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	_, err := sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
 	assert.ErrorIs(t, err, ErrTokenRejected)
 	assert.Contains(t, err.Error(), "not for this server")
 }
@@ -193,7 +193,7 @@ func TestTokenStealth(t *testing.T) {
 	l, _, ccfg, _ := tokenServer(t, func(c *Config) { c.Stealth = true })
 	ccfg.Token = issue(t, newTokenKey(t), sampleToken(addrPort(t, l.Addr())))
 	ccfg.ConnectTimeout = 300 * time.Millisecond
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	_, err := sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
 	var te *TimeoutError
 	require.ErrorAs(t, err, &te)
 	st := l.Stats()
@@ -254,7 +254,7 @@ func TestTokenNotBurntByReplayThatNeverCompletes(t *testing.T) {
 	require.Equal(t, 1, l.Stats().Pending)
 
 	ccfg.Token = tok
-	c, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
+	c, err := sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
 	require.NoError(t, err, "the replay burnt the token")
 	t.Cleanup(func() { c.Close() })
 	echoOnce(t, c, Message{ID: 6, Payload: []byte("x"), Reliable: true})
@@ -386,7 +386,7 @@ func TestSecureSynPadding(t *testing.T) {
 	echoOnce(t, c, Message{ID: 6, Payload: []byte("x"), Reliable: true})
 
 	// A plaintext client is still refused, however short its ConnectSyn.
-	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: []byte("hello")})
+	_, err = sysNet().Dial(within(t, 5*time.Second), l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: []byte("hello")})
 	assert.ErrorIs(t, err, ErrRefused)
 	assert.Contains(t, err.Error(), ErrHandshakeFailed.Error())
 }
@@ -658,7 +658,7 @@ func TestListenerCloseWaitsForHandshakes(t *testing.T) {
 	// go, the worker ends, no connection or goroutine is left (TestMain
 	// checks).
 	scfg, ccfg := secureConfigs(t)
-	l, err := Listen("udp", "127.0.0.1:0", scfg)
+	l, err := sysNet().Listen(scfg)
 	require.NoError(t, err)
 	entered, release := holdKeyExchanges(t, l)
 	for i := range 4 {

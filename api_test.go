@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -20,63 +21,69 @@ import (
 // a documented clamp, never a panic.
 
 func TestConnectPayloadTooLarge(t *testing.T) {
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	limit := (&Config{}).resolve().handshakeLimit()
-	require.Equal(t, 1296, limit, "the limit Config.ConnectPayload documents")
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		limit := (&Config{}).resolve().handshakeLimit()
+		require.Equal(t, 1296, limit, "the limit Config.ConnectPayload documents")
 
-	// The largest allowed arrives whole.
-	c := dial(t, l.Addr().String(), &Config{ConnectPayload: make([]byte, limit)})
-	syn, _ := c.Handshake()
-	assert.Len(t, syn, limit)
+		// The largest allowed arrives whole.
+		c := nw.dial(t, l.Addr().String(), &Config{ConnectPayload: make([]byte, limit)})
+		syn, _ := c.Handshake()
+		assert.Len(t, syn, limit)
 
-	// Beyond it Dial says so, before sending anything. 2100 bytes and more
-	// used to panic the connection's goroutine (a message block holds 2047).
-	for _, n := range []int{limit + 1, 2040, 2100, 70000} {
-		_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &Config{ConnectPayload: make([]byte, n)})
-		assert.ErrorIs(t, err, ErrHandshakeTooLarge, "%d bytes", n)
-	}
-	// The limit follows MaxDatagramSize.
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: make([]byte, 300-104+1)})
-	assert.ErrorIs(t, err, ErrHandshakeTooLarge)
-	c = dial(t, l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: make([]byte, 300-104)})
-	syn, _ = c.Handshake()
-	assert.Len(t, syn, 300-104)
+		// Beyond it Dial says so, before sending anything. 2100 bytes and more
+		// used to panic the connection's goroutine (a message block holds 2047).
+		for _, n := range []int{limit + 1, 2040, 2100, 70000} {
+			_, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), &Config{ConnectPayload: make([]byte, n)})
+			assert.ErrorIs(t, err, ErrHandshakeTooLarge, "%d bytes", n)
+		}
+		// The limit follows MaxDatagramSize.
+		_, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: make([]byte, 300-104+1)})
+		assert.ErrorIs(t, err, ErrHandshakeTooLarge)
+		c = nw.dial(t, l.Addr().String(), &Config{MaxDatagramSize: 300, ConnectPayload: make([]byte, 300-104)})
+		syn, _ = c.Handshake()
+		assert.Len(t, syn, 300-104)
+	})
 }
 
 func TestAdmitReplyTooLong(t *testing.T) {
 	for _, stealth := range []bool{false, true} {
 		t.Run(map[bool]string{false: "responsive", true: "stealth"}[stealth], func(t *testing.T) {
-			limit := (&Config{}).resolve().handshakeLimit()
-			cfg := testConfig()
-			cfg.Stealth = stealth
-			cfg.Admit = func(_ net.Addr, p []byte) ([]byte, error) {
-				// The client names the reply's length.
-				if string(p) == "long" {
-					return make([]byte, limit+1), nil
+			synctest.Test(t, func(t *testing.T) {
+				nw := memNet(t)
+				limit := (&Config{}).resolve().handshakeLimit()
+				cfg := testConfig()
+				cfg.Stealth = stealth
+				cfg.Admit = func(_ net.Addr, p []byte) ([]byte, error) {
+					// The client names the reply's length.
+					if string(p) == "long" {
+						return make([]byte, limit+1), nil
+					}
+					return make([]byte, limit), nil
 				}
-				return make([]byte, limit), nil
-			}
-			l := listen(t, cfg)
-			serveEcho(t, l)
+				l := nw.listen(t, cfg)
+				serveEcho(t, l)
 
-			c := dial(t, l.Addr().String(), &Config{ConnectPayload: []byte("max")})
-			_, synAck := c.Handshake()
-			assert.Len(t, synAck, limit, "the largest reply arrives whole")
+				c := nw.dial(t, l.Addr().String(), &Config{ConnectPayload: []byte("max")})
+				_, synAck := c.Handshake()
+				assert.Len(t, synAck, limit, "the largest reply arrives whole")
 
-			// One byte more is never cut: the attempt is refused, and the
-			// server's stats say why.
-			_, err := Dial(context.Background(), "udp", l.Addr().String(), &Config{ConnectPayload: []byte("long"), ConnectTimeout: 500 * time.Millisecond})
-			if stealth {
-				var te *TimeoutError
-				assert.ErrorAs(t, err, &te, "stealth: no answer")
-			} else {
-				assert.ErrorIs(t, err, ErrRefused)
-			}
-			// (Stealth: each resent ConnectSyn is refused again.)
-			st := l.Stats()
-			assert.Positive(t, st.OversizedReplies)
-			assert.Equal(t, st.OversizedReplies, st.RefusedAttempts)
+				// One byte more is never cut: the attempt is refused, and the
+				// server's stats say why.
+				_, err := nw.Dial(context.Background(), l.Addr().String(), &Config{ConnectPayload: []byte("long"), ConnectTimeout: 500 * time.Millisecond})
+				if stealth {
+					var te *TimeoutError
+					assert.ErrorAs(t, err, &te, "stealth: no answer")
+				} else {
+					assert.ErrorIs(t, err, ErrRefused)
+				}
+				// (Stealth: each resent ConnectSyn is refused again.)
+				st := l.Stats()
+				assert.Positive(t, st.OversizedReplies)
+				assert.Equal(t, st.OversizedReplies, st.RefusedAttempts)
+			})
 		})
 	}
 }
@@ -146,35 +153,38 @@ var hostileConfigs = map[string]Config{
 func TestHostileConfigValues(t *testing.T) {
 	for name, hc := range hostileConfigs {
 		t.Run(name, func(t *testing.T) {
-			cfg := hc
-			cfg.ConnectTimeout = 500 * time.Millisecond
-			cfg.DisconnectTimeout = 500 * time.Millisecond
-			l, err := Listen("udp", "127.0.0.1:0", &cfg)
-			require.NoError(t, err)
-			defer l.Close()
-			serveEcho(t, l)
-			c, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &cfg)
-			if err != nil {
-				// Only a lossy simulation may keep the handshake from completing.
-				var te *TimeoutError
-				require.ErrorAs(t, err, &te)
-				require.NotNil(t, cfg.Simulate)
-				return
-			}
-			defer c.Close()
-			for _, n := range []int{0, 100, 5000} {
-				err := c.Send(Message{ID: 100, Payload: make([]byte, n), Reliable: true})
+			synctest.Test(t, func(t *testing.T) {
+				nw := memNet(t)
+				cfg := hc
+				cfg.ConnectTimeout = 500 * time.Millisecond
+				cfg.DisconnectTimeout = 500 * time.Millisecond
+				l, err := nw.Listen(&cfg)
+				require.NoError(t, err)
+				defer l.Close()
+				serveEcho(t, l)
+				c, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), &cfg)
 				if err != nil {
-					assertClear(t, err)
-					continue
+					// Only a lossy simulation may keep the handshake from completing.
+					var te *TimeoutError
+					require.ErrorAs(t, err, &te)
+					require.NotNil(t, cfg.Simulate)
+					return
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-				_, err = c.Receive(ctx)
-				cancel()
-				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-					assertClear(t, err)
+				defer c.Close()
+				for _, n := range []int{0, 100, 5000} {
+					err := c.Send(Message{ID: 100, Payload: make([]byte, n), Reliable: true})
+					if err != nil {
+						assertClear(t, err)
+						continue
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+					_, err = c.Receive(ctx)
+					cancel()
+					if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+						assertClear(t, err)
+					}
 				}
-			}
+			})
 		})
 	}
 }
@@ -189,70 +199,76 @@ func assertClear(t *testing.T, err error) {
 }
 
 func TestHostileSendValues(t *testing.T) {
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	c := dial(t, l.Addr().String(), &Config{MaxMessageSize: 1 << 16})
-	rel, err := c.SendRef(Message{ID: 6, Reliable: true})
-	require.NoError(t, err)
-	unrel, err := c.SendRef(Message{ID: 6})
-	require.NoError(t, err)
-	for _, tt := range []struct {
-		name string
-		m    Message
-		want error
-	}{
-		{"ID 0", Message{ID: 0}, ErrReservedID},
-		{"ID 5", Message{ID: 5, Reliable: true}, ErrReservedID},
-		{"ID above the range", Message{ID: MaxMessageID + 1}, ErrReservedID},
-		{"ID MaxUint32", Message{ID: math.MaxUint32}, ErrReservedID},
-		{"payload above MaxMessageSize", Message{ID: 6, Payload: make([]byte, 1<<16+1)}, ErrMessageTooLarge},
-		{"too many dependencies", Message{ID: 6, DependsOn: make([]Ref, MaxDependencies+1)}, ErrBadDependency},
-		{"zero Ref", Message{ID: 6, DependsOn: []Ref{0}}, ErrBadDependency},
-		{"Ref 1 names no message", Message{ID: 6, Reliable: true, DependsOn: []Ref{1}}, ErrBadDependency},
-		{"Ref never handed out", Message{ID: 6, DependsOn: []Ref{math.MaxUint64}}, ErrBadDependency},
-		{"reliable on unreliable", Message{ID: 6, Reliable: true, DependsOn: []Ref{unrel}}, ErrBadDependency},
-		{"nil payload", Message{ID: 6}, nil},
-		{"MaxMessageID", Message{ID: MaxMessageID, Reliable: true}, nil},
-		{"edges of the other fields", Message{ID: 6, Channel: 255, Priority: math.MinInt8, InOrder: true, ContentID: math.MaxUint32}, nil},
-		{"ContentID on reliable", Message{ID: 6, Reliable: true, Priority: math.MaxInt8, ContentID: math.MaxUint32}, nil},
-		{"largest payload, fragmented", Message{ID: 6, Payload: make([]byte, 1<<16), ContentID: 3, InOrder: true}, nil},
-		{"same dependency repeated", Message{ID: 6, DependsOn: []Ref{rel, rel, unrel, unrel}}, nil},
-	} {
-		err := c.Send(tt.m)
-		if tt.want == nil {
-			assert.NoError(t, err, tt.name)
-		} else {
-			assert.ErrorIs(t, err, tt.want, tt.name)
-		}
-	}
-	_, err = c.SendRef(Message{ID: 6, DependsOn: []Ref{rel}})
-	assert.NoError(t, err)
-	// Whatever was accepted arrives: the connection is unharmed.
-	require.NoError(t, c.Send(Message{ID: 7, Reliable: true}))
-	ctx := within(t, 10*time.Second)
-	for {
-		m, err := c.Receive(ctx)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), &Config{MaxMessageSize: 1 << 16})
+		rel, err := c.SendRef(Message{ID: 6, Reliable: true})
 		require.NoError(t, err)
-		if m.ID == 7 {
-			break
+		unrel, err := c.SendRef(Message{ID: 6})
+		require.NoError(t, err)
+		for _, tt := range []struct {
+			name string
+			m    Message
+			want error
+		}{
+			{"ID 0", Message{ID: 0}, ErrReservedID},
+			{"ID 5", Message{ID: 5, Reliable: true}, ErrReservedID},
+			{"ID above the range", Message{ID: MaxMessageID + 1}, ErrReservedID},
+			{"ID MaxUint32", Message{ID: math.MaxUint32}, ErrReservedID},
+			{"payload above MaxMessageSize", Message{ID: 6, Payload: make([]byte, 1<<16+1)}, ErrMessageTooLarge},
+			{"too many dependencies", Message{ID: 6, DependsOn: make([]Ref, MaxDependencies+1)}, ErrBadDependency},
+			{"zero Ref", Message{ID: 6, DependsOn: []Ref{0}}, ErrBadDependency},
+			{"Ref 1 names no message", Message{ID: 6, Reliable: true, DependsOn: []Ref{1}}, ErrBadDependency},
+			{"Ref never handed out", Message{ID: 6, DependsOn: []Ref{math.MaxUint64}}, ErrBadDependency},
+			{"reliable on unreliable", Message{ID: 6, Reliable: true, DependsOn: []Ref{unrel}}, ErrBadDependency},
+			{"nil payload", Message{ID: 6}, nil},
+			{"MaxMessageID", Message{ID: MaxMessageID, Reliable: true}, nil},
+			{"edges of the other fields", Message{ID: 6, Channel: 255, Priority: math.MinInt8, InOrder: true, ContentID: math.MaxUint32}, nil},
+			{"ContentID on reliable", Message{ID: 6, Reliable: true, Priority: math.MaxInt8, ContentID: math.MaxUint32}, nil},
+			{"largest payload, fragmented", Message{ID: 6, Payload: make([]byte, 1<<16), ContentID: 3, InOrder: true}, nil},
+			{"same dependency repeated", Message{ID: 6, DependsOn: []Ref{rel, rel, unrel, unrel}}, nil},
+		} {
+			err := c.Send(tt.m)
+			if tt.want == nil {
+				assert.NoError(t, err, tt.name)
+			} else {
+				assert.ErrorIs(t, err, tt.want, tt.name)
+			}
 		}
-	}
+		_, err = c.SendRef(Message{ID: 6, DependsOn: []Ref{rel}})
+		assert.NoError(t, err)
+		// Whatever was accepted arrives: the connection is unharmed.
+		require.NoError(t, c.Send(Message{ID: 7, Reliable: true}))
+		ctx := within(t, 10*time.Second)
+		for {
+			m, err := c.Receive(ctx)
+			require.NoError(t, err)
+			if m.ID == 7 {
+				break
+			}
+		}
+	})
 }
 
 func TestNilContext(t *testing.T) {
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	//lint:ignore SA1012 a nil context is the hostile value under test
-	_, err := Dial(nil, "udp", l.Addr().String(), nil) //nolint:staticcheck
-	assert.EqualError(t, err, "knet: nil context")
-	c := dial(t, l.Addr().String(), nil)
-	_, err = c.Receive(nil) //nolint:staticcheck
-	assert.Error(t, err)
-	_, _, err = c.ReceiveInto(nil, nil) //nolint:staticcheck
-	assert.Error(t, err)
-	assert.Error(t, c.SendContext(nil, Message{ID: 6})) //nolint:staticcheck
-	_, err = l.AcceptConn(nil)                          //nolint:staticcheck
-	assert.Error(t, err)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		//lint:ignore SA1012 a nil context is the hostile value under test
+		_, err := nw.Dial(nil, l.Addr().String(), nil) //nolint:staticcheck
+		assert.EqualError(t, err, "knet: nil context")
+		c := nw.dial(t, l.Addr().String(), nil)
+		_, err = c.Receive(nil) //nolint:staticcheck
+		assert.Error(t, err)
+		_, _, err = c.ReceiveInto(nil, nil) //nolint:staticcheck
+		assert.Error(t, err)
+		assert.Error(t, c.SendContext(nil, Message{ID: 6})) //nolint:staticcheck
+		_, err = l.AcceptConn(nil)                          //nolint:staticcheck
+		assert.Error(t, err)
+	})
 }
 
 func TestOddAddresses(t *testing.T) {
@@ -297,40 +313,43 @@ func TestOddAddresses(t *testing.T) {
 }
 
 func TestMethodsAfterClose(t *testing.T) {
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	c := dial(t, l.Addr().String(), testConfig())
-	c.Close()
-	assert.ErrorIs(t, c.Send(Message{ID: 6}), net.ErrClosed)
-	_, err := c.SendRef(Message{ID: 6, Reliable: true})
-	assert.ErrorIs(t, err, net.ErrClosed)
-	_, err = c.Receive(context.Background())
-	assert.ErrorIs(t, err, net.ErrClosed)
-	_, _, err = c.ReceiveInto(context.Background(), nil)
-	assert.ErrorIs(t, err, net.ErrClosed)
-	_, err = c.Write([]byte("x"))
-	assert.ErrorIs(t, err, net.ErrClosed)
-	_, err = c.Read(make([]byte, 1))
-	assert.ErrorIs(t, err, net.ErrClosed)
-	c.FlowControl(-1)
-	c.FlowControl(math.MaxInt)
-	c.SetDeadline(time.Now())
-	c.SetReadDeadline(time.Time{})
-	c.Handshake()
-	c.Stats()
-	assert.ErrorIs(t, c.Err(), net.ErrClosed)
-	assert.NotNil(t, c.LocalAddr())
-	assert.NotNil(t, c.RemoteAddr())
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		c.Close()
+		assert.ErrorIs(t, c.Send(Message{ID: 6}), net.ErrClosed)
+		_, err := c.SendRef(Message{ID: 6, Reliable: true})
+		assert.ErrorIs(t, err, net.ErrClosed)
+		_, err = c.Receive(context.Background())
+		assert.ErrorIs(t, err, net.ErrClosed)
+		_, _, err = c.ReceiveInto(context.Background(), nil)
+		assert.ErrorIs(t, err, net.ErrClosed)
+		_, err = c.Write([]byte("x"))
+		assert.ErrorIs(t, err, net.ErrClosed)
+		_, err = c.Read(make([]byte, 1))
+		assert.ErrorIs(t, err, net.ErrClosed)
+		c.FlowControl(-1)
+		c.FlowControl(math.MaxInt)
+		c.SetDeadline(time.Now())
+		c.SetReadDeadline(time.Time{})
+		c.Handshake()
+		c.Stats()
+		assert.ErrorIs(t, c.Err(), net.ErrClosed)
+		assert.NotNil(t, c.LocalAddr())
+		assert.NotNil(t, c.RemoteAddr())
 
-	l.Close()
-	_, err = l.Accept()
-	assert.ErrorIs(t, err, net.ErrClosed)
-	_, err = l.AcceptConn(context.Background())
-	assert.ErrorIs(t, err, net.ErrClosed)
-	l.SetListenOpen(true)
-	l.Stats()
-	assert.NotNil(t, l.Addr())
-	l.Close()
+		l.Close()
+		_, err = l.Accept()
+		assert.ErrorIs(t, err, net.ErrClosed)
+		_, err = l.AcceptConn(context.Background())
+		assert.ErrorIs(t, err, net.ErrClosed)
+		l.SetListenOpen(true)
+		l.Stats()
+		assert.NotNil(t, l.Addr())
+		l.Close()
+	})
 }
 
 // FuzzConfig drives a pair of sessions, on the fake clock, with Config

@@ -683,7 +683,7 @@ func dialAsync(addr string, cfg *Config) *asyncDial {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*attackWait)
 		defer cancel()
-		d.c, d.err = Dial(ctx, "udp", addr, cfg)
+		d.c, d.err = sysNet().Dial(ctx, addr, cfg)
 		close(d.ch)
 	}()
 	return d
@@ -1054,7 +1054,7 @@ func TestAttackExtraBlocksBesideSynAck(t *testing.T) {
 				r.injectDown(b)
 				return relayDrop
 			})
-			c, err := Dial(within(t, attackWait), "udp", r.Addr(), ccfg)
+			c, err := sysNet().Dial(within(t, attackWait), r.Addr(), ccfg)
 			require.NoError(t, err, "Dial failed after a ConnectSynAck with blocks added in clear")
 			t.Cleanup(func() { c.Close() })
 			t.Cleanup(r.passAll)
@@ -1107,7 +1107,7 @@ func TestAttackForgedSynAck(t *testing.T) {
 				}
 				return relayPass
 			})
-			c, err := Dial(within(t, attackWait), "udp", r.Addr(), ccfg)
+			c, err := sysNet().Dial(within(t, attackWait), r.Addr(), ccfg)
 			require.NoError(t, err, "Dial failed on a forged ConnectSynAck that came before the genuine one")
 			t.Cleanup(func() { c.Close() })
 			require.True(t, forged.Load())

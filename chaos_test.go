@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/knet-go/knet/internal/netsim"
@@ -40,8 +41,8 @@ import (
 // in the client's direction. A failing cell's report starts with its
 // problems by class (stall, lost, duplicate, integrity, order, deps,
 // lost-clean, inorder-flag), then per-channel counts, both sides' Stats and
-// what they hold. TestChaosConn is the same idea end to end over loopback
-// Conns, in real time.
+// what they hold. TestChaosConn is the same idea end to end with Conns, in
+// synctest bubbles over a network in memory.
 
 var chaosSeeds = flag.Int("knet.chaos.seeds", 0, "seeds per cell of TestChaos and TestChaosReference (default 6 and 4, or 3 and 2 with -short)")
 
@@ -864,11 +865,12 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	}
 }
 
-// TestChaosConn runs the traffic of the matrix end to end: real loopback
-// Conns through a Listener, each side's sends crossing Config.Simulate,
-// in plaintext, in the reference dialect and secure. Each side sends its
-// plan and reads the other's until every reliable message is in; every
-// wait is bounded.
+// TestChaosConn runs the traffic of the matrix end to end: Conns through a
+// Listener, each side's sends crossing Config.Simulate, in plaintext, in
+// the reference dialect and secure, each cell in a synctest bubble over a
+// network in memory. Each side sends its plan and reads the other's until
+// every reliable message is in; every wait is bounded, on the bubble's
+// clock.
 func TestChaosConn(t *testing.T) {
 	seeds := *chaosSeeds
 	if seeds <= 0 {
@@ -942,129 +944,132 @@ type chaosConnCell struct {
 const dialectSecure Dialect = 255
 
 func runChaosConn(t *testing.T, cell chaosConnCell, seed uint64, dialect Dialect) {
-	mode, sim := cell.mode, cell.sim
-	cfgs := [2]*Config{testConfig(), testConfig()}
-	for i, cfg := range cfgs {
-		s := sim
-		s.Seed = chaosSeed(t.Name(), i)
-		cfg.Simulate = &s
-		cfg.ConnectTimeout = 10 * time.Second
-	}
-	secure := dialect == dialectSecure
-	if secure {
-		priv, pub, err := GenerateKey()
-		require.NoError(t, err)
-		cfgs[0].ServerKey, cfgs[1].PrivateKey = pub, priv
-		ledger := withLedger(t, cfgs[0], cfgs[1]) // no nonce seals two plaintexts
-		t.Cleanup(func() { require.Positive(t, ledger.count(), "the ledger saw every datagram sealed") })
-		dialect = DialectSpec
-	}
-	cfgs[0].Dialect = dialect // the listener tells from the first datagram
-	ctx := within(t, 60*time.Second)
-	l := listen(t, cfgs[1])
-	accepted := make(chan *Conn, 1)
-	go func() {
-		c, err := l.AcceptConn(ctx)
-		if err != nil {
-			close(accepted)
-			return
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		mode, sim := cell.mode, cell.sim
+		cfgs := [2]*Config{testConfig(), testConfig()}
+		for i, cfg := range cfgs {
+			s := sim
+			s.Seed = chaosSeed(t.Name(), i)
+			cfg.Simulate = &s
+			cfg.ConnectTimeout = 10 * time.Second
 		}
-		accepted <- c
-	}()
-	var conns [2]*Conn
-	conns[0] = dial(t, l.Addr().String(), cfgs[0])
-	conns[1] = <-accepted // AcceptConn is bounded by ctx
-	if conns[1] == nil {
-		t.Fatal("no connection accepted")
-	}
-	t.Cleanup(func() { conns[1].Close() })
-	require.Equal(t, secure, conns[0].Secure() && conns[1].Secure(), "secure session")
-
-	plans := [2][]chaosMsg{chaosPlan(mode, seed, 0, false), chaosPlan(mode, seed, 1, false)}
-	if cell.oneWay {
-		plans[1] = nil
-	}
-	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
-	var sendErr, recvErr [2]error
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		wg.Go(func() { // sends side i's plan
-			refs := make([]Ref, len(plans[i]))
-			var buf []byte
-			var tick *time.Ticker
-			if cell.paced {
-				tick = time.NewTicker(time.Millisecond)
-				defer tick.Stop()
+		secure := dialect == dialectSecure
+		if secure {
+			priv, pub, err := GenerateKey()
+			require.NoError(t, err)
+			cfgs[0].ServerKey, cfgs[1].PrivateKey = pub, priv
+			ledger := withLedger(t, cfgs[0], cfgs[1]) // no nonce seals two plaintexts
+			t.Cleanup(func() { require.Positive(t, ledger.count(), "the ledger saw every datagram sealed") })
+			dialect = DialectSpec
+		}
+		cfgs[0].Dialect = dialect // the listener tells from the first datagram
+		ctx := within(t, 60*time.Second)
+		l := nw.listen(t, cfgs[1])
+		accepted := make(chan *Conn, 1)
+		go func() {
+			c, err := l.AcceptConn(ctx)
+			if err != nil {
+				close(accepted)
+				return
 			}
-			start := time.Now()
-			for k := range plans[i] {
-				for cell.paced && time.Since(start) < plans[i][k].at {
-					select {
-					case <-tick.C:
-					case <-ctx.Done():
-						sendErr[i] = ctx.Err()
+			accepted <- c
+		}()
+		var conns [2]*Conn
+		conns[0] = nw.dial(t, l.Addr().String(), cfgs[0])
+		conns[1] = <-accepted // AcceptConn is bounded by ctx
+		if conns[1] == nil {
+			t.Fatal("no connection accepted")
+		}
+		t.Cleanup(func() { conns[1].Close() })
+		require.Equal(t, secure, conns[0].Secure() && conns[1].Secure(), "secure session")
+
+		plans := [2][]chaosMsg{chaosPlan(mode, seed, 0, false), chaosPlan(mode, seed, 1, false)}
+		if cell.oneWay {
+			plans[1] = nil
+		}
+		recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
+		var sendErr, recvErr [2]error
+		var wg sync.WaitGroup
+		for i, c := range conns {
+			wg.Go(func() { // sends side i's plan
+				refs := make([]Ref, len(plans[i]))
+				var buf []byte
+				var tick *time.Ticker
+				if cell.paced {
+					tick = time.NewTicker(time.Millisecond)
+					defer tick.Stop()
+				}
+				start := time.Now()
+				for k := range plans[i] {
+					for cell.paced && time.Since(start) < plans[i][k].at {
+						select {
+						case <-tick.C:
+						case <-ctx.Done():
+							sendErr[i] = ctx.Err()
+							return
+						}
+					}
+					ref, err := c.SendRef(chaosMessage(buf, i, &plans[i][k], refs))
+					if err != nil {
+						sendErr[i] = err
 						return
 					}
+					refs[k] = ref
 				}
-				ref, err := c.SendRef(chaosMessage(buf, i, &plans[i][k], refs))
-				if err != nil {
-					sendErr[i] = err
-					return
+			})
+			wg.Go(func() { // checks what side i receives
+				r := recv[i]
+				for r.relGot < r.relWant {
+					m, err := c.Receive(ctx)
+					if err != nil {
+						recvErr[i] = err
+						return
+					}
+					r.add(m)
 				}
-				refs[k] = ref
+			})
+		}
+		// The receivers end with every reliable message in, or when ctx is
+		// done; the senders when their plan is queued, or when the Conn
+		// closes, which a failed receiver makes sure of.
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			conns[0].Close()
+			conns[1].Close()
+			<-done
+		}
+		var problems []string
+		for i, side := range [2]string{"client", "server"} {
+			if sendErr[i] != nil {
+				problems = append(problems, fmt.Sprintf("%s send: %v", side, sendErr[i]))
 			}
-		})
-		wg.Go(func() { // checks what side i receives
-			r := recv[i]
-			for r.relGot < r.relWant {
-				m, err := c.Receive(ctx)
-				if err != nil {
-					recvErr[i] = err
-					return
-				}
-				r.add(m)
+			if recvErr[i] != nil {
+				problems = append(problems, fmt.Sprintf("%s receive: %v (%d of %d reliable in)", side, recvErr[i], recv[i].relGot, recv[i].relWant))
 			}
-		})
-	}
-	// The receivers end with every reliable message in, or when ctx is
-	// done; the senders when their plan is queued, or when the Conn
-	// closes, which a failed receiver makes sure of.
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		conns[0].Close()
-		conns[1].Close()
-		<-done
-	}
-	var problems []string
-	for i, side := range [2]string{"client", "server"} {
-		if sendErr[i] != nil {
-			problems = append(problems, fmt.Sprintf("%s send: %v", side, sendErr[i]))
+			recv[i].check(false)
+			// Only a prefix was read: the reliable messages are all in,
+			// unreliable ones still on their way are not counted.
+			if len(recv[i].errs) > 0 {
+				problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, recv[i].summary()))
+			}
 		}
-		if recvErr[i] != nil {
-			problems = append(problems, fmt.Sprintf("%s receive: %v (%d of %d reliable in)", side, recvErr[i], recv[i].relGot, recv[i].relWant))
+		if len(problems) == 0 {
+			return
 		}
-		recv[i].check(false)
-		// Only a prefix was read: the reliable messages are all in,
-		// unreliable ones still on their way are not counted.
-		if len(recv[i].errs) > 0 {
-			problems = append(problems, fmt.Sprintf("%s received wrongly: %s", side, recv[i].summary()))
+		var b strings.Builder
+		b.WriteString(strings.Join(problems, "; ") + "\n")
+		for i, side := range [2]string{"client", "server"} {
+			fmt.Fprintf(&b, "%s: err %v\n  stats %+v\n  received:\n%s", side, conns[i].Err(), conns[i].Stats(), recv[i].counts())
+			for _, e := range recv[i].errs {
+				fmt.Fprintf(&b, "  %s\n", e)
+			}
 		}
-	}
-	if len(problems) == 0 {
-		return
-	}
-	var b strings.Builder
-	b.WriteString(strings.Join(problems, "; ") + "\n")
-	for i, side := range [2]string{"client", "server"} {
-		fmt.Fprintf(&b, "%s: err %v\n  stats %+v\n  received:\n%s", side, conns[i].Err(), conns[i].Stats(), recv[i].counts())
-		for _, e := range recv[i].errs {
-			fmt.Fprintf(&b, "  %s\n", e)
-		}
-	}
-	t.Error(b.String())
+		t.Error(b.String())
+	})
 }
 
 // TestChaosCheckerCatches makes sure the matrix's checker sees each kind of

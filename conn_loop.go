@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"sync/atomic"
 	"time"
 
 	"github.com/knet-go/knet/internal/udp"
@@ -55,7 +54,7 @@ const maxInbox = 2048
 
 // loop is the connection's goroutine: it owns the session. It ends when
 // the session is done, or, for a while, when the connection has been idle
-// for parkAfter: kick starts it again.
+// for its endpoint's parkAfter: kick starts it again.
 func (c *Conn) loop() {
 	if c.sched.timer == nil {
 		// The timer only wakes the loop, so that waiting is one channel
@@ -71,15 +70,6 @@ func (c *Conn) loop() {
 		}
 	}
 }
-
-// parkAfter is how long a connection's goroutine waits with nothing done
-// before it ends, to be started again by whatever wakes the connection (a
-// datagram, a Send, Close, its timer): an idle connection then holds no
-// goroutine and no stack (4 KiB or more). Connections that are busy, as a
-// game client sending inputs every frame, never reach it.
-var parkAfter atomic.Int64 // nanoseconds; a second, unless a test says otherwise
-
-func init() { parkAfter.Store(int64(time.Second)) }
 
 // run drives the session until it is done (true) or the connection idle
 // (false: the goroutine parked, see park).
@@ -113,7 +103,7 @@ func (c *Conn) run() (done bool) {
 		}
 		c.sched.next = next
 		wait := next
-		if idle := c.sched.quietFrom.Add(time.Duration(parkAfter.Load())); idle.Before(next) {
+		if idle := c.sched.quietFrom.Add(c.ep.parkAfter); idle.Before(next) {
 			if !now.Before(idle) {
 				c.setTimer(next, now)
 				if c.park() {
@@ -150,14 +140,11 @@ func (c *Conn) park() bool {
 		// at once, so the wake taken here is not lost.
 	default:
 	}
-	if h := parkHook.Load(); h != nil {
-		(*h)(c)
+	if h := c.ep.parkHook; h != nil {
+		h(c)
 	}
 	return true
 }
-
-// parkHook, for tests, hears of each connection's goroutine parking.
-var parkHook atomic.Pointer[func(*Conn)]
 
 // kick wakes the connection's goroutine, or starts it again if it parked.
 // Whatever hands the connection work calls it after handing it over.

@@ -54,7 +54,7 @@ func (c *Conn) opError(op string, err error) error {
 }
 
 // LocalAddr returns the local address of the socket.
-func (c *Conn) LocalAddr() net.Addr { return c.ep.pc.LocalAddr() }
+func (c *Conn) LocalAddr() net.Addr { return c.ep.sock.LocalAddr() }
 
 // RemoteAddr returns the peer's address. A secure connection's client may
 // move (NAT rebinding, another network): on the server, the address

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -324,26 +325,29 @@ func BenchmarkAdmitCost(b *testing.B) {
 }
 
 func TestCookieRoundUnderLoss(t *testing.T) {
-	// Retries and echoed ConnectSyns lost, duplicated, reordered: the
-	// timed resends carry the cookie held, a new Retry replaces it.
-	scfg, ccfg := secureConfigs(t)
-	scfg.CookieThreshold = -1
-	sim := func(seed uint64) *Simulation {
-		return &Simulation{Loss: 0.3, Duplicate: 0.1, Reorder: 0.1, ReorderDelay: 3 * time.Millisecond, Seed: seed}
-	}
-	scfg.Simulate = sim(1)
-	ccfg.ConnectTimeout = 10 * time.Second
-	l := listen(t, scfg)
-	serveEcho(t, l)
-	for seed := range uint64(4) {
-		cfg := *ccfg
-		cfg.Simulate = sim(seed + 2)
-		c := dial(t, l.Addr().String(), &cfg)
-		require.True(t, c.Secure())
-		assert.GreaterOrEqual(t, c.sec.retries, 1)
-		c.StartClose("") // its end under loss is not what is tested
-	}
-	assert.GreaterOrEqual(t, l.Stats().CookiesSent, uint64(4))
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// Retries and echoed ConnectSyns lost, duplicated, reordered: the
+		// timed resends carry the cookie held, a new Retry replaces it.
+		scfg, ccfg := secureConfigs(t)
+		scfg.CookieThreshold = -1
+		sim := func(seed uint64) *Simulation {
+			return &Simulation{Loss: 0.3, Duplicate: 0.1, Reorder: 0.1, ReorderDelay: 3 * time.Millisecond, Seed: seed}
+		}
+		scfg.Simulate = sim(1)
+		ccfg.ConnectTimeout = 10 * time.Second
+		l := nw.listen(t, scfg)
+		serveEcho(t, l)
+		for seed := range uint64(4) {
+			cfg := *ccfg
+			cfg.Simulate = sim(seed + 2)
+			c := nw.dial(t, l.Addr().String(), &cfg)
+			require.True(t, c.Secure())
+			assert.GreaterOrEqual(t, c.sec.retries, 1)
+			c.StartClose("") // its end under loss is not what is tested
+		}
+		assert.GreaterOrEqual(t, l.Stats().CookiesSent, uint64(4))
+	})
 }
 
 // BenchmarkSecureFlood is what one datagram of the review's flood costs a

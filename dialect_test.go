@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -73,97 +74,100 @@ func TestReferenceDialectPair(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			scfg := testConfig()
-			ccfg := testConfig()
-			ccfg.Dialect = DialectReference
-			if tc.sim != nil {
-				s1, s2 := *tc.sim, *tc.sim
-				s1.Seed, s2.Seed = 1, 2
-				scfg.Simulate, ccfg.Simulate = &s1, &s2
-			}
-			l := listen(t, scfg)
-			accepted := make(chan *Conn, 1)
-			go func() {
-				c, err := l.AcceptConn(context.Background())
-				if err != nil {
-					return
+			synctest.Test(t, func(t *testing.T) {
+				nw := memNet(t)
+				scfg := testConfig()
+				ccfg := testConfig()
+				ccfg.Dialect = DialectReference
+				if tc.sim != nil {
+					s1, s2 := *tc.sim, *tc.sim
+					s1.Seed, s2.Seed = 1, 2
+					scfg.Simulate, ccfg.Simulate = &s1, &s2
 				}
-				accepted <- c
-				for {
-					m, err := c.Receive(context.Background())
+				l := nw.listen(t, scfg)
+				accepted := make(chan *Conn, 1)
+				go func() {
+					c, err := l.AcceptConn(context.Background())
 					if err != nil {
 						return
 					}
-					if c.Send(m) != nil {
-						return
-					}
-				}
-			}()
-			c := dial(t, l.Addr().String(), ccfg)
-			assert.Equal(t, DialectReference, c.Dialect())
-			var sc *Conn
-			select {
-			case sc = <-accepted:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the listener accepted nothing")
-			}
-			assert.Equal(t, DialectReference, sc.Dialect())
-			syn, synAck := sc.Handshake()
-			assert.Empty(t, syn)
-			assert.Empty(t, synAck)
-
-			work := refWorkload()
-			for i, w := range work {
-				m := w.m
-				m.Payload = refPayload(i, w.size)
-				require.NoError(t, c.Send(m))
-			}
-			ctx := within(t, 20*time.Second)
-			lastOrdered := -1
-			got := map[int]bool{}
-			for {
-				m, err := c.Receive(ctx)
-				require.NoError(t, err, "echoes so far: %d", len(got))
-				i := -1
-				if len(m.Payload) >= 4 {
-					i = int(binary.LittleEndian.Uint32(m.Payload))
-				} else {
-					for k, w := range work {
-						if w.size == 0 && w.m.ID == m.ID {
-							i = k
+					accepted <- c
+					for {
+						m, err := c.Receive(context.Background())
+						if err != nil {
+							return
+						}
+						if c.Send(m) != nil {
+							return
 						}
 					}
+				}()
+				c := nw.dial(t, l.Addr().String(), ccfg)
+				assert.Equal(t, DialectReference, c.Dialect())
+				var sc *Conn
+				select {
+				case sc = <-accepted:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the listener accepted nothing")
 				}
-				require.True(t, i >= 0 && i < len(work), "echo of no message sent: ID %d, %d bytes", m.ID, len(m.Payload))
-				w := work[i]
-				require.False(t, got[i], "message %d twice", i)
-				got[i] = true
-				assert.Equal(t, w.m.ID, m.ID, "message %d", i)
-				assert.Equal(t, w.m.Reliable, m.Reliable, "message %d", i)
-				assert.True(t, bytes.Equal(refPayload(i, w.size), m.Payload), "message %d content", i)
-				if w.m.InOrder {
-					assert.True(t, m.InOrder)
-					assert.Greater(t, i, lastOrdered, "in-order message %d after %d", i, lastOrdered)
-					lastOrdered = i
+				assert.Equal(t, DialectReference, sc.Dialect())
+				syn, synAck := sc.Handshake()
+				assert.Empty(t, syn)
+				assert.Empty(t, synAck)
+
+				work := refWorkload()
+				for i, w := range work {
+					m := w.m
+					m.Payload = refPayload(i, w.size)
+					require.NoError(t, c.Send(m))
 				}
-				if i == len(work)-1 {
-					break
+				ctx := within(t, 20*time.Second)
+				lastOrdered := -1
+				got := map[int]bool{}
+				for {
+					m, err := c.Receive(ctx)
+					require.NoError(t, err, "echoes so far: %d", len(got))
+					i := -1
+					if len(m.Payload) >= 4 {
+						i = int(binary.LittleEndian.Uint32(m.Payload))
+					} else {
+						for k, w := range work {
+							if w.size == 0 && w.m.ID == m.ID {
+								i = k
+							}
+						}
+					}
+					require.True(t, i >= 0 && i < len(work), "echo of no message sent: ID %d, %d bytes", m.ID, len(m.Payload))
+					w := work[i]
+					require.False(t, got[i], "message %d twice", i)
+					got[i] = true
+					assert.Equal(t, w.m.ID, m.ID, "message %d", i)
+					assert.Equal(t, w.m.Reliable, m.Reliable, "message %d", i)
+					assert.True(t, bytes.Equal(refPayload(i, w.size), m.Payload), "message %d content", i)
+					if w.m.InOrder {
+						assert.True(t, m.InOrder)
+						assert.Greater(t, i, lastOrdered, "in-order message %d after %d", i, lastOrdered)
+						lastOrdered = i
+					}
+					if i == len(work)-1 {
+						break
+					}
 				}
-			}
-			for i, w := range work {
-				if w.m.Reliable {
-					assert.True(t, got[i], "reliable message %d (ID %d) never echoed", i, w.m.ID)
+				for i, w := range work {
+					if w.m.Reliable {
+						assert.True(t, got[i], "reliable message %d (ID %d) never echoed", i, w.m.ID)
+					}
 				}
-			}
-			if tc.sim == nil {
-				assert.Len(t, got, len(work), "nothing lost on a clean path")
-			}
-			require.NoError(t, c.Close())
-			_, err := sc.Receive(within(t, 5*time.Second))
-			assert.ErrorIs(t, err, io.EOF)
-			st := c.Stats()
-			t.Logf("client: sent %d datagrams, %d retransmits, RTT %v; server: %d duplicate messages",
-				st.DatagramsSent, st.Retransmits, st.RTT, sc.Stats().DuplicateMessages)
+				if tc.sim == nil {
+					assert.Len(t, got, len(work), "nothing lost on a clean path")
+				}
+				require.NoError(t, c.Close())
+				_, err := sc.Receive(within(t, 5*time.Second))
+				assert.ErrorIs(t, err, io.EOF)
+				st := c.Stats()
+				t.Logf("client: sent %d datagrams, %d retransmits, RTT %v; server: %d duplicate messages",
+					st.DatagramsSent, st.Retransmits, st.RTT, sc.Stats().DuplicateMessages)
+			})
 		})
 	}
 }
@@ -171,37 +175,43 @@ func TestReferenceDialectPair(t *testing.T) {
 // A listener serves spec and reference clients side by side on one
 // socket; one that takes only one dialect ignores the other.
 func TestDialectsSideBySide(t *testing.T) {
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	for _, d := range []Dialect{DialectSpec, DialectReference, DialectAuto} {
-		cfg := testConfig()
-		cfg.Dialect = d
-		c := dial(t, l.Addr().String(), cfg)
-		want := d
-		if d == DialectAuto {
-			want = DialectSpec
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		for _, d := range []Dialect{DialectSpec, DialectReference, DialectAuto} {
+			cfg := testConfig()
+			cfg.Dialect = d
+			c := nw.dial(t, l.Addr().String(), cfg)
+			want := d
+			if d == DialectAuto {
+				want = DialectSpec
+			}
+			assert.Equal(t, want, c.Dialect())
+			require.NoError(t, c.Send(Message{ID: 9, Reliable: true, Payload: []byte(d.String())}))
+			m, err := c.Receive(within(t, 5*time.Second))
+			require.NoError(t, err)
+			assert.Equal(t, d.String(), string(m.Payload))
+			require.NoError(t, c.Close())
 		}
-		assert.Equal(t, want, c.Dialect())
-		require.NoError(t, c.Send(Message{ID: 9, Reliable: true, Payload: []byte(d.String())}))
-		m, err := c.Receive(within(t, 5*time.Second))
-		require.NoError(t, err)
-		assert.Equal(t, d.String(), string(m.Payload))
-		require.NoError(t, c.Close())
-	}
+	})
 
 	for _, tc := range []struct{ listen, dial Dialect }{
 		{DialectSpec, DialectReference},
 		{DialectReference, DialectSpec},
 	} {
 		t.Run(fmt.Sprintf("%v-listener-%v-client", tc.listen, tc.dial), func(t *testing.T) {
-			cfg := testConfig()
-			cfg.Dialect = tc.listen
-			l := listen(t, cfg)
-			cc := &Config{Dialect: tc.dial, ConnectTimeout: 300 * time.Millisecond}
-			_, err := Dial(context.Background(), "udp", l.Addr().String(), cc)
-			var te *TimeoutError
-			assert.True(t, errors.As(err, &te), "no answer, so a timeout: %v", err)
-			assert.Positive(t, l.Stats().InvalidDatagrams)
+			synctest.Test(t, func(t *testing.T) {
+				nw := memNet(t)
+				cfg := testConfig()
+				cfg.Dialect = tc.listen
+				l := nw.listen(t, cfg)
+				cc := &Config{Dialect: tc.dial, ConnectTimeout: 300 * time.Millisecond}
+				_, err := nw.Dial(context.Background(), l.Addr().String(), cc)
+				var te *TimeoutError
+				assert.True(t, errors.As(err, &te), "no answer, so a timeout: %v", err)
+				assert.Positive(t, l.Stats().InvalidDatagrams)
+			})
 		})
 	}
 }
@@ -209,28 +219,31 @@ func TestDialectsSideBySide(t *testing.T) {
 // Handshake payloads are not on the reference wire: a long one is no
 // error there, and Admit sees none.
 func TestReferenceDialectIgnoresHandshakePayloads(t *testing.T) {
-	cfg := testConfig()
-	admitted := make(chan []byte, 1)
-	cfg.Admit = func(_ net.Addr, syn []byte) ([]byte, error) {
-		admitted <- syn
-		return make([]byte, 10000), nil // far too long for a ConnectSynAck
-	}
-	l := listen(t, cfg)
-	serveEcho(t, l)
-	cc := testConfig()
-	cc.Dialect = DialectReference
-	cc.ConnectPayload = make([]byte, 5000)
-	c := dial(t, l.Addr().String(), cc)
-	assert.Empty(t, <-admitted)
-	require.NoError(t, c.Send(Message{ID: 9, Reliable: true, Payload: []byte("x")}))
-	m, err := c.Receive(within(t, 5*time.Second))
-	require.NoError(t, err)
-	assert.Equal(t, "x", string(m.Payload))
-	assert.Zero(t, l.Stats().OversizedReplies)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		admitted := make(chan []byte, 1)
+		cfg.Admit = func(_ net.Addr, syn []byte) ([]byte, error) {
+			admitted <- syn
+			return make([]byte, 10000), nil // far too long for a ConnectSynAck
+		}
+		l := nw.listen(t, cfg)
+		serveEcho(t, l)
+		cc := testConfig()
+		cc.Dialect = DialectReference
+		cc.ConnectPayload = make([]byte, 5000)
+		c := nw.dial(t, l.Addr().String(), cc)
+		assert.Empty(t, <-admitted)
+		require.NoError(t, c.Send(Message{ID: 9, Reliable: true, Payload: []byte("x")}))
+		m, err := c.Receive(within(t, 5*time.Second))
+		require.NoError(t, err)
+		assert.Equal(t, "x", string(m.Payload))
+		assert.Zero(t, l.Stats().OversizedReplies)
 
-	cc.Dialect = DialectSpec
-	_, err = Dial(context.Background(), "udp", l.Addr().String(), cc)
-	assert.ErrorIs(t, err, ErrHandshakeTooLarge, "the spec's dialect still refuses it")
+		cc.Dialect = DialectSpec
+		_, err = nw.Dial(context.Background(), l.Addr().String(), cc)
+		assert.ErrorIs(t, err, ErrHandshakeTooLarge, "the spec's dialect still refuses it")
+	})
 }
 
 // A reference peer's Disconnect to a connection already forgotten (its
@@ -256,16 +269,16 @@ func TestStatelessReferenceDisconnectAck(t *testing.T) {
 	assert.Nil(t, cppDisconnectAnswer(nil, a1, &d), "a DisconnectAck is never answered")
 
 	// Through a listener: the peer's late Disconnect gets an answer.
-	l := listen(t, testConfig())
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	defer pc.Close()
-	_, err = pc.WriteTo(disc(300), l.Addr())
-	require.NoError(t, err)
-	require.NoError(t, pc.SetReadDeadline(time.Now().Add(5*time.Second)))
-	buf := make([]byte, 64)
-	n, _, err := pc.ReadFrom(buf)
-	require.NoError(t, err)
-	require.NoError(t, parseCppInto(buf[:n], &r))
-	assert.True(t, r.has(idDisconnectAck))
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		pc := nw.rawSocket(t, l.Addr())
+		_, err := pc.Write(disc(300))
+		require.NoError(t, err)
+		buf := make([]byte, 64)
+		n, err := pc.Read(buf)
+		require.NoError(t, err)
+		require.NoError(t, parseCppInto(buf[:n], &r))
+		assert.True(t, r.has(idDisconnectAck))
+	})
 }

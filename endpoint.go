@@ -19,16 +19,19 @@ type packet struct {
 	from netip.AddrPort // the sender
 }
 
-// endpoint is one UDP socket and the goroutine that reads it, shared by a
+// endpoint is one socket and the goroutine that reads it, shared by a
 // Listener's connections or owned by one dialed connection.
 type endpoint struct {
-	pc        *net.UDPConn
-	uc        *udp.Conn
-	connected bool // a dialed socket: Write, not WriteTo
+	sock      socket
+	connected bool // a dialed socket: writes go to its peer
 	l         *Listener
 	cfg       *config
 	pool      *sync.Pool
 	sim       *netsim.Pipe // Config.Simulate, if set
+
+	// When its connections park (Conn.park), and who hears of it.
+	parkAfter time.Duration
+	parkHook  func(*Conn)
 
 	mu     sync.Mutex
 	conns  map[netip.AddrPort]*Conn
@@ -50,20 +53,70 @@ type endpoint struct {
 	sendErrs atomic.Uint64
 }
 
-// socketBuffer is the kernel buffer size asked for, each way; the kernel
-// may grant less (net.core.rmem_max, wmem_max on Linux).
-const socketBuffer = 4 << 20
+// endpointOptions are what tests set on the endpoints that Listen and
+// Dial make (listenWith, dialWith): where their sockets come from, and
+// when their connections park. The zero value is what Listen and Dial
+// use: the system's UDP sockets, and a second.
+type endpointOptions struct {
+	// listen opens a listener's socket at laddr (reuse: one of several
+	// sharing it, Config.Sockets), dial a dialed connection's socket,
+	// connected to raddr. Nil: the system's.
+	listen func(network string, laddr *net.UDPAddr, reuse bool) (socket, error)
+	dial   func(network string, raddr *net.UDPAddr) (socket, error)
+	// parkAfter is how long a connection's goroutine waits with nothing
+	// done before it ends, to be started again by whatever wakes the
+	// connection (a datagram, a Send, Close, its timer): an idle
+	// connection then holds no goroutine and no stack (4 KiB or more).
+	// Connections that are busy, as a game client sending inputs every
+	// frame, never reach it. Zero: defaultParkAfter.
+	parkAfter time.Duration
+	// parkHook, if set, hears of each connection's goroutine parking.
+	parkHook func(*Conn)
+}
 
-func newEndpoint(pc *net.UDPConn, connected bool, cfg *config) *endpoint {
-	pc.SetReadBuffer(socketBuffer)
-	pc.SetWriteBuffer(socketBuffer)
+// defaultParkAfter is endpointOptions.parkAfter's default.
+const defaultParkAfter = time.Second
+
+func (o *endpointOptions) listenSocket(network string, laddr *net.UDPAddr, reuse bool) (socket, error) {
+	if o.listen != nil {
+		return o.listen(network, laddr, reuse)
+	}
+	var pc *net.UDPConn
+	var err error
+	if reuse {
+		pc, err = listenReusePort(network, laddr)
+	} else {
+		pc, err = net.ListenUDP(network, laddr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return newUDPSocket(pc, false), nil
+}
+
+func (o *endpointOptions) dialSocket(network string, raddr *net.UDPAddr) (socket, error) {
+	if o.dial != nil {
+		return o.dial(network, raddr)
+	}
+	pc, err := net.DialUDP(network, nil, raddr)
+	if err != nil {
+		return nil, err
+	}
+	return newUDPSocket(pc, true), nil
+}
+
+func newEndpoint(sock socket, connected bool, cfg *config, o *endpointOptions) *endpoint {
 	ep := &endpoint{
-		pc:         pc,
-		uc:         udp.New(pc, connected),
+		sock:       sock,
 		connected:  connected,
 		cfg:        cfg,
+		parkAfter:  o.parkAfter,
+		parkHook:   o.parkHook,
 		conns:      make(map[netip.AddrPort]*Conn),
 		readerDone: make(chan struct{}),
+	}
+	if ep.parkAfter <= 0 {
+		ep.parkAfter = defaultParkAfter
 	}
 	size := cfg.maxDatagram
 	if cfg.privateKey != nil || cfg.serverKey != nil {
@@ -129,13 +182,12 @@ func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) error {
 		return nil
 	}
 	if len(ps) == 1 {
-		return ep.uc.WriteOne(&ps[0]) // the plain call: no batch state
+		return ep.sock.WriteBatch(nil, ps) // no batch state
 	}
 	if w.w == nil || w.w.Size() < len(ps) {
-		w.w = ep.uc.NewWriterSize(len(w.ps))
+		w.w = udp.NewWriterSize(len(w.ps))
 	}
-	_, err := ep.uc.WriteBatch(w.w, ps)
-	return err
+	return ep.sock.WriteBatch(w.w, ps)
 }
 
 // write sends one datagram.
@@ -149,13 +201,7 @@ func (ep *endpoint) write(b []byte, to netip.AddrPort) {
 
 // writeNow sends one datagram, counting a failure as the endpoint's.
 func (ep *endpoint) writeNow(b []byte, to netip.AddrPort) {
-	var err error
-	if ep.connected {
-		_, err = ep.pc.Write(b)
-	} else {
-		_, err = ep.pc.WriteToUDPAddrPort(b, to)
-	}
-	if err != nil {
+	if err := ep.sock.WriteTo(b, to); err != nil {
 		ep.sendErrs.Add(1)
 		if isRefusal(err) {
 			ep.reportRefusal()
@@ -249,7 +295,6 @@ func (ep *endpoint) readLoop() {
 	if ep.l != nil {
 		batch = udp.MaxBatch
 	}
-	r := ep.uc.NewReader()
 	ps := make([]udp.Packet, batch)
 	pkts := make([]*packet, batch)
 	defer func() {
@@ -263,7 +308,7 @@ func (ep *endpoint) readLoop() {
 	for {
 		// Buffers only for what the read may fill: one, unless a
 		// backlog has the reader taking batches.
-		want := r.Want(batch)
+		want := ep.sock.ReadWant(batch)
 		for i := want; i < held; i++ {
 			if pkts[i] != nil {
 				ep.putPacket(pkts[i])
@@ -277,7 +322,7 @@ func (ep *endpoint) readLoop() {
 			}
 			ps[i].Buf = pkts[i].buf
 		}
-		n, err := ep.uc.ReadBatch(r, ps[:want])
+		n, err := ep.sock.ReadBatch(ps[:want])
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -402,7 +447,7 @@ func (ep *endpoint) close() {
 			ep.sim.Drain(ep.cfg.disconnect)
 			ep.sim.Close()
 		}
-		ep.pc.Close()
+		ep.sock.Close()
 		<-ep.readerDone
 	})
 }

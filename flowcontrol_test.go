@@ -8,6 +8,7 @@ import (
 	"math"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -126,91 +127,94 @@ func TestSessionFlowControlRequest(t *testing.T) {
 // sent in any stretch of time, however the goroutines are scheduled; a
 // lifted cap is seen as a transfer that could not have fitted under it.
 func TestConnFlowControl(t *testing.T) {
-	l := listen(t, testConfig())
-	c := dial(t, l.Addr().String(), &Config{SendBuffer: 256 << 10, DisconnectTimeout: 10 * time.Second})
-	srv := serverConn(t, l)
-	stop := make(chan struct{})
-	streamed := make(chan int, 1)
-	go func() { // the client streams until stopped
-		n := 0
-		defer func() { streamed <- n }()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			err := c.Send(numbered(6, n, 1000))
-			if err == nil {
-				n++
-			} else if !errors.Is(err, errDeadline) {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	received := make(chan int, 1)
-	go func() { // the server reads everything, each message once, until EOF
-		seen := map[uint32]bool{}
-		defer func() { received <- len(seen) }()
-		for {
-			m, err := srv.Receive(context.Background())
-			if err != nil {
-				if err != io.EOF {
-					t.Error(err)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		c := nw.dial(t, l.Addr().String(), &Config{SendBuffer: 256 << 10, DisconnectTimeout: 10 * time.Second})
+		srv := serverConn(t, l)
+		stop := make(chan struct{})
+		streamed := make(chan int, 1)
+		go func() { // the client streams until stopped
+			n := 0
+			defer func() { streamed <- n }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-				return
+				c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				err := c.Send(numbered(6, n, 1000))
+				if err == nil {
+					n++
+				} else if !errors.Is(err, errDeadline) {
+					t.Error(err)
+					return
+				}
 			}
-			k := binary.LittleEndian.Uint32(m.Payload)
-			if seen[k] {
-				t.Errorf("message %d twice", k)
+		}()
+		received := make(chan int, 1)
+		go func() { // the server reads everything, each message once, until EOF
+			seen := map[uint32]bool{}
+			defer func() { received <- len(seen) }()
+			for {
+				m, err := srv.Receive(context.Background())
+				if err != nil {
+					if err != io.EOF {
+						t.Error(err)
+					}
+					return
+				}
+				k := binary.LittleEndian.Uint32(m.Payload)
+				if seen[k] {
+					t.Errorf("message %d twice", k)
+				}
+				seen[k] = true
 			}
-			seen[k] = true
-		}
-	}()
-	defer func() { // stop, then check that every message sent arrived
-		close(stop)
-		n := <-streamed
-		c.SetWriteDeadline(time.Time{})
-		require.NoError(t, c.Close())
-		select {
-		case got := <-received:
-			assert.Equal(t, n, got, "messages received of those sent")
-		case <-time.After(10 * time.Second):
-			t.Error("the server did not see the end of the stream")
-		}
-	}()
-	// The stream gets well above the cap to come.
-	const rate = 100
-	require.Eventually(t, func() bool { return c.Stats().SendRate > 5*rate }, 30*time.Second, time.Millisecond,
-		"the stream never got going: %+v", c.Stats())
+		}()
+		defer func() { // stop, then check that every message sent arrived
+			close(stop)
+			n := <-streamed
+			c.SetWriteDeadline(time.Time{})
+			require.NoError(t, c.Close())
+			select {
+			case got := <-received:
+				assert.Equal(t, n, got, "messages received of those sent")
+			case <-time.After(10 * time.Second):
+				t.Error("the server did not see the end of the stream")
+			}
+		}()
+		// The stream gets well above the cap to come.
+		const rate = 100
+		require.Eventually(t, func() bool { return c.Stats().SendRate > 5*rate }, 30*time.Second, time.Millisecond,
+			"the stream never got going: %+v", c.Stats())
 
-	srv.FlowControl(rate)
-	require.Eventually(t, func() bool { return c.Stats().SendRate <= rate }, 10*time.Second, time.Millisecond,
-		"the request was not applied: %+v", c.Stats())
-	// Under the cap, 2*rate datagrams take at least (2*rate - slack)/rate
-	// seconds; slack covers the pacer's burst, acks and pings, which do
-	// not wait for the pacer, and a round of the loop already under way.
-	const slack = 20
-	sent0, start := c.Stats().DatagramsSent, time.Now()
-	require.Eventually(t, func() bool { return c.Stats().DatagramsSent-sent0 >= 2*rate }, 30*time.Second, time.Millisecond,
-		"the peer stopped sending: %+v", c.Stats())
-	took := time.Since(start)
-	t.Logf("capped at %d/s: %d datagrams took %v", rate, 2*rate, took)
-	assert.GreaterOrEqual(t, took.Seconds(), float64(2*rate-slack)/rate, "sent faster than asked")
+		srv.FlowControl(rate)
+		require.Eventually(t, func() bool { return c.Stats().SendRate <= rate }, 10*time.Second, time.Millisecond,
+			"the request was not applied: %+v", c.Stats())
+		// Under the cap, 2*rate datagrams take at least (2*rate - slack)/rate
+		// seconds; slack covers the pacer's burst, acks and pings, which do
+		// not wait for the pacer, and a round of the loop already under way.
+		const slack = 20
+		sent0, start := c.Stats().DatagramsSent, time.Now()
+		require.Eventually(t, func() bool { return c.Stats().DatagramsSent-sent0 >= 2*rate }, 30*time.Second, time.Millisecond,
+			"the peer stopped sending: %+v", c.Stats())
+		took := time.Since(start)
+		t.Logf("capped at %d/s: %d datagrams took %v", rate, 2*rate, took)
+		assert.GreaterOrEqual(t, took.Seconds(), float64(2*rate-slack)/rate, "sent faster than asked")
 
-	// Lifted (65535 is the spec's "no limit"): 30*rate more datagrams,
-	// which under the cap would take 30s, come in far less.
-	srv.FlowControl(math.MaxUint16)
-	require.Eventually(t, func() bool { return c.Stats().SendRate > rate }, 10*time.Second, time.Millisecond,
-		"the cap was not lifted: %+v", c.Stats())
-	sent0, start = c.Stats().DatagramsSent, time.Now()
-	require.Eventually(t, func() bool { return c.Stats().DatagramsSent-sent0 >= 30*rate }, 15*time.Second, time.Millisecond,
-		"still capped: %+v", c.Stats())
-	t.Logf("lifted: %d datagrams took %v", 30*rate, time.Since(start))
-	assert.NoError(t, c.Err())
-	assert.NoError(t, srv.Err())
+		// Lifted (65535 is the spec's "no limit"): 30*rate more datagrams,
+		// which under the cap would take 30s, come in far less.
+		srv.FlowControl(math.MaxUint16)
+		require.Eventually(t, func() bool { return c.Stats().SendRate > rate }, 10*time.Second, time.Millisecond,
+			"the cap was not lifted: %+v", c.Stats())
+		sent0, start = c.Stats().DatagramsSent, time.Now()
+		require.Eventually(t, func() bool { return c.Stats().DatagramsSent-sent0 >= 30*rate }, 15*time.Second, time.Millisecond,
+			"still capped: %+v", c.Stats())
+		t.Logf("lifted: %d datagrams took %v", 30*rate, time.Since(start))
+		assert.NoError(t, c.Err())
+		assert.NoError(t, srv.Err())
+	})
 }
 
 // tallyControl wraps a congestion controller and counts, from any
@@ -244,43 +248,46 @@ func (c tallyControl) PacingRate() float64 {
 // path: everything arrives, exactly once, and the connection really runs
 // on the controller it was given.
 func TestAIMDControlEndToEnd(t *testing.T) {
-	var made, acks, losses, timeouts, paced atomic.Int64
-	cli := testConfig()
-	cli.CongestionControl = func(p CongestionParams) CongestionControl {
-		made.Add(1)
-		assert.Equal(t, CongestionParams{InitialRate: 15 * 1400, MinRate: 5 * 1400, DatagramSize: 1400}, p)
-		return tallyControl{NewAIMDControl(p), &acks, &losses, &timeouts, &paced}
-	}
-	cli.Simulate = &Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Seed: 21}
-	srv := testConfig()
-	srv.Simulate = &Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Seed: 22}
-	l := listen(t, srv)
-	serveEcho(t, l)
-	c := dial(t, l.Addr().String(), cli)
-	const n = 1000
-	go func() {
-		for i := range n {
-			if err := c.Send(numbered(6, i, 1000)); err != nil {
-				t.Error(err)
-				return
-			}
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		var made, acks, losses, timeouts, paced atomic.Int64
+		cli := testConfig()
+		cli.CongestionControl = func(p CongestionParams) CongestionControl {
+			made.Add(1)
+			assert.Equal(t, CongestionParams{InitialRate: 15 * 1400, MinRate: 5 * 1400, DatagramSize: 1400}, p)
+			return tallyControl{NewAIMDControl(p), &acks, &losses, &timeouts, &paced}
 		}
-	}()
-	ctx := within(t, 60*time.Second)
-	seen := make([]bool, n)
-	for range n {
-		m, err := c.Receive(ctx)
-		require.NoError(t, err)
-		i := binary.LittleEndian.Uint32(m.Payload)
-		require.Less(t, int(i), n)
-		require.False(t, seen[i], "message %d twice", i)
-		seen[i] = true
-	}
-	st := c.Stats()
-	t.Logf("client %+v; controller: %d acks, %d losses, %d timeouts, %d rate reads", st, acks.Load(), losses.Load(), timeouts.Load(), paced.Load())
-	assert.Equal(t, int64(1), made.Load(), "one controller for the one connection")
-	assert.Positive(t, acks.Load())
-	assert.Positive(t, losses.Load()+timeouts.Load(), "the losses were reported to it")
-	assert.Positive(t, paced.Load(), "the pacing asked it")
-	assert.Positive(t, st.Retransmits)
+		cli.Simulate = &Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Seed: 21}
+		srv := testConfig()
+		srv.Simulate = &Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Seed: 22}
+		l := nw.listen(t, srv)
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), cli)
+		const n = 1000
+		go func() {
+			for i := range n {
+				if err := c.Send(numbered(6, i, 1000)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		ctx := within(t, 60*time.Second)
+		seen := make([]bool, n)
+		for range n {
+			m, err := c.Receive(ctx)
+			require.NoError(t, err)
+			i := binary.LittleEndian.Uint32(m.Payload)
+			require.Less(t, int(i), n)
+			require.False(t, seen[i], "message %d twice", i)
+			seen[i] = true
+		}
+		st := c.Stats()
+		t.Logf("client %+v; controller: %d acks, %d losses, %d timeouts, %d rate reads", st, acks.Load(), losses.Load(), timeouts.Load(), paced.Load())
+		assert.Equal(t, int64(1), made.Load(), "one controller for the one connection")
+		assert.Positive(t, acks.Load())
+		assert.Positive(t, losses.Load()+timeouts.Load(), "the losses were reported to it")
+		assert.Positive(t, paced.Load(), "the pacing asked it")
+		assert.Positive(t, st.Retransmits)
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -24,7 +25,7 @@ import (
 // session's rules: it acks only when told, and sends whatever it is given.
 type rawPeer struct {
 	t    testing.TB
-	c    *net.UDPConn
+	c    rawConn
 	next uint32
 	buf  []byte
 }
@@ -32,10 +33,14 @@ type rawPeer struct {
 // dialRaw opens a socket to addr and completes the handshake.
 func dialRaw(t testing.TB, addr net.Addr) *rawPeer {
 	t.Helper()
-	c, err := net.DialUDP("udp", nil, addr.(*net.UDPAddr))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	p := &rawPeer{t: t, c: c, next: 1, buf: make([]byte, 65536)}
+	return sysNet().dialRaw(t, addr)
+}
+
+// dialRaw opens a socket to addr on the network and completes the
+// handshake.
+func (n *testNet) dialRaw(t testing.TB, addr net.Addr) *rawPeer {
+	t.Helper()
+	p := &rawPeer{t: t, c: n.rawSocket(t, addr), next: 1, buf: make([]byte, 65536)}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
@@ -75,194 +80,212 @@ func serverConn(t testing.TB, l *Listener) *Conn {
 }
 
 func TestPeerThatNeverReads(t *testing.T) {
-	// The server's application never reads: what waits for it stays within
-	// ReceiveBuffer, the client's Send blocks, nothing is lost.
-	l := listen(t, &Config{ReceiveBuffer: 256 << 10, DisconnectTimeout: time.Second})
-	c := dial(t, l.Addr().String(), &Config{SendBuffer: 256 << 10, DisconnectTimeout: time.Second})
-	srv := serverConn(t, l)
-	var sent, blocked atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			default:
-			}
-			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			if err := c.Send(numbered(6, i, 1000)); err != nil {
-				if !errors.Is(err, errDeadline) {
-					done <- err
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// The server's application never reads: what waits for it stays within
+		// ReceiveBuffer, the client's Send blocks, nothing is lost.
+		l := nw.listen(t, &Config{ReceiveBuffer: 256 << 10, DisconnectTimeout: time.Second})
+		c := nw.dial(t, l.Addr().String(), &Config{SendBuffer: 256 << 10, DisconnectTimeout: time.Second})
+		srv := serverConn(t, l)
+		var sent, blocked atomic.Int64
+		stop := make(chan struct{})
+		done := make(chan error, 1)
+		blockedThrice := make(chan struct{})
+		go func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					done <- nil
 					return
+				default:
 				}
-				blocked.Add(1)
-				continue
+				c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				if err := c.Send(numbered(6, i, 1000)); err != nil {
+					if !errors.Is(err, errDeadline) {
+						done <- err
+						return
+					}
+					if blocked.Add(1) == 3 {
+						close(blockedThrice)
+					}
+					continue
+				}
+				sent.Add(1)
 			}
-			sent.Add(1)
+		}()
+		// Send has waited out its deadline three times: the backpressure is
+		// there, whatever it took to build up.
+		<-blockedThrice
+		held := srv.recvUsed()
+		t.Logf("%d messages sent, %d bytes waiting at the server, client %+v", sent.Load(), held, c.Stats())
+		assert.LessOrEqual(t, held, 256<<10+maxDatagramSizeLimit)
+		// The server asked the client to slow down (FlowControlRequest), or
+		// left the excess unacked.
+		assert.True(t, c.Stats().SendRate < 100 || srv.Stats().DroppedDatagrams > 0, "no backpressure: %+v", c.Stats())
+		close(stop)
+		require.NoError(t, <-done)
+		// The reader wakes up: everything sent arrives, exactly once.
+		c.SetWriteDeadline(time.Time{})
+		n := int(sent.Load())
+		seen := make([]bool, 1<<20)
+		for range n {
+			m, err := srv.Receive(within(t, 30*time.Second))
+			require.NoError(t, err)
+			k := int(uint32(m.Payload[0]) | uint32(m.Payload[1])<<8 | uint32(m.Payload[2])<<16)
+			require.False(t, seen[k], "message %d twice", k)
+			seen[k] = true
 		}
-	}()
-	// Send has waited out its deadline three times: the backpressure is
-	// there, whatever it took to build up.
-	require.Eventually(t, func() bool { return blocked.Load() >= 3 }, 30*time.Second, time.Millisecond, "Send never blocked")
-	held := srv.recvUsed()
-	t.Logf("%d messages sent, %d bytes waiting at the server, client %+v", sent.Load(), held, c.Stats())
-	assert.LessOrEqual(t, held, 256<<10+maxDatagramSizeLimit)
-	// The server asked the client to slow down (FlowControlRequest), or
-	// left the excess unacked.
-	assert.True(t, c.Stats().SendRate < 100 || srv.Stats().DroppedDatagrams > 0, "no backpressure: %+v", c.Stats())
-	close(stop)
-	require.NoError(t, <-done)
-	// The reader wakes up: everything sent arrives, exactly once.
-	c.SetWriteDeadline(time.Time{})
-	n := int(sent.Load())
-	seen := make([]bool, 1<<20)
-	for range n {
-		m, err := srv.Receive(within(t, 30*time.Second))
-		require.NoError(t, err)
-		k := int(uint32(m.Payload[0]) | uint32(m.Payload[1])<<8 | uint32(m.Payload[2])<<16)
-		require.False(t, seen[k], "message %d twice", k)
-		seen[k] = true
-	}
+	})
 }
 
 func TestPeerThatNeverAcks(t *testing.T) {
-	// A raw peer connects and never acks: the server's Send blocks once
-	// SendBuffer is full, and the connection ends after the retransmission
-	// limit, not holding anything past the buffer meanwhile.
-	// (Rates high enough that the resends are not paced out over minutes.)
-	cfg := &Config{SendBuffer: 64 << 10, MaxMessageSendCount: 6, DatagramTimeout: 100 * time.Millisecond, DisconnectTimeout: 200 * time.Millisecond,
-		InitialDatagramRate: 500, MinDatagramRate: 500}
-	l := listen(t, cfg)
-	p := dialRaw(t, l.Addr())
-	srv := serverConn(t, l)
-	go func() { // keep the peer from looking silent
-		for i := 0; ; i++ {
-			select {
-			case <-srv.Done():
-				return
-			case <-time.After(20 * time.Millisecond):
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// A raw peer connects and never acks: the server's Send blocks once
+		// SendBuffer is full, and the connection ends after the retransmission
+		// limit, not holding anything past the buffer meanwhile.
+		// (Rates high enough that the resends are not paced out over minutes.)
+		cfg := &Config{SendBuffer: 64 << 10, MaxMessageSendCount: 6, DatagramTimeout: 100 * time.Millisecond, DisconnectTimeout: 200 * time.Millisecond,
+			InitialDatagramRate: 500, MinDatagramRate: 500}
+		l := nw.listen(t, cfg)
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		go func() { // keep the peer from looking silent
+			for i := 0; ; i++ {
+				select {
+				case <-srv.Done():
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				p.send(false, message{id: idPingRequest, payload: []byte{byte(i)}})
 			}
-			p.send(false, message{id: idPingRequest, payload: []byte{byte(i)}})
+		}()
+		var queued int
+		for i := range 1000 {
+			srv.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+			if err := srv.Send(numbered(6, i, 1000)); err != nil {
+				break
+			}
+			queued++
 		}
-	}()
-	var queued int
-	for i := range 1000 {
-		srv.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-		if err := srv.Send(numbered(6, i, 1000)); err != nil {
-			break
+		assert.Less(t, queued, 100, "Send blocks once the buffer is full")
+		srv.sendq.mu.Lock()
+		used := srv.sendq.used
+		srv.sendq.mu.Unlock()
+		assert.LessOrEqual(t, used, 64<<10+1000)
+		select {
+		case <-srv.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("a peer that never acks was never cut off")
 		}
-		queued++
-	}
-	assert.Less(t, queued, 100, "Send blocks once the buffer is full")
-	srv.sendq.mu.Lock()
-	used := srv.sendq.used
-	srv.sendq.mu.Unlock()
-	assert.LessOrEqual(t, used, 64<<10+1000)
-	select {
-	case <-srv.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("a peer that never acks was never cut off")
-	}
-	assert.ErrorIs(t, srv.Err(), ErrRetransmitLimit)
+		assert.ErrorIs(t, srv.Err(), ErrRetransmitLimit)
+	})
 }
 
 func TestPeerFloodingUnreliableMessages(t *testing.T) {
-	// A raw peer blasts unreliable messages at an application that does
-	// not read: they are dropped and counted once the buffer is full; the
-	// connection stays up.
-	l := listen(t, &Config{ReceiveBuffer: 128 << 10, DisconnectTimeout: 200 * time.Millisecond})
-	p := dialRaw(t, l.Addr())
-	srv := serverConn(t, l)
-	payload := make([]byte, 1000)
-	dropped := func() uint64 { st := srv.Stats(); return st.DroppedMessages + st.DroppedDatagrams }
-	// Blast until the server drops: how many that takes depends on what
-	// the kernel's socket buffer dropped first.
-	flood := 0
-	for ; flood < 100_000 && dropped() == 0; flood += 1000 {
-		for range 1000 {
-			p.send(false, message{id: 6, payload: payload})
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// A raw peer blasts unreliable messages at an application that does
+		// not read: they are dropped and counted once the buffer is full; the
+		// connection stays up.
+		l := nw.listen(t, &Config{ReceiveBuffer: 128 << 10, DisconnectTimeout: 200 * time.Millisecond})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		payload := make([]byte, 1000)
+		dropped := func() uint64 { st := srv.Stats(); return st.DroppedMessages + st.DroppedDatagrams }
+		// Blast until the server drops: how many that takes depends on what
+		// the kernel's socket buffer dropped first.
+		flood := 0
+		for ; flood < 100_000 && dropped() == 0; flood += 1000 {
+			for range 1000 {
+				p.send(false, message{id: 6, payload: payload})
+			}
 		}
-	}
-	// It still works for the peer, and the answer to a ping sent after the
-	// flood means the flood has been through the server's connection.
-	pingReply := func(d datagram) bool {
-		return slices.ContainsFunc(d.msgs, func(m message) bool { return m.id == idPingReply })
-	}
-	for ping := 0; ; ping++ {
-		require.Less(t, ping, 20, "no PingReply")
-		p.send(false, message{id: idPingRequest, payload: []byte{byte(ping)}})
-		if d, ok := p.recv(500 * time.Millisecond); ok && pingReply(d) {
-			break
+		// It still works for the peer, and the answer to a ping sent after the
+		// flood means the flood has been through the server's connection.
+		pingReply := func(d datagram) bool {
+			return slices.ContainsFunc(d.msgs, func(m message) bool { return m.id == idPingReply })
 		}
-	}
-	st := srv.Stats()
-	t.Logf("server after %d unreliable datagrams: %+v", flood, st)
-	assert.LessOrEqual(t, srv.recvUsed(), 128<<10, "never past ReceiveBuffer")
-	assert.Positive(t, st.DroppedMessages+st.DroppedDatagrams)
-	assert.NoError(t, srv.Err())
+		for ping := 0; ; ping++ {
+			require.Less(t, ping, 20, "no PingReply")
+			p.send(false, message{id: idPingRequest, payload: []byte{byte(ping)}})
+			if d, ok := p.recv(500 * time.Millisecond); ok && pingReply(d) {
+				break
+			}
+		}
+		st := srv.Stats()
+		t.Logf("server after %d unreliable datagrams: %+v", flood, st)
+		assert.LessOrEqual(t, srv.recvUsed(), 128<<10, "never past ReceiveBuffer")
+		assert.Positive(t, st.DroppedMessages+st.DroppedDatagrams)
+		assert.NoError(t, srv.Err())
+	})
 }
 
 func TestPeerAnnouncingHugeTransfer(t *testing.T) {
-	l := listen(t, &Config{MaxMessageSize: 1 << 20, DisconnectTimeout: 200 * time.Millisecond})
-	p := dialRaw(t, l.Addr())
-	srv := serverConn(t, l)
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	p.send(true, message{fragStart: true, fragment: true, id: 6, fragCount: 1<<30 - 1, transferID: 1, payload: make([]byte, 400)})
-	select {
-	case <-srv.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("not cut off")
-	}
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	var pe *ProtocolError
-	assert.ErrorAs(t, srv.Err(), &pe)
-	assert.Equal(t, uint64(1), srv.Stats().ProtocolErrors)
-	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8<<20), "nothing allocated by the announced size")
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, &Config{MaxMessageSize: 1 << 20, DisconnectTimeout: 200 * time.Millisecond})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		p.send(true, message{fragStart: true, fragment: true, id: 6, fragCount: 1<<30 - 1, transferID: 1, payload: make([]byte, 400)})
+		select {
+		case <-srv.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("not cut off")
+		}
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		var pe *ProtocolError
+		assert.ErrorAs(t, srv.Err(), &pe)
+		assert.Equal(t, uint64(1), srv.Stats().ProtocolErrors)
+		assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8<<20), "nothing allocated by the announced size")
+	})
 }
 
 func TestGarbageOnLiveConnections(t *testing.T) {
-	// Garbage and truncated datagrams from a connected peer's own address:
-	// every malformed one counted, none harming the connection.
-	l := listen(t, &Config{DisconnectTimeout: 200 * time.Millisecond})
-	p := dialRaw(t, l.Addr())
-	srv := serverConn(t, l)
-	rng := rand.New(rand.NewPCG(9, 9))
-	good := appendDatagram(nil, &datagram{header: header{packetID: 50000, reliable: true}, msgs: []message{
-		{id: 6, payload: []byte("a real message")}, {id: 7, payload: make([]byte, 300)},
-	}})
-	malformed := 0
-	for i := range 2000 {
-		var b []byte
-		if i%2 == 0 {
-			b = make([]byte, rng.IntN(200))
-			for j := range b {
-				b[j] = byte(rng.Uint32())
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// Garbage and truncated datagrams from a connected peer's own address:
+		// every malformed one counted, none harming the connection.
+		l := nw.listen(t, &Config{DisconnectTimeout: 200 * time.Millisecond})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		rng := rand.New(rand.NewPCG(9, 9))
+		good := appendDatagram(nil, &datagram{header: header{packetID: 50000, reliable: true}, msgs: []message{
+			{id: 6, payload: []byte("a real message")}, {id: 7, payload: make([]byte, 300)},
+		}})
+		malformed := 0
+		for i := range 2000 {
+			var b []byte
+			if i%2 == 0 {
+				b = make([]byte, rng.IntN(200))
+				for j := range b {
+					b[j] = byte(rng.Uint32())
+				}
+			} else {
+				b = good[:rng.IntN(len(good))] // truncated
 			}
-		} else {
-			b = good[:rng.IntN(len(good))] // truncated
+			if _, _, err := parseDatagram(b); err != nil {
+				malformed++
+				p.c.Write(b)
+			}
 		}
-		if _, _, err := parseDatagram(b); err != nil {
-			malformed++
-			p.c.Write(b)
+		// A real message after all that still arrives.
+		p.send(true, message{id: 9, payload: []byte("still fine")})
+		for {
+			m, err := srv.Receive(within(t, 5*time.Second))
+			require.NoError(t, err)
+			if m.ID == 9 {
+				assert.Equal(t, "still fine", string(m.Payload))
+				break
+			}
 		}
-	}
-	// A real message after all that still arrives.
-	p.send(true, message{id: 9, payload: []byte("still fine")})
-	for {
-		m, err := srv.Receive(within(t, 5*time.Second))
-		require.NoError(t, err)
-		if m.ID == 9 {
-			assert.Equal(t, "still fine", string(m.Payload))
-			break
-		}
-	}
-	require.Eventually(t, func() bool { return srv.Stats().InvalidDatagrams == uint64(malformed) }, 2*time.Second, 10*time.Millisecond,
-		"invalid %d of %d", srv.Stats().InvalidDatagrams, malformed)
-	assert.NoError(t, srv.Err())
+		synctest.Wait() // the connection's goroutine has published its counts
+		assert.Equal(t, uint64(malformed), srv.Stats().InvalidDatagrams)
+		assert.NoError(t, srv.Err())
+	})
 }
 
 // roundTrip sends message i to an echo server on c and checks that what
@@ -443,124 +466,128 @@ func TestConnectSynFlood(t *testing.T) {
 // A ConnectSyn that never completes the handshake is forgotten after
 // ConnectTimeout, and its place among MaxPendingConnections is free again.
 func TestPendingConnectionsExpire(t *testing.T) {
-	cfg := testConfig()
-	cfg.ConnectTimeout = 500 * time.Millisecond
-	cfg.MaxPendingConnections = 3
-	l := listen(t, cfg)
-	serveEcho(t, l)
-	syn := appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSyn, payload: make([]byte, 64)}}})
-	attempt := func() {
-		s, err := net.DialUDP("udp", nil, l.Addr().(*net.UDPAddr))
-		require.NoError(t, err)
-		t.Cleanup(func() { s.Close() })
-		_, err = s.Write(syn) // and never a ConnectAck
-		require.NoError(t, err)
-	}
-	start := time.Now()
-	for range 3 {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		cfg.ConnectTimeout = 500 * time.Millisecond
+		cfg.MaxPendingConnections = 3
+		l := nw.listen(t, cfg)
+		serveEcho(t, l)
+		syn := appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSyn, payload: make([]byte, 64)}}})
+		attempt := func() {
+			_, err := nw.rawSocket(t, l.Addr()).Write(syn) // and never a ConnectAck
+			require.NoError(t, err)
+		}
+		for range 3 {
+			attempt()
+		}
+		synctest.Wait() // the listener has taken them
+		require.Equal(t, 3, l.Stats().Pending, "%+v", l.Stats())
+		// Full: one more is ignored.
 		attempt()
-	}
-	require.Eventually(t, func() bool { return l.Stats().Pending == 3 }, 10*time.Second, time.Millisecond, "%+v", l.Stats())
-	// Full: one more is ignored.
-	attempt()
-	require.Eventually(t, func() bool { return l.Stats().IgnoredAttempts == 1 }, 10*time.Second, time.Millisecond, "%+v", l.Stats())
-	assert.Equal(t, 3, l.Stats().Pending)
-	// They expire, not before ConnectTimeout.
-	require.Eventually(t, func() bool { return l.Stats().Pending == 0 }, 10*time.Second, time.Millisecond, "%+v", l.Stats())
-	assert.GreaterOrEqual(t, time.Since(start), cfg.ConnectTimeout)
-	assert.Zero(t, l.Stats().Connections)
-	// The places are free again: a client gets in.
-	c := dial(t, l.Addr().String(), testConfig())
-	require.NoError(t, roundTrip(c, 0))
-	assert.Equal(t, uint64(1), l.Stats().IgnoredAttempts)
+		synctest.Wait()
+		require.Equal(t, uint64(1), l.Stats().IgnoredAttempts, "%+v", l.Stats())
+		assert.Equal(t, 3, l.Stats().Pending)
+		// They expire at ConnectTimeout, not before: the bubble's clock is
+		// moved to just before it, then just after.
+		<-time.After(cfg.ConnectTimeout - time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, 3, l.Stats().Pending, "expired before ConnectTimeout")
+		<-time.After(2 * time.Millisecond)
+		synctest.Wait()
+		assert.Zero(t, l.Stats().Pending, "not expired at ConnectTimeout: %+v", l.Stats())
+		assert.Zero(t, l.Stats().Connections)
+		// The places are free again: a client gets in.
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		require.NoError(t, roundTrip(c, 0))
+		assert.Equal(t, uint64(1), l.Stats().IgnoredAttempts)
+	})
 }
 
 func TestCloseFromManyGoroutines(t *testing.T) {
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	c := dial(t, l.Addr().String(), testConfig())
-	var wg sync.WaitGroup
-	var first, again atomic.Int32
-	for range 20 {
-		wg.Go(func() {
-			// The first Close says how it ended (nil, or why not: a Send
-			// racing the listener's close may find the server gone); the
-			// others that it was closed already.
-			var op *net.OpError
-			if err := c.Close(); errors.As(err, &op) && op.Op == "close" {
-				assert.ErrorIs(t, err, net.ErrClosed)
-				again.Add(1)
-			} else {
-				first.Add(1)
-			}
-		})
-		wg.Go(func() { l.Close() })
-		wg.Go(func() { c.Send(Message{ID: 6, Reliable: true}) })
-		wg.Go(func() { c.SetDeadline(time.Now().Add(time.Hour)) })
-	}
-	wg.Wait()
-	assert.Equal(t, int32(1), first.Load())
-	assert.Equal(t, int32(19), again.Load())
-	assert.ErrorIs(t, c.Send(Message{ID: 6}), net.ErrClosed)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		var wg sync.WaitGroup
+		var first, again atomic.Int32
+		for range 20 {
+			wg.Go(func() {
+				// The first Close says how it ended (nil, or why not: a Send
+				// racing the listener's close may find the server gone); the
+				// others that it was closed already.
+				var op *net.OpError
+				if err := c.Close(); errors.As(err, &op) && op.Op == "close" {
+					assert.ErrorIs(t, err, net.ErrClosed)
+					again.Add(1)
+				} else {
+					first.Add(1)
+				}
+			})
+			wg.Go(func() { l.Close() })
+			wg.Go(func() { c.Send(Message{ID: 6, Reliable: true}) })
+			wg.Go(func() { c.SetDeadline(time.Now().Add(time.Hour)) })
+		}
+		wg.Wait()
+		assert.Equal(t, int32(1), first.Load())
+		assert.Equal(t, int32(19), again.Load())
+		assert.ErrorIs(t, c.Send(Message{ID: 6}), net.ErrClosed)
+	})
 }
 
 func TestNoGoroutinesLeftAfterClose(t *testing.T) {
-	base := runtime.NumGoroutine()
-	for range 20 {
-		l, err := Listen("udp", "127.0.0.1:0", testConfig())
-		require.NoError(t, err)
-		go func() {
-			for {
-				c, err := l.AcceptConn(context.Background())
-				if err != nil {
-					return
-				}
-				go func() {
-					for {
-						if _, err := c.Receive(context.Background()); err != nil {
-							return
-						}
-					}
-				}()
-			}
-		}()
-		var conns []*Conn
-		for range 5 {
-			c, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), &Config{Simulate: &Simulation{Delay: time.Millisecond}})
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		for range 20 {
+			l, err := nw.Listen(testConfig())
 			require.NoError(t, err)
-			c.SetDeadline(time.Now().Add(time.Hour)) // a timer that must not outlive the Conn
-			require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("x"), Reliable: true}))
-			conns = append(conns, c)
+			go func() {
+				for {
+					c, err := l.AcceptConn(context.Background())
+					if err != nil {
+						return
+					}
+					go func() {
+						for {
+							if _, err := c.Receive(context.Background()); err != nil {
+								return
+							}
+						}
+					}()
+				}
+			}()
+			var conns []*Conn
+			for range 5 {
+				c, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), &Config{Simulate: &Simulation{Delay: time.Millisecond}})
+				require.NoError(t, err)
+				c.SetDeadline(time.Now().Add(time.Hour)) // a timer that must not outlive the Conn
+				require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("x"), Reliable: true}))
+				conns = append(conns, c)
+			}
+			for _, c := range conns[:2] {
+				c.Close()
+			}
+			l.Close() // closes the rest gracefully from the server side
+			for _, c := range conns {
+				<-c.Done()
+				c.Close()
+			}
 		}
-		for _, c := range conns[:2] {
-			c.Close()
-		}
-		l.Close() // closes the rest gracefully from the server side
-		for _, c := range conns {
-			<-c.Done()
-			c.Close()
-		}
-	}
-	// Wait for both: the count alone can fall to base while ours still
-	// run, if goroutines of earlier tests end meanwhile.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if runtime.NumGoroutine() <= base && packageGoroutines() == "" {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	assert.LessOrEqual(t, runtime.NumGoroutine(), base, "goroutines left behind")
-	assert.Empty(t, packageGoroutines())
+		// Every socket closed (a dialed one lingers a moment after its
+		// connection ends: endpoint.connDone), and every goroutine done:
+		// one left is blocked for good once all are (synctest.Wait).
+		nw.allClosed(t)
+		synctest.Wait()
+		assert.Empty(t, bubbleGoroutines(), "goroutines left behind")
+	})
 }
 
 // synRaw opens a socket to addr and runs the handshake up to the server's
 // ConnectSynAck, leaving the ConnectAck to the caller.
-func synRaw(t testing.TB, addr net.Addr) *rawPeer {
+func (n *testNet) synRaw(t testing.TB, addr net.Addr) *rawPeer {
 	t.Helper()
-	c, err := net.DialUDP("udp", nil, addr.(*net.UDPAddr))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	p := &rawPeer{t: t, c: c, next: 1, buf: make([]byte, 65536)}
+	p := &rawPeer{t: t, c: n.rawSocket(t, addr), next: 1, buf: make([]byte, 65536)}
 	for range 25 {
 		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
 		if d, ok := p.recv(200 * time.Millisecond); ok && len(d.msgs) > 0 && d.msgs[0].id == idConnectSynAck {
@@ -578,40 +605,43 @@ func TestStealthNeverAnswersBacklogRefusal(t *testing.T) {
 	// neither hears anything.
 	for _, stealth := range []bool{false, true} {
 		t.Run(map[bool]string{false: "responsive", true: "stealth"}[stealth], func(t *testing.T) {
-			cfg := testConfig()
-			cfg.Stealth = stealth
-			cfg.AcceptBacklog = 1
-			cfg.DisconnectTimeout = 200 * time.Millisecond // the raw peer never answers
-			l := listen(t, cfg)
-			peers := []*rawPeer{synRaw(t, l.Addr()), synRaw(t, l.Addr())}
-			for _, p := range peers {
-				p.send(true, message{id: idConnectAck})
-			}
-			// The refused connection's goroutine has ended: anything it
-			// had to send is on the loopback already.
-			require.Eventually(t, func() bool {
+			synctest.Test(t, func(t *testing.T) {
+				nw := memNet(t)
+				cfg := testConfig()
+				cfg.Stealth = stealth
+				cfg.AcceptBacklog = 1
+				cfg.DisconnectTimeout = 200 * time.Millisecond // the raw peer never answers
+				l := nw.listen(t, cfg)
+				peers := []*rawPeer{nw.synRaw(t, l.Addr()), nw.synRaw(t, l.Addr())}
+				for _, p := range peers {
+					p.send(true, message{id: idConnectAck})
+				}
+				// The refused connection's goroutine has ended: anything it
+				// had to send is on its way already.
+				synctest.Wait()
 				st := l.Stats()
-				return st.RefusedAttempts == 1 && st.Connections == 1
-			}, 5*time.Second, time.Millisecond)
-			answers := 0
-			for _, p := range peers {
-				for {
-					d, ok := p.recv(50 * time.Millisecond)
-					if !ok {
-						break
-					}
-					for _, m := range d.msgs {
-						if !m.fragment && m.id == idDisconnectAck {
-							answers++
+				require.Equal(t, uint64(1), st.RefusedAttempts)
+				require.Equal(t, 1, st.Connections)
+				answers := 0
+				for _, p := range peers {
+					for {
+						d, ok := p.recv(50 * time.Millisecond)
+						if !ok {
+							break
+						}
+						for _, m := range d.msgs {
+							if !m.fragment && m.id == idDisconnectAck {
+								answers++
+							}
 						}
 					}
 				}
-			}
-			if stealth {
-				assert.Zero(t, answers, "a stealth server answered a refused attempt")
-			} else {
-				assert.Equal(t, 1, answers)
-			}
+				if stealth {
+					assert.Zero(t, answers, "a stealth server answered a refused attempt")
+				} else {
+					assert.Equal(t, 1, answers)
+				}
+			})
 		})
 	}
 }

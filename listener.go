@@ -18,8 +18,9 @@ type Listener struct {
 	eps       []*endpoint
 	cfg       *config
 	acceptq   chan *Conn
-	closed    chan struct{}
+	closed    chan struct{} // Close was called
 	closeOnce sync.Once
+	closeDone chan struct{} // Close is done
 	open      atomic.Bool
 	loops     sync.WaitGroup
 
@@ -85,6 +86,11 @@ type ListenerStats struct {
 // its own goroutine; the kernel spreads peers over them by address, and a
 // connection stays on the socket its peer reached.
 func Listen(network, address string, cfg *Config) (*Listener, error) {
+	return listenWith(network, address, cfg, &endpointOptions{})
+}
+
+// listenWith is Listen with the endpoints' options (tests).
+func listenWith(network, address string, cfg *Config, o *endpointOptions) (*Listener, error) {
 	if err := checkNetwork(network); err != nil {
 		return nil, err
 	}
@@ -96,33 +102,29 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 	if err := rc.secureListener(); err != nil {
 		return nil, err
 	}
-	var pcs []*net.UDPConn
+	var socks []socket
 	fail := func(err error) (*Listener, error) {
-		for _, pc := range pcs {
-			pc.Close()
+		for _, s := range socks {
+			s.Close()
 		}
 		return nil, err
 	}
 	for i := range rc.sockets {
-		var pc *net.UDPConn
-		if rc.sockets == 1 {
-			pc, err = net.ListenUDP(network, laddr)
-		} else {
-			pc, err = listenReusePort(network, laddr)
-		}
+		s, err := o.listenSocket(network, laddr, rc.sockets > 1)
 		if err != nil {
 			return fail(err)
 		}
-		pcs = append(pcs, pc)
+		socks = append(socks, s)
 		if i == 0 {
-			laddr = pc.LocalAddr().(*net.UDPAddr) // the others take the same port
+			laddr = s.LocalAddr().(*net.UDPAddr) // the others take the same port
 		}
 	}
 	l := &Listener{
-		cfg:     rc,
-		acceptq: make(chan *Conn, rc.backlog),
-		closed:  make(chan struct{}),
-		pending: make(map[*Conn]bool),
+		cfg:       rc,
+		acceptq:   make(chan *Conn, rc.backlog),
+		closed:    make(chan struct{}),
+		closeDone: make(chan struct{}),
+		pending:   make(map[*Conn]bool),
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
@@ -142,8 +144,8 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 			}
 		}
 	}
-	for i, pc := range pcs {
-		ep := newEndpoint(pc, false, rc)
+	for i, s := range socks {
+		ep := newEndpoint(s, false, rc, o)
 		ep.simulate(1 + uint64(i)*2)
 		ep.l = l
 		l.eps = append(l.eps, ep)
@@ -163,7 +165,7 @@ func checkNetwork(network string) error {
 }
 
 // Addr returns the address of the socket.
-func (l *Listener) Addr() net.Addr { return l.eps[0].pc.LocalAddr() }
+func (l *Listener) Addr() net.Addr { return l.eps[0].sock.LocalAddr() }
 
 // Accept waits for the next established connection and returns it, a
 // *Conn, as a net.Conn.
@@ -251,42 +253,51 @@ func (l *Listener) Stats() ListenerStats {
 // Close stops accepting, closes every connection gracefully (in parallel,
 // within DisconnectTimeout) and then the sockets. It is idempotent.
 func (l *Listener) Close() error {
-	l.closeOnce.Do(func() {
-		close(l.closed)
-		l.mu.Lock()
-		l.closing = true
-		for i, j := range l.hs.queue {
-			j.ep.putPacket(j.p)
-			l.hs.queue[i] = handshakeJob{}
+	// Later calls wait for the first on a channel, not in the Once: a
+	// goroutine blocked on a mutex is not durably blocked in a
+	// testing/synctest bubble, whose clock, which the connections'
+	// closes need, would then stop.
+	first := false
+	l.closeOnce.Do(func() { first = true })
+	if !first {
+		<-l.closeDone
+		return nil
+	}
+	defer close(l.closeDone)
+	close(l.closed)
+	l.mu.Lock()
+	l.closing = true
+	for i, j := range l.hs.queue {
+		j.ep.putPacket(j.p)
+		l.hs.queue[i] = handshakeJob{}
+	}
+	l.hs.active -= len(l.hs.queue)
+	l.hs.queue = nil
+	clear(l.hs.busy)
+	l.mu.Unlock()
+	// A worker's connection, if it makes one, is among those
+	// closed below.
+	l.workers.Wait()
+	var conns []*Conn
+	for _, ep := range l.eps {
+		ep.mu.Lock()
+		for _, c := range ep.conns {
+			conns = append(conns, c)
 		}
-		l.hs.active -= len(l.hs.queue)
-		l.hs.queue = nil
-		clear(l.hs.busy)
-		l.mu.Unlock()
-		// A worker's connection, if it makes one, is among those
-		// closed below.
-		l.workers.Wait()
-		var conns []*Conn
-		for _, ep := range l.eps {
-			ep.mu.Lock()
-			for _, c := range ep.conns {
-				conns = append(conns, c)
-			}
-			ep.mu.Unlock()
-		}
-		var wg sync.WaitGroup
-		for _, c := range conns {
-			wg.Go(func() {
-				c.shutdown()
-				<-c.done
-			})
-		}
-		wg.Wait()
-		l.loops.Wait()
-		for _, ep := range l.eps {
-			ep.close()
-		}
-	})
+		ep.mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() {
+			c.shutdown()
+			<-c.done
+		})
+	}
+	wg.Wait()
+	l.loops.Wait()
+	for _, ep := range l.eps {
+		ep.close()
+	}
 	return nil
 }
 
@@ -452,6 +463,11 @@ func (l *Listener) offer(c *Conn) bool {
 // complete, or fails with ErrRefused, a *TimeoutError after
 // ConnectTimeout, or ctx's error.
 func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, error) {
+	return dialWith(ctx, network, address, cfg, &endpointOptions{})
+}
+
+// dialWith is Dial with the endpoint's options (tests).
+func dialWith(ctx context.Context, network, address string, cfg *Config, o *endpointOptions) (*Conn, error) {
 	if ctx == nil {
 		return nil, errNilContext
 	}
@@ -473,11 +489,11 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 		// The system would take it, and the attempt would only time out.
 		return nil, fmt.Errorf("knet: dial %s %q: no port to connect to", network, address)
 	}
-	pc, err := net.DialUDP(network, nil, raddr)
+	sock, err := o.dialSocket(network, raddr)
 	if err != nil {
 		return nil, err
 	}
-	ep := newEndpoint(pc, true, rc)
+	ep := newEndpoint(sock, true, rc, o)
 	ep.simulate(2)
 	dialect := DialectSpec
 	if rc.dialect == DialectReference {
@@ -487,7 +503,7 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 	if rc.serverKey != nil {
 		sec, syn, err := newClientSecure(rc.serverKey, rc.token, rc.connectPayload)
 		if err != nil {
-			pc.Close()
+			sock.Close()
 			return nil, err
 		}
 		sec.tap = rc.sealTap

@@ -11,17 +11,17 @@ import (
 )
 
 // parkFlag runs the suite with connections parking their goroutine after
-// this much idleness instead of parkAfter's second, so that every wait
-// goes through parking and kick: go test -race -knet.park=1ms .
-var parkFlag = flag.Duration("knet.park", 0, "park idle connections' goroutines after this long (default: parkAfter)")
+// this much idleness instead of a second (defaultParkAfter), so that every
+// wait goes through parking and kick: go test -race -knet.park=1ms . It
+// applies to the connections the tests make through a testNet
+// (testnet_test.go: listen, dial, sysNet, memNet), not to those of
+// examples and benchmarks, which call Listen and Dial.
+var parkFlag = flag.Duration("knet.park", 0, "park idle connections' goroutines after this long (default: a second)")
 
 // TestMain fails the run if any goroutine of the package outlives the tests:
 // every Conn and Listener must clean up after Close.
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if *parkFlag > 0 {
-		parkAfter.Store(int64(*parkFlag))
-	}
 	code := m.Run()
 	if code == 0 {
 		if leaked := waitForLeaks(10 * time.Second); leaked != "" {
@@ -41,7 +41,7 @@ func waitForLeaks(d time.Duration) string {
 		if leaked == "" || time.Now().After(deadline) {
 			return leaked
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // no event says a goroutine ended: poll, after every test is done
 	}
 }
 

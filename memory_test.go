@@ -170,7 +170,7 @@ func TestMemoryPerConnection(t *testing.T) {
 
 	loaded.Store(false)
 	fmt.Fprintln(stdin, "idle")
-	time.Sleep(*memIdle)
+	time.Sleep(*memIdle) // the measurement's subject: idle again
 	report("idle after", profile(".after"))
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -168,62 +169,71 @@ func TestSecureEchoNothingInClear(t *testing.T) {
 }
 
 func TestSecureWrongServerKey(t *testing.T) {
-	scfg, _ := secureConfigs(t)
-	l := listen(t, scfg)
-	serveEcho(t, l)
-	_, otherPub, err := GenerateKey()
-	require.NoError(t, err)
-	ccfg := testConfig()
-	ccfg.ServerKey = otherPub
-	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, ErrHandshakeFailed)
-	assert.ErrorIs(t, err, ErrRefused)
-	assert.Contains(t, err.Error(), "ServerKey")
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		scfg, _ := secureConfigs(t)
+		l := nw.listen(t, scfg)
+		serveEcho(t, l)
+		_, otherPub, err := GenerateKey()
+		require.NoError(t, err)
+		ccfg := testConfig()
+		ccfg.ServerKey = otherPub
+		_, err = nw.Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, ErrHandshakeFailed)
+		assert.ErrorIs(t, err, ErrRefused)
+		assert.Contains(t, err.Error(), "ServerKey")
 
-	// A stealthy server says nothing: the attempt times out.
-	scfg.Stealth = true
-	l2 := listen(t, scfg)
-	ccfg.ConnectTimeout = 300 * time.Millisecond
-	_, err = Dial(within(t, 5*time.Second), "udp", l2.Addr().String(), ccfg)
-	require.Error(t, err)
-	var te *TimeoutError
-	assert.ErrorAs(t, err, &te)
-	assert.Positive(t, l2.Stats().RefusedAttempts)
+		// A stealthy server says nothing: the attempt times out.
+		scfg.Stealth = true
+		l2 := nw.listen(t, scfg)
+		ccfg.ConnectTimeout = 300 * time.Millisecond
+		_, err = nw.Dial(within(t, 5*time.Second), l2.Addr().String(), ccfg)
+		require.Error(t, err)
+		var te *TimeoutError
+		assert.ErrorAs(t, err, &te)
+		assert.Positive(t, l2.Stats().RefusedAttempts)
+	})
 }
 
 func TestSecureServerRefusesPlaintextClient(t *testing.T) {
-	scfg, _ := secureConfigs(t)
-	admitted := atomic.Bool{}
-	scfg.Admit = func(net.Addr, []byte) ([]byte, error) { admitted.Store(true); return nil, nil }
-	l := listen(t, scfg)
-	serveEcho(t, l)
-	plain := testConfig()
-	plain.ConnectPayload = bytes.Repeat([]byte{1}, 100) // as long as a handshake
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), plain)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, ErrRefused)
-	assert.Contains(t, err.Error(), ErrHandshakeFailed.Error())
-	assert.False(t, admitted.Load(), "Admit saw a plaintext attempt")
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		scfg, _ := secureConfigs(t)
+		admitted := atomic.Bool{}
+		scfg.Admit = func(net.Addr, []byte) ([]byte, error) { admitted.Store(true); return nil, nil }
+		l := nw.listen(t, scfg)
+		serveEcho(t, l)
+		plain := testConfig()
+		plain.ConnectPayload = bytes.Repeat([]byte{1}, 100) // as long as a handshake
+		_, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), plain)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, ErrRefused)
+		assert.Contains(t, err.Error(), ErrHandshakeFailed.Error())
+		assert.False(t, admitted.Load(), "Admit saw a plaintext attempt")
 
-	// A reference-dialect peer is not served at all.
-	ref := testConfig()
-	ref.Dialect = DialectReference
-	ref.ConnectTimeout = 300 * time.Millisecond
-	_, err = Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ref)
-	require.Error(t, err)
+		// A reference-dialect peer is not served at all.
+		ref := testConfig()
+		ref.Dialect = DialectReference
+		ref.ConnectTimeout = 300 * time.Millisecond
+		_, err = nw.Dial(within(t, 5*time.Second), l.Addr().String(), ref)
+		require.Error(t, err)
+	})
 }
 
 func TestSecureClientRefusesPlaintextServer(t *testing.T) {
-	// A server without the key admits the attempt (its Admit sees only
-	// the Noise message) but cannot answer it: Dial fails.
-	l := listen(t, testConfig())
-	serveEcho(t, l)
-	_, ccfg := secureConfigs(t)
-	_, err := Dial(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, ErrHandshakeFailed)
-	assert.NotErrorIs(t, err, ErrRefused)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// A server without the key admits the attempt (its Admit sees only
+		// the Noise message) but cannot answer it: Dial fails.
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		_, ccfg := secureConfigs(t)
+		_, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), ccfg)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, ErrHandshakeFailed)
+		assert.NotErrorIs(t, err, ErrRefused)
+	})
 }
 
 func TestSecureConfigChecks(t *testing.T) {
@@ -347,28 +357,31 @@ func TestSecureReplayDropped(t *testing.T) {
 }
 
 func TestSecureUnderLoss(t *testing.T) {
-	// The handshake and the retransmissions (each the same bytes under
-	// the same packet number) survive loss, duplication and reordering.
-	scfg, ccfg := secureConfigs(t)
-	sim := func(seed uint64) *Simulation {
-		return &Simulation{Loss: 0.2, Duplicate: 0.05, Reorder: 0.1, ReorderDelay: 3 * time.Millisecond, Seed: seed}
-	}
-	scfg.Simulate, ccfg.Simulate = sim(1), sim(2)
-	scfg.DatagramTimeout, ccfg.DatagramTimeout = 100*time.Millisecond, 100*time.Millisecond
-	ccfg.ConnectTimeout = 10 * time.Second
-	l := listen(t, scfg)
-	serveEcho(t, l)
-	c := dial(t, l.Addr().String(), ccfg)
-	payload := bytes.Repeat([]byte("x"), 3000)
-	for i := range 10 {
-		require.NoError(t, c.Send(Message{ID: 6, Payload: payload, Reliable: true, InOrder: true}), i)
-	}
-	for range 10 {
-		got, err := c.Receive(within(t, 20*time.Second))
-		require.NoError(t, err)
-		require.Equal(t, payload, got.Payload)
-	}
-	assert.Positive(t, c.Stats().Retransmits)
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		// The handshake and the retransmissions (each the same bytes under
+		// the same packet number) survive loss, duplication and reordering.
+		scfg, ccfg := secureConfigs(t)
+		sim := func(seed uint64) *Simulation {
+			return &Simulation{Loss: 0.2, Duplicate: 0.05, Reorder: 0.1, ReorderDelay: 3 * time.Millisecond, Seed: seed}
+		}
+		scfg.Simulate, ccfg.Simulate = sim(1), sim(2)
+		scfg.DatagramTimeout, ccfg.DatagramTimeout = 100*time.Millisecond, 100*time.Millisecond
+		ccfg.ConnectTimeout = 10 * time.Second
+		l := nw.listen(t, scfg)
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), ccfg)
+		payload := bytes.Repeat([]byte("x"), 3000)
+		for i := range 10 {
+			require.NoError(t, c.Send(Message{ID: 6, Payload: payload, Reliable: true, InOrder: true}), i)
+		}
+		for range 10 {
+			got, err := c.Receive(within(t, 20*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, payload, got.Payload)
+		}
+		assert.Positive(t, c.Stats().Retransmits)
+	})
 }
 
 // securePair returns the two ends' secure states after a handshake run
@@ -639,38 +652,41 @@ func FuzzSealedCID(f *testing.F) {
 // Group: the events are those of a plaintext one, the messages in clear
 // to the game loop, and the connection secure.
 func TestSecureGroup(t *testing.T) {
-	scfg, ccfg := secureConfigs(t)
-	g := NewGroup()
-	scfg.Group = g
-	l := listen(t, scfg)
-	c := dial(t, l.Addr().String(), ccfg)
-	const msgs = 20
-	for i := range msgs {
-		require.NoError(t, c.Send(Message{ID: 100, Reliable: true, InOrder: true, Payload: []byte{byte(i)}}))
-	}
-	events := make([]Event, 8)
-	ctx := within(t, 10*time.Second)
-	next := 0
-	var sc *Conn
-	for next < msgs {
-		require.NoError(t, g.Wait(ctx))
-		for _, e := range events[:g.Poll(events)] {
-			switch e.Kind {
-			case EventConnected:
-				require.Nil(t, sc, "connected twice")
-				sc = e.Conn
-				assert.True(t, sc.Secure())
-			case EventMessage:
-				require.Same(t, sc, e.Conn)
-				require.Equal(t, []byte{byte(next)}, e.Message.Payload)
-				next++
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		scfg, ccfg := secureConfigs(t)
+		g := NewGroup()
+		scfg.Group = g
+		l := nw.listen(t, scfg)
+		c := nw.dial(t, l.Addr().String(), ccfg)
+		const msgs = 20
+		for i := range msgs {
+			require.NoError(t, c.Send(Message{ID: 100, Reliable: true, InOrder: true, Payload: []byte{byte(i)}}))
+		}
+		events := make([]Event, 8)
+		ctx := within(t, 10*time.Second)
+		next := 0
+		var sc *Conn
+		for next < msgs {
+			require.NoError(t, g.Wait(ctx))
+			for _, e := range events[:g.Poll(events)] {
+				switch e.Kind {
+				case EventConnected:
+					require.Nil(t, sc, "connected twice")
+					sc = e.Conn
+					assert.True(t, sc.Secure())
+				case EventMessage:
+					require.Same(t, sc, e.Conn)
+					require.Equal(t, []byte{byte(next)}, e.Message.Payload)
+					next++
+				}
 			}
 		}
-	}
-	require.NoError(t, sc.Send(Message{ID: 101, Reliable: true, Payload: []byte("from the loop")}))
-	got, err := c.Receive(within(t, 5*time.Second))
-	require.NoError(t, err)
-	assert.Equal(t, "from the loop", string(got.Payload))
+		require.NoError(t, sc.Send(Message{ID: 101, Reliable: true, Payload: []byte("from the loop")}))
+		got, err := c.Receive(within(t, 5*time.Second))
+		require.NoError(t, err)
+		assert.Equal(t, "from the loop", string(got.Payload))
+	})
 }
 
 // TestSecureListenerAnswersNoClearDisconnect: a listener answers a stray
@@ -743,7 +759,7 @@ func TestSecureRacedSynStillConnects(t *testing.T) {
 				return [][]byte{b}
 			}, nil)
 			ctx := within(t, 10*time.Second)
-			c, err := Dial(ctx, "udp", r.Addr(), ccfg)
+			c, err := sysNet().Dial(ctx, r.Addr(), ccfg)
 			require.NoError(t, err)
 			defer c.Close()
 			sc, err := l.AcceptConn(ctx)

@@ -19,7 +19,7 @@ func TestSendErrorsAreNotCountedSent(t *testing.T) {
 	cfg.DisconnectTimeout = 200 * time.Millisecond
 	r, c, _ := relayed(t, cfg)
 	pingPong(t, c, 20, 64)
-	rc, err := c.ep.pc.SyscallConn()
+	rc, err := c.ep.sock.(*udpSocket).pc.SyscallConn()
 	require.NoError(t, err)
 	require.NoError(t, rc.Control(func(fd uintptr) { require.NoError(t, syscall.Shutdown(int(fd), syscall.SHUT_WR)) }))
 	for range 5 {

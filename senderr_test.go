@@ -37,7 +37,7 @@ func TestDialNothingListeningFailsFast(t *testing.T) {
 	gone.Close()
 
 	start := time.Now()
-	_, err = Dial(within(t, 10*time.Second), "udp", addr, &Config{ConnectTimeout: 5 * time.Second})
+	_, err = sysNet().Dial(within(t, 10*time.Second), addr, &Config{ConnectTimeout: 5 * time.Second})
 	took := time.Since(start)
 	require.ErrorIs(t, err, ErrPortUnreachable)
 	assert.ErrorIs(t, err, syscall.ECONNREFUSED, "as a TCP user would check")

@@ -887,7 +887,7 @@ func (p *spPeer) pump(d time.Duration, cond func() bool) bool {
 				// An ICMP error on the connected socket: the server's
 				// socket is gone. Nothing more will come.
 				p.t.Logf("client read: %v", err)
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // a real socket's error: do not spin on it
 			}
 			continue
 		}

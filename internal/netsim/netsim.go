@@ -3,7 +3,8 @@
 // and a bandwidth cap with a bounded queue. A Link decides what happens to
 // each datagram from a seeded random source, so that a run can be replayed;
 // a Pipe carries datagrams over a Link with real timers; a Relay is a UDP
-// proxy with a Pipe each way.
+// proxy with a Pipe each way; a Network is sockets in memory, with Links
+// between them, for tests in testing/synctest bubbles.
 package netsim
 
 import (
@@ -356,10 +357,11 @@ func (p *Pipe) Close() {
 }
 
 type item struct {
-	at  time.Time
-	seq uint64
-	b   []byte
-	to  netip.AddrPort
+	at   time.Time
+	seq  uint64
+	b    []byte
+	to   netip.AddrPort
+	from *Socket // a Network's
 }
 
 type pending []item

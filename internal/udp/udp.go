@@ -70,14 +70,15 @@ type Writer struct {
 }
 
 // NewWriter returns the state for writing batches of up to MaxBatch.
-func (c *Conn) NewWriter() *Writer { return c.NewWriterSize(MaxBatch) }
+func (c *Conn) NewWriter() *Writer { return NewWriterSize(MaxBatch) }
 
 // NewWriterSize returns the state for writing batches of up to n
 // datagrams a call (1 to MaxBatch); a longer batch takes more calls. The
-// state is about 140 bytes a datagram.
-func (c *Conn) NewWriterSize(n int) *Writer {
+// state is about 140 bytes a datagram. It belongs to no Conn: a writing
+// goroutine may use it with any.
+func NewWriterSize(n int) *Writer {
 	w := &Writer{size: min(max(n, 1), MaxBatch)}
-	w.sys.init(c, w.size)
+	w.sys.init(w.size)
 	return w
 }
 

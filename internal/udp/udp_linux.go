@@ -306,7 +306,7 @@ type sysWriter struct {
 // unix.CmsgSpace(2) is 24 on 64-bit systems, 16 on 32-bit ones.
 const cmsgSegmentSpace = 24
 
-func (w *sysWriter) init(c *Conn, n int) {
+func (w *sysWriter) init(n int) {
 	w.hdrs = make([]unix.Mmsghdr, n)
 	w.iovs = make([]unix.Iovec, n)
 	w.names = make([]sockaddr, n)

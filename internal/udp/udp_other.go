@@ -14,7 +14,7 @@ func (r *sysReader) want(max int) int { return min(max, 1) }
 
 type sysWriter struct{}
 
-func (w *sysWriter) init(c *Conn, n int) {}
+func (w *sysWriter) init(n int) {}
 
 // readBatch reads one datagram: without recvmmsg a loop could block on the
 // second.
