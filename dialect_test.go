@@ -22,16 +22,16 @@ import (
 // both ends (ordering by reliable number, reassembly, retransmission under
 // new PacketIDs) over clean and bad networks.
 
-// refWorkload is what the client sends: kind, ID and payload of each
+// cppWorkload is what the client sends: kind, ID and payload of each
 // message, every payload tagged with its index.
-type refWorkItem struct {
+type cppWorkItem struct {
 	m    Message
 	size int
 }
 
-func refWorkload() []refWorkItem {
-	var w []refWorkItem
-	add := func(m Message, size int) { w = append(w, refWorkItem{m, size}) }
+func cppWorkload() []cppWorkItem {
+	var w []cppWorkItem
+	add := func(m Message, size int) { w = append(w, cppWorkItem{m, size}) }
 	for range 20 {
 		add(Message{ID: 10}, 40)
 	}
@@ -50,8 +50,8 @@ func refWorkload() []refWorkItem {
 	return w
 }
 
-// refPayload is message i's payload: its index, then a pattern.
-func refPayload(i, size int) []byte {
+// cppPayload is message i's payload: its index, then a pattern.
+func cppPayload(i, size int) []byte {
 	p := make([]byte, size)
 	if size >= 4 {
 		binary.LittleEndian.PutUint32(p, uint32(i))
@@ -115,10 +115,10 @@ func TestReferenceDialectPair(t *testing.T) {
 				assert.Empty(t, syn)
 				assert.Empty(t, synAck)
 
-				work := refWorkload()
+				work := cppWorkload()
 				for i, w := range work {
 					m := w.m
-					m.Payload = refPayload(i, w.size)
+					m.Payload = cppPayload(i, w.size)
 					require.NoError(t, c.Send(m))
 				}
 				ctx := within(t, 20*time.Second)
@@ -143,7 +143,7 @@ func TestReferenceDialectPair(t *testing.T) {
 					got[i] = true
 					assert.Equal(t, w.m.ID, m.ID, "message %d", i)
 					assert.Equal(t, w.m.Reliable, m.Reliable, "message %d", i)
-					assert.True(t, bytes.Equal(refPayload(i, w.size), m.Payload), "message %d content", i)
+					assert.True(t, bytes.Equal(cppPayload(i, w.size), m.Payload), "message %d content", i)
 					if w.m.InOrder {
 						assert.True(t, m.InOrder)
 						assert.Greater(t, i, lastOrdered, "in-order message %d after %d", i, lastOrdered)
