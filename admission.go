@@ -350,7 +350,7 @@ func (l *Listener) refuseUnproven(ep *endpoint, addr netip.AddrPort, in []byte, 
 	if l.cfg.stealth {
 		return
 	}
-	// A secure ConnectSyn's refusal proves it answers it (refusalProof).
+	// A secure ConnectSyn's refusal proves it answers it (appendRefusalProof, splitRefusalProof).
 	msg1 := secureSynMsg1(in)
 	var buf [16 + MaxReasonLength + refusalProofSize]byte
 	d := appendHeader(buf[:0], &header{})

@@ -14,7 +14,7 @@ type session struct {
 	cfg    *config
 	host   host
 	client bool
-	secure bool // a secure session (secure.go): every datagram it is handed was authenticated
+	secure bool // a secure session (secure_layer.go): every datagram it is handed was authenticated
 	state  sessState
 	err    error // why the connection ended
 	stats  Stats

@@ -18,7 +18,7 @@ type handshakeState struct {
 	preIn, preOut int // server: bytes from and to the peer before the handshake completed
 }
 
-// The handshake as the secure layer drives it (secure.go): it reads the
+// The handshake as the secure layer drives it (secure_layer.go): it reads the
 // handshake messages itself, the session never sees a clear datagram of a
 // secure connection, and these tell the session what happened.
 
