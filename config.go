@@ -464,7 +464,7 @@ func (c *config) handshakeLimit() int { return c.wholeLimit() - startRoom }
 // handshake's room, less the Noise message's own in a secure session.
 func (c *config) payloadLimit() int {
 	if c.privateKey != nil {
-		// The reply follows the connection ID (migration.go).
+		// The reply follows the connection ID (cidSize, secure.go).
 		return c.handshakeLimit() - noiseOverhead - cidSize
 	}
 	if c.serverKey != nil {
