@@ -30,8 +30,8 @@ type Conn struct {
 	sendErrs, unsentBytes uint64
 
 	// Any goroutine's: a channel and atomics.
-	wake     chan struct{} // capacity 1: inbox, send queue or Close
-	parked   atomic.Bool   // the goroutine ended while idle: kick starts it
+	run      atomic.Int32  // runIdle, runQueued, ... (sched.go)
+	parked   atomic.Bool   // idle for parkAfter, until the next round
 	refusals atomic.Uint32 // port unreachable reports, from the reader
 	userData atomic.Value  // SetUserData's
 
@@ -57,10 +57,11 @@ type Conn struct {
 	state connState // what the loop publishes: counters, why it ended
 }
 
-// connSched is the goroutine's own, kept while it is parked: the timer,
-// when it is set for, the next deadline, whether the round did anything,
-// and since when nothing was done. Owned by loop.
+// connSched is the rounds' own: the timer, when it is set for, the next
+// deadline, whether the round did anything, and since when nothing was
+// done. Owned by loop.
 type connSched struct {
+	admission atomic.Pointer[admission] // the Admit hook's, from its goroutine
 	timer     *time.Timer
 	armed     time.Time
 	next      time.Time
@@ -142,7 +143,6 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		ep:      ep,
 		raddr:   raddr,
 		cfg:     cfg,
-		wake:    make(chan struct{}, 1),
 		sendq:   connSendQueue{space: make(chan struct{}, 1)},
 		recvq:   connRecvQueue{ready: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),

@@ -7,15 +7,15 @@ import (
 	"net"
 	"time"
 
-	"github.com/knet-go/knet/internal/udp"
 )
 
-// The connection's goroutine (Conn.loop), which alone owns the session:
-// each round hands it the datagrams in the inbox and the messages in the
-// send queue, runs its timers, acts on its events, writes what it has
-// ready and publishes the results to the application's side. Idle for
-// parkAfter, the goroutine ends; kick starts it again. The session calls
-// back into the connection (the session host methods) on this goroutine.
+// A connection's rounds (Conn.round), run by its endpoint's scheduler
+// (sched.go): each round hands the session the datagrams in the inbox and
+// the messages in the send queue, runs its timers, acts on its events,
+// adds what it has ready to the driver's batch and publishes the results
+// to the application's side. Between rounds a connection holds no
+// goroutine; whatever hands it work calls kick. The session calls back
+// into the connection (the session host methods) during rounds.
 
 // push hands a datagram from the socket reader to the connection. It never
 // blocks: a full inbox drops the datagram.
@@ -33,8 +33,9 @@ func (c *Conn) push(p *packet) bool {
 }
 
 // pushRun hands over several datagrams at once; what does not fit the
-// inbox is dropped.
-func (c *Conn) pushRun(run []*packet) {
+// inbox is dropped. It reports whether any was taken: the caller then
+// runs a round of c or kicks it.
+func (c *Conn) pushRun(run []*packet) bool {
 	c.inbox.mu.Lock()
 	room := max(0, maxInbox-len(c.inbox.pkts))
 	take := min(room, len(run))
@@ -44,37 +45,34 @@ func (c *Conn) pushRun(run []*packet) {
 	for _, p := range run[take:] {
 		c.ep.putPacket(p)
 	}
-	if take > 0 {
-		c.kick()
+	return take > 0
+}
+
+// maxInbox bounds the datagrams waiting for a connection's round.
+const maxInbox = 2048
+
+// end runs once the session is done: the connection ends.
+func (c *Conn) end() {
+	c.sched.timer.Stop()
+	c.finish()
+	if l := c.ep.l; l != nil {
+		l.loops.Done() // Add in handleNew
 	}
 }
 
-// maxInbox bounds the datagrams waiting for a connection's goroutine.
-const maxInbox = 2048
-
-// loop is the connection's goroutine: it owns the session. It ends when
-// the session is done, or, for a while, when the connection has been idle
-// for its endpoint's parkAfter: kick starts it again.
-func (c *Conn) loop() {
+// round runs the session until it has nothing to do before its next
+// deadline, and reports whether it is done. Its datagrams go in d's batch.
+// An idle connection, once quiet for its endpoint's parkAfter, counts as
+// parked (parkHook) until work comes.
+func (c *Conn) round(d *driver) (done bool) {
+	s := c.sess
 	if c.sched.timer == nil {
-		// The timer only wakes the loop, so that waiting is one channel
-		// receive; it is moved only when the next deadline changes.
+		// The timer only kicks the connection; it is moved only when
+		// the next deadline changes.
 		c.sched.timer = time.AfterFunc(time.Hour, c.kick)
 		c.sched.quietFrom = time.Now()
 	}
-	if c.run() {
-		c.sched.timer.Stop()
-		c.finish()
-		if l := c.ep.l; l != nil {
-			l.loops.Done() // Add in handleNew: the connection's goroutine, parked or not, is done
-		}
-	}
-}
-
-// run drives the session until it is done (true) or the connection idle
-// (false: the goroutine parked, see park).
-func (c *Conn) run() (done bool) {
-	s := c.sess
+	c.parked.Store(false)
 	for {
 		now := c.drainInbox()
 		if !c.sched.next.IsZero() && !now.Before(c.sched.next) {
@@ -85,7 +83,7 @@ func (c *Conn) run() (done bool) {
 		}
 		c.drainSendQueue(now)
 		c.handleEvents()
-		c.flush(now)
+		c.flush(now, d)
 		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
 		if s.done() {
@@ -105,16 +103,13 @@ func (c *Conn) run() (done bool) {
 		wait := next
 		if idle := c.sched.quietFrom.Add(c.ep.parkAfter); idle.Before(next) {
 			if !now.Before(idle) {
-				c.setTimer(next, now)
-				if c.park() {
-					return false
-				}
-				continue
+				c.park()
+			} else {
+				wait = idle // to park then, unless something comes
 			}
-			wait = idle // to park then, unless something comes
 		}
 		c.setTimer(wait, now)
-		<-c.wake
+		return false
 	}
 }
 
@@ -126,32 +121,13 @@ func (c *Conn) setTimer(t, now time.Time) {
 	}
 }
 
-// park ends the connection's goroutine, unless a wake came meanwhile
-// (then it reports false and the goroutine goes on). From here kick
-// starts a new one; the session's state passes to it through parked.
-func (c *Conn) park() bool {
+// park notes that the connection has been idle for parkAfter: it holds
+// nothing but its state until work comes (a datagram, a Send, its timer,
+// Close). Tests hear of it (parkHook).
+func (c *Conn) park() {
 	c.parked.Store(true)
-	select {
-	case <-c.wake:
-		if c.parked.CompareAndSwap(true, false) {
-			return false // ours to go on with
-		}
-		// A kick started another goroutine already: it runs a round
-		// at once, so the wake taken here is not lost.
-	default:
-	}
 	if h := c.ep.parkHook; h != nil {
 		h(c)
-	}
-	return true
-}
-
-// kick wakes the connection's goroutine, or starts it again if it parked.
-// Whatever hands the connection work calls it after handing it over.
-func (c *Conn) kick() {
-	signal(c.wake)
-	if c.parked.Load() && c.parked.CompareAndSwap(true, false) {
-		go c.loop()
 	}
 }
 
@@ -218,23 +194,43 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	c.sess.flowControl(now)
 }
 
-// admit runs the application's Admit hook on a ConnectSyn. A refusal
-// carries its reason to the client (the hook's error text, or why the
-// server could not take it), unless the listener is stealthy.
+// admit decides on a ConnectSyn. The application's Admit hook, if it has
+// one, runs on a goroutine of its own, since it may take its time (a
+// database, a matchmaker): the session waits for the decision meanwhile,
+// and a later round takes it (admission).
 func (c *Conn) admit() {
-	var reply []byte
-	var err error
+	if c.cfg.admitConn == nil && c.cfg.admit == nil {
+		c.decide(nil, nil)
+		return
+	}
 	syn := append([]byte(nil), c.sess.handshake.syn...)
 	if c.sec != nil {
 		// The listener read the handshake message (admitSecure).
 		syn = c.sec.payload
 	}
-	switch {
-	case c.cfg.admitConn != nil:
-		reply, err = c.cfg.admitConn(c, syn)
-	case c.cfg.admit != nil:
-		reply, err = c.cfg.admit(c.remote.Load(), syn)
-	}
+	go func() {
+		var a admission
+		if c.cfg.admitConn != nil {
+			a.reply, a.err = c.cfg.admitConn(c, syn)
+		} else {
+			a.reply, a.err = c.cfg.admit(c.remote.Load(), syn)
+		}
+		c.sched.admission.Store(&a)
+		c.kick()
+	}()
+}
+
+// admission is the Admit hook's answer.
+type admission struct {
+	reply []byte
+	err   error
+}
+
+// decide carries out the decision on a ConnectSyn: the hook's reply and
+// error, then the server's own checks. A refusal carries its reason to
+// the client (the hook's error text, or why the server could not take
+// it), unless the listener is stealthy.
+func (c *Conn) decide(reply []byte, err error) {
 	if err == nil && c.dialect != DialectReference && len(reply) > c.cfg.payloadLimit() {
 		// Cutting it would hand the client something the server never
 		// meant to say: refuse, and let the server's stats show why.
@@ -270,6 +266,9 @@ func (c *Conn) admit() {
 
 // handleEvents acts on what the session's last calls did.
 func (c *Conn) handleEvents() {
+	if a := c.sched.admission.Swap(nil); a != nil {
+		c.decide(a.reply, a.err)
+	}
 	ev := c.sess.takeEvents()
 	if ev&evAdmit != 0 {
 		c.admit()
@@ -313,55 +312,24 @@ func (c *Conn) tidy() {
 	c.recvq.mu.Unlock()
 }
 
-// flush sends every datagram the session has ready, in batches of one
-// system call each.
-func (c *Conn) flush(now time.Time) {
-	var w *writeBatch
-	n := 0
+// flush adds every datagram the session has ready to d's batch.
+func (c *Conn) flush(now time.Time, d *driver) {
+	size := c.cfg.maxDatagram + wireOverhead
 	for {
-		if w == nil {
-			w = getWriteBatch(c.cfg.maxDatagram + wireOverhead)
-		}
-		b := c.sess.poll(now, w.buf(n))
+		b := c.sess.poll(now, d.buf(size))
 		if b == nil {
-			break
+			return
 		}
 		if c.sec != nil {
-			if b = c.sealOut(b, w.bufs[n]); b == nil {
+			if b = c.sealOut(b, d.spare()); b == nil {
 				continue // the connection failed: nothing goes unsealed
 			}
 		}
 		// A reliable datagram is the session's own buffer, kept until
-		// acked; nothing is acked before the batch goes out.
-		w.ps[n] = udp.Packet{Buf: b, Addr: c.raddr}
-		w.used = max(w.used, n+1)
-		if n++; n == len(w.ps) && !w.grow() {
-			c.write(w, w.ps[:n])
-			c.sched.active = true
-			n = 0
-		}
-	}
-	if n > 0 {
-		c.write(w, w.ps[:n])
+		// acked; nothing is acked before the batch goes out (the
+		// driver holds the connection until then).
+		d.add(c, b)
 		c.sched.active = true
-	}
-	if w != nil {
-		putWriteBatch(w)
-	}
-}
-
-// write sends a batch and takes note of what the system refused: a
-// reliable datagram among them goes again as if lost on the way.
-func (c *Conn) write(w *writeBatch, ps []udp.Packet) {
-	if c.ep.writeBatch(w, ps) == nil {
-		return
-	}
-	for i := range ps {
-		if err := ps[i].Err; err != nil {
-			c.sendErrs++
-			c.unsentBytes += uint64(len(ps[i].Buf))
-			c.sess.unreachable(err)
-		}
 	}
 }
 

@@ -48,7 +48,12 @@ func (c *Conn) SendContext(ctx context.Context, m Message) error {
 // is counted dropped), for a game loop that must not stall on one slow
 // client.
 func (c *Conn) TrySend(m Message) error {
-	_, err := c.send(doneCtx, &m, false)
+	return c.trySend(&m, nil)
+}
+
+// trySend is TrySend; with a kicks list, it leaves c's kick to its caller.
+func (c *Conn) trySend(m *Message, k *kicks) error {
+	_, err := c.queue(doneCtx, m, false, k)
 	if err == errSendDropped || errors.Is(err, context.Canceled) {
 		return ErrSendBufferFull
 	}
@@ -70,16 +75,21 @@ var ErrSendBufferFull = errors.New("knet: send buffer full")
 //
 // The payload is copied once per connection into its send queue (no
 // allocation in steady state); each connection then packs it with its own
-// traffic, so its datagrams are that connection's.
+// traffic, so its datagrams are that connection's. The connections are
+// handed to their endpoints' workers together, once every copy is queued:
+// their datagrams leave in batches of one system call each.
 func Broadcast(conns []*Conn, m Message, miss func(*Conn, error)) int {
 	n := 0
+	k := getKicks()
 	for _, c := range conns {
-		if err := c.TrySend(m); err == nil {
+		if err := c.trySend(&m, k); err == nil {
 			n++
 		} else if miss != nil {
 			miss(c, err)
 		}
 	}
+	k.run()
+	putKicks(k)
 	return n
 }
 
@@ -98,6 +108,11 @@ func (c *Conn) SendRef(m Message) (Ref, error) {
 }
 
 func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) {
+	return c.queue(ctx, m, tracked, nil)
+}
+
+// queue is send; with a kicks list, it leaves c's kick to its caller.
+func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (Ref, error) {
 	if m.ID < MinMessageID || m.ID > MaxMessageID {
 		return 0, ErrReservedID
 	}
@@ -164,7 +179,11 @@ func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) 
 	c.sendq.used += n
 	room := c.sendq.used < c.cfg.sendBuffer
 	c.sendq.mu.Unlock()
-	c.kick()
+	if k != nil {
+		k.add(c)
+	} else {
+		c.kick()
+	}
 	if room {
 		signal(c.sendq.space) // let another waiting sender look
 	}

@@ -33,10 +33,13 @@ type endpoint struct {
 	parkAfter time.Duration
 	parkHook  func(*Conn)
 
+	sched scheduler // runs the connections' rounds (sched.go)
+
 	mu     sync.Mutex
 	conns  map[netip.AddrPort]*Conn
 	rd     cppDatagram // the reader's, for stray reference datagrams
 	runBuf []*packet   // the reader's, for dispatch
+	ready  []*Conn     // the reader's: connections dispatch gave datagrams
 
 	readerDone chan struct{}
 	closeOnce  sync.Once
@@ -118,6 +121,7 @@ func newEndpoint(sock socket, connected bool, cfg *config, o *endpointOptions) *
 	if ep.parkAfter <= 0 {
 		ep.parkAfter = defaultParkAfter
 	}
+	ep.sched.init(ep, workersFor(!connected))
 	size := cfg.maxDatagram
 	if cfg.privateKey != nil || cfg.serverKey != nil {
 		size += wireOverhead // what maxDatagram leaves for sealing
@@ -304,6 +308,8 @@ func (ep *endpoint) readLoop() {
 			}
 		}
 	}()
+	d := newDriver(ep)
+	defer d.close()
 	fails, held := 0, 0
 	for {
 		// Buffers only for what the read may fill: one, unless a
@@ -340,7 +346,30 @@ func (ep *endpoint) readLoop() {
 		}
 		fails = 0
 		ep.dispatch(ps[:n], pkts[:n])
+		ep.runReady(d, want == 1)
 	}
+}
+
+// runReady gives the connections that dispatch handed datagrams their
+// round: here, with no hand-off, if inline and no one else has the
+// connection, and otherwise by their endpoint's workers. The reader
+// takes them inline when it reads a datagram at a time (no backlog):
+// then the round costs less than waking a worker for it, and its answer
+// leaves at once. Under a backlog the reader keeps reading and the
+// workers run the rounds, on the other processors.
+func (ep *endpoint) runReady(d *driver, inline bool) {
+	for i, c := range ep.ready {
+		ep.ready[i] = nil
+		// A handshake's work (an Admit decision, a key exchange) stays
+		// off the reader.
+		if inline && c.isEstablished() && c.claim() {
+			d.run(c)
+		} else {
+			c.kick()
+		}
+	}
+	ep.ready = ep.ready[:0]
+	d.write()
 }
 
 // dispatch hands a batch of datagrams to their connections, consecutive
@@ -349,8 +378,10 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 	var run []*packet
 	var runConn *Conn
 	flush := func() {
-		if runConn != nil && len(run) > 0 {
-			runConn.pushRun(run)
+		if runConn != nil && len(run) > 0 && runConn.pushRun(run) {
+			if n := len(ep.ready); n == 0 || ep.ready[n-1] != runConn {
+				ep.ready = append(ep.ready, runConn)
+			}
 		}
 		run = run[:0]
 	}
@@ -449,6 +480,7 @@ func (ep *endpoint) close() {
 		}
 		ep.sock.Close()
 		<-ep.readerDone
+		ep.sched.stop()
 	})
 }
 

@@ -247,6 +247,10 @@ func TestPeerAnnouncingHugeTransfer(t *testing.T) {
 func TestGarbageOnLiveConnections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
+		// The 2,000 datagrams are written faster than a reader takes
+		// them: the socket holds them all, as a system socket's 4 MiB
+		// buffer would (the network in memory holds 1,024 by default).
+		nw.mem.QueueLen = 4096
 		// Garbage and truncated datagrams from a connected peer's own address:
 		// every malformed one counted, none harming the connection.
 		l := nw.listen(t, &Config{DisconnectTimeout: 200 * time.Millisecond})

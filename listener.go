@@ -396,8 +396,7 @@ func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
 	j.ep.mu.Unlock()
 	delete(l.hs.busy, j.addr)
 	l.mu.Unlock()
-	c.push(j.p)
-	go c.loop() // its last goroutine calls l.loops.Done (Conn.loop)
+	c.push(j.p) // its first round; its last calls l.loops.Done (Conn.end)
 }
 
 // startConn routes addr's datagrams to c, a server's new connection,
@@ -406,8 +405,7 @@ func startConn(ep *endpoint, addr netip.AddrPort, c *Conn, p *packet) {
 	ep.mu.Lock()
 	ep.conns[addr] = c
 	ep.mu.Unlock()
-	c.push(p)
-	go c.loop() // its last goroutine calls l.loops.Done (Conn.loop)
+	c.push(p) // its first round; its last calls l.loops.Done (Conn.end)
 }
 
 // startHandshakeWorker starts a handshake worker (admission.go), which
@@ -512,7 +510,7 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	}
 	ep.conns[c.raddr] = c
 	go ep.readLoop()
-	go c.loop()
+	c.kick()
 	select {
 	case <-c.estab:
 		if rc.group != nil {

@@ -92,14 +92,14 @@ func TestPortUnreachableMustRepeat(t *testing.T) {
 	c := dial(t, l.Addr().String(), cfg)
 	for range 3 {
 		c.refusals.Add(openStrikes - 1)
-		signal(c.wake)
+		c.kick()
 		require.NoError(t, c.Send(Message{ID: 6, Reliable: true}))
 		_, err := c.Receive(within(t, 5*time.Second)) // the peer is heard: the count starts again
 		require.NoError(t, err)
 	}
 	require.NoError(t, c.Err())
 	c.refusals.Add(openStrikes)
-	signal(c.wake)
+	c.kick()
 	waitDone(t, c, 5*time.Second)
 	assert.ErrorIs(t, c.Err(), ErrPortUnreachable)
 }
