@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"time"
-
 )
 
 // A connection's rounds (Conn.round), run by its endpoint's scheduler

@@ -54,6 +54,8 @@ type endpoint struct {
 	// Datagrams the system refused to send, outside a connection's own
 	// batches: refusals, and what left a simulated network.
 	sendErrs atomic.Uint64
+	// Writes to the socket, and the datagrams they carried.
+	writes, written atomic.Uint64
 }
 
 // endpointOptions are what tests set on the endpoints that Listen and
@@ -185,6 +187,8 @@ func (ep *endpoint) writeBatch(w *writeBatch, ps []udp.Packet) error {
 		}
 		return nil
 	}
+	ep.writes.Add(1)
+	ep.written.Add(uint64(len(ps)))
 	if len(ps) == 1 {
 		return ep.sock.WriteBatch(nil, ps) // no batch state
 	}
@@ -205,6 +209,8 @@ func (ep *endpoint) write(b []byte, to netip.AddrPort) {
 
 // writeNow sends one datagram, counting a failure as the endpoint's.
 func (ep *endpoint) writeNow(b []byte, to netip.AddrPort) {
+	ep.writes.Add(1)
+	ep.written.Add(1)
 	if err := ep.sock.WriteTo(b, to); err != nil {
 		ep.sendErrs.Add(1)
 		if isRefusal(err) {

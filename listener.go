@@ -69,6 +69,12 @@ type ListenerStats struct {
 	RejectedTokens   uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
 	CookiesSent      uint64 // secure attempts answered with a cookie to echo instead of a handshake (Config.CookieThreshold)
 	Sockets          int    // sockets sharing the address (Config.Sockets)
+	// Writes to the socket(s): each a system call on Linux as a rule
+	// (sendmmsg for a batch of datagrams, sendto for one), whatever the
+	// connections. DatagramsWritten / Writes is how many datagrams a
+	// system call carried on average.
+	Writes           uint64
+	DatagramsWritten uint64
 
 	// A secure listener's key exchanges (reading a client's handshake
 	// message, an X25519 each), which run on a few handshake workers, off
@@ -237,6 +243,8 @@ func (l *Listener) Stats() ListenerStats {
 		st.RefusedAttempts += ep.refused.Load()
 		st.SendErrors += ep.sendErrs.Load()
 		st.OversizedReplies += ep.oversized.Load()
+		st.Writes += ep.writes.Load()
+		st.DatagramsWritten += ep.written.Load()
 	}
 	st.RejectedTokens = l.rejectedTokens.Load()
 	st.CookiesSent = l.cookiesSent.Load()

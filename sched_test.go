@@ -1,0 +1,169 @@
+package knet
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The scheduler (sched.go), in synctest bubbles over the network in
+// memory: synctest.Wait returns once every goroutine of the bubble is
+// blocked, and the bubble's clock only moves when all of them wait for
+// it, so "at once" is a fact the test can check, not a timing guess.
+
+// pairs makes n connections to l and returns each client with the
+// server's side of it.
+func pairs(t *testing.T, nw *testNet, l *Listener, cfg *Config, n int) (clients, servers []*Conn) {
+	t.Helper()
+	for range n {
+		clients = append(clients, nw.dial(t, l.Addr().String(), cfg))
+		servers = append(servers, serverConn(t, l))
+	}
+	return clients, servers
+}
+
+// TestLoneDatagramLeavesAtOnce: a message sent on an idle endpoint
+// reaches its peer before the clock moves at all, in a write of its own:
+// batching never holds a lone datagram back to wait for company.
+func TestLoneDatagramLeavesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		l := nw.listen(t, cfg)
+		clients, servers := pairs(t, nw, l, cfg, 20)
+		synctest.Wait()
+		for i, reliable := range []bool{false, true} {
+			before := l.Stats()
+			start := time.Now()
+			msg := fmt.Sprintf("alone %d", i)
+			require.NoError(t, servers[7].TrySend(Message{ID: 6, Payload: []byte(msg), Reliable: reliable}))
+			synctest.Wait()
+			assert.Equal(t, start, time.Now(), "the clock moved before the datagram left")
+			assert.Equal(t, []string{msg}, queuedPayloads(clients[7]), "not delivered at once")
+			after := l.Stats()
+			assert.Equal(t, before.Writes+1, after.Writes, "one write for the lone datagram")
+			assert.Equal(t, before.DatagramsWritten+1, after.DatagramsWritten)
+			_, err := clients[7].Receive(within(t, time.Second))
+			require.NoError(t, err)
+		}
+	})
+}
+
+// TestBroadcastBatchesWrites: a Broadcast to a hundred connections
+// leaves in a few writes (sendmmsg batches on Linux), not one per
+// connection, and every connection gets its message.
+func TestBroadcastBatchesWrites(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		l := nw.listen(t, cfg)
+		const n = 100
+		clients, servers := pairs(t, nw, l, cfg, n)
+		synctest.Wait()
+		for round := range 3 {
+			before := l.Stats()
+			msg := fmt.Sprintf("tick %d", round)
+			require.Equal(t, n, Broadcast(servers, Message{ID: 6, Payload: []byte(msg)}, nil))
+			synctest.Wait()
+			after := l.Stats()
+			for i, c := range clients {
+				require.Equal(t, []string{msg}, queuedPayloads(c), "client %d", i)
+				_, err := c.Receive(within(t, time.Second))
+				require.NoError(t, err)
+			}
+			assert.Equal(t, before.DatagramsWritten+n, after.DatagramsWritten)
+			// Each worker writes a batch when it is full (64) and when
+			// the queue runs dry: at most two batches more than workers.
+			writes := after.Writes - before.Writes
+			assert.LessOrEqual(t, writes, uint64(2+2*workersFor(true)), "writes for %d datagrams", n)
+			t.Logf("round %d: %d datagrams in %d writes", round, n, writes)
+		}
+	})
+}
+
+// TestTickLoopDeliversInOrder: a game loop's TrySend to each of many
+// connections in turn, tick after tick: however the rounds and batches
+// fall, every message arrives once, in order. (How many writes they took
+// depends on how far the workers lag the loop: logged, not asserted.)
+func TestTickLoopDeliversInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		l := nw.listen(t, cfg)
+		const n, ticks = 50, 20
+		clients, servers := pairs(t, nw, l, cfg, n)
+		before := l.Stats()
+		for tick := range ticks {
+			for _, sc := range servers {
+				require.NoError(t, sc.TrySend(Message{ID: 6, Payload: []byte{byte(tick)}, Reliable: true, InOrder: true}))
+			}
+			time.Sleep(time.Second / 30) // the bubble's clock: the next tick
+		}
+		for i, c := range clients {
+			for tick := range ticks {
+				m, err := c.Receive(within(t, 5*time.Second))
+				require.NoError(t, err)
+				require.Equal(t, []byte{byte(tick)}, m.Payload, "client %d", i)
+			}
+		}
+		after := l.Stats()
+		t.Logf("%d datagrams in %d writes", after.DatagramsWritten-before.DatagramsWritten, after.Writes-before.Writes)
+	})
+}
+
+// TestAdmitHookDoesNotHoldOthers: an Admit hook that takes its time (a
+// database, a matchmaker) runs off the workers: connections already open
+// go on meanwhile, and the attempt completes once the hook answers.
+func TestAdmitHookDoesNotHoldOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		release := make(chan struct{})
+		var calls sync.WaitGroup
+		var mu sync.Mutex
+		first := true
+		cfg := testConfig()
+		cfg.Admit = func(_ net.Addr, _ []byte) ([]byte, error) {
+			mu.Lock()
+			slow := !first
+			first = false
+			mu.Unlock()
+			if slow {
+				calls.Done()
+				<-release
+			}
+			return nil, nil
+		}
+		l := nw.listen(t, cfg)
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), cfg)
+		calls.Add(1)
+		dialed := make(chan error, 1)
+		go func() {
+			c2, err := nw.Dial(within(t, time.Minute), l.Addr().String(), cfg)
+			if err == nil {
+				c2.Close()
+			}
+			dialed <- err
+		}()
+		calls.Wait() // the hook is holding the second attempt
+		for i := range 20 {
+			require.NoError(t, c.Send(Message{ID: 6, Payload: []byte{byte(i)}, Reliable: true}))
+			m, err := c.Receive(within(t, 5*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, []byte{byte(i)}, m.Payload)
+		}
+		select {
+		case err := <-dialed:
+			t.Fatalf("the attempt ended while its Admit hook was still deciding: %v", err)
+		default:
+		}
+		close(release)
+		require.NoError(t, <-dialed)
+	})
+}
