@@ -109,6 +109,10 @@ type gameServerResult struct {
 	InvolCS      uint64  `json:"invol_cs"` // and involuntary ones (preempted by the OS)
 	Extra        string  `json:"extra,omitempty"`
 	Profile      string  `json:"profile,omitempty"`
+	// System calls over the window (perf), if counted.
+	SendCalls uint64 `json:"send_calls,omitempty"`
+	RecvCalls uint64 `json:"recv_calls,omitempty"`
+	Counted   bool   `json:"counted,omitempty"`
 }
 
 // gameClientResult is what the clients process reports.
@@ -148,6 +152,15 @@ func (r gameResult) cpuPerMessage() float64 {
 		return 0
 	}
 	return r.srv.CPU / float64(n) * 1e6
+}
+
+// sendCallsPerSnap is the server's send system calls over the window
+// per snapshot it sent (acks and events included in the calls).
+func (r gameResult) sendCallsPerSnap() (float64, bool) {
+	if !r.srv.Counted || r.srv.SnapsSent == 0 {
+		return 0, false
+	}
+	return float64(r.srv.SendCalls) / float64(r.srv.SnapsSent), true
 }
 
 func (r gameResult) memPerConn() float64 { // KiB
@@ -498,6 +511,7 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 		evM1, in1           uint64
 		cpu1                float64
 		windowTicks, tickNo int
+		calls               *syscallCounter
 	)
 	defer ticker.Stop()
 	for !stopped {
@@ -540,6 +554,7 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 					return err
 				}
 			}
+			calls = countSyscalls()
 			gc0 = gcCount()
 			sent0, miss0, evS0, evM0, in0 = s.counters()
 			rcv0 = udpRcvbufErrors()
@@ -550,6 +565,7 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			windowEnd = windowStart.Add(g.dur)
 		case phase == phaseMeasure && now.After(windowEnd):
 			cpu1 = cpuTime()
+			res.SendCalls, res.RecvCalls, res.Counted = calls.stop()
 			res.Window = time.Since(windowStart).Seconds()
 			res.RcvbufErrors = udpRcvbufErrors() - rcv0
 			res.SchedP50, res.SchedP99, res.SchedN = schedQuantiles(sched0, schedHist())
@@ -1310,6 +1326,7 @@ func (h *harness) gameLegend() []string {
 		"Game snapshot latency: client receive time - the server tick's start time stamped in the snapshot (wall clock shared by the two processes), over the window's snapshots that arrived.",
 		"Game server CPU per message: the same CPU time / (inputs the server received + snapshots the clients received + events sent) in the window: it does not shrink when a server that falls behind carries fewer messages.",
 		"Game memory per connection: the server process's heap in use + goroutine stacks after GC at the window's end, minus the same before any client, / N.",
+		"Game server send system calls per snapshot: the server process's sendto, sendmsg, sendmmsg, write and writev calls over the window, counted by perf from the kernel's syscall tracepoints (n/a without perf), / the snapshots it sent; the calls carry its acks and events too. Raw UDP sends one sendto per snapshot.",
 		"Game tick work p99: wall time of the tick loop's own work (take what arrived, send every snapshot and event), 99th percentile over the window's ticks; the period is 33.3 ms.",
 		fmt.Sprintf("Game snapshots delivered: snapshots of the window received by the clients / (N × ticks run). On time: tick work p99 under 33.3 ms, at least %.0f %% of the window's ticks ran, and at least %.0f %% of the snapshots delivered. Largest N on time: the largest N tried that was on time in most runs, every smaller N tried being on time too; a larger N on time after one that was not is named in brackets (noise).", gameOnTimeShare*100, gameOnTimeShare*100),
 	}

@@ -80,7 +80,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the relay's random drops")
 	flag.IntVar(&o.largeSize, "large-size", 1<<20, "large scenario: message size, bytes")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	gameClients := flag.String("game-clients", "100,1000,5000", "game scenario: comma-separated numbers of clients (100 with -quick unless given)")
+	gameClients := flag.String("game-clients", "100,1000,2000,3000,5000", "game scenario: comma-separated numbers of clients (100 with -quick unless given)")
 	flag.DurationVar(&o.gameWarmup, "game-warmup", 2*time.Second, "game scenario: warm-up once all clients are connected")
 	flag.DurationVar(&o.gameDur, "game-duration", 5*time.Second, "game scenario: measurement window")
 	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write a CPU profile of knet's server process over the window to FILE.knet-<N>, and its heap at the window's end to FILE.knet-<N>.heap (the last run's)")
@@ -418,6 +418,7 @@ func (h *harness) declare() {
 		t.add("game", gameRowID("p99", n), game+": snapshot latency p99", "us", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("mem", n), game+": server memory per connection", "KiB", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("tick", n), game+": server tick work p99", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("sys", n), game+": server send system calls per snapshot", "calls", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("dlv", n), game+": snapshots delivered", "%", false, colKnetU, colKnetS, colQUIC).ratios = false
 		t.add("game", gameRowID("ok", n), game+": on time", "", false, colKnetU, colKnetS, colQUIC).ratios = false
 	}
@@ -693,7 +694,7 @@ func (h *harness) scenario(name string) []job {
 		for _, col := range cols {
 			add(col, func() {
 				for _, n := range o.gameClients {
-					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n), gameRowID("cpum", n)}
+					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n), gameRowID("cpum", n), gameRowID("sys", n)}
 					h.measure(fmt.Sprintf("%s %d", name, n), col, ids, limit, func(e *env, r *results) error {
 						profile := ""
 						if col == colKnet {
@@ -717,6 +718,9 @@ func (h *harness) scenario(name string) []job {
 						}
 						r.set(ids[3], res.memPerConn())
 						r.set(ids[4], res.srv.TickP99)
+						if v, ok := res.sendCallsPerSnap(); ok {
+							r.set(ids[8], v)
+						}
 						r.set(ids[5], 100*res.delivered())
 						if res.onTime() {
 							r.setText(ids[6], 1, "yes")
