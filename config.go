@@ -113,8 +113,8 @@ type Config struct {
 	// Admit decides, on the server, whether to accept a connection
 	// attempt: it gets the client's ConnectPayload and returns the content
 	// of the ConnectSynAck, or an error to refuse. Nil admits everyone
-	// with an empty reply. It runs on the new connection's goroutine and
-	// may block it, up to ConnectTimeout.
+	// with an empty reply. It runs on a goroutine of its own and may take
+	// its time (the connection waits, up to ConnectTimeout; others go on).
 	//
 	// The reply has the ConnectPayload's limit (MaxDatagramSize-104
 	// bytes). A longer one cannot be sent whole and is never cut: the

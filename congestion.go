@@ -6,7 +6,7 @@ import (
 )
 
 // CongestionControl decides how fast a connection sends reliable
-// datagrams. The connection's goroutine calls its methods; an
+// datagrams. The connection's round calls its methods; an
 // implementation need not be safe for concurrent use. Config's
 // CongestionControl field plugs one in.
 type CongestionControl interface {

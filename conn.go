@@ -16,12 +16,12 @@ import (
 // A Conn is safe for concurrent use.
 type Conn struct {
 	ep      *endpoint
-	raddr   netip.AddrPort // owned by loop; changed under ep.mu (moveTo)
+	raddr   netip.AddrPort // owned by the round; changed under ep.mu (moveTo)
 	remote  atomic.Pointer[net.UDPAddr]
 	cfg     *config
 	dialect Dialect // DialectSpec or DialectReference
 
-	// Owned by loop.
+	// Owned by the round (Conn.round).
 	sess  *session
 	sec   *secureState // a secure session's keys, nil if plaintext
 	sched connSched
@@ -35,7 +35,7 @@ type Conn struct {
 	refusals atomic.Uint32 // port unreachable reports, from the reader
 	userData atomic.Value  // SetUserData's
 
-	// The three ways in and out of the loop, each behind its own mutex.
+	// The three ways in and out of the rounds, each behind its own mutex.
 	inbox connInbox     // datagrams from the socket reader
 	sendq connSendQueue // messages from the application
 	recvq connRecvQueue // messages for the application
@@ -54,14 +54,15 @@ type Conn struct {
 	closed     chan struct{} // Close was called
 	done       chan struct{} // loop has exited
 
-	state connState // what the loop publishes: counters, why it ended
+	state connState // what the rounds publish: counters, why it ended
 }
 
 // connSched is the rounds' own: the timer, when it is set for, the next
 // deadline, whether the round did anything, and since when nothing was
-// done. Owned by loop.
+// done. Owned by the round.
 type connSched struct {
 	admission atomic.Pointer[admission] // the Admit hook's, from its goroutine
+	sentHere  time.Time                 // the last round a Send ran on its own goroutine
 	timer     *time.Timer
 	armed     time.Time
 	next      time.Time
@@ -77,13 +78,13 @@ type connInbox struct {
 	pkts    []*packet
 	dropped uint64 // datagrams a full inbox dropped
 
-	// Owned by loop.
+	// Owned by the round (Conn.round).
 	work []*packet // the slice pkts is swapped with each round
 	peak int       // the most datagrams one round took since the last tidy
 }
 
 // connSendQueue holds the messages the application queued (Send) until
-// the loop hands them to the session (drainSendQueue), and the send
+// a round hands them to the session (drainSendQueue), and the send
 // buffer's accounting.
 type connSendQueue struct {
 	// Guarded by mu.
@@ -98,13 +99,13 @@ type connSendQueue struct {
 	drops       uint64
 	space       chan struct{} // capacity 1
 
-	// Owned by loop.
+	// Owned by the round (Conn.round).
 	spare    []outMsg // the slice msgs is swapped with each round
 	peak     int      // the most messages one round took since the last tidy
 	released int      // send buffer bytes to hand back
 }
 
-// connRecvQueue holds the messages the loop delivered (deliver) until the
+// connRecvQueue holds the messages the rounds delivered (deliver) until the
 // application takes them (Receive, Read, a Group).
 type connRecvQueue struct {
 	// Guarded by mu.
@@ -113,7 +114,7 @@ type connRecvQueue struct {
 	eof   bool          // peer closed: after msgs, io.EOF
 	ready chan struct{} // capacity 1
 
-	// Owned by loop.
+	// Owned by the round (Conn.round).
 	delivered bool // signal ready after this round
 }
 
@@ -126,7 +127,7 @@ type connInGroup struct {
 	noticed bool // the group has seen it (Add)
 }
 
-// connState is what the loop publishes for the application's calls
+// connState is what the rounds publish for the application's calls
 // (Stats, Err, Handshake). Guarded by mu.
 type connState struct {
 	mu     sync.Mutex

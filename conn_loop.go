@@ -389,7 +389,7 @@ func (c *Conn) inDroppedLocked() uint64 {
 	return n
 }
 
-// finish runs when the loop exits.
+// finish runs when the session is done (Conn.end).
 func (c *Conn) finish() {
 	s := c.sess
 	err := s.err

@@ -6,7 +6,7 @@ import (
 	"net"
 )
 
-// Receiving: the messages the loop delivered wait in the receive queue
+// Receiving: the messages the rounds delivered wait in the receive queue
 // for Receive and ReceiveInto (and Read, conn_netconn.go).
 
 // Receive returns the next message. It waits until one arrives, the read

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 )
 
 // Sending: Send and its variants check a message, copy its payload into
-// the send queue and wake the loop. A full send buffer makes a reliable
+// the send queue and kick the connection. A full send buffer makes a reliable
 // message wait (until the write deadline or ctx) and drops an unreliable
 // one.
 
@@ -178,10 +179,27 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	c.sendq.msgs = append(c.sendq.msgs, o)
 	c.sendq.used += n
 	room := c.sendq.used < c.cfg.sendBuffer
+	light := c.sendq.used <= inlineSendBytes
 	c.sendq.mu.Unlock()
-	if k != nil {
+	switch {
+	case k != nil:
 		k.add(c)
-	} else {
+	case light && c.ep.connected && c.claim():
+		// A dialed connection's socket is its own, so there is no batch
+		// to join: the round runs here, with no hand-off, for a message
+		// after a pause with little queued (a game client's input, a
+		// request). Messages in a burst go to the worker, which packs
+		// those that queue meanwhile into shared datagrams, and a bulk
+		// sender keeps it packing and sending while it copies the next
+		// message in.
+		if now := time.Now(); now.Sub(c.sched.sentHere) >= inlineGap {
+			c.sched.sentHere = now
+			c.ep.sched.runHere(c)
+		} else {
+			c.release()
+			c.kick()
+		}
+	default:
 		c.kick()
 	}
 	if room {

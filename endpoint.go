@@ -68,14 +68,12 @@ type endpointOptions struct {
 	// connected to raddr. Nil: the system's.
 	listen func(network string, laddr *net.UDPAddr, reuse bool) (socket, error)
 	dial   func(network string, raddr *net.UDPAddr) (socket, error)
-	// parkAfter is how long a connection's goroutine waits with nothing
-	// done before it ends, to be started again by whatever wakes the
-	// connection (a datagram, a Send, Close, its timer): an idle
-	// connection then holds no goroutine and no stack (4 KiB or more).
-	// Connections that are busy, as a game client sending inputs every
-	// frame, never reach it. Zero: defaultParkAfter.
+	// parkAfter is how long a connection is idle (nothing done) before
+	// it counts as parked (Conn.park), and how long the endpoint's idle
+	// workers wait for work before they end (sched.go). Zero:
+	// defaultParkAfter.
 	parkAfter time.Duration
-	// parkHook, if set, hears of each connection's goroutine parking.
+	// parkHook, if set, hears of each connection's parking.
 	parkHook func(*Conn)
 }
 
@@ -233,8 +231,8 @@ func (ep *endpoint) reportRefusal() {
 	ep.mu.Unlock()
 }
 
-// writeBatch is what a connection's goroutine needs to send a batch:
-// pooled, since few connections send at any one moment. It starts small
+// writeBatch is what a driver (sched.go) needs to send a batch: pooled,
+// since few goroutines send at any one moment. It starts small
 // and grows as flushes need: a busy server has many connections flushing
 // at once, most of them a datagram or two, and a batch made whole (64
 // buffers of MaxDatagramSize and the system call's state, about 100 KiB)
@@ -460,7 +458,7 @@ func (ep *endpoint) remove(c *Conn) {
 	}
 }
 
-// connDone is called as a connection's goroutine exits. A dialed socket
+// connDone is called as a connection ends (Conn.end). A dialed socket
 // goes with its connection, but if the connection ended by answering the
 // peer's Disconnect, only after a moment in which it answers the peer's
 // resent Disconnects (dispatch): the DisconnectAck may have been lost, and

@@ -273,6 +273,32 @@ func (c *Conn) mark() bool {
 	}
 }
 
+// A Send on a dialed connection runs its round on the caller's goroutine
+// when at most inlineSendBytes are queued or unacked and the last such
+// round was at least inlineGap ago.
+const (
+	inlineSendBytes = 16 << 10
+	inlineGap       = time.Millisecond
+)
+
+// runHere runs a round of c, claimed, on the calling goroutine, and
+// writes what it produced.
+func (q *scheduler) runHere(c *Conn) {
+	q.mu.Lock()
+	var d *driver
+	if n := len(q.free); n > 0 {
+		d, q.free = q.free[n-1], q.free[:n-1]
+	} else {
+		d = newDriver(q.ep)
+	}
+	q.mu.Unlock()
+	d.run(c)
+	d.write()
+	q.mu.Lock()
+	q.free = append(q.free, d)
+	q.mu.Unlock()
+}
+
 // claim takes c to run a round of it here, if no one else has it.
 func (c *Conn) claim() bool { return c.run.CompareAndSwap(runIdle, runRunning) }
 

@@ -167,3 +167,42 @@ func TestAdmitHookDoesNotHoldOthers(t *testing.T) {
 		require.NoError(t, <-dialed)
 	})
 }
+
+// TestDialedSendRunsHere: a dialed connection has its socket to itself,
+// so a Send after a pause, with little queued, runs the round on the
+// caller's goroutine: the datagram has gone when Send returns, with no
+// hand-off to a worker (the counters that round published say so at
+// once). Messages sent in a burst still share datagrams.
+func TestDialedSendRunsHere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		l := nw.listen(t, cfg)
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), cfg)
+		for i := range 20 {
+			<-time.After(inlineGap) // on the bubble's clock: a pause between inputs
+			synctest.Wait()         // everything idle: no worker has the connection
+			sent := c.Stats().DatagramsSent
+			require.NoError(t, c.Send(Message{ID: 6, Payload: []byte{byte(i)}, Reliable: true}))
+			assert.Greater(t, c.Stats().DatagramsSent, sent, "send %d: not sent when Send returned", i)
+			m, err := c.Receive(within(t, 5*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, []byte{byte(i)}, m.Payload)
+		}
+		<-time.After(inlineGap)
+		synctest.Wait()
+		sent := c.Stats().DatagramsSent
+		const burst = 50
+		for i := range burst {
+			require.NoError(t, c.Send(Message{ID: 7, Payload: []byte{byte(i)}}))
+		}
+		for i := range burst {
+			m, err := c.Receive(within(t, 5*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, []byte{byte(i)}, m.Payload)
+		}
+		synctest.Wait()
+		assert.Less(t, c.Stats().DatagramsSent-sent, uint64(burst/2), "a burst's messages did not share datagrams")
+	})
+}

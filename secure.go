@@ -104,7 +104,7 @@ func (c *Conn) Secure() bool { return c.sec != nil && c.sec.ready.Load() }
 
 // secureState is a connection's half of a secure session: the handshake
 // until it completes, then the keys of each direction. Owned by the
-// connection's goroutine, but ready, which Secure reads.
+// connection's rounds, but ready, which Secure reads.
 type secureState struct {
 	hs      *noise.HandshakeState // until the keys are derived
 	payload []byte                // the ConnectPayload, in clear

@@ -3,7 +3,7 @@ package knet
 import "time"
 
 // session is the protocol state machine of one connection. It does no I/O
-// and keeps no clock: the connection's goroutine feeds it datagrams
+// and keeps no clock: the connection's round feeds it datagrams
 // (handleDatagram) and the time (advance), asks it for datagrams to send
 // (poll) and acts on what it reports (takeEvents).
 //

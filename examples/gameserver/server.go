@@ -112,7 +112,7 @@ func (s *server) issueToken(name string) string {
 	return t
 }
 
-// admit runs on the new connection's goroutine, during the handshake: a
+// admit runs on a goroutine of its own, during the handshake: a
 // bad token refuses it with a reason the client sees (*knet.RefusedError),
 // a good one makes the player, attached as user data, and the reply tells
 // the client its entity id.
