@@ -20,10 +20,12 @@
 //
 // # Concurrency
 //
-// Every method of Conn and Listener is safe for concurrent use. Each Conn
-// has one goroutine that owns its protocol state; a Listener has one more
-// that reads the shared socket and hands each datagram to its connection
-// without ever waiting on it. Send copies the payload before it returns.
+// Every method of Conn and Listener is safe for concurrent use. One
+// goroutine at a time runs a Conn's protocol state: one of its socket's
+// workers, which send many connections' datagrams in each system call,
+// the socket's reader, or for a dialed Conn the caller of Send. Each
+// socket has a reader that hands each datagram to its connection without
+// ever waiting on it. Send copies the payload before it returns.
 //
 // # Deadlines
 //
