@@ -139,14 +139,7 @@ func (q *scheduler) pop() *Conn {
 // its batch whenever the queue runs dry, and waits for more for
 // parkAfter before it ends.
 func (q *scheduler) work() {
-	q.mu.Lock()
-	var d *driver
-	if n := len(q.free); n > 0 {
-		d, q.free = q.free[n-1], q.free[:n-1]
-	} else {
-		d = newDriver(q.ep)
-	}
-	q.mu.Unlock()
+	d := q.getDriver()
 	var idle *time.Timer
 	for {
 		if c := q.pop(); c != nil {
@@ -200,9 +193,7 @@ func (q *scheduler) end(d *driver) bool {
 	q.workers--
 	q.mu.Unlock()
 	d.close() // its batch was written: this gives back its buffers
-	q.mu.Lock()
-	q.free = append(q.free, d)
-	q.mu.Unlock()
+	q.putDriver(d)
 	return false
 }
 
@@ -284,16 +275,26 @@ const (
 // runHere runs a round of c, claimed, on the calling goroutine, and
 // writes what it produced.
 func (q *scheduler) runHere(c *Conn) {
-	q.mu.Lock()
-	var d *driver
-	if n := len(q.free); n > 0 {
-		d, q.free = q.free[n-1], q.free[:n-1]
-	} else {
-		d = newDriver(q.ep)
-	}
-	q.mu.Unlock()
+	d := q.getDriver()
 	d.run(c)
 	d.write()
+	q.putDriver(d)
+}
+
+// getDriver takes a driver from those no goroutine is using, or makes one.
+func (q *scheduler) getDriver() *driver {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if n := len(q.free); n > 0 {
+		d := q.free[n-1]
+		q.free = q.free[:n-1]
+		return d
+	}
+	return newDriver(q.ep)
+}
+
+// putDriver gives back a driver whose batch was written.
+func (q *scheduler) putDriver(d *driver) {
 	q.mu.Lock()
 	q.free = append(q.free, d)
 	q.mu.Unlock()
