@@ -367,7 +367,9 @@ func (d *driver) add(c *Conn, b []byte) {
 	w.used = max(w.used, d.n+1)
 	d.owner = append(d.owner, c)
 	if d.n++; d.n == len(w.ps) && !w.grow() {
-		d.flushBatch()
+		// Full: written now, and the connections it held released
+		// (the one whose round is adding is not among them).
+		d.write()
 	}
 }
 
@@ -375,8 +377,7 @@ func (d *driver) add(c *Conn, b []byte) {
 // into.
 func (d *driver) spare() []byte { return d.w.bufs[d.n] }
 
-// flushBatch writes the batch; the rounds whose datagrams it held are not
-// released (one may still be running).
+// flushBatch writes the batch.
 func (d *driver) flushBatch() {
 	if d.n == 0 {
 		return
