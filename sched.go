@@ -12,9 +12,11 @@ import (
 // goroutine of its own: whatever hands it work (a datagram, a Send, its
 // timer, Close) calls kick, which puts it on its endpoint's run queue, and
 // the endpoint's workers take connections from the queue and run a round
-// of each. The socket reader runs a round itself, with no hand-off, for a
-// connection it just gave datagrams to, when no worker has it and no
-// backlog waits on the socket (endpoint.dispatch).
+// of each. Two shortcuts skip the hand-off when no one else has the
+// connection: the socket reader runs the round of a connection it just
+// gave a datagram to while it reads one at a time (endpoint.runReady),
+// and a dialed connection's Send after a pause runs it on the caller's
+// goroutine (runHere).
 //
 // One goroutine at a time runs a connection: its run state (Conn.run)
 // goes idle -> queued -> running -> idle, and a kick while it runs marks
@@ -132,6 +134,13 @@ func (q *scheduler) pop() *Conn {
 	c := q.queue[q.head]
 	q.queue[q.head] = nil
 	q.head++
+	if q.head >= 1024 && 2*q.head >= len(q.queue) {
+		// A queue that never runs dry (a server behind its load) would
+		// otherwise keep what was taken from it.
+		n := copy(q.queue, q.queue[q.head:])
+		clear(q.queue[n:])
+		q.queue, q.head = q.queue[:n], 0
+	}
 	return c
 }
 

@@ -206,3 +206,29 @@ func TestDialedSendRunsHere(t *testing.T) {
 		assert.Less(t, c.Stats().DatagramsSent-sent, uint64(burst/2), "a burst's messages did not share datagrams")
 	})
 }
+
+// TestRunQueueKeepsOrderAndBounds: the run queue hands connections out
+// first in, first out, and one that never runs dry (a server behind its
+// load) does not keep what was taken from it.
+func TestRunQueueKeepsOrderAndBounds(t *testing.T) {
+	var q scheduler // max 0: no workers start, the test takes
+	q.wake = make(chan struct{})
+	conns := make([]*Conn, 5000)
+	for i := range conns {
+		conns[i] = new(Conn)
+	}
+	next, taken := 0, 0
+	for round := 0; round < 200; round++ {
+		for range 25 {
+			q.push(conns[next%len(conns)])
+			next++
+		}
+		for range 24 { // one fewer than pushed: never empty
+			c := q.pop()
+			require.Same(t, conns[taken%len(conns)], c, "out of order at %d", taken)
+			taken++
+		}
+		assert.LessOrEqual(t, len(q.queue), 3*1024, "round %d: the queue keeps %d entries for %d waiting", round, len(q.queue), next-taken)
+	}
+	assert.Equal(t, 200, next-taken)
+}
