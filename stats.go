@@ -73,18 +73,22 @@ type Stats struct {
 }
 
 // rateRing keeps a connection's counters every rateStep over the last
-// rateSamples steps, for the rates and loss in Stats.
+// rateSamples steps, for the rates and loss in Stats. It lives in every
+// Conn, so its samples are small: times on the ring's own clock, and the
+// counters that cannot pass 2^32 in two seconds in their low 32 bits
+// (differences are taken modulo 2^32).
 type rateRing struct {
+	base time.Time // the ring's clock starts here (the first note)
 	ring [rateSamples]countSample
-	n    int // samples held
-	head int // oldest
 	last countSample
+	n    int32 // samples held
+	head int32 // oldest
 }
 
 type countSample struct {
-	at                                 time.Time
-	bytesOut, bytesIn, msgsOut, msgsIn uint64
-	pidAdvance, uniqueIn               uint64
+	at                                    time.Duration // since base
+	bytesOut, bytesIn                     uint64
+	msgsOut, msgsIn, pidAdvance, uniqueIn uint32
 }
 
 const (
@@ -94,9 +98,13 @@ const (
 
 // note records the counters at now, every rateStep at most.
 func (r *rateRing) note(now time.Time, st *Stats, pidAdvance, uniqueIn uint64) {
-	r.last = countSample{at: now, bytesOut: st.BytesSent, bytesIn: st.BytesReceived,
-		msgsOut: st.MessagesSent, msgsIn: st.MessagesReceived, pidAdvance: pidAdvance, uniqueIn: uniqueIn}
-	if r.n > 0 && now.Sub(r.ring[(r.head+r.n-1)%rateSamples].at) < rateStep {
+	if r.base.IsZero() {
+		r.base = now
+	}
+	r.last = countSample{at: now.Sub(r.base), bytesOut: st.BytesSent, bytesIn: st.BytesReceived,
+		msgsOut: uint32(st.MessagesSent), msgsIn: uint32(st.MessagesReceived),
+		pidAdvance: uint32(pidAdvance), uniqueIn: uint32(uniqueIn)}
+	if r.n > 0 && r.last.at-r.ring[(r.head+r.n-1)%rateSamples].at < rateStep {
 		return
 	}
 	if r.n == rateSamples {
@@ -114,7 +122,7 @@ func (r *rateRing) fill(now time.Time, st *Stats) {
 		return
 	}
 	old := &r.ring[r.head]
-	dt := now.Sub(old.at).Seconds()
+	dt := (now.Sub(r.base) - old.at).Seconds()
 	if dt <= 0 {
 		return
 	}
