@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -88,4 +89,21 @@ func TestReadWriteNoAllocs(t *testing.T) {
 		run()
 	}
 	assert.Zero(t, testing.AllocsPerRun(2000, run))
+}
+
+// Every connection holds a Conn and a session: a field added to either
+// must not tip it into the next allocation size class unnoticed (a
+// thousand idle connections pay it a thousand times). The limits are the
+// size classes they fit in today; raise one only knowingly.
+func TestConnStateSizes(t *testing.T) {
+	for _, c := range []struct {
+		what       string
+		size, most uintptr
+	}{
+		{"Conn", unsafe.Sizeof(Conn{}), 1536},
+		{"session", unsafe.Sizeof(session{}), 2688},
+		{"rateRing", unsafe.Sizeof(rateRing{}), 448},
+	} {
+		require.LessOrEqual(t, c.size, c.most, "%s is %d bytes", c.what, c.size)
+	}
 }

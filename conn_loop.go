@@ -65,6 +65,8 @@ func (c *Conn) end() {
 // parked (parkHook) until work comes.
 func (c *Conn) round(d *driver) (done bool) {
 	s := c.sess
+	s.scratch = &d.scratch
+	defer func() { s.scratch = nil }()
 	if c.sched.timer == nil {
 		// The timer only kicks the connection; it is moved only when
 		// the next deadline changes.

@@ -334,6 +334,9 @@ type driver struct {
 	// Connections whose datagrams the system refused: they run again,
 	// to act on it.
 	failed []*Conn
+	// scratch is the space the sessions of its rounds work in, one at a
+	// time.
+	scratch scratchSpace
 }
 
 func newDriver(ep *endpoint) *driver { return &driver{ep: ep} }

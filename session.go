@@ -44,7 +44,10 @@ type session struct {
 	recv recvState // session_recv.go, session_apply.go: the window, reassembly, held messages
 	flow flowState // flowcontrol.go: the rate we ask of the peer
 
-	scratch scratchSpace // buffers reused from one datagram to the next
+	// scratch holds buffers reused from one datagram to the next: the
+	// driver's running the round (one per worker, not one per
+	// connection), or the session's own outside a round (see sc).
+	scratch *scratchSpace
 }
 
 // sessState is where a session is in the connection's life.
@@ -143,6 +146,15 @@ type scratchSpace struct {
 	tidBuf  []byte
 }
 
+// sc returns the scratch space: the round's driver's, or else one of the
+// session's own, made when first needed.
+func (s *session) sc() *scratchSpace {
+	if s.scratch == nil {
+		s.scratch = new(scratchSpace)
+	}
+	return s.scratch
+}
+
 // newSession makes a session speaking dialect's wire (DialectSpec or
 // DialectReference).
 func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time) *session {
@@ -153,6 +165,7 @@ func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time
 		rc:     newRateControl(cfg),
 	}
 	s.handshake.started = now
+	s.live.epoch = now
 	s.live.lastRecv = now
 	s.loss.cfg = cfg
 	s.send.fragSize = cfg.fragSize()

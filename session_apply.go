@@ -34,9 +34,9 @@ const maxDerivedReorderWindow = 250 * time.Millisecond
 // handleOrdered applies a message now, or holds it until its dependencies
 // are applied.
 func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, id uint32, payload []byte, kind heldKind) {
-	m := &s.scratch.rd.msgs[ref.idx]
-	s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
-	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.scratch.deps)
+	m := &s.sc().rd.msgs[ref.idx]
+	s.sc().deps = appendDeps(s.sc().deps[:0], h, m)
+	s.handleOrderedDeps(now, ref, id, payload, kind, h.reliable, m.order != orderNone, supersedes(m), s.sc().deps)
 }
 
 // handleOrderedDeps applies a message whose dependencies are deps, or holds
@@ -81,14 +81,14 @@ func (s *session) supersede(now time.Time, deps []msgRef) {
 	if len(deps) == 0 {
 		return
 	}
-	s.scratch.dropped = s.recv.res.supersede(&s.recv.win, deps, s.scratch.dropped[:0])
-	for i, hm := range s.scratch.dropped {
+	s.sc().dropped = s.recv.res.supersede(&s.recv.win, deps, s.sc().dropped[:0])
+	for i, hm := range s.sc().dropped {
 		s.stats.DroppedMessages++
 		s.wake(hm.ref)
 		s.recv.res.recycle(hm)
-		s.scratch.dropped[i] = nil
+		s.sc().dropped[i] = nil
 	}
-	s.scratch.dropped = s.scratch.dropped[:0]
+	s.sc().dropped = s.sc().dropped[:0]
 }
 
 // cascade applies the held messages that ref's application released, and
@@ -100,18 +100,18 @@ func (s *session) cascade(now time.Time, ref msgRef) {
 
 // wake moves the messages waiting only on ref to the ready queue.
 func (s *session) wake(ref msgRef) {
-	s.scratch.woken = s.recv.res.applied(ref, s.scratch.woken[:0])
-	for i, hm := range s.scratch.woken {
-		heap.Push(&s.scratch.ready, hm)
-		s.scratch.woken[i] = nil
+	s.sc().woken = s.recv.res.applied(ref, s.sc().woken[:0])
+	for i, hm := range s.sc().woken {
+		heap.Push(&s.sc().ready, hm)
+		s.sc().woken[i] = nil
 	}
 }
 
 // runReady applies the ready messages, oldest first, waking their
 // dependents into the same queue.
 func (s *session) runReady(now time.Time) {
-	for s.scratch.ready.Len() > 0 {
-		hm := heap.Pop(&s.scratch.ready).(*held)
+	for s.sc().ready.Len() > 0 {
+		hm := heap.Pop(&s.sc().ready).(*held)
 		s.applyHeld(now, hm)
 		s.wake(hm.ref)
 		s.recv.res.recycle(hm)
@@ -181,8 +181,8 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	if m.fragStart {
 		order.reliable = h.reliable
 		order.inOrder = m.order != orderNone
-		s.scratch.deps = appendDeps(s.scratch.deps[:0], h, m)
-		order.deps = s.scratch.deps
+		s.sc().deps = appendDeps(s.sc().deps[:0], h, m)
+		order.deps = s.sc().deps
 	}
 	t, whole, ok := s.reassemble(m, ref, order)
 	if !ok {
@@ -206,8 +206,8 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 		}
 	}
 	s.establishServer(now)
-	deps := append(s.scratch.wdeps[:0], t.order.deps...)
-	s.scratch.wdeps = deps
+	deps := append(s.sc().wdeps[:0], t.order.deps...)
+	s.sc().wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
 	s.endTransfer(t, whole)
 	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
@@ -238,16 +238,16 @@ func (s *session) recvDeadline(t *deadlines) {
 // expireHeld delivers the unreliable in-order messages that waited their
 // reorder window out, dropping those they overtook.
 func (s *session) expireHeld(now time.Time) {
-	ready, dropped := s.recv.res.expire(now, &s.recv.win, s.scratch.expired[:0], s.scratch.dropped[:0])
+	ready, dropped := s.recv.res.expire(now, &s.recv.win, s.sc().expired[:0], s.sc().dropped[:0])
 	for _, hm := range dropped {
 		s.stats.DroppedMessages++
 		s.recv.res.recycle(hm)
 	}
-	s.scratch.dropped = dropped[:0]
+	s.sc().dropped = dropped[:0]
 	for i, hm := range ready {
-		heap.Push(&s.scratch.ready, hm)
+		heap.Push(&s.sc().ready, hm)
 		ready[i] = nil
 	}
-	s.scratch.expired = ready[:0]
+	s.sc().expired = ready[:0]
 	s.runReady(now)
 }

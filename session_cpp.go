@@ -268,7 +268,7 @@ func (w *cppWire) handleMessage(now time.Time, pid uint32, m *cppMessage) {
 
 func (w *cppWire) handlePacketAck(now time.Time, p []byte) {
 	if a, ok := parseCppPacketAck(p); ok {
-		w.s.loss.onPacketAck(now, a, &w.s.scratch.acked)
+		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
 	}
 }
 

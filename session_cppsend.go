@@ -119,19 +119,19 @@ func (p *cppPacking) nextRel() uint32 { return (p.base + uint32(p.rels)) & maxRe
 // whatever acks fit.
 func (w *cppWire) buildReliable(now time.Time) []byte {
 	s := w.s
-	p := cppPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]},
+	p := cppPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram, tids: s.sc().tidBuf[:0]},
 		reliable: true, base: w.relOut}
 	w.pack(now, &p, &s.send.relQ)
-	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
+	s.sc().body, s.sc().tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
 	}
 	n := len(p.body)
 	p.body = s.appendAcks(now, p.room(), p.body, false)
 	p.inOrder = p.inOrder || len(p.body) > n // PacketAcks have the InOrder bit
-	s.scratch.body = p.body
+	s.sc().body = p.body
 	h := cppHeader{packetID: s.send.nextPID, reliable: true, inOrder: p.inOrder, relBase: p.base}
-	b := appendCppHeader(s.getBuf(), &h)
+	b := appendCppHeader(s.getBuf(cppHeaderSize+sizeVLE1516(w.relOut)+len(p.body)), &h)
 	b = append(b, p.body...)
 	d := s.sentReliable(now, h.packetID, b, &p.packing)
 	d.relFirst, d.relCount = p.base, p.rels
@@ -150,7 +150,7 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data {
 		return nil
 	}
-	p := cppPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}}
+	p := cppPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram}}
 	var one [1]byte
 	for _, id := range s.live.pingReplies {
 		one[0] = id
@@ -167,7 +167,7 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		n := len(p.body)
 		p.body = s.appendAcks(now, p.room(), p.body, true)
 		if len(p.body) > n {
-			p.count += len(s.scratch.ackBuf)
+			p.count += len(s.sc().ackBuf)
 		}
 	}
 	if s.acks.pending() == 0 {
@@ -181,7 +181,7 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 			s.rc.sentUnpaced()
 		}
 	}
-	s.scratch.body = p.body
+	s.sc().body = p.body
 	if p.count == 0 {
 		return nil
 	}

@@ -94,7 +94,7 @@ func (s *session) resolvedWithin(now time.Time, t *track, depth int) bool {
 // this datagram yet: a dependency is unsent, too far back to name, or a
 // fragmented message in this same datagram.
 func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool) {
-	refs := s.scratch.wdeps[:0]
+	refs := s.sc().wdeps[:0]
 	for _, d := range m.deps {
 		t := d.live()
 		if t == nil || t.dropped {
@@ -166,8 +166,8 @@ func (s *session) wireDeps(now time.Time, m *outMsg, pid uint32) ([]msgRef, bool
 			k++
 		}
 	}
-	s.scratch.wdeps = refs[:k]
-	return s.scratch.wdeps, true
+	s.sc().wdeps = refs[:k]
+	return s.sc().wdeps, true
 }
 
 // encodeDeps adds the entries refs need to the datagram header and sets
@@ -178,7 +178,7 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 	if len(refs) == 0 {
 		return true
 	}
-	idx := s.scratch.entries[:0]
+	idx := s.sc().entries[:0]
 	for _, r := range refs {
 		delta := uint16(seqDiff(r.pid, h.packetID) - 1)
 		e := -1
@@ -201,7 +201,7 @@ func (s *session) encodeDeps(h *header, msg *message, refs []msgRef, latest bool
 	if latest {
 		idx = append(idx, idx[0])
 	}
-	s.scratch.entries = idx
+	s.sc().entries = idx
 	h.inOrder = true
 	switch {
 	case len(idx) > 1:

@@ -12,6 +12,7 @@ type liveState struct {
 	lastRecv    time.Time
 	stale       bool
 	nextPing    time.Time // when a PingRequest goes, unless the span is full
+	epoch       time.Time // the session's start, which ping times count from
 	pings       [8]pingRecord
 	pingCount   int
 	nextPingID  uint8
@@ -36,10 +37,12 @@ func (s *session) advanceLive(now time.Time) {
 	}
 }
 
-// pingRecord is a PingRequest sent: its ID, and when (zero once answered).
+// pingRecord is a PingRequest sent: its ID, and when, as the time since the
+// session began (live.epoch) (every session holds eight).
 type pingRecord struct {
-	id uint8
-	at time.Time
+	at       time.Duration
+	id       uint8
+	answered bool
 }
 
 // alive notes that the datagram being handled proves the peer alive,
@@ -53,7 +56,7 @@ func (s *session) alive(now time.Time) {
 // pingNow records a PingRequest going out now and returns its ID.
 func (s *session) pingNow(now time.Time) uint8 {
 	id := s.live.nextPingID
-	s.live.pings[s.live.pingCount%len(s.live.pings)] = pingRecord{id: id, at: now}
+	s.live.pings[s.live.pingCount%len(s.live.pings)] = pingRecord{id: id, at: now.Sub(s.live.epoch)}
 	s.live.pingCount++
 	s.live.nextPingID++
 	s.live.nextPing = now.Add(s.cfg.keepalive())
@@ -85,9 +88,9 @@ func (s *session) handlePing(now time.Time, id uint32, payload []byte) bool {
 func (s *session) handlePingReply(now time.Time, id uint8) {
 	for i := range min(s.live.pingCount, len(s.live.pings)) {
 		p := &s.live.pings[i]
-		if p.id == id && !p.at.IsZero() {
-			s.loss.rtt.sample(now.Sub(p.at))
-			p.at = time.Time{}
+		if p.id == id && !p.answered {
+			s.loss.rtt.sample(now.Sub(s.live.epoch) - p.at)
+			p.answered = true
 			return
 		}
 	}

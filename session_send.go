@@ -87,12 +87,20 @@ func (s *session) ackDelay() time.Duration {
 	return min(max(s.loss.rtt.srtt/4, time.Millisecond), s.cfg.maxAckDelay)
 }
 
-// getBuf returns an empty buffer for a reliable datagram, kept until acked.
-// Reliable datagram buffers are kept on the session's free list, a burst's
-// worth; beyond it, in the shared payload pools, so that a large message,
-// hundreds of datagrams in flight at once, does not allocate them afresh
-// every time while a connection still keeps no more than before.
-func (s *session) getBuf() []byte {
+// getBuf returns an empty buffer for a reliable datagram of n bytes, kept
+// until acked. A small one (a game's event, an ack with a message) takes a
+// buffer of its own size class from the shared pools: a full-size buffer
+// for each, held until its ack, was most of a busy game server's memory per
+// connection. Full datagrams (a transfer's) come from the session's own
+// free list, which a bulk sender keeps warm.
+func (s *session) getBuf(n int) []byte {
+	if n <= s.cfg.maxDatagram/2 {
+		p := getPayload(n)
+		b := (*p)[:0]
+		*p = nil
+		bufBoxes.Put(p)
+		return b
+	}
 	if b, ok := s.send.freeBufs.get(); ok {
 		return b[:0]
 	}
@@ -104,10 +112,7 @@ func (s *session) getBuf() []byte {
 }
 
 func (s *session) putBuf(b []byte) {
-	if cap(b) < s.cfg.maxDatagram {
-		return
-	}
-	if len(s.send.freeBufs.items) < maxFreeBufs {
+	if cap(b) >= s.cfg.maxDatagram && len(s.send.freeBufs.items) < maxFreeBufs {
 		s.send.freeBufs.put(b, maxFreeBufs)
 		return
 	}
@@ -369,19 +374,19 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 	if s.acks.pending() == 0 || room < ackBlock {
 		return body
 	}
-	s.scratch.ackBuf = s.acks.take(s.scratch.ackBuf[:0], room/ackBlock)
-	fresh := len(s.scratch.ackBuf)
+	s.sc().ackBuf = s.acks.take(s.sc().ackBuf[:0], room/ackBlock)
+	fresh := len(s.sc().ackBuf)
 	if repeat {
 		// Acks sent in the last half round trip go again in the room
 		// left, so that a lost ack does not cost the peer a needless
 		// resend. (Not in reliable datagrams: those are kept and resent.)
-		s.scratch.ackBuf = s.acks.repeats(s.scratch.ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
+		s.sc().ackBuf = s.acks.repeats(s.sc().ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
 	}
-	s.acks.remember(now, s.scratch.ackBuf[:fresh], s.ackRepeatWindow())
+	s.acks.remember(now, s.sc().ackBuf[:fresh], s.ackRepeatWindow())
 	if repeat {
-		s.scratch.ackBuf = s.acks.merge(s.scratch.ackBuf)
+		s.sc().ackBuf = s.acks.merge(s.sc().ackBuf)
 	}
-	for _, a := range s.scratch.ackBuf {
+	for _, a := range s.sc().ackBuf {
 		body = s.wire.appendAck(body, a)
 	}
 	return body
@@ -515,7 +520,7 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
-	if a := &s.scratch.acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
+	if a := &s.sc().acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
 			s.host.sendDone(a.appBytes)
 		}

@@ -26,11 +26,11 @@ func (w *specWire) advance(time.Time)   {}
 // malformed datagram is dropped whole.
 func (w *specWire) read(now time.Time, b []byte) {
 	s := w.s
-	if parseInto(b, &s.scratch.rd) != nil {
+	if parseInto(b, &s.sc().rd) != nil {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	d := &s.scratch.rd
+	d := &s.sc().rd
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
@@ -168,14 +168,14 @@ func (w *specWire) admits(msgs []message) bool {
 	if !over || !appContent {
 		return true
 	}
-	h := &s.scratch.rd.header
+	h := &s.sc().rd.header
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		ref := msgRef{h.packetID, uint16(i)}
 		if !appRoom && !s.recv.res.waitedOn(ref) {
 			continue
 		}
-		deps := appendDeps(s.scratch.deps[:0], h, &msgs[i])
+		deps := appendDeps(s.sc().deps[:0], h, &msgs[i])
 		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
 			return true
 		}
@@ -240,6 +240,6 @@ func heldKindOf(id uint32) heldKind {
 
 func (w *specWire) handlePacketAck(now time.Time, p []byte) {
 	if a, ok := parsePacketAck(p); ok {
-		w.s.loss.onPacketAck(now, a, &w.s.scratch.acked)
+		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
 	}
 }

@@ -78,9 +78,9 @@ func (p *specPacking) room() int { return p.limit - sizeHeader(p.h) - len(p.body
 // whatever acks fit.
 func (w *specWire) buildReliable(now time.Time) []byte {
 	s := w.s
-	h := &s.scratch.wh
+	h := &s.sc().wh
 	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := specPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram, tids: s.scratch.tidBuf[:0]}, h: h}
+	p := specPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram, tids: s.sc().tidBuf[:0]}, h: h}
 	if s.owed.take(oweAck) {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
 		p.count++
@@ -101,13 +101,13 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 		p.count++
 	}
 	w.pack(now, &p, &s.send.relQ)
-	s.scratch.body, s.scratch.tidBuf = p.body, p.tids
+	s.sc().body, s.sc().tidBuf = p.body, p.tids
 	if p.count == 0 {
 		return nil
 	}
 	p.body = s.appendAcks(now, p.room(), p.body, false)
-	s.scratch.body = p.body
-	b := s.getBuf()
+	s.sc().body = p.body
+	b := s.getBuf(sizeHeader(h) + len(p.body))
 	b = appendHeader(b, h)
 	b = append(b, p.body...)
 	d := s.sentReliable(now, h.packetID, b, &p.packing)
@@ -127,9 +127,9 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 	if !acksDue && !pingDue && len(s.live.pingReplies) == 0 && !data && !s.owed.owes(owePathResponse) || s.spanFull() {
 		return nil
 	}
-	h := &s.scratch.wh
+	h := &s.sc().wh
 	*h = header{packetID: s.send.nextPID, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := specPacking{packing: packing{body: s.scratch.body[:0], limit: s.cfg.maxDatagram}, h: h}
+	p := specPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram}, h: h}
 	if s.owed.take(owePathResponse) {
 		var resp [1 + pathDataSize]byte
 		resp[0] = pathResponse
@@ -151,7 +151,7 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	if s.acks.pending() > 0 {
 		p.body = s.appendAcks(now, p.room(), p.body, true)
-		p.count += len(s.scratch.ackBuf)
+		p.count += len(s.sc().ackBuf)
 	}
 	if s.acks.pending() == 0 {
 		s.owed.take(oweAckNow)
@@ -163,7 +163,7 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 			s.rc.sentUnpaced()
 		}
 	}
-	s.scratch.body = p.body
+	s.sc().body = p.body
 	if p.count == 0 {
 		return nil
 	}

@@ -231,6 +231,33 @@ func TestSessionRetransmitsSameDatagram(t *testing.T) {
 	assert.Equal(t, uint64(1), p.client().stats.Retransmits)
 }
 
+// A reliable datagram is kept until acked, in a buffer of its own size
+// class: a small one must not hold a full datagram's buffer (at a game
+// server's load that was most of its memory per connection), a full one
+// may.
+func TestSessionReliableBuffersSizedToUse(t *testing.T) {
+	for _, dialect := range []Dialect{DialectSpec, DialectReference} {
+		p := newSimPairIn(t, dialect, nil, nil, perfect, perfect)
+		p.connect()
+		p.cut[0] = true // nothing acked: the datagrams stay in the window
+		p.send(0, Message{ID: 100, Payload: make([]byte, 40), Reliable: true})
+		p.run(time.Millisecond, func() bool { return false })
+		p.send(0, Message{ID: 101, Payload: make([]byte, 1100), Reliable: true})
+		p.run(time.Millisecond, func() bool { return false })
+		w := &p.client().loss.sent
+		var caps []int
+		for k := range w.n {
+			if d := w.at(k); d != nil && d.b != nil {
+				require.LessOrEqual(t, len(d.b), cap(d.b))
+				caps = append(caps, cap(d.b))
+			}
+		}
+		require.Len(t, caps, 2, "%v", dialect)
+		require.Less(t, caps[0], 128, "%v: a 40-byte message's datagram", dialect)
+		require.GreaterOrEqual(t, caps[1], 1100, "%v", dialect)
+	}
+}
+
 func TestSessionFastRetransmit(t *testing.T) {
 	// One datagram of a burst lost: the acks of the later ones trigger
 	// its retransmission well before the timeout.
