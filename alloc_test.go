@@ -100,7 +100,7 @@ func TestConnStateSizes(t *testing.T) {
 		what       string
 		size, most uintptr
 	}{
-		{"Conn", unsafe.Sizeof(Conn{}), 1536},
+		{"Conn", unsafe.Sizeof(Conn{}), 896},
 		{"session", unsafe.Sizeof(session{}), 2688},
 		{"rateRing", unsafe.Sizeof(rateRing{}), 448},
 	} {

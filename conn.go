@@ -131,11 +131,23 @@ type connInGroup struct {
 // (Stats, Err, Handshake). Guarded by mu.
 type connState struct {
 	mu     sync.Mutex
-	rates  rateRing
 	err    error // why the connection ended
 	syn    []byte
 	synAck []byte
+	// pub is what Stats reads, made by its first call: until then the
+	// rounds publish nothing (most of a server's connections are never
+	// asked), and watched tells them so without the lock.
+	pub     *published
+	watched atomic.Bool
+}
+
+// published is a connection's counters as its last round left them, and
+// their history for the rates.
+type published struct {
 	stats  Stats
+	rates  rateRing
+	filled bool          // stats hold a round's values
+	ready  chan struct{} // closed once filled (made by the Stats call waiting)
 }
 
 func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, dialect Dialect) *Conn {
@@ -244,11 +256,32 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 }
 
 // Stats returns the connection's counters and its recent quality.
+//
+// A connection publishes its counters once asked: the first call waits for
+// the connection's next round (a moment, unless its workers are behind),
+// and its rates and loss are averaged over the connection's life so far;
+// later calls return at once, with rates over the last two seconds.
 func (c *Conn) Stats() Stats {
+	c.state.mu.Lock()
+	p := c.state.pub
+	if p == nil {
+		p = &published{ready: make(chan struct{})}
+		c.state.pub = p
+		c.state.watched.Store(true)
+	}
+	filled := p.filled
+	c.state.mu.Unlock()
+	if !filled {
+		c.kick()
+		select {
+		case <-p.ready:
+		case <-c.done: // finish filled it
+		}
+	}
 	now := time.Now()
 	c.state.mu.Lock()
-	st := c.state.stats
-	c.state.rates.fill(now, &st)
+	st := p.stats
+	p.rates.fill(now, &st)
 	c.state.mu.Unlock()
 	c.sendq.mu.Lock()
 	st.DroppedMessages += c.sendq.drops

@@ -375,13 +375,30 @@ func (c *Conn) publish() {
 			g.notify(c)
 		}
 	}
-	st := c.snapshot()
-	now := time.Now()
-	c.state.mu.Lock()
+	if c.state.watched.Load() {
+		st := c.snapshot()
+		c.state.mu.Lock()
+		c.fillLocked(c.state.pub, &st)
+		c.state.mu.Unlock()
+	}
+}
+
+// fillLocked publishes st, the session's counters, in p.
+func (c *Conn) fillLocked(p *published, st *Stats) {
 	st.DroppedDatagrams += c.inDroppedLocked()
-	c.state.stats = st
-	c.state.rates.note(now, &st, c.sess.recv.pidAdvance, c.sess.recv.uniqueIn)
-	c.state.mu.Unlock()
+	p.stats = *st
+	s := c.sess
+	if !p.filled {
+		// The first window: the connection's life so far.
+		p.rates.note(s.live.epoch, &Stats{}, 0, 0)
+	}
+	p.rates.note(time.Now(), st, s.recv.pidAdvance, s.recv.uniqueIn)
+	if !p.filled {
+		p.filled = true
+		if p.ready != nil {
+			close(p.ready)
+		}
+	}
 }
 
 func (c *Conn) inDroppedLocked() uint64 {
@@ -421,10 +438,13 @@ func (c *Conn) finish() {
 		}
 		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote.Load(), "reason", err)
 	}
+	st := c.snapshot()
 	c.state.mu.Lock()
 	c.state.err = err
-	c.state.stats = c.snapshot()
-	c.state.stats.DroppedDatagrams += c.inDroppedLocked()
+	if c.state.pub == nil {
+		c.state.pub = new(published) // for a Stats call after the end
+	}
+	c.fillLocked(c.state.pub, &st)
 	c.state.mu.Unlock()
 	c.ep.remove(c)
 	c.inbox.mu.Lock()

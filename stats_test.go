@@ -2,6 +2,7 @@ package knet
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -32,4 +33,49 @@ func TestRateRingAcrossWrap(t *testing.T) {
 	r.note(t0.Add(4*time.Second), &st, 1<<32-10+80, 1<<32-10+72)
 	r.fill(t0.Add(4*time.Second+time.Second), &quiet)
 	require.Less(t, quiet.SendBytesPerSecond, got.SendBytesPerSecond)
+}
+
+// A connection publishes its counters only once Stats is asked for them:
+// until then its rounds skip the work and it holds no copy. The first call
+// still sees everything so far, and a call after the end returns the
+// final counters at once.
+func TestStatsPublishedOnceAsked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		ctx := within(t, 10*time.Second)
+		const n = 20
+		for i := range n {
+			require.NoError(t, c.Send(Message{ID: 100, Payload: []byte{byte(i)}, Reliable: true, InOrder: true}))
+			_, err := c.Receive(ctx)
+			require.NoError(t, err)
+		}
+		time.Sleep(500 * time.Millisecond) // the bubble's clock: a life to average over
+		c.state.mu.Lock()
+		require.Nil(t, c.state.pub, "published before asked")
+		c.state.mu.Unlock()
+		require.False(t, c.state.watched.Load())
+
+		st := c.Stats()
+		require.Equal(t, uint64(n), st.MessagesSent)
+		require.Equal(t, uint64(n), st.MessagesReceived)
+		require.InDelta(t, n/0.5, st.SendMessagesPerSecond, n/0.5*0.1, "the first window is the connection's life")
+		require.True(t, c.state.watched.Load())
+
+		require.NoError(t, c.Send(Message{ID: 100, Payload: []byte{1}, Reliable: true, InOrder: true}))
+		_, err := c.Receive(ctx)
+		require.NoError(t, err)
+		require.Equal(t, uint64(n+1), c.Stats().MessagesSent, "later rounds publish")
+
+		// A connection never asked: the end publishes for a late call.
+		c2 := nw.dial(t, l.Addr().String(), testConfig())
+		require.NoError(t, c2.Send(Message{ID: 100, Payload: []byte{2}, Reliable: true}))
+		_, err = c2.Receive(ctx)
+		require.NoError(t, err)
+		require.NoError(t, c2.Close())
+		<-c2.Done()
+		require.Equal(t, uint64(1), c2.Stats().MessagesReceived)
+	})
 }
