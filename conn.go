@@ -114,6 +114,11 @@ type connRecvQueue struct {
 	eof   bool          // peer closed: after msgs, io.EOF
 	ready chan struct{} // capacity 1
 
+	// took is set when Receive or Read takes a message and cleared by
+	// the next Send: a reply (an echo, a response, a client's next
+	// request) runs its round on the caller's goroutine (Conn.queue).
+	took atomic.Bool
+
 	// Owned by the round (Conn.round).
 	delivered bool // signal ready after this round
 }

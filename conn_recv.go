@@ -57,6 +57,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 			more := c.recvq.msgs.len() > 0
 			after := c.recvq.msgs.used()
 			c.recvq.mu.Unlock()
+			c.recvq.took.Store(true)
 			if more {
 				signal(c.recvq.ready)
 			}

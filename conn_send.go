@@ -181,18 +181,23 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	room := c.sendq.used < c.cfg.sendBuffer
 	light := c.sendq.used <= inlineSendBytes
 	c.sendq.mu.Unlock()
+	reply := k == nil && c.recvq.took.Load() && c.recvq.took.Swap(false)
 	switch {
 	case k != nil:
 		k.add(c)
-	case light && c.ep.connected && c.claim():
-		// A dialed connection's socket is its own, so there is no batch
-		// to join: the round runs here, with no hand-off, for a message
-		// after a pause with little queued (a game client's input, a
-		// request). Messages in a burst go to the worker, which packs
+	case light && (reply || c.ep.connected) && c.claim():
+		// The round runs here, with no hand-off, for a reply (the first
+		// Send after Receive or Read took a message: an echo, a response,
+		// a client's next request), and on a dialed connection, whose
+		// socket is its own so that there is no batch to join, for a
+		// message after a pause with little queued (a game client's
+		// input). Messages in a burst go to the worker, which packs
 		// those that queue meanwhile into shared datagrams, and a bulk
 		// sender keeps it packing and sending while it copies the next
-		// message in.
-		if now := time.Now(); now.Sub(c.sched.sentHere) >= inlineGap {
+		// message in. A server's tick loop (TrySend to every connection,
+		// messages taken by a Group's Poll) leaves its rounds to the
+		// workers, which batch their datagrams.
+		if now := time.Now(); reply || now.Sub(c.sched.sentHere) >= inlineGap {
 			c.sched.sentHere = now
 			c.ep.sched.runHere(c)
 		} else {

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"sync"
@@ -204,6 +205,45 @@ func TestDialedSendRunsHere(t *testing.T) {
 		}
 		synctest.Wait()
 		assert.Less(t, c.Stats().DatagramsSent-sent, uint64(burst/2), "a burst's messages did not share datagrams")
+	})
+}
+
+// TestReplyRunsHere: a Send right after Receive took a message (an echo,
+// a response, a client's next request) runs its round on the caller's
+// goroutine, on a server's connection as on a dialed one, however soon after
+// the last: its datagram has left when Send returns.
+func TestReplyRunsHere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		l := nw.listen(t, cfg)
+		accepted := make(chan *Conn, 1)
+		go func() {
+			sc, err := l.AcceptConn(context.Background())
+			if err == nil {
+				accepted <- sc
+			}
+		}()
+		c := nw.dial(t, l.Addr().String(), cfg)
+		ctx := within(t, 5*time.Second)
+		require.NoError(t, c.Send(Message{ID: 6, Payload: []byte{0}, Reliable: true}))
+		sc := <-accepted
+		for i := range 20 {
+			m, err := sc.Receive(ctx)
+			require.NoError(t, err)
+			synctest.Wait() // no worker has the connection
+			sent := sc.Stats().DatagramsSent
+			require.NoError(t, sc.Send(Message{ID: 6, Payload: m.Payload, Reliable: true}))
+			assert.Greater(t, sc.Stats().DatagramsSent, sent, "reply %d: not sent when Send returned", i)
+
+			m, err = c.Receive(ctx)
+			require.NoError(t, err)
+			require.Equal(t, []byte{byte(i)}, m.Payload)
+			synctest.Wait()
+			sent = c.Stats().DatagramsSent
+			require.NoError(t, c.Send(Message{ID: 6, Payload: []byte{byte(i + 1)}, Reliable: true}))
+			assert.Greater(t, c.Stats().DatagramsSent, sent, "request %d: not sent when Send returned", i+1)
+		}
 	})
 }
 
