@@ -66,7 +66,10 @@ func (c *Conn) end() {
 func (c *Conn) round(d *driver) (done bool) {
 	s := c.sess
 	s.scratch = &d.scratch
-	defer func() { s.scratch = nil }()
+	defer func() {
+		s.scratch = nil
+		d.scratch.release()
+	}()
 	if c.sched.timer == nil {
 		// The timer only kicks the connection; it is moved only when
 		// the next deadline changes.

@@ -272,3 +272,25 @@ func TestRunQueueKeepsOrderAndBounds(t *testing.T) {
 	}
 	assert.Equal(t, 200, next-taken)
 }
+
+// A worker's rounds share its scratch space: nothing one connection's round
+// leaves there reaches the next connection's session.
+func TestScratchReleasedBetweenRounds(t *testing.T) {
+	var sc scratchSpace
+	sc.acked = ackResult{appBytes: 700, tids: []byte{3, 4}, rels: []relRange{{}}, fragDgrams: 2}
+	h := &held{}
+	sc.ready = readyHeap{h}
+	sc.woken = []*held{h}
+	sc.dropped = []*held{h}
+	sc.expired = []*held{h}
+	sc.release()
+	require.Zero(t, sc.acked.appBytes)
+	require.Zero(t, sc.acked.fragDgrams)
+	require.Empty(t, sc.acked.tids)
+	require.Empty(t, sc.acked.rels)
+	require.Empty(t, sc.ready)
+	for _, s := range [][]*held{sc.woken, sc.dropped, sc.expired, sc.ready} {
+		require.Empty(t, s)
+		require.Nil(t, s[:cap(s)][0], "a pointer kept past the slice's end")
+	}
+}

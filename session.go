@@ -146,6 +146,20 @@ type scratchSpace struct {
 	tidBuf  []byte
 }
 
+// release readies a driver's scratch space for the next connection's round:
+// what one round leaves in it (an ack result not taken, held messages)
+// must never reach another connection's session. The rounds take all of it
+// as they go; this makes sure.
+func (sc *scratchSpace) release() {
+	sc.acked = ackResult{tids: sc.acked.tids[:0], rels: sc.acked.rels[:0]}
+	clear(sc.ready)
+	sc.ready = sc.ready[:0]
+	clear(sc.woken[:cap(sc.woken)])
+	clear(sc.dropped[:cap(sc.dropped)])
+	clear(sc.expired[:cap(sc.expired)])
+	sc.woken, sc.dropped, sc.expired = sc.woken[:0], sc.dropped[:0], sc.expired[:0]
+}
+
 // sc returns the scratch space: the round's driver's, or else one of the
 // session's own, made when first needed.
 func (s *session) sc() *scratchSpace {
