@@ -236,14 +236,9 @@ func (s *session) recvDeadline(t *deadlines) {
 }
 
 // expireHeld delivers the unreliable in-order messages that waited their
-// reorder window out, dropping those they overtook.
+// reorder window out, and the held ones they waited for before them.
 func (s *session) expireHeld(now time.Time) {
-	ready, dropped := s.recv.res.expire(now, &s.recv.win, s.sc().expired[:0], s.sc().dropped[:0])
-	for _, hm := range dropped {
-		s.stats.DroppedMessages++
-		s.recv.res.recycle(hm)
-	}
-	s.sc().dropped = dropped[:0]
+	ready := s.recv.res.expire(now, &s.recv.win, s.sc().expired[:0])
 	for i, hm := range ready {
 		heap.Push(&s.sc().ready, hm)
 		ready[i] = nil
