@@ -94,17 +94,13 @@ func (s *session) ackDelay() time.Duration {
 // connection. Full datagrams (a transfer's) come from the session's own
 // free list, which a bulk sender keeps warm.
 func (s *session) getBuf(n int) []byte {
-	if n <= s.cfg.maxDatagram/2 {
-		p := getPayload(n)
-		b := (*p)[:0]
-		*p = nil
-		bufBoxes.Put(p)
-		return b
+	if n > s.cfg.maxDatagram/2 {
+		if b, ok := s.send.freeBufs.get(); ok {
+			return b[:0]
+		}
+		n = s.cfg.maxDatagram
 	}
-	if b, ok := s.send.freeBufs.get(); ok {
-		return b[:0]
-	}
-	p := getPayload(s.cfg.maxDatagram)
+	p := getPayload(n)
 	b := (*p)[:0]
 	*p = nil
 	bufBoxes.Put(p)
