@@ -3,6 +3,7 @@ package knet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -118,21 +119,29 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 		return 0, ErrReservedID
 	}
 	if len(m.Payload) > c.cfg.maxMessage {
-		return 0, ErrMessageTooLarge
+		return 0, fmt.Errorf("%w: %d bytes, the limit %d (Config.MaxMessageSize, which the receiver needs at least as large)",
+			ErrMessageTooLarge, len(m.Payload), c.cfg.maxMessage)
 	}
 	if len(m.DependsOn) > MaxDependencies {
 		return 0, ErrBadDependency
 	}
+	// The copy is made before taking the send lock, which a TrySend or a
+	// Broadcast to this connection may be waiting for: a large message's
+	// copy under it held them up (one of 64 KiB per chunk, many chunks).
 	n := len(m.Payload)
+	pbuf := getPayload(n)
+	payload := append((*pbuf)[:0], m.Payload...)
 	c.sendq.mu.Lock()
 	for {
 		if err := c.sendErrLocked(); err != nil {
 			c.sendq.mu.Unlock()
 			signal(c.sendq.space) // pass the news to the next waiting sender
+			putPayload(pbuf)
 			return 0, err
 		}
 		if c.writeDL.passed() {
 			c.sendq.mu.Unlock()
+			putPayload(pbuf)
 			return 0, errDeadline
 		}
 		if c.sendq.used == 0 || c.sendq.used+n <= c.cfg.sendBuffer {
@@ -141,10 +150,12 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 		if !m.Reliable {
 			c.sendq.drops++
 			c.sendq.mu.Unlock()
+			putPayload(pbuf)
 			return 0, errSendDropped
 		}
 		c.sendq.mu.Unlock()
 		if err := waitSignal(ctx, c.sendq.space, c.writeDL.wait()); err != nil {
+			putPayload(pbuf)
 			return 0, err
 		}
 		c.sendq.mu.Lock()
@@ -152,10 +163,10 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	for _, r := range m.DependsOn {
 		if r>>1 == 0 || uint64(r>>1) > c.sendq.lastRef || m.Reliable && !r.reliable() {
 			c.sendq.mu.Unlock()
+			putPayload(pbuf)
 			return 0, ErrBadDependency
 		}
 	}
-	pbuf := getPayload(n)
 	c.sendq.lastRef++
 	ref := Ref(c.sendq.lastRef << 1)
 	if m.Reliable {
@@ -165,7 +176,7 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 		ref:       ref,
 		id:        m.ID,
 		pbuf:      pbuf,
-		payload:   append((*pbuf)[:0], m.Payload...),
+		payload:   payload,
 		reliable:  m.Reliable,
 		inOrder:   m.InOrder,
 		tracked:   tracked,

@@ -465,7 +465,12 @@ func TestReservedIDsRefused(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, id, m.ID)
 		}
-		assert.ErrorIs(t, c.Send(Message{ID: 6, Payload: make([]byte, defaultMaxMessageSize+1)}), ErrMessageTooLarge)
+		err := c.Send(Message{ID: 6, Payload: make([]byte, defaultMaxMessageSize+1)})
+		assert.ErrorIs(t, err, ErrMessageTooLarge)
+		// The error names both sizes and that the receiver needs the
+		// limit too.
+		assert.ErrorContains(t, err, fmt.Sprintf("%d bytes, the limit %d", defaultMaxMessageSize+1, defaultMaxMessageSize))
+		assert.ErrorContains(t, err, "receiver")
 	})
 }
 

@@ -151,6 +151,7 @@ func (s *session) enqueue(m *outMsg) {
 		if old := s.send.latestQueued[k]; old != nil && !old.track.packed {
 			// Latest state wins: the newer content replaces the older
 			// one still queued.
+			s.stats.ReplacedMessages++
 			s.host.sendDone(len(old.payload))
 			if !old.frag && !m.frag && !m.tracked {
 				old.payload, m.payload = m.payload, old.payload

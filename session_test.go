@@ -258,6 +258,22 @@ func TestSessionReliableBuffersSizedToUse(t *testing.T) {
 	}
 }
 
+// Latest-state versions replaced while still queued are counted: they
+// never left, and only the newest arrives.
+func TestSessionReplacedMessagesCounted(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	for v := range 3 {
+		p.send(0, Message{ID: 100, Payload: []byte{byte(v)}, ContentID: 1})
+	}
+	require.True(t, p.run(time.Second, func() bool { return len(p.h[1].msgs) == 1 }))
+	p.run(100*time.Millisecond, nil)
+	require.Len(t, p.h[1].msgs, 1)
+	assert.Equal(t, []byte{2}, p.h[1].msgs[0].Payload)
+	assert.Equal(t, uint64(2), p.client().snapshot().ReplacedMessages)
+	assert.Zero(t, p.client().snapshot().DroppedMessages, "a replaced version is not a dropped one")
+}
+
 func TestSessionFastRetransmit(t *testing.T) {
 	// One datagram of a burst lost: the acks of the later ones trigger
 	// its retransmission well before the timeout.

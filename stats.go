@@ -27,7 +27,12 @@ type Stats struct {
 	DuplicateMessages uint64
 	DroppedDatagrams  uint64 // dropped for lack of room (inbox or buffers); reliable ones come again
 	DroppedMessages   uint64 // unreliable messages dropped: send queue full, receive buffer full, or too late to be in order
-	ProtocolErrors    uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	// ReplacedMessages counts latest-state messages (ContentID) that a
+	// newer version of the same state replaced while they were still
+	// queued, so that they never left: a sign that the path, the peer's
+	// flow control or higher priorities keep them waiting.
+	ReplacedMessages uint64
+	ProtocolErrors   uint64 // well-formed datagrams breaking the protocol (the connection ends)
 	// SendErrors counts datagrams the system refused to send (a full
 	// buffer, no route, a port unreachable report...): they are not in
 	// DatagramsSent and BytesSent, and a reliable one goes again later.
