@@ -192,7 +192,10 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	room := c.sendq.used < c.cfg.sendBuffer
 	light := c.sendq.used <= inlineSendBytes
 	c.sendq.mu.Unlock()
-	reply := k == nil && c.recvq.took.Load() && c.recvq.took.Swap(false)
+	// TrySend leaves a reply's round to the workers: the write may wait for
+	// room in a socket that other connections' traffic fills, and TrySend
+	// never waits.
+	reply := k == nil && ctx != doneCtx && c.recvq.took.Load() && c.recvq.took.Swap(false)
 	switch {
 	case k != nil:
 		k.add(c)
