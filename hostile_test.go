@@ -649,3 +649,44 @@ func TestStealthNeverAnswersBacklogRefusal(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerHoldingEmptyMessages: a peer's unreliable in-order messages,
+// empty, each naming a datagram that never comes, are held for the reorder
+// window. Their bookkeeping counts against ReceiveBuffer with their
+// payload: past it they are dropped and counted, where 200 such datagrams
+// of 300 messages were all held (59,700 records, their payload 0 bytes).
+// The connection stays up.
+func TestPeerHoldingEmptyMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond, ReorderWindow: 200 * time.Millisecond})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		msgs := make([]message, 300)
+		for i := range msgs {
+			msgs[i] = message{id: 6, order: 1} // names entry 0: the datagram before, never sent
+		}
+		const datagrams = 200
+		for range datagrams {
+			p.next++ // the one named
+			d := &datagram{header: header{packetID: p.next, inOrder: true, deltas: []uint16{0}, indices: []uint16{0}}, msgs: msgs}
+			p.c.Write(appendDatagram(nil, d))
+			p.next++
+		}
+		p.send(false, message{id: 7, payload: []byte("after")})
+		ctx := within(t, 5*time.Second)
+		for {
+			m, err := srv.Receive(ctx)
+			require.NoError(t, err)
+			if m.ID == 7 {
+				break
+			}
+		}
+		st := srv.Stats()
+		held := datagrams*len(msgs) - int(st.DroppedMessages)
+		t.Logf("held at most %d of %d; %+v", held, datagrams*len(msgs), st)
+		assert.LessOrEqual(t, held*heldRecordCost, buffer, "held past ReceiveBuffer")
+		assert.NoError(t, srv.Err())
+	})
+}
