@@ -472,7 +472,7 @@ func (c *Conn) finish() {
 func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
 	c.recvq.mu.Lock()
 	defer c.recvq.mu.Unlock()
-	if !reliable && c.recvq.msgs.used()+len(payload) > c.cfg.recvBuffer {
+	if !reliable && c.recvq.msgs.charged()+len(payload)+recvEntryCost > c.cfg.recvBuffer {
 		putPayload(buf)
 		return false
 	}
@@ -487,7 +487,7 @@ func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder
 
 func (c *Conn) recvUsed() int {
 	c.recvq.mu.Lock()
-	n := c.recvq.msgs.used()
+	n := c.recvq.msgs.charged()
 	c.recvq.mu.Unlock()
 	return n
 }

@@ -26,6 +26,16 @@ func (q *recvQueue) len() int { return len(q.entries) - q.head }
 
 func (q *recvQueue) used() int { return len(q.arena) - q.start + q.owned }
 
+// recvEntryCost is what each queued message costs beyond its payload.
+const recvEntryCost = 48
+
+// charged is what the queue counts against ReceiveBuffer: its payload
+// bytes and recvEntryCost for each message. A peer's empty messages, to an
+// application that does not read, were queued at no cost: 900,000 of them
+// from 2,000 datagrams, 42 MiB with a 64 KiB ReceiveBuffer
+// (TestPeerQueueingEmptyMessages).
+func (q *recvQueue) charged() int { return q.used() + q.len()*recvEntryCost }
+
 // pushOwned queues payload, which is (*buf)[:len(payload)], keeping buf:
 // the queue puts it back in the pool once the message is read, unless
 // take gives it to the application.

@@ -34,6 +34,7 @@ type held struct {
 	deadline time.Time
 	heapIdx  int
 	done     bool
+	cost     int // what it is charged in resolver.bytes (heldCost)
 }
 
 // resolver holds received messages until their dependencies are applied.
@@ -49,7 +50,7 @@ type resolver struct {
 	missing map[msgRef]struct{}
 	missQ   []msgRef // insertion order of missing, for eviction
 	timed   heldHeap // unreliable held messages, by deadline
-	bytes   int      // payload bytes held, and heldRecordCost for each
+	bytes   int      // what the held messages are charged (heldCost)
 	free    freeList[*held]
 	gaveUp  []msgRef
 	// givingUp is expire's stack of held messages given up on together.
@@ -129,12 +130,23 @@ func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef, reliable bool) []ms
 // from 200 datagrams, TestPeerHoldingEmptyMessages).
 const heldRecordCost = 192
 
+// heldDepCost is what each dependency of a held message costs (its entry
+// in the message's list and in the waiters map): a peer's messages naming
+// 255 datagrams each, charged only heldRecordCost, held 60 times the
+// buffer (TestPeerHoldingManyDependencies).
+const heldDepCost = 64
+
+// heldCost is what holding a message of n payload bytes and deps
+// dependencies is charged against ReceiveBuffer.
+func heldCost(n, deps int) int { return n + heldRecordCost + deps*heldDepCost }
+
 // hold keeps h until its dependencies (h.deps, all unresolved) are applied.
 // An unreliable message gives up at deadline.
 func (r *resolver) hold(h *held, deadline time.Time) {
 	r.init()
 	r.held[h.ref] = h
-	r.bytes += len(h.payload) + heldRecordCost
+	h.cost = heldCost(len(h.payload), len(h.deps))
+	r.bytes += h.cost
 	for _, d := range h.deps {
 		r.waiters[d] = append(r.waiters[d], h)
 	}
@@ -165,7 +177,8 @@ func (r *resolver) release(h *held) {
 	}
 	h.deps = h.deps[:0]
 	delete(r.held, h.ref)
-	r.bytes -= len(h.payload) + heldRecordCost
+	r.bytes -= h.cost
+	h.cost = 0
 	h.done = true
 	if h.heapIdx >= 0 {
 		heap.Remove(&r.timed, h.heapIdx)
@@ -320,10 +333,24 @@ func (q *readyHeap) Pop() any {
 
 func (r *resolver) unwait(d msgRef, h *held) {
 	ws := r.waiters[d]
-	for i, x := range ws {
-		if x == h {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
+	switch {
+	case len(ws) > 0 && ws[0] == h:
+		// The oldest: held messages give up in the order they came, and
+		// a shift of all the others each time made a reorder window's
+		// worth of them, all waiting on one message, cost their square
+		// (4 s of CPU at the default ReceiveBuffer,
+		// TestPeerHeldBehindReliable).
+		ws[0] = nil
+		ws = ws[1:]
+	case len(ws) > 0 && ws[len(ws)-1] == h:
+		ws[len(ws)-1] = nil
+		ws = ws[:len(ws)-1]
+	default:
+		for i, x := range ws {
+			if x == h {
+				ws = append(ws[:i], ws[i+1:]...)
+				break
+			}
 		}
 	}
 	if len(ws) == 0 {

@@ -122,7 +122,8 @@ type host interface {
 	// buffer payload aliases: it keeps it or puts it back. It reports
 	// false if there was no room.
 	deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool
-	// recvUsed is how many payload bytes wait in the receive queue.
+	// recvUsed is what the receive queue counts against ReceiveBuffer:
+	// its payload bytes, and a cost for each message.
 	recvUsed() int
 	// sendDone returns n payload bytes to the send buffer.
 	sendDone(n int)

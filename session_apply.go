@@ -64,7 +64,7 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 		s.cascade(now, ref)
 		return
 	}
-	if !reliable && s.host.recvUsed()+s.recv.res.bytes+len(payload)+heldRecordCost > s.cfg.recvBuffer {
+	if !reliable && s.host.recvUsed()+s.recv.res.bytes+heldCost(len(payload), len(deps)) > s.cfg.recvBuffer {
 		// No room to hold it: an unreliable message may be dropped, and
 		// what names it later finds it arrived (not held) and goes on.
 		s.stats.DroppedMessages++

@@ -223,7 +223,14 @@ func (w *cppWire) admits(msgs []cppMessage) bool {
 		}
 		appContent = appContent || cppAppID(m.id)
 	}
-	return !over || !appContent || fills
+	if s.host.recvUsed()+w.relHeldBytes >= heldCap*s.cfg.recvBuffer && appContent {
+		return false // the hard limit: see heldCap
+	}
+	// The next reliable number lets a datagram in past the buffer only
+	// when messages are held behind it: otherwise a peer sending in order
+	// without waiting for acks filled the queue of an application that
+	// does not read without bound (TestCppPeerFillingReceiveQueue).
+	return !over || !appContent || fills && len(w.relHeld) > 0
 }
 
 // cppAppID reports whether a C++ peer's message with this ID is the

@@ -169,19 +169,46 @@ func (w *specWire) admits(msgs []message) bool {
 		return true
 	}
 	h := &s.sc().rd.header
+	if used+s.recv.res.bytes >= heldCap*s.cfg.recvBuffer {
+		// Past the hard limit, nothing more is held: only a datagram
+		// whose messages all apply at once gets in. A peer filling one
+		// hole per datagram and opening new ones gets no further.
+		for i := range msgs {
+			if m := &msgs[i]; !m.fragment || m.fragStart {
+				deps := appendDeps(s.sc().deps[:0], h, m)
+				if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) > 0 {
+					return false
+				}
+			}
+		}
+	}
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
+		m := &msgs[i]
+		// Progress is application content, or a Disconnect: a message
+		// that applies at once but that nothing waits for (a reserved
+		// ID, an ack) let a datagram of held messages in with it
+		// (TestPeerHoldingReliableEmptyMessages).
+		if !m.fragment && (m.id < MinMessageID || m.id > MaxMessageID) && m.id != idDisconnect {
+			continue
+		}
 		ref := msgRef{h.packetID, uint16(i)}
 		if !appRoom && !s.recv.res.waitedOn(ref) {
 			continue
 		}
-		deps := appendDeps(s.sc().deps[:0], h, &msgs[i])
+		deps := appendDeps(s.sc().deps[:0], h, m)
 		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
 			return true
 		}
 	}
 	return false
 }
+
+// heldCap is the hard limit, in ReceiveBuffers, on what the receive queue
+// and the held messages may take together: past one ReceiveBuffer only
+// datagrams that make progress get in, each adding at most its own, and a
+// peer chaining such datagrams stops here.
+const heldCap = 2
 
 // handleMessage processes one message block of an accepted datagram.
 func (w *specWire) handleMessage(now time.Time, h *header, ref msgRef, m *message) {

@@ -1,0 +1,302 @@
+package knet
+
+import (
+	"runtime"
+	"testing"
+	"testing/synctest"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Findings of a review as an attacker holding a connection: what a peer's
+// messages may make the receiver hold is bounded by ReceiveBuffer, and a
+// hard limit of heldCap ReceiveBuffers (see specWire.admits).
+
+// Held messages that all wait on one message (a reliable one naming a
+// datagram the peer never sends) give up in the order they came; each
+// release took itself out of the waiters list by shifting all the others,
+// so a reorder window's worth cost their square: with the default
+// ReceiveBuffer, 174,761 empty messages from 440 datagrams took 4.2 s of
+// CPU in one expire. The oldest now leaves the list without a shift.
+func TestPeerHeldBehindReliable(t *testing.T) {
+	var r resolver
+	var w recvWindow
+	// a: reliable, held for good for a message that never comes.
+	a := msgRef{pid: 2}
+	ha := r.newHeld()
+	ha.ref, ha.reliable = a, true
+	ha.deps = append(ha.deps, msgRef{pid: 1})
+	r.hold(ha, timeZero)
+	hs := make([]*held, 1000)
+	for i := range hs {
+		h := r.newHeld()
+		h.ref = msgRef{pid: uint32(10 + i)}
+		h.deps = append(h.deps, a)
+		hs[i] = h
+		r.hold(h, timeZero.Add(time.Duration(i)))
+	}
+	for i, h := range hs[:len(hs)-1] {
+		next := &r.waiters[a][1]
+		ready := r.expire(timeZero.Add(time.Duration(i)), &w, nil)
+		require.Equal(t, []*held{h}, ready)
+		require.Same(t, next, &r.waiters[a][0], "release %d shifted the waiters", i)
+	}
+}
+
+// An application that does not read: empty unreliable messages are queued
+// for it at no cost against ReceiveBuffer (recvQueue.used counts payload
+// bytes only), each costing a recvEntry.
+func TestPeerQueueingEmptyMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		batch := make([]message, 450)
+		for i := range batch {
+			batch[i] = message{id: 6}
+		}
+		const datagrams = 2000
+		wire := 0
+		for range datagrams {
+			b := appendDatagram(nil, &datagram{header: header{packetID: p.next}, msgs: batch})
+			wire += len(b)
+			p.c.Write(b)
+			p.next++
+			if p.next%100 == 0 {
+				synctest.Wait()
+			}
+		}
+		synctest.Wait()
+		srv.recvq.mu.Lock()
+		n, c := srv.recvq.msgs.len(), cap(srv.recvq.msgs.entries)
+		srv.recvq.mu.Unlock()
+		entry := int(unsafe.Sizeof(recvEntry{}))
+		t.Logf("%d datagrams, %d bytes on the wire: %d messages queued, entries cap %d (%d KiB); used %d; %+v", datagrams, wire, n, c, c*entry>>10, srv.recvUsed(), srv.Stats())
+		assert.LessOrEqual(t, n*entry, buffer, "queued past ReceiveBuffer")
+	})
+}
+
+// Held messages each naming 255 dependencies: a held record is charged
+// heldRecordCost whatever its dependencies cost (its deps slice, and an
+// entry in waiters, a map of slices, for each).
+func TestPeerHoldingManyDependencies(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 1 << 20
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		multi := make([]byte, 255)
+		deltas, indices := make([]uint16, 255), make([]uint16, 255)
+		for i := range multi {
+			multi[i] = byte(i)
+			indices[i] = uint16(i)
+		}
+		msgs := []message{{id: 6, order: orderMulti, orderMulti: multi}, {id: 6, order: orderMulti, orderMulti: multi}}
+		runtime.GC()
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		const datagrams = 3000
+		wire := 0
+		for range datagrams {
+			p.next++ // Z: never sent; the entries name messages 0-254 of it
+			b := appendDatagram(nil, &datagram{header: header{packetID: p.next, reliable: true, inOrder: true, deltas: deltas, indices: indices}, msgs: msgs})
+			wire += len(b)
+			p.c.Write(b)
+			p.next++
+			if p.next%64 == 0 {
+				synctest.Wait()
+			}
+		}
+		synctest.Wait()
+		runtime.GC()
+		runtime.GC() // pools keep what they held for one collection
+		runtime.ReadMemStats(&after)
+		st := srv.Stats()
+		held := len(srv.sess.recv.res.held)
+		grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		t.Logf("%d datagrams (%d bytes each): %d held (charged %d), %d waiter keys; heap grew %d KiB; dropped datagrams %d",
+			datagrams, wire/datagrams, held, srv.sess.recv.res.bytes, len(srv.sess.recv.res.waiters), grew>>10, st.DroppedDatagrams)
+		// Held state may reach heldCap ReceiveBuffers, charged by an
+		// estimate of its bookkeeping (heldDepCost); the heap it takes
+		// stays within twice that. Before the dependencies were charged,
+		// it took 60-64 MiB here.
+		assert.LessOrEqual(t, grew, int64(2*heldCap*buffer), "held state past ReceiveBuffer")
+	})
+}
+
+// Reliable fragmented messages naming a datagram never sent: each is
+// reassembled (a transfer at a time, the oldest always may grow), then held
+// whole, reliable, with no room check (handleOrderedDeps checks only
+// unreliable ones). admits lets the FragmentStart's datagram in past a full
+// buffer because another message in it (a reserved ID, ignored) has no
+// dependencies and the application's queue has room; the other fragments
+// have no dependencies at all.
+func TestPeerHoldingReassembledMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		const size = 200 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, MaxMessageSize: 256 << 10, DisconnectTimeout: time.Hour})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		p.next++
+		z := p.next // never sent
+		p.next++
+		const frag = 1200
+		count := uint32(size / frag)
+		payload := make([]byte, frag)
+		const transfers = 40
+		for k := range transfers {
+			tid := uint8(k)
+			start := &datagram{header: header{packetID: p.next, reliable: true, inOrder: true, deltas: []uint16{uint16(p.next - z - 1)}, indices: []uint16{0}},
+				msgs: []message{{fragStart: true, fragment: true, id: 6, fragCount: count, transferID: tid, order: 1, payload: payload}, {id: 5}}}
+			p.c.Write(appendDatagram(nil, start))
+			p.next++
+			for n := uint32(1); n < count; n++ {
+				p.send(true, message{fragment: true, transferID: tid, fragNumber: n, payload: payload})
+			}
+			synctest.Wait()
+		}
+		st := srv.Stats()
+		res := &srv.sess.recv.res
+		t.Logf("%d transfers of %d bytes: %d held, %d bytes held (ReceiveBuffer %d); dropped datagrams %d, protocol errors %d",
+			transfers, int(count)*frag, len(res.held), res.bytes, buffer, st.DroppedDatagrams, st.ProtocolErrors)
+		require.NoError(t, srv.Err())
+		assert.LessOrEqual(t, res.bytes, buffer+256<<10+2048, "held past ReceiveBuffer (plus one message)")
+	})
+}
+
+// The reliable form of TestPeerHoldingEmptyMessages: reliable messages
+// never give up and are held with no room check; admits lets each datagram
+// in past a full buffer because one message in it (a reserved ID, ignored)
+// has no dependencies.
+func TestPeerHoldingReliableEmptyMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		msgs := make([]message, 400)
+		for i := range msgs {
+			msgs[i] = message{id: 6, order: 1}
+		}
+		msgs = append(msgs, message{id: 5})
+		const datagrams = 500
+		wire := 0
+		for range datagrams {
+			p.next++ // the one named, never sent
+			b := appendDatagram(nil, &datagram{header: header{packetID: p.next, reliable: true, inOrder: true, deltas: []uint16{0}, indices: []uint16{0}}, msgs: msgs})
+			wire += len(b)
+			p.c.Write(b)
+			p.next++
+			if p.next%64 == 0 {
+				synctest.Wait()
+			}
+		}
+		synctest.Wait()
+		res := &srv.sess.recv.res
+		t.Logf("%d datagrams, %d bytes: %d held, charged %d (ReceiveBuffer %d); dropped datagrams %d", datagrams, wire, len(res.held), res.bytes, buffer, srv.Stats().DroppedDatagrams)
+		assert.LessOrEqual(t, res.bytes, buffer+2048*heldRecordCost, "held past ReceiveBuffer (plus one datagram)")
+	})
+}
+
+// The reference dialect: a reliable datagram carrying the next reliable
+// number expected (fills) is admitted whatever the buffer holds, with every
+// other in-order message in it held for the numbers before it.
+func TestCppPeerHoldingAheadOfNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour, Dialect: DialectReference})
+		c := nw.rawSocket(t, l.Addr())
+		c.Write(cppOpening[:])
+		buf := make([]byte, 2048)
+		_, err := c.Read(buf)
+		require.NoError(t, err)
+		pid := uint32(1)
+		send := func(d *cppDatagram) int {
+			d.packetID = pid
+			pid++
+			b := appendCppDatagram(nil, d)
+			c.Write(b)
+			return len(b)
+		}
+		send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
+		srv := serverConn(t, l)
+		payload := make([]byte, 120)
+		next := uint32(0)
+		const datagrams = 1500
+		wire := 0
+		for k := range datagrams {
+			d := &cppDatagram{cppHeader: cppHeader{reliable: true, inOrder: true, relBase: next}}
+			d.msgs = append(d.msgs, cppMessage{reliable: true, inOrder: true, relNum: next, id: 6})
+			for j := range 10 {
+				d.msgs = append(d.msgs, cppMessage{reliable: true, inOrder: true, relNum: next + 16000 + uint32(k*10+j)%16000, id: 6, payload: payload})
+			}
+			wire += send(d)
+			next++
+			if k%64 == 0 {
+				synctest.Wait()
+			}
+		}
+		synctest.Wait()
+		w := srv.sess.wire.(*cppWire)
+		st := srv.Stats()
+		t.Logf("%d datagrams, %d bytes: %d held, relHeldBytes %d (ReceiveBuffer %d); delivered %d, dropped datagrams %d, dup msgs %d",
+			datagrams, wire, len(w.relHeld), w.relHeldBytes, buffer, st.MessagesReceived, st.DroppedDatagrams, st.DuplicateMessages)
+		require.NoError(t, srv.Err())
+		// At most heldCap ReceiveBuffers and one datagram: 2.76 MB were
+		// held here before the limit.
+		assert.LessOrEqual(t, w.relHeldBytes, heldCap*buffer+2048, "held past ReceiveBuffer")
+	})
+}
+
+// The reference dialect: a reliable datagram carrying the next reliable
+// number is admitted however full the receive queue is, so a peer sending
+// in order without waiting for acks fills the queue of an application that
+// does not read without bound.
+func TestCppPeerFillingReceiveQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour, Dialect: DialectReference})
+		c := nw.rawSocket(t, l.Addr())
+		c.Write(cppOpening[:])
+		buf := make([]byte, 2048)
+		_, err := c.Read(buf)
+		require.NoError(t, err)
+		pid := uint32(1)
+		send := func(d *cppDatagram) int {
+			d.packetID = pid
+			pid++
+			b := appendCppDatagram(nil, d)
+			c.Write(b)
+			return len(b)
+		}
+		send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
+		srv := serverConn(t, l)
+		payload := make([]byte, 1300)
+		const datagrams = 2000
+		wire := 0
+		for k := range datagrams {
+			rel := uint32(k)
+			wire += send(&cppDatagram{cppHeader: cppHeader{reliable: true, relBase: rel}, msgs: []cppMessage{{reliable: true, inOrder: k%2 == 0, relNum: rel, id: 6, payload: payload}}})
+			if k%64 == 0 {
+				synctest.Wait()
+			}
+		}
+		synctest.Wait()
+		st := srv.Stats()
+		t.Logf("%d datagrams, %d bytes: receive queue %d bytes (ReceiveBuffer %d); delivered %d, dropped datagrams %d",
+			datagrams, wire, srv.recvUsed(), buffer, st.MessagesReceived, st.DroppedDatagrams)
+		assert.LessOrEqual(t, srv.recvUsed(), buffer+2048, "queued past ReceiveBuffer (plus one datagram)")
+	})
+}
