@@ -53,14 +53,14 @@ func TestPeerQueueingEmptyMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour})
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond})
 		p := nw.dialRaw(t, l.Addr())
 		srv := serverConn(t, l)
 		batch := make([]message, 450)
 		for i := range batch {
 			batch[i] = message{id: 6}
 		}
-		const datagrams = 2000
+		const datagrams = 400
 		wire := 0
 		for range datagrams {
 			b := appendDatagram(nil, &datagram{header: header{packetID: p.next}, msgs: batch})
@@ -88,7 +88,7 @@ func TestPeerHoldingManyDependencies(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 1 << 20
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour})
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond})
 		p := nw.dialRaw(t, l.Addr())
 		srv := serverConn(t, l)
 		multi := make([]byte, 255)
@@ -102,7 +102,7 @@ func TestPeerHoldingManyDependencies(t *testing.T) {
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		const datagrams = 3000
+		const datagrams = 300
 		wire := 0
 		for range datagrams {
 			p.next++ // Z: never sent; the entries name messages 0-254 of it
@@ -143,7 +143,7 @@ func TestPeerHoldingReassembledMessages(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
 		const size = 200 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, MaxMessageSize: 256 << 10, DisconnectTimeout: time.Hour})
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, MaxMessageSize: 256 << 10, DisconnectTimeout: 200 * time.Millisecond})
 		p := nw.dialRaw(t, l.Addr())
 		srv := serverConn(t, l)
 		p.next++
@@ -152,7 +152,7 @@ func TestPeerHoldingReassembledMessages(t *testing.T) {
 		const frag = 1200
 		count := uint32(size / frag)
 		payload := make([]byte, frag)
-		const transfers = 40
+		const transfers = 6
 		for k := range transfers {
 			tid := uint8(k)
 			start := &datagram{header: header{packetID: p.next, reliable: true, inOrder: true, deltas: []uint16{uint16(p.next - z - 1)}, indices: []uint16{0}},
@@ -181,7 +181,7 @@ func TestPeerHoldingReliableEmptyMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour})
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond})
 		p := nw.dialRaw(t, l.Addr())
 		srv := serverConn(t, l)
 		msgs := make([]message, 400)
@@ -189,7 +189,7 @@ func TestPeerHoldingReliableEmptyMessages(t *testing.T) {
 			msgs[i] = message{id: 6, order: 1}
 		}
 		msgs = append(msgs, message{id: 5})
-		const datagrams = 500
+		const datagrams = 200
 		wire := 0
 		for range datagrams {
 			p.next++ // the one named, never sent
@@ -215,7 +215,7 @@ func TestCppPeerHoldingAheadOfNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour, Dialect: DialectReference})
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond, Dialect: DialectReference})
 		c := nw.rawSocket(t, l.Addr())
 		c.Write(cppOpening[:])
 		buf := make([]byte, 2048)
@@ -233,7 +233,7 @@ func TestCppPeerHoldingAheadOfNext(t *testing.T) {
 		srv := serverConn(t, l)
 		payload := make([]byte, 120)
 		next := uint32(0)
-		const datagrams = 1500
+		const datagrams = 300
 		wire := 0
 		for k := range datagrams {
 			d := &cppDatagram{cppHeader: cppHeader{reliable: true, inOrder: true, relBase: next}}
@@ -267,7 +267,7 @@ func TestCppPeerFillingReceiveQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: time.Hour, Dialect: DialectReference})
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond, Dialect: DialectReference})
 		c := nw.rawSocket(t, l.Addr())
 		c.Write(cppOpening[:])
 		buf := make([]byte, 2048)
@@ -284,7 +284,10 @@ func TestCppPeerFillingReceiveQueue(t *testing.T) {
 		send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
 		srv := serverConn(t, l)
 		payload := make([]byte, 1300)
-		const datagrams = 2000
+		// 400 datagrams of 1,300 bytes: eight times the buffer. (With
+		// -knet.park=1ms each one lets the bubble's clock run and the
+		// workers park, which makes thousands slow under -race.)
+		const datagrams = 400
 		wire := 0
 		for k := range datagrams {
 			rel := uint32(k)
