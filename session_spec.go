@@ -185,16 +185,16 @@ func (w *specWire) admits(msgs []message) bool {
 	appRoom := used < s.cfg.recvBuffer
 	for i := range msgs {
 		m := &msgs[i]
-		// Progress is application content, or a Disconnect: a message
-		// that applies at once but that nothing waits for (a reserved
-		// ID, an ack) let a datagram of held messages in with it
-		// (TestPeerHoldingReliableEmptyMessages).
-		if !m.fragment && (m.id < MinMessageID || m.id > MaxMessageID) && m.id != idDisconnect {
-			continue
-		}
 		ref := msgRef{h.packetID, uint16(i)}
-		if !appRoom && !s.recv.res.waitedOn(ref) {
-			continue
+		// Progress is a message held ones wait for (an anchor of ID 5
+		// among them), or, while the application has room, application
+		// content or a Disconnect: a message that applies at once but
+		// that nothing waits for (a reserved ID, an ack) let a datagram
+		// of held messages in with it (TestPeerHoldingReliableEmptyMessages).
+		if !s.recv.res.waitedOn(ref) {
+			if !appRoom || !m.fragment && (m.id < MinMessageID || m.id > MaxMessageID) && m.id != idDisconnect {
+				continue
+			}
 		}
 		deps := appendDeps(s.sc().deps[:0], h, m)
 		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
