@@ -208,6 +208,29 @@ func TestPeerHoldingReliableEmptyMessages(t *testing.T) {
 	})
 }
 
+// cppRawPeer opens a reference-dialect connection from a raw socket to a
+// listener with the given ReceiveBuffer, and returns the server's Conn and
+// a function that sends a datagram under the next PacketID (its size).
+func cppRawPeer(t *testing.T, nw *testNet, buffer int) (*Conn, func(d *cppDatagram) int) {
+	t.Helper()
+	l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond, Dialect: DialectReference})
+	c := nw.rawSocket(t, l.Addr())
+	c.Write(cppOpening[:])
+	buf := make([]byte, 2048)
+	_, err := c.Read(buf)
+	require.NoError(t, err)
+	pid := uint32(1)
+	send := func(d *cppDatagram) int {
+		d.packetID = pid
+		pid++
+		b := appendCppDatagram(nil, d)
+		c.Write(b)
+		return len(b)
+	}
+	send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
+	return serverConn(t, l), send
+}
+
 // The reference dialect: a reliable datagram carrying the next reliable
 // number expected (fills) is admitted whatever the buffer holds, with every
 // other in-order message in it held for the numbers before it.
@@ -215,22 +238,7 @@ func TestCppPeerHoldingAheadOfNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond, Dialect: DialectReference})
-		c := nw.rawSocket(t, l.Addr())
-		c.Write(cppOpening[:])
-		buf := make([]byte, 2048)
-		_, err := c.Read(buf)
-		require.NoError(t, err)
-		pid := uint32(1)
-		send := func(d *cppDatagram) int {
-			d.packetID = pid
-			pid++
-			b := appendCppDatagram(nil, d)
-			c.Write(b)
-			return len(b)
-		}
-		send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
-		srv := serverConn(t, l)
+		srv, send := cppRawPeer(t, nw, buffer)
 		payload := make([]byte, 120)
 		next := uint32(0)
 		const datagrams = 300
@@ -267,22 +275,7 @@ func TestCppPeerFillingReceiveQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		const buffer = 64 << 10
-		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond, Dialect: DialectReference})
-		c := nw.rawSocket(t, l.Addr())
-		c.Write(cppOpening[:])
-		buf := make([]byte, 2048)
-		_, err := c.Read(buf)
-		require.NoError(t, err)
-		pid := uint32(1)
-		send := func(d *cppDatagram) int {
-			d.packetID = pid
-			pid++
-			b := appendCppDatagram(nil, d)
-			c.Write(b)
-			return len(b)
-		}
-		send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
-		srv := serverConn(t, l)
+		srv, send := cppRawPeer(t, nw, buffer)
 		payload := make([]byte, 1300)
 		// 400 datagrams of 1,300 bytes: eight times the buffer. (With
 		// -knet.park=1ms each one lets the bubble's clock run and the
@@ -301,5 +294,43 @@ func TestCppPeerFillingReceiveQueue(t *testing.T) {
 		t.Logf("%d datagrams, %d bytes: receive queue %d bytes (ReceiveBuffer %d); delivered %d, dropped datagrams %d",
 			datagrams, wire, srv.recvUsed(), buffer, st.MessagesReceived, st.DroppedDatagrams)
 		assert.LessOrEqual(t, srv.recvUsed(), buffer+2048, "queued past ReceiveBuffer (plus one datagram)")
+	})
+}
+
+// What held messages wait for gets in past a full buffer whatever its ID:
+// an in-order message may name an empty message of ID 5 (an anchor), and a
+// datagram carrying it must be taken even when another message in it must
+// wait, or the held messages wait behind it for ever. The peer here sends
+// the anchor's datagram last.
+func TestHeldWaitOnAnchorPastFullBuffer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const buffer = 64 << 10
+		l := nw.listen(t, &Config{ReceiveBuffer: buffer, DisconnectTimeout: 200 * time.Millisecond})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		z := p.next // never sent
+		p.next++
+		a := p.next // the anchor's datagram, sent after the others
+		p.next++
+		payload := make([]byte, 1000)
+		const datagrams = 100 // 100 KB held: past the buffer
+		for range datagrams {
+			d := &datagram{header: header{packetID: p.next, reliable: true, inOrder: true, deltas: []uint16{uint16(p.next - a - 1)}, indices: []uint16{0}},
+				msgs: []message{{id: 6, order: 1, payload: payload}}}
+			p.c.Write(appendDatagram(nil, d))
+			p.next++
+		}
+		synctest.Wait()
+		require.Positive(t, srv.Stats().DroppedDatagrams, "the buffer did not fill")
+		// The anchor comes with a message of its own that waits for a
+		// datagram never sent: alone, a datagram with nothing for the
+		// application always gets in.
+		p.c.Write(appendDatagram(nil, &datagram{header: header{packetID: a, reliable: true, inOrder: true, deltas: []uint16{uint16(a - z - 1)}, indices: []uint16{0}},
+			msgs: []message{{id: idPadding}, {id: 6, order: 1, payload: payload}}}))
+		ctx := within(t, 5*time.Second)
+		m, err := srv.Receive(ctx)
+		require.NoError(t, err, "the held messages never came out")
+		assert.Equal(t, uint32(6), m.ID)
 	})
 }
