@@ -131,41 +131,9 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	n := len(m.Payload)
 	pbuf := getPayload(n)
 	payload := append((*pbuf)[:0], m.Payload...)
-	c.sendq.mu.Lock()
-	for {
-		if err := c.sendErrLocked(); err != nil {
-			c.sendq.mu.Unlock()
-			signal(c.sendq.space) // pass the news to the next waiting sender
-			putPayload(pbuf)
-			return 0, err
-		}
-		if c.writeDL.passed() {
-			c.sendq.mu.Unlock()
-			putPayload(pbuf)
-			return 0, errDeadline
-		}
-		if c.sendq.used == 0 || c.sendq.used+n <= c.cfg.sendBuffer {
-			break
-		}
-		if !m.Reliable {
-			c.sendq.drops++
-			c.sendq.mu.Unlock()
-			putPayload(pbuf)
-			return 0, errSendDropped
-		}
-		c.sendq.mu.Unlock()
-		if err := waitSignal(ctx, c.sendq.space, c.writeDL.wait()); err != nil {
-			putPayload(pbuf)
-			return 0, err
-		}
-		c.sendq.mu.Lock()
-	}
-	for _, r := range m.DependsOn {
-		if r>>1 == 0 || uint64(r>>1) > c.sendq.lastRef || m.Reliable && !r.reliable() {
-			c.sendq.mu.Unlock()
-			putPayload(pbuf)
-			return 0, ErrBadDependency
-		}
+	if err := c.waitRoom(ctx, m, n); err != nil {
+		putPayload(pbuf)
+		return 0, err
 	}
 	c.sendq.lastRef++
 	ref := Ref(c.sendq.lastRef << 1)
@@ -225,6 +193,43 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 		signal(c.sendq.space) // let another waiting sender look
 	}
 	return ref, nil
+}
+
+// waitRoom waits until the send buffer has room for m's n bytes, or
+// reports why m cannot queue; it returns nil with the send lock held.
+func (c *Conn) waitRoom(ctx context.Context, m *Message, n int) error {
+	c.sendq.mu.Lock()
+	for {
+		if err := c.sendErrLocked(); err != nil {
+			c.sendq.mu.Unlock()
+			signal(c.sendq.space) // pass the news to the next waiting sender
+			return err
+		}
+		if c.writeDL.passed() {
+			c.sendq.mu.Unlock()
+			return errDeadline
+		}
+		if c.sendq.used == 0 || c.sendq.used+n <= c.cfg.sendBuffer {
+			break
+		}
+		if !m.Reliable {
+			c.sendq.drops++
+			c.sendq.mu.Unlock()
+			return errSendDropped
+		}
+		c.sendq.mu.Unlock()
+		if err := waitSignal(ctx, c.sendq.space, c.writeDL.wait()); err != nil {
+			return err
+		}
+		c.sendq.mu.Lock()
+	}
+	for _, r := range m.DependsOn {
+		if r>>1 == 0 || uint64(r>>1) > c.sendq.lastRef || m.Reliable && !r.reliable() {
+			c.sendq.mu.Unlock()
+			return ErrBadDependency
+		}
+	}
+	return nil
 }
 
 // sendErrLocked is why Send cannot queue, or nil.
