@@ -112,6 +112,10 @@ type connRecvQueue struct {
 	mu    sync.Mutex
 	msgs  recvQueue
 	eof   bool          // peer closed: after msgs, io.EOF
+	// receipts wait for Receipts or the Group (Config.Receipts), at
+	// most maxReceipts; dropped counts those that did not fit.
+	receipts        []Receipt
+	receiptsDropped uint64
 	ready chan struct{} // capacity 1
 
 	// took is set when Receive or Read takes a message and cleared by
@@ -294,6 +298,7 @@ func (c *Conn) Stats() Stats {
 	c.sendq.mu.Unlock()
 	c.recvq.mu.Lock()
 	st.ReceiveQueuedBytes = c.recvq.msgs.used()
+	st.ReceiptsDropped = c.recvq.receiptsDropped
 	c.recvq.mu.Unlock()
 	st.Jitter = st.RTTVar
 	st.Quality = quality(st.LossRate, st.RTT)

@@ -72,6 +72,7 @@ type outMsg struct {
 	latest    bool // replaces what it depends on (ContentID)
 	track     *track
 	done      bool // fully packed
+	receipted bool // its receipt is in the session's record (receipts.go)
 	off       int  // payload bytes packed so far
 
 	// Fragmented transfer progress.
@@ -153,7 +154,7 @@ func (s *session) enqueue(m *outMsg) {
 			// one still queued.
 			s.stats.ReplacedMessages++
 			s.host.sendDone(len(old.payload))
-			if !old.frag && !m.frag && !m.tracked {
+			if !old.frag && !m.frag && !m.tracked && !s.wantsReceipt(old) {
 				old.payload, m.payload = m.payload, old.payload
 				old.pbuf, m.pbuf = m.pbuf, old.pbuf
 				s.putMsg(m)
@@ -169,6 +170,9 @@ func (s *session) enqueue(m *outMsg) {
 		}
 	}
 	s.send.order.add(m)
+	if (m.reliable || m.frag) && s.wantsReceipt(m) {
+		s.queuedForReceipt(m)
+	}
 	if m.contentID != 0 && !m.reliable {
 		if s.send.latestQueued == nil {
 			s.send.latestQueued = make(map[contentKey]*outMsg)
@@ -224,6 +228,10 @@ func (s *session) newMsg() *outMsg {
 }
 
 func (s *session) putMsg(m *outMsg) {
+	if m.tracked && !m.receipted && s.cfg.receipts {
+		// Replaced or dropped before it left.
+		s.receipt(m.ref, false)
+	}
 	putPayload(m.pbuf)
 	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
 	s.send.freeMsgs.put(m, maxFreeMsgs)

@@ -48,6 +48,9 @@ type session struct {
 	// driver's running the round (one per worker, not one per
 	// connection), or the session's own outside a round (see sc).
 	scratch *scratchSpace
+
+	// rcpt is the receipts owed (receipts.go), nil until one is.
+	rcpt *receipts
 }
 
 // sessState is where a session is in the connection's life.
@@ -127,6 +130,9 @@ type host interface {
 	recvUsed() int
 	// sendDone returns n payload bytes to the send buffer.
 	sendDone(n int)
+	// receipt hands the application a message's receipt
+	// (Config.Receipts).
+	receipt(r Receipt)
 }
 
 // scratchSpace is the buffers a session reuses from one datagram to the
@@ -226,6 +232,7 @@ func (s *session) fail(err error) {
 
 // dropSending forgets everything queued or in flight.
 func (s *session) dropSending() {
+	s.endReceipts()
 	released := 0
 	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ} {
 		for i := q.head; i < len(q.items); i++ {

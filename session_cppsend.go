@@ -192,6 +192,7 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.host.sendDone(p.appBytes)
 	}
 	s.sentUnreliable(b)
+	s.sentForReceipt(now, h.packetID)
 	return b
 }
 
@@ -210,6 +211,8 @@ func (w *cppWire) pack(now time.Time, p *cppPacking, q *sendQueue) {
 			if p.skipped > maxSkipped {
 				break
 			}
+		} else if !m.reliable && !m.frag && s.wantsReceipt(m) {
+			s.placedForReceipt(m)
 		}
 	}
 	if q == &s.send.relQ {

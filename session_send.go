@@ -42,6 +42,7 @@ func (s *session) sendDeadline(now time.Time, held bool, t *deadlines) {
 		t.at(x)
 	}
 	t.at(s.loss.lossTime)
+	s.receiptDeadline(t)
 	if s.send.pacedOut {
 		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
 	}
@@ -59,6 +60,7 @@ func (s *session) advanceSend(now time.Time) {
 	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
 		s.onProbeTimeout(now)
 	}
+	s.expireReceipts(now)
 }
 
 // onProbeTimeout runs when nothing was acked for a probe timeout (see
@@ -528,6 +530,7 @@ func (s *session) afterAcks(now time.Time) {
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)
+	s.checkReliableReceipts()
 	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 }
 

@@ -126,6 +126,7 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 	}
 	s.arrived(now, h.packetID, h.reliable)
 	acked := false
+	dropped := s.stats.DroppedMessages
 	for i := range msgs {
 		if s.state == stateDone {
 			break
@@ -135,6 +136,14 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 			acked = true
 		}
 		w.handleMessage(now, h, msgRef{h.packetID, uint16(i)}, m)
+	}
+	if !h.reliable && s.stats.DroppedMessages == dropped && s.state != stateDone && asksAck(msgs) {
+		// The sender wants to hear that this unreliable datagram's
+		// messages are in (receipts.go): acked as a reliable one is,
+		// once, unless one was dropped for want of room. A copy of it
+		// (seenBefore) is not acked again: the sender takes a missing
+		// ack for a loss, which at worst it was not.
+		s.acks.add(now, h.packetID)
 	}
 	s.datagramDone(now, acked)
 }
@@ -268,5 +277,8 @@ func heldKindOf(id uint32) heldKind {
 func (w *specWire) handlePacketAck(now time.Time, p []byte) {
 	if a, ok := parsePacketAck(p); ok {
 		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
+		if w.s.rcpt.awaitsAck() {
+			a.each(w.s.ackedUnreliable)
+		}
 	}
 }

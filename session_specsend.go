@@ -158,9 +158,20 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	if data {
 		before := p.count
+		// Room for an ack request, should a message want a receipt.
+		if s.cfg.receipts {
+			p.limit -= ackRequestSize
+		}
 		w.pack(now, &p, &s.send.unrelQ)
+		if s.cfg.receipts {
+			p.limit += ackRequestSize
+		}
 		if p.count > before {
 			s.rc.sentUnpaced()
+		}
+		if r := s.rcpt; r != nil && len(r.cur) > 0 {
+			p.body = appendMessage(p.body, &message{id: idExt, payload: ackRequest[:]})
+			p.count++
 		}
 	}
 	s.sc().body = p.body
@@ -173,6 +184,7 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.host.sendDone(p.appBytes)
 	}
 	s.sentUnreliable(b)
+	s.sentForReceipt(now, h.packetID)
 	return b
 }
 
@@ -191,6 +203,8 @@ func (w *specWire) pack(now time.Time, p *specPacking, q *sendQueue) {
 			if p.skipped > maxSkipped {
 				break
 			}
+		} else if !m.reliable && !m.frag && s.wantsReceipt(m) {
+			s.placedForReceipt(m)
 		}
 	}
 	if q == &s.send.relQ {
