@@ -36,7 +36,7 @@ type Stats struct {
 	// (Config.Receipts); ReceiptsDropped those the application did not
 	// take before maxReceipts (4096) more came.
 	ReceiptsDelivered, ReceiptsLost, ReceiptsDropped uint64
-	ProtocolErrors   uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	ProtocolErrors                                   uint64 // well-formed datagrams breaking the protocol (the connection ends)
 	// SendErrors counts datagrams the system refused to send (a full
 	// buffer, no route, a port unreachable report...): they are not in
 	// DatagramsSent and BytesSent, and a reliable one goes again later.
