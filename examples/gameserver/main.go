@@ -4,6 +4,7 @@
 //	go run ./examples/gameserver                          # 32 bots, 5 seconds
 //	go run ./examples/gameserver -bots 100 -duration 10s
 //	go run ./examples/gameserver -loss 0.05 -delay 40ms -jitter 10ms
+//	go run ./examples/gameserver -full                    # snapshots without deltas
 //
 // The server runs a fixed 30 Hz tick on one goroutine: each tick it takes
 // everything that happened from a knet.Group with Poll (no goroutine per
@@ -12,7 +13,10 @@
 // traffic travels in the delivery mode that suits it:
 //
 //   - inputs, client to server: unreliable sequenced (InOrder on a channel);
-//   - snapshots, server to client: latest state (unreliable, ContentID);
+//   - snapshots, server to client: latest state (unreliable, ContentID),
+//     each sent with SendRef and encoded as a delta against the newest
+//     snapshot its client is known to have: Config.Receipts makes the
+//     Group report each one delivered or lost (-full sends them whole);
 //   - spawn, despawn, score and round-over events: reliable ordered;
 //   - chat: reliable ordered on a channel of its own.
 //
@@ -44,7 +48,8 @@ type options struct {
 	duration time.Duration
 	rate     int // ticks per second, server and bots
 	sim      knet.Simulation
-	worst    int // per-client rows printed
+	worst    int  // per-client rows printed
+	full     bool // snapshots in full, never as deltas
 }
 
 func main() {
@@ -56,6 +61,7 @@ func main() {
 	flag.DurationVar(&o.sim.Delay, "delay", 0, "simulate this one-way delay on both sides' sends")
 	flag.DurationVar(&o.sim.Jitter, "jitter", 0, "add up to this much random delay per datagram")
 	flag.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the simulated network")
+	flag.BoolVar(&o.full, "full", false, "send every snapshot in full, not as a delta against what the client has")
 	flag.IntVar(&o.worst, "rows", 8, "per-client rows to print (the worst by snapshot age)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -71,6 +77,11 @@ type result struct {
 	snapsSent, snapsRecv      int
 	inputsSent, inputsApplied int
 	ageP50, ageP99            time.Duration
+	// Snapshot bytes: as sent, and as they would have been in full;
+	// snapshots sent as deltas; worlds the bots checked, wrong ones, and
+	// snapshots they could not read.
+	sentBytes, fullBytes, deltas int
+	checked, wrong, bad          int
 }
 
 func run(ctx context.Context, o options, out io.Writer) (*result, error) {
@@ -85,7 +96,7 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 		sim = func(uint64) *knet.Simulation { return nil }
 	}
 	epoch := time.Now()
-	srv, err := newServer("127.0.0.1:0", tick, sim(o.sim.Seed), epoch)
+	srv, err := newServer("127.0.0.1:0", tick, sim(o.sim.Seed), epoch, !o.full)
 	if err != nil {
 		return nil, err
 	}
@@ -219,6 +230,12 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		res.inputsApplied += p.inputsApplied
 		events += b.events
 		chats += b.chats
+		res.sentBytes += p.sentBytes
+		res.fullBytes += p.fullBytes
+		res.deltas += p.deltas
+		res.checked += b.checked
+		res.wrong += b.wrong
+		res.bad += b.bad
 		if b.snaps == 0 {
 			fail("%s received no snapshot", b.name)
 		}
@@ -256,6 +273,10 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 	fmt.Fprintf(out, "\ndelivery: snapshots %d/%d (%.1f%%), inputs %d/%d (%.1f%%); reliable: %d events, %d chat lines\n",
 		res.snapsRecv, res.snapsSent, 100*ratio(res.snapsRecv, res.snapsSent),
 		res.inputsApplied, res.inputsSent, 100*ratio(res.inputsApplied, res.inputsSent), events, chats)
+	fmt.Fprintf(out, "snapshot size: %.0f B on average, %.0f B in full: %.2fx smaller (%d of %d sent as deltas); "+
+		"the bots rebuilt %d worlds, %d wrong, %d unreadable\n",
+		float64(res.sentBytes)/float64(max(res.snapsSent, 1)), float64(res.fullBytes)/float64(max(res.snapsSent, 1)),
+		float64(res.fullBytes)/float64(max(res.sentBytes, 1)), res.deltas, res.snapsSent, res.checked, res.wrong, res.bad)
 	fmt.Fprintf(out, "snapshot age p50 %v, p99 %v, max %v (from the server tick's start to the bot's Receive)\n",
 		round(res.ageP50), round(res.ageP99), round(percentile(ages, 1)))
 	clients := len(res.bots) + 2
@@ -274,6 +295,9 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 
 	if r := ratio(res.snapsRecv, res.snapsSent); r < 0.5 {
 		fail("only %.0f%% of the snapshots arrived", 100*r)
+	}
+	if res.wrong > 0 || res.bad > 0 {
+		fail("the bots rebuilt %d wrong worlds and could not read %d snapshots", res.wrong, res.bad)
 	}
 	if r := ratio(res.inputsApplied, res.inputsSent); r < 0.5 {
 		fail("only %.0f%% of the inputs were applied", 100*r)
