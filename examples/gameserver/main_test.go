@@ -17,7 +17,7 @@ import (
 // at 5% and 20% loss.
 func TestGameServerSmoke(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
+		name     string
 		bots     int
 		sim      knet.Simulation
 		minRate  float64 // of snapshots and inputs delivered
