@@ -196,6 +196,10 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 		}
 		sb.WriteString(" (malformed)")
 	case idPadding:
+		if len(p) == 1 && p[0] == extAckRequest {
+			sb.WriteString(" ack-request")
+			return
+		}
 		if len(p) > 0 {
 			sb.WriteString(" len=" + strconv.Itoa(len(p)))
 		}

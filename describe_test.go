@@ -65,6 +65,8 @@ func TestDescribeDatagram(t *testing.T) {
 			[]string{"fragment start transfer=9 count=4 ID=300 len=3", "fragment transfer=9 number=2 len=4"}},
 		{"spec padded ConnectSyn", appendPadding(appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSyn}}}), 100),
 			DialectSpec, []string{"spec PacketID=0, 100 bytes: ConnectSyn; Padding len=88"}},
+		{"spec ack request", appendDatagram(nil, &datagram{header: header{packetID: 9}, msgs: []message{{id: 100, payload: []byte{1}}, {id: idExt, payload: ackRequest[:]}}}),
+			DialectSpec, []string{"ack-request"}},
 		{"spec binary payload", appendDatagram(nil, &datagram{msgs: []message{{id: 200, payload: []byte{0, 1, 0xff}}}}),
 			DialectSpec, []string{"ID=200 len=3 hex:0001ff"}},
 		{"spec truncated", []byte{0x01, 0x00, 0x00, 0x09, 0x00, 0x64}, DialectSpec,

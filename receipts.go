@@ -22,9 +22,10 @@ import "time"
 // reference dialect has no such request, so there an unreliable message
 // is always reported lost after receiptWait.
 
-// idExt is reserved message ID 5, which knet uses for extensions inside a
-// connection: its content starts with a kind byte.
-const idExt = 5
+// idExt is reserved message ID 5, which receivers ignore. knet's padding
+// (zeros) and in-order anchors (empty) use it too; inside a connection, a
+// first content byte other than 0 says which extension it is.
+const idExt = idPadding
 
 // Kinds of idExt content.
 const (
