@@ -22,16 +22,17 @@ func TestGameServerSmoke(t *testing.T) {
 		sim      knet.Simulation
 		minRate  float64 // of snapshots and inputs delivered
 		minRatio float64 // full snapshot bytes over those sent
+		plain    bool    // without the misbehaving bots
 	}{
-		{"clean", 32, knet.Simulation{}, 0.9, 3},
-		{"loss5", 6, knet.Simulation{Loss: 0.05, Delay: 5 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 3}, 0.7, 1.5},
-		{"loss20", 6, knet.Simulation{Loss: 0.2, Delay: 5 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 4}, 0.5, 1.5},
+		{"clean", 32, knet.Simulation{}, 0.9, 3, false},
+		{"loss5", 6, knet.Simulation{Loss: 0.05, Delay: 5 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 3}, 0.7, 1.5, false},
+		{"loss20", 6, knet.Simulation{Loss: 0.2, Delay: 5 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 4}, 0.5, 1.5, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			res, err := run(ctx, options{bots: tc.bots, duration: 2500 * time.Millisecond, rate: 30, sim: tc.sim, worst: 6}, &out)
+			res, err := run(ctx, options{bots: tc.bots, duration: 2500 * time.Millisecond, rate: 30, sim: tc.sim, worst: 6, plain: tc.plain}, &out)
 			t.Log("\n" + out.String())
 			if err != nil {
 				t.Fatal(err)
@@ -41,10 +42,10 @@ func TestGameServerSmoke(t *testing.T) {
 					t.Errorf("%s: %d snapshots, %d inputs sent", b.name, b.snaps, b.inputsSent)
 				}
 			}
-			if res.refused.refused != "bad join token" {
+			if res.refused.refused != "bad join token" && !tc.plain {
 				t.Errorf("refusal reason %q", res.refused.refused)
 			}
-			if res.spammer.kickReason == "" || res.idler.kickReason == "" {
+			if (res.spammer.kickReason == "" || res.idler.kickReason == "") && !tc.plain {
 				t.Errorf("kicks: spammer %q, idler %q", res.spammer.kickReason, res.idler.kickReason)
 			}
 			if r := float64(res.snapsRecv) / float64(res.snapsSent); r < tc.minRate || r > 1 {
