@@ -86,6 +86,14 @@ type Message struct {
 	// let it name unreliable ones: an earlier small update delayed on
 	// the path past the whole transfer can still arrive after it; a
 	// small update after it leaves once it is acked.
+	//
+	// On a reliable message (not InOrder, no DependsOn; the spec
+	// dialect), ContentID makes it reliable latest state: the newest
+	// version of the state is delivered exactly once unless a newer one
+	// replaces it, an older version is never delivered after a newer
+	// one, and a version replaced is not sent again, queued or lost on
+	// the way. It is carried on the wire in a tag that knet reads and
+	// other receivers ignore. See the README's "Reliable latest state".
 	ContentID uint32
 	// DependsOn lists earlier messages, sent with SendRef on the same
 	// Conn, that must be applied before this one: a dependency graph

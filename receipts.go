@@ -114,10 +114,11 @@ func (s *session) receipt(ref Ref, delivered bool) {
 }
 
 func (s *session) rcpts() *receipts {
-	if s.rcpt == nil {
-		s.rcpt = new(receipts)
+	x := s.ext()
+	if x.rcpt == nil {
+		x.rcpt = new(receipts)
 	}
-	return s.rcpt
+	return x.rcpt
 }
 
 // queuedForReceipt records a reliable message, just queued and tracked,
@@ -145,7 +146,7 @@ func (s *session) receiptWait() time.Duration { return s.loss.rto() + s.cfg.maxA
 // sentForReceipt records the unreliable datagram pid, just built, as
 // carrying the messages placed in it.
 func (s *session) sentForReceipt(now time.Time, pid uint32) {
-	r := s.rcpt
+	r := s.rcptOf()
 	if r == nil || len(r.cur) == 0 {
 		return
 	}
@@ -162,7 +163,7 @@ func (r *receipts) awaitsAck() bool { return r != nil && r.unrelHead < len(r.unr
 // ackedUnreliable takes the ack of datagram pid: the unreliable messages
 // it carried are delivered.
 func (s *session) ackedUnreliable(pid uint32) {
-	r := s.rcpt
+	r := s.rcptOf()
 	if !r.awaitsAck() {
 		return
 	}
@@ -202,7 +203,7 @@ func (r *receipts) trimUnrel() {
 // expireReceipts reports lost the unreliable messages whose ack did not
 // come in time.
 func (s *session) expireReceipts(now time.Time) {
-	r := s.rcpt
+	r := s.rcptOf()
 	if !r.awaitsAck() {
 		return
 	}
@@ -218,7 +219,7 @@ func (s *session) expireReceipts(now time.Time) {
 // receiptDeadline is when the oldest unreliable message still waiting for
 // its ack is lost.
 func (s *session) receiptDeadline(t *deadlines) {
-	if r := s.rcpt; r.awaitsAck() {
+	if r := s.rcptOf(); r.awaitsAck() {
 		t.at(r.unrel[r.unrelHead].due)
 	}
 }
@@ -226,12 +227,16 @@ func (s *session) receiptDeadline(t *deadlines) {
 // checkReliableReceipts reports delivered the reliable messages now known
 // to have arrived, in send order.
 func (s *session) checkReliableReceipts() {
-	r := s.rcpt
+	r := s.rcptOf()
 	if r == nil || r.relHead == len(r.rel) {
 		return
 	}
 	for r.relHead < len(r.rel) {
 		e := &r.rel[r.relHead]
+		if e.ref == 0 {
+			r.relHead++ // told already (relReceiptLost)
+			continue
+		}
 		if e.t.ref == e.ref {
 			if !e.t.packed || !e.t.complete {
 				break
@@ -256,6 +261,22 @@ func (s *session) checkReliableReceipts() {
 	}
 }
 
+// relReceiptLost tells lost the reliable message ref, replaced before it
+// was acked.
+func (s *session) relReceiptLost(ref Ref) {
+	r := s.rcptOf()
+	if r == nil {
+		return
+	}
+	for i := r.relHead; i < len(r.rel); i++ {
+		if r.rel[i].ref == ref {
+			r.rel[i] = relReceipt{}
+			s.receipt(ref, false)
+			return
+		}
+	}
+}
+
 // endReceipts settles every receipt still owed as the connection drops
 // what it was sending: what is known delivered is, the rest is lost.
 func (s *session) endReceipts() {
@@ -263,9 +284,11 @@ func (s *session) endReceipts() {
 		return
 	}
 	s.checkReliableReceipts()
-	if r := s.rcpt; r != nil {
+	if r := s.rcptOf(); r != nil {
 		for _, e := range r.rel[r.relHead:] {
-			s.receipt(e.ref, false)
+			if e.ref != 0 {
+				s.receipt(e.ref, false)
+			}
 		}
 		for _, e := range r.unrel[r.unrelHead:] {
 			if e.ref != 0 {
@@ -275,7 +298,7 @@ func (s *session) endReceipts() {
 		for _, ref := range r.cur {
 			s.receipt(ref, false)
 		}
-		s.rcpt = nil
+		s.x.rcpt = nil
 	}
 	// Unreliable messages still queued.
 	for i := s.send.unrelQ.head; i < len(s.send.unrelQ.items); i++ {
@@ -288,7 +311,7 @@ func (s *session) endReceipts() {
 
 // tidyReceipts lets go of emptied storage (see session.tidy).
 func (s *session) tidyReceipts() {
-	if r := s.rcpt; r != nil && r.relHead == len(r.rel) && r.unrelHead == len(r.unrel) && len(r.cur) == 0 {
-		s.rcpt = nil
+	if r := s.rcptOf(); r != nil && r.relHead == len(r.rel) && r.unrelHead == len(r.unrel) && len(r.cur) == 0 {
+		s.x.rcpt = nil
 	}
 }

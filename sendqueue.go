@@ -73,7 +73,10 @@ type outMsg struct {
 	track     *track
 	done      bool // fully packed
 	receipted bool // its receipt is in the session's record (receipts.go)
-	off       int  // payload bytes packed so far
+	// A reliable latest-state version (latest.go), and its number.
+	relLatest bool
+	version   uint32
+	off       int // payload bytes packed so far
 
 	// Fragmented transfer progress.
 	frag      bool
@@ -169,9 +172,16 @@ func (s *session) enqueue(m *outMsg) {
 			s.putMsg(old)
 		}
 	}
+	latest := s.queueLatest(m)
 	s.send.order.add(m)
 	if (m.reliable || m.frag) && s.wantsReceipt(m) {
 		s.queuedForReceipt(m)
+	}
+	if latest {
+		s.raise(m)
+		s.queueForLatest(m).push(m)
+		s.stats.MessagesSent++
+		return
 	}
 	if m.contentID != 0 && !m.reliable {
 		if s.send.latestQueued == nil {
@@ -249,7 +259,11 @@ func (s *session) freeQueued(m *outMsg) {
 
 // prepare sets up fragmentation for a queued message.
 func (s *session) prepare(m *outMsg) {
-	if len(m.payload) <= s.cfg.wholeLimit() {
+	limit := s.cfg.wholeLimit()
+	if m.reliable && m.contentID != 0 && !m.inOrder && len(m.after) == 0 && s.wire.latestTags() {
+		limit -= maxLatestTag // a latest-state version goes after its tag
+	}
+	if len(m.payload) <= limit {
 		return
 	}
 	m.frag = true

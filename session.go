@@ -49,8 +49,9 @@ type session struct {
 	// connection), or the session's own outside a round (see sc).
 	scratch *scratchSpace
 
-	// rcpt is the receipts owed (receipts.go), nil until one is.
-	rcpt *receipts
+	// x holds what few connections use, made on first use: receipts
+	// owed, reliable latest state sent and taken.
+	x *extras
 }
 
 // sessState is where a session is in the connection's life.
@@ -151,6 +152,10 @@ type scratchSpace struct {
 	wdeps   []msgRef
 	entries []byte
 	tidBuf  []byte
+	lsent   []latestSent
+	// ltag is the latest-state tag of the FragmentStart being handled.
+	ltag   latestTag
+	ltagOK bool
 }
 
 // release readies a driver's scratch space for the next connection's round:
@@ -234,7 +239,15 @@ func (s *session) fail(err error) {
 func (s *session) dropSending() {
 	s.endReceipts()
 	released := 0
-	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ} {
+	var latestQ *sendQueue
+	if s.rlOf() != nil {
+		latestQ = &s.rlOf().q
+		clear(s.rlOf().queued)
+	}
+	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ, latestQ} {
+		if q == nil {
+			continue
+		}
 		for i := q.head; i < len(q.items); i++ {
 			if m := q.items[i]; !m.done {
 				released += s.unsentBytes(m)

@@ -78,6 +78,10 @@ func (w *cppWire) freed(a *ackResult) {
 // dropSending forgets the datagrams carrying fragments in flight.
 func (w *cppWire) dropSending() { w.fragFlight = 0 }
 
+// latestTags: the reference's wire has no tag, so reliable messages with a
+// ContentID are plain reliable ones.
+func (w *cppWire) latestTags() bool { return false }
+
 // acked reports whether reliable message t, packed whole, is known to
 // have arrived: every reliable number up to its last is acked (datagrams
 // are resent under new PacketIDs, so those tell nothing), and none of an

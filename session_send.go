@@ -250,7 +250,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.latestQueued() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
@@ -319,7 +319,14 @@ func (s *session) spanFull() bool {
 
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
-	if d := s.loss.nextResend(); d != nil {
+	d := s.loss.nextResend()
+	for d != nil && len(d.latest) > 0 {
+		// Versions of latest state: what is still the newest goes in a
+		// new datagram, the rest no more (latest.go).
+		s.abandonLatest(d)
+		d = s.loss.nextResend()
+	}
+	if d != nil {
 		if !s.rc.canSend(now, len(d.b)) {
 			s.send.pacedOut = true
 			return nil
@@ -331,7 +338,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 && s.latestQueued() == 0 {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()

@@ -32,6 +32,10 @@ type Stats struct {
 	// queued, so that they never left: a sign that the path, the peer's
 	// flow control or higher priorities keep them waiting.
 	ReplacedMessages uint64
+	// ObsoleteMessages counts reliable latest-state versions received
+	// and dropped as no newer than one already taken: a copy of it, or
+	// an older version, come late.
+	ObsoleteMessages uint64
 	// ReceiptsDelivered and ReceiptsLost count the receipts told
 	// (Config.Receipts); ReceiptsDropped those the application did not
 	// take before maxReceipts (4096) more came.
