@@ -46,6 +46,11 @@ type bot struct {
 	checked, wrong, bad int
 	events              int
 	chats               int
+	// The newest score of each player, and scores that came after a
+	// newer one of the same player (reliable latest state: none).
+	scores      map[uint16]uint32
+	staleScores int
+	scoresGot   int
 }
 
 // run plays until the server ends the round (a reliable event), kicks the
@@ -163,6 +168,19 @@ func (b *bot) receive(c *knet.Conn, epoch time.Time, move int32, roundOver chan 
 			}
 		case msgChat:
 			b.chats++
+		case msgScore:
+			if len(m.Payload) != 6 {
+				continue
+			}
+			id, score := binary.LittleEndian.Uint16(m.Payload), binary.LittleEndian.Uint32(m.Payload[2:])
+			if b.scores == nil {
+				b.scores = make(map[uint16]uint32)
+			}
+			if old, ok := b.scores[id]; ok && score <= old {
+				b.staleScores++ // never: an older version never follows a newer one
+			}
+			b.scores[id] = score
+			b.scoresGot++
 		}
 	}
 }

@@ -17,7 +17,9 @@
 //     each sent with SendRef and encoded as a delta against the newest
 //     snapshot its client is known to have: Config.Receipts makes the
 //     Group report each one delivered or lost (-full sends them whole);
-//   - spawn, despawn, score and round-over events: reliable ordered;
+//   - spawn, despawn and round-over events: reliable ordered;
+//   - scores: reliable latest state (Reliable, ContentID the player's id):
+//     the newest score of each player arrives, an older one never after it;
 //   - chat: reliable ordered on a channel of its own.
 //
 // Players join with a token checked by Config.AdmitConn, which attaches
@@ -224,7 +226,7 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 	}
 	var rows []row
 	var ages []time.Duration
-	events, chats := 0, 0
+	events, chats, scores := 0, 0, 0
 	for _, b := range res.bots {
 		p := byName[b.name]
 		if p == nil {
@@ -240,9 +242,13 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		res.inputsApplied += p.inputsApplied
 		events += b.events
 		chats += b.chats
+		scores += b.scoresGot
 		res.sentBytes += p.sentBytes
 		res.fullBytes += p.fullBytes
 		res.deltas += p.deltas
+		if b.staleScores > 0 {
+			fail("%s got %d scores older than one it had", b.name, b.staleScores)
+		}
 		res.checked += b.checked
 		res.wrong += b.wrong
 		res.bad += b.bad
@@ -280,9 +286,9 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		}
 		return float64(a) / float64(b)
 	}
-	fmt.Fprintf(out, "\ndelivery: snapshots %d/%d (%.1f%%), inputs %d/%d (%.1f%%); reliable: %d events, %d chat lines\n",
+	fmt.Fprintf(out, "\ndelivery: snapshots %d/%d (%.1f%%), inputs %d/%d (%.1f%%); reliable: %d events, %d chat lines; %d scores (latest state)\n",
 		res.snapsRecv, res.snapsSent, 100*ratio(res.snapsRecv, res.snapsSent),
-		res.inputsApplied, res.inputsSent, 100*ratio(res.inputsApplied, res.inputsSent), events, chats)
+		res.inputsApplied, res.inputsSent, 100*ratio(res.inputsApplied, res.inputsSent), events, chats, scores)
 	fmt.Fprintf(out, "snapshot size: %.0f B on average, %.0f B in full: %.2fx smaller (%d of %d sent as deltas); "+
 		"the bots rebuilt %d worlds, %d wrong, %d unreadable\n",
 		float64(res.sentBytes)/float64(max(res.snapsSent, 1)), float64(res.fullBytes)/float64(max(res.snapsSent, 1)),

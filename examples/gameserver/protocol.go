@@ -25,6 +25,12 @@ const (
 	// msgChat, both ways: reliable ordered on chanChat, its own channel so
 	// that a lost chat line never holds up a spawn, and the other way round.
 	msgChat = 103
+	// msgScore, server to client: reliable latest state (Reliable,
+	// ContentID the player's id): each player's score must arrive, but
+	// only its newest value; a score replaced before it left is not sent,
+	// nor sent again when lost, and an older one never arrives after a
+	// newer one. Payload: id uint16, score uint32.
+	msgScore = 104
 )
 
 const (
@@ -39,7 +45,6 @@ const (
 const (
 	evSpawn     = 1 // id, x, y
 	evDespawn   = 2 // id
-	evScore     = 3 // id, score
 	evRoundOver = 4
 )
 

@@ -315,8 +315,9 @@ func (s *server) simulate(now time.Time) {
 	}
 	if best != nil && s.ticks%scoreEvery == 0 {
 		best.score++
-		b := binary.LittleEndian.AppendUint16([]byte{evScore}, best.id)
-		s.broadcastEvent(binary.LittleEndian.AppendUint32(b, uint32(best.score)))
+		b := binary.LittleEndian.AppendUint16(nil, best.id)
+		b = binary.LittleEndian.AppendUint32(b, uint32(best.score))
+		knet.Broadcast(s.conns, knet.Message{ID: msgScore, ContentID: uint32(best.id), Reliable: true, Payload: b}, nil)
 	}
 }
 
