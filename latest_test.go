@@ -215,3 +215,26 @@ func TestReliableLatestStateHostileTags(t *testing.T) {
 	assert.LessOrEqual(t, len(p.server().x.seen.newest), maxLatestStates)
 	assert.Equal(t, stateOK, p.server().state)
 }
+
+// In a secure session, versions whose datagrams were lost go again under
+// new packet numbers: no packet number is ever sealed with two contents
+// (newSecureSimPair's ledger), and the promise holds through the loss.
+func TestReliableLatestStateSecure(t *testing.T) {
+	lossy := netsim.Params{Loss: 0.2, Delay: 10 * time.Millisecond, Jitter: 5 * time.Millisecond, Seed: 9}
+	p := newSecureSimPair(t, nil, nil, lossy, lossy)
+	p.connect()
+	last := map[uint32]int{}
+	for v := 1; v <= 300; v++ {
+		id := uint32(120 + v%4)
+		p.send(0, Message{ID: id, Payload: versionPayload(v, 100), Reliable: true, ContentID: 7})
+		last[id] = v
+		p.run(3*time.Millisecond, nil)
+	}
+	require.True(t, p.run(30*time.Second, func() bool {
+		return p.client().loss.sent.count == 0 && p.client().latestQueued() == 0
+	}))
+	p.run(time.Second, nil)
+	checkVersions(t, p.h[1], last)
+	st := p.client().snapshot()
+	assert.Positive(t, st.ReplacedMessages)
+}
