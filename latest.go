@@ -146,6 +146,14 @@ func (s *session) latestQueued() int {
 	return s.rlOf().q.len()
 }
 
+// latestQ is the queue of versions, nil if none was sent.
+func (s *session) latestQ() *sendQueue {
+	if rl := s.rlOf(); rl != nil {
+		return &rl.q
+	}
+	return nil
+}
+
 // queueForLatest is the queue version m waits in.
 func (s *session) queueForLatest(m *outMsg) *sendQueue {
 	if m.frag {

@@ -238,6 +238,15 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.send.forgotAt = now
 		s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	}
+	if s.unreliableFirst() {
+		// Unreliable messages of higher priority than any reliable one
+		// queued go first: every datagram takes room under the peer's
+		// flow control, and reliable ones taking it all left them to be
+		// replaced in the queue, tick after tick.
+		if b := s.wire.pollUnreliable(now, buf); b != nil {
+			return b
+		}
+	}
 	if b := s.pollReliable(now); b != nil {
 		return b
 	}
@@ -358,6 +367,27 @@ func (s *session) pollReliable(now time.Time) []byte {
 		return nil
 	}
 	return s.wire.buildReliable(now)
+}
+
+// unreliableFirst reports whether the unreliable message first in its
+// queue has a higher priority than every reliable one queued: the queues
+// keep their highest priority first. A resend waiting is a reliable
+// datagram of its own priority, taken as the reliable queue's.
+func (s *session) unreliableFirst() bool {
+	u := &s.send.unrelQ
+	if u.len() == 0 {
+		return false
+	}
+	top := u.items[u.head].priority
+	if top <= 0 && s.loss.nextResend() != nil {
+		return false
+	}
+	for _, q := range [...]*sendQueue{&s.send.relQ, s.latestQ()} {
+		if q != nil && q.len() > 0 && q.items[q.head].priority >= top {
+			return false
+		}
+	}
+	return true
 }
 
 // holdLimit bounds spanHold: the payload bytes sent, since the oldest
