@@ -226,8 +226,8 @@ func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) boo
 // there: Query times out. The C++ reference takes any datagram from a new
 // address for a connection attempt: a query costs it a connection that
 // it drops after its silence timeout (about 15s). Only an answer from
-// address that echoes a query's random nonce is taken, so a host off the
-// path cannot forge one.
+// address that echoes the random nonce of one of its queries is taken, so
+// a host off the path cannot forge one.
 func Query(ctx context.Context, network, address string) (info []byte, rtt time.Duration, err error) {
 	return queryWith(ctx, network, address, &endpointOptions{})
 }

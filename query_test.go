@@ -550,3 +550,21 @@ func TestDiscoverLoopbackBroadcast(t *testing.T) {
 	assert.Equal(t, uint16(port), found[0].from.Port())
 	assert.Equal(t, "on the LAN", found[0].info)
 }
+
+// What the reader does with each query allocates nothing: a flood of them
+// costs no garbage.
+func TestQueryAnswerAllocs(t *testing.T) {
+	var q queryState
+	q.allow(netip.MustParseAddr("10.0.0.1"), time.Now()) // the table, made once
+	query := appendQueryDatagram(nil, queryKindQuery, testNonce(5), nil, queryPadTo)
+	info := []byte("name=knet")
+	buf := make([]byte, 0, 2048)
+	ip := netip.MustParseAddr("10.0.0.2")
+	now := time.Now()
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		kind, nonce, _, ok := parseQueryDatagram(query)
+		if ok && kind == queryKindQuery && q.allow(ip, now) {
+			buf = appendQueryDatagram(buf[:0], queryKindAnswer, &nonce, info, 0)
+		}
+	}))
+}
