@@ -459,8 +459,8 @@ func TestQueryMalformedDropped(t *testing.T) {
 		}
 		stray := [][]byte{
 			appendQueryDatagram(nil, queryKindAnswer, testNonce(4), nil, queryPadTo), // an answer
-			append(bytes.Clone(q[:10]), append([]byte{2}, q[11:]...)...),            // version 2
-			append(bytes.Clone(q[:11]), append([]byte{9}, q[12:]...)...),            // kind 9
+			append(bytes.Clone(q[:10]), append([]byte{2}, q[11:]...)...),             // version 2
+			append(bytes.Clone(q[:11]), append([]byte{9}, q[12:]...)...),             // kind 9
 		}
 		for _, b := range append(bad, stray...) {
 			_, err := raw.Write(b)
