@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -529,6 +530,9 @@ func TestQueryLoopback(t *testing.T) {
 }
 
 func TestDiscoverLoopbackBroadcast(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("broadcast on loopback (127.255.255.255) is Linux's")
+	}
 	l, err := Listen("udp4", "0.0.0.0:0", testConfig())
 	require.NoError(t, err)
 	defer l.Close()
