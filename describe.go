@@ -165,6 +165,10 @@ func describeFragment(sb *strings.Builder, start, frag bool, transfer uint8, cou
 // payload. A fragment's payload is only part of the message: it is not
 // decoded as a reserved message's content.
 func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack func([]byte) (packetAck, bool)) {
+	if q, ok := describeQuery(p); ok && id == idPadding && !fragment {
+		sb.WriteString(reservedName(id) + q) // a server query (query.go)
+		return
+	}
 	name := reservedName(id)
 	if name == "" || fragment {
 		sb.WriteString("ID=" + strconv.FormatUint(uint64(id), 10))
@@ -196,10 +200,6 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 		}
 		sb.WriteString(" (malformed)")
 	case idPadding:
-		if q, ok := describeQuery(p); ok {
-			sb.WriteString(q)
-			return
-		}
 		if len(p) > 0 {
 			sb.WriteString(" len=" + strconv.Itoa(len(p)))
 		}

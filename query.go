@@ -31,6 +31,11 @@ import (
 //	...  a query: padding (zeros) up to 1200 bytes in all;
 //	     an answer: the info, at most MaxQueryInfo bytes
 //
+// knet's other messages of ID 5 are padding (zeros), anchors (empty) and,
+// inside connections, extensions whose first content byte names their
+// kind, a small number; a query's first is 'k' (0x6b), so that nothing
+// takes one for another.
+//
 // The datagram is one message block filling it, so that it is nothing
 // else: no ConnectSyn (a spec receiver drops it, DECISIONS §1), no
 // connection state anywhere. The listener's reader answers a query from
