@@ -72,6 +72,10 @@ func TestDescribeDatagram(t *testing.T) {
 		{"spec truncated", []byte{0x01, 0x00, 0x00, 0x09, 0x00, 0x64}, DialectSpec,
 			[]string{"spec PacketID=1", "malformed: knet: ContentLength runs past the datagram"}},
 		{"spec short", []byte{0x01}, DialectSpec, []string{"spec, 1 bytes: malformed"}},
+		{"server query", appendQueryDatagram(nil, queryKindQuery, testNonce(1), nil, queryPadTo),
+			DialectSpec, []string{"spec PacketID=0, 1200 bytes: Padding server query nonce=0102030405060708 padding=1180"}},
+		{"query answer", appendQueryDatagram(nil, queryKindAnswer, testNonce(1), []byte("map=e1m1"), 0),
+			DialectSpec, []string{`spec PacketID=0, 28 bytes: Padding query answer nonce=0102030405060708 info len=8 "map=e1m1"`}},
 		{"reference opening", make([]byte, 8), DialectAuto, []string{"reference opening"}},
 		{"reference opening as spec", make([]byte, 8), DialectSpec, []string{"malformed", "reference dialect's connection opening"}},
 		// refclient_echo #1: two PingRequests, InOrder.

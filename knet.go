@@ -211,10 +211,11 @@ var errNilContext = errors.New("knet: nil context")
 // TimeoutError ends a connection whose peer stayed silent for
 // ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
 // or a graceful close that got no DisconnectAck within DisconnectTimeout
-// (Close still returns nil; Err says so).
+// (Close still returns nil; Err says so); Query returns one when no answer
+// came.
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect", "disconnect" or "" for an established connection
+	Op     string // "connect", "disconnect", "query" (Query) or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
@@ -223,6 +224,8 @@ func (e *TimeoutError) Error() string {
 		return "knet: no answer to the connection attempt within " + e.Silent.String()
 	case "disconnect":
 		return "knet: no DisconnectAck within " + e.Silent.String()
+	case "query":
+		return "knet: no answer to the server query within " + e.Silent.String()
 	}
 	return "knet: peer silent for " + e.Silent.String()
 }
@@ -230,9 +233,10 @@ func (e *TimeoutError) Timeout() bool   { return true }
 func (e *TimeoutError) Temporary() bool { return false }
 
 // Unwrap makes errors.Is(err, net.ErrClosed) hold for a lost connection,
-// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake timeout.
+// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake or query
+// timeout.
 func (e *TimeoutError) Unwrap() error {
-	if e.Op == "connect" {
+	if e.Op == "connect" || e.Op == "query" {
 		return errDeadline
 	}
 	return net.ErrClosed

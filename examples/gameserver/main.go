@@ -78,6 +78,7 @@ func main() {
 
 // result is what a run measured, for the smoke test.
 type result struct {
+	queryInfo                 string // the server query's answer, before the bots came
 	bots                      []*bot // the ordinary ones
 	refused, spammer, idler   *bot
 	snapsSent, snapsRecv      int
@@ -113,6 +114,14 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	fmt.Fprintf(out, "server on %v: %d bots + 3 misbehaving, %d Hz, %v; network: %s\n",
 		srv.l.Addr(), o.bots, o.rate, o.duration, netDesc)
 
+	// What a server browser sees, without connecting: a server query.
+	info, rtt, err := knet.Query(ctx, "udp", srv.l.Addr().String())
+	if err != nil {
+		srv.close()
+		return nil, fmt.Errorf("server query: %w", err)
+	}
+	fmt.Fprintf(out, "server query: %q in %v\n", info, rtt.Round(time.Microsecond))
+
 	// The bots: each has its own connection and goroutines.
 	var bots []*bot
 	for i := range o.bots {
@@ -120,10 +129,11 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 		bots = append(bots, &bot{name: name, kind: normalBot, token: srv.issueToken(name)})
 	}
 	res := &result{
-		bots:    bots,
-		spammer: &bot{name: "spammer", kind: spammerBot, token: srv.issueToken("spammer")},
-		idler:   &bot{name: "idler", kind: idleBot, token: srv.issueToken("idler")},
-		refused: &bot{name: "intruder", kind: badTokenBot, token: "forged"},
+		queryInfo: string(info),
+		bots:      bots,
+		spammer:   &bot{name: "spammer", kind: spammerBot, token: srv.issueToken("spammer")},
+		idler:     &bot{name: "idler", kind: idleBot, token: srv.issueToken("idler")},
+		refused:   &bot{name: "intruder", kind: badTokenBot, token: "forged"},
 	}
 	everyone := slices.Clone(bots)
 	if !o.plain {

@@ -37,6 +37,9 @@ func TestGameServerSmoke(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if want := "name=knet example;map=torus 1000;players=0"; res.queryInfo != want {
+				t.Errorf("server query answered %q, want %q", res.queryInfo, want)
+			}
 			for _, b := range res.bots {
 				if b.snaps == 0 || len(b.ages) == 0 || b.inputsSent == 0 {
 					t.Errorf("%s: %d snapshots, %d inputs sent", b.name, b.snaps, b.inputsSent)

@@ -124,7 +124,20 @@ func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time
 		return nil, err
 	}
 	s.l = l
+	s.setQueryInfo()
 	return s, nil
+}
+
+// setQueryInfo sets what the server answers server queries with
+// (knet.Query, knet.Discover: a server browser's, a LAN lobby's), without
+// a connection: its name, map and player count, here as key=value pairs.
+// The loop calls it as players come and go; the listener's reader
+// answers from it at any time.
+func (s *server) setQueryInfo() {
+	info := fmt.Appendf(nil, "name=knet example;map=torus %d;players=%d", worldSize, len(s.players))
+	if err := s.l.SetQueryInfo(info); err != nil {
+		panic(err) // at most knet.MaxQueryInfo bytes: far more than this
+	}
 }
 
 // issueToken is what a lobby or matchmaker would do: a single-use token
@@ -245,6 +258,7 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 		s.players = append(s.players, p)
 		s.all = append(s.all, p)
 		s.conns = append(s.conns, p.conn)
+		s.setQueryInfo()
 		s.broadcastEvent(spawnEvent(p))
 		if !live {
 			s.kick(p, "round over")
@@ -281,6 +295,7 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 		if i >= 0 {
 			s.players = slices.Delete(s.players, i, i+1)
 			s.conns = slices.Delete(s.conns, i, i+1)
+			s.setQueryInfo()
 		}
 		s.broadcastEvent(binary.LittleEndian.AppendUint16([]byte{evDespawn}, p.id))
 	case knet.EventDelivered:
