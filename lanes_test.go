@@ -1,8 +1,13 @@
 package knet
 
 import (
+	"net/netip"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/knet-go/knet/internal/udp"
 
 	"github.com/knet-go/knet/internal/netsim"
 	"github.com/stretchr/testify/assert"
@@ -42,4 +47,73 @@ func TestPriorityHoldsUnderPeerFlowControl(t *testing.T) {
 	t.Logf("snapshots %d of %d, replaced %d; bulk messages in %d", got, snapshots, st.ReplacedMessages, bulk)
 	assert.GreaterOrEqual(t, got, snapshots*95/100, "snapshots through the cap")
 	require.Positive(t, bulk, "the download still uses what is left")
+}
+
+// gatedSocket blocks its writes while its gate is shut: a socket whose
+// buffer other traffic filled.
+type gatedSocket struct {
+	socket
+	mu   sync.Mutex
+	open chan struct{} // closed while writes go through
+}
+
+func (g *gatedSocket) wait() {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	<-open
+}
+
+func (g *gatedSocket) shut() {
+	g.mu.Lock()
+	g.open = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gatedSocket) release() {
+	g.mu.Lock()
+	close(g.open)
+	g.mu.Unlock()
+}
+
+func (g *gatedSocket) WriteTo(b []byte, to netip.AddrPort) error {
+	g.wait()
+	return g.socket.WriteTo(b, to)
+}
+
+func (g *gatedSocket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
+	g.wait()
+	return g.socket.WriteBatch(w, ps)
+}
+
+// TrySend never waits, whatever the socket does: on a dialed connection,
+// whose round a Send after a pause runs on the caller's goroutine, a
+// TrySend leaves it to the worker, as a write may wait for room in the
+// socket.
+func TestTrySendNeverWaitsForTheSocket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		var gate *gatedSocket
+		nw.wrapDial = func(s socket) socket {
+			gate = &gatedSocket{socket: s, open: make(chan struct{})}
+			close(gate.open)
+			return gate
+		}
+		l := nw.listen(t, testConfig())
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		time.Sleep(time.Second) // the bubble's clock: past any inline gap
+		synctest.Wait()
+		gate.shut()
+		done := make(chan error, 1)
+		go func() { done <- c.TrySend(Message{ID: 6, Payload: []byte("input")}) }()
+		synctest.Wait()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		default:
+			gate.release()
+			t.Fatal("TrySend waited for the socket")
+		}
+		gate.release()
+	})
 }
