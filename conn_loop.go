@@ -150,6 +150,7 @@ func (c *Conn) drainInbox() time.Time {
 	c.inbox.peak = max(c.inbox.peak, len(work))
 	if len(work) > 0 {
 		c.sched.active = true
+		c.sess.beginRound()
 	}
 	for i, p := range work {
 		if c.sec == nil {

@@ -196,6 +196,10 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	return ref, nil
 }
 
+// smallReserve: messages too large for one datagram leave 1/smallReserve
+// of the send buffer to those that fit one (see waitRoom).
+const smallReserve = 8
+
 // waitRoom waits until the send buffer has room for m's n bytes, or
 // reports why m cannot queue; it returns nil with the send lock held.
 func (c *Conn) waitRoom(ctx context.Context, m *Message, n int) error {
@@ -210,7 +214,15 @@ func (c *Conn) waitRoom(ctx context.Context, m *Message, n int) error {
 			c.sendq.mu.Unlock()
 			return errDeadline
 		}
-		if c.sendq.used == 0 || c.sendq.used+n <= c.cfg.sendBuffer {
+		limit := c.cfg.sendBuffer
+		if n > c.cfg.wholeLimit() {
+			// A message that needs several datagrams (a download's
+			// chunk) leaves an eighth of the buffer to those that fit
+			// one (snapshots, events): bulk traffic filling the buffer
+			// refused every TrySend and Broadcast to the connection.
+			limit -= c.cfg.sendBuffer / smallReserve
+		}
+		if c.sendq.used == 0 || c.sendq.used+n <= limit {
 			break
 		}
 		if !m.Reliable {

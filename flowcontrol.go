@@ -16,9 +16,21 @@ type flowState struct {
 	arrivalsAt  time.Time
 	arrivalRate float64 // datagrams/s
 	askedRate   int     // the limit we asked the peer for, 0 if none
-	askedAt     time.Time
-	rate        uint16 // the FlowControlRequest owed (oweFlow) asks for this
+	askedAt     int64   // when, in Unix nanoseconds (8 bytes, not a Time's 24)
+	rate        uint16  // the FlowControlRequest owed (oweFlow) asks for this
+	// unreadBefore is what the application had not read when the
+	// connection's round began (beginRound), at most 2 GiB; behindSince,
+	// since when that has been half ReceiveBuffer or more, in Unix
+	// nanoseconds (0: it is not).
+	unreadBefore int32
+	behindSince  int64
 }
+
+// beginRound notes what the application has yet to read as the
+// connection's round begins, before the datagrams it handles deliver
+// more: only that shows the application falling behind (see
+// flowControl).
+func (s *session) beginRound() { s.flow.unreadBefore = int32(min(s.host.recvUsed(), 1<<31-1)) }
 
 // flowControl asks the peer to slow down when our application falls behind
 // (spec "Flow Control"): past half of ReceiveBuffer, for a rate that shrinks
@@ -32,16 +44,36 @@ func (s *session) flowControl(now time.Time) {
 	if s.state != stateOK {
 		return
 	}
-	fill := float64(s.host.recvUsed()) / float64(s.cfg.recvBuffer)
+	// What this round delivered has not been offered to the application
+	// yet: the hole a retransmission filled can release several large
+	// messages at once (a download's 64 KiB chunks, held behind one lost
+	// fragment), and counting them as unread capped the peer to half its
+	// arrival rate, and again, while the application read everything
+	// in time.
+	fill := float64(min(s.host.recvUsed(), int(s.flow.unreadBefore))) / float64(s.cfg.recvBuffer)
 	if dt := now.Sub(s.flow.arrivalsAt); dt >= 10*time.Millisecond {
 		rate := float64(s.flow.arrivals) / dt.Seconds()
 		s.flow.arrivalRate = max(rate, s.flow.arrivalRate*0.5) // quick to rise, slow to fall
 		s.flow.arrivals = 0
 		s.flow.arrivalsAt = now
 	}
+	if fill < 0.5 {
+		s.flow.behindSince = 0
+	} else if s.flow.behindSince == 0 {
+		s.flow.behindSince = now.UnixNano()
+	}
 	switch {
 	case fill >= 0.5:
-		if s.flow.askedRate > 0 && now.Sub(s.flow.askedAt) < max(s.loss.rtt.srtt, 10*time.Millisecond) {
+		if time.Duration(now.UnixNano()-s.flow.behindSince) < behindFor(s.loss.rtt.srtt) {
+			// Half the buffer unread for a moment is an application
+			// reading large messages a little late, not one falling
+			// behind: capping the peer then (to half its rate and
+			// less, for a round trip at least, every datagram counted)
+			// stalled a download's connection for seconds, and its
+			// snapshots with it, on a loaded machine.
+			return
+		}
+		if s.flow.askedRate > 0 && time.Duration(now.UnixNano()-s.flow.askedAt) < max(s.loss.rtt.srtt, 10*time.Millisecond) {
 			return
 		}
 		// Half full: the arrival rate; full: the minimum.
@@ -50,14 +82,19 @@ func (s *session) flowControl(now time.Time) {
 			return
 		}
 		s.flow.askedRate = max(want, 1)
-		s.flow.askedAt = now
+		s.flow.askedAt = now.UnixNano()
 		s.sendFlowControl(s.flow.askedRate)
 	case fill < 0.25 && s.flow.askedRate > 0:
 		s.flow.askedRate = 0
-		s.flow.askedAt = now
+		s.flow.askedAt = now.UnixNano()
 		s.sendFlowControl(0xffff)
 	}
 }
+
+// behindFor is how long the application must leave half the receive
+// buffer unread before the peer is asked to slow down: a round trip, at
+// least 20ms.
+func behindFor(srtt time.Duration) time.Duration { return max(srtt, 20*time.Millisecond) }
 
 // peerRateRequest applies the peer's FlowControlRequest: the most datagrams
 // a second it wants to receive; 65535 lifts the limit. When the limit goes

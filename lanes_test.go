@@ -1,8 +1,10 @@
 package knet
 
 import (
+	"context"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -86,6 +88,26 @@ func (g *gatedSocket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
 	return g.socket.WriteBatch(w, ps)
 }
 
+// cutSocket drops what it is given to write once cut: a path gone dark.
+type cutSocket struct {
+	socket
+	cut atomic.Bool
+}
+
+func (c *cutSocket) WriteTo(b []byte, to netip.AddrPort) error {
+	if c.cut.Load() {
+		return nil
+	}
+	return c.socket.WriteTo(b, to)
+}
+
+func (c *cutSocket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
+	if c.cut.Load() {
+		return nil
+	}
+	return c.socket.WriteBatch(w, ps)
+}
+
 // TrySend never waits, whatever the socket does: on a dialed connection,
 // whose round a Send after a pause runs on the caller's goroutine, a
 // TrySend leaves it to the worker, as a write may wait for room in the
@@ -116,4 +138,84 @@ func TestTrySendNeverWaitsForTheSocket(t *testing.T) {
 		}
 		gate.release()
 	})
+}
+
+// A download's large messages leave an eighth of the send buffer to
+// messages that fit a datagram: with the buffer as full of them as they
+// may make it, a snapshot's TrySend still goes. Before, bulk data filled
+// the buffer and every TrySend and Broadcast to the player was refused.
+func TestSendBufferLeavesRoomForSmallMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		var cut *cutSocket
+		nw.wrapDial = func(s socket) socket {
+			cut = &cutSocket{socket: s}
+			return cut
+		}
+		l := nw.listen(t, testConfig())
+		cfg := testConfig()
+		cfg.SendBuffer = 64 << 10
+		c := nw.dial(t, l.Addr().String(), cfg)
+		synctest.Wait()
+		cut.cut.Store(true) // nothing arrives, nothing is acked
+		ctx, cancel := context.WithCancel(context.Background())
+		sent := 0
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for c.SendContext(ctx, Message{ID: 6, Payload: make([]byte, 8<<10), Reliable: true}) == nil {
+				sent++
+			}
+		}()
+		synctest.Wait() // the bulk sender waits for room
+		assert.Equal(t, 7, sent, "bulk fills seven eighths")
+		for k := range 5 { // a few ticks' worth, in the eighth left
+			require.NoError(t, c.TrySend(Message{ID: 7, Payload: make([]byte, 600), ContentID: 1}), "snapshot %d", k)
+			require.NoError(t, c.TrySend(Message{ID: 8, Payload: make([]byte, 300), Reliable: true}), "event %d", k)
+		}
+		cancel()
+		<-done
+	})
+}
+
+// The peer is asked to slow down only when the application leaves half
+// the receive buffer unread for a round trip (20ms at least): a burst of
+// large messages delivered at once and read within the round, or unread
+// for a moment, asks nothing. Before, each such burst capped the peer.
+func TestFlowControlWaitsForAnApplicationBehind(t *testing.T) {
+	p := newSimPair(t, &Config{ReceiveBuffer: 256 << 10}, nil, perfect, perfect)
+	p.connect()
+	s, h := p.client(), p.h[0]
+	p.run(100*time.Millisecond, nil)
+	owes := func() bool { return s.owed.owes(oweFlow) }
+
+	// This round delivered 192 KiB, which the application has not seen
+	// yet: nothing.
+	s.beginRound()
+	h.used = 192 << 10
+	s.flowControl(p.now)
+	assert.False(t, owes(), "delivered this round")
+
+	// Unread at the start of the next round, 5ms later: still nothing.
+	p.now = p.now.Add(5 * time.Millisecond)
+	s.beginRound()
+	s.flowControl(p.now)
+	assert.False(t, owes(), "unread for a moment")
+
+	// Read meanwhile, and the clock starts again.
+	h.used = 0
+	p.now = p.now.Add(30 * time.Millisecond)
+	s.beginRound()
+	s.flowControl(p.now)
+	h.used = 192 << 10
+	p.now = p.now.Add(30 * time.Millisecond)
+	s.beginRound()
+	s.flowControl(p.now)
+	assert.False(t, owes(), "behind since the last round only")
+
+	// Still unread a round trip later: the application is behind.
+	p.now = p.now.Add(behindFor(s.loss.rtt.srtt))
+	s.beginRound()
+	s.flowControl(p.now)
+	assert.True(t, owes(), "behind")
 }

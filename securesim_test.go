@@ -137,6 +137,7 @@ func (p *simPair) receiveSecure(to int, b []byte, atPeer bool) {
 		}
 	}
 	if pt, fresh := p.sec[to].in(s, p.now, b, atPeer); pt != nil {
+		s.beginRound()
 		s.handleSealed(p.now, pt, fresh)
 	}
 }

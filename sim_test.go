@@ -209,6 +209,7 @@ func (p *simPair) receive(to int, b []byte) {
 		return
 	}
 	if !p.endpoints || !s.done() {
+		s.beginRound() // each datagram a round of its own
 		s.handleDatagram(p.now, b)
 		return
 	}
@@ -226,6 +227,7 @@ func (p *simPair) inject(to int, b []byte) {
 		p.receiveSecure(to, b, true)
 		return
 	}
+	p.s[to].beginRound()
 	p.s[to].handleDatagram(p.now, b)
 }
 
