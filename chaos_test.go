@@ -289,12 +289,24 @@ type chaosMode struct {
 	gap int
 	// specOnly leaves the mode out of the reference dialect's matrix.
 	specOnly bool
+	// weights, if set, is both sides' Config.ChannelWeights.
+	weights map[uint8]int
 }
 
 var chaosModes = []chaosMode{
 	{name: "reliable", n: 300, next: (*chaosGen).reliable},
 	{name: "ordered", n: 300, next: func(g *chaosGen) chaosMsg { return g.ordered(0) }},
 	{name: "channels", n: 400, next: func(g *chaosGen) chaosMsg { return g.ordered(uint8(g.rng.IntN(5))) }},
+	// Channel weights reorder what one priority sends: every ordering
+	// promise still holds.
+	{name: "channels-weighted", n: 400, priorities: true, weights: map[uint8]int{0: 1, 1: 2, 2: 5, 10: 3, 11: 1},
+		bigs: []int{9 << 10, 30 << 10},
+		next: func(g *chaosGen) chaosMsg {
+			if g.rng.IntN(3) == 0 {
+				return g.sequenced(uint8(10 + g.rng.IntN(2)))
+			}
+			return g.ordered(uint8(g.rng.IntN(3)))
+		}},
 	{name: "unreliable", n: 300, next: (*chaosGen).plain},
 	{name: "sequenced", n: 400, next: func(g *chaosGen) chaosMsg { return g.sequenced(uint8(10 + g.rng.IntN(3))) }},
 	{name: "deps", n: 300, next: (*chaosGen).deps},
@@ -814,7 +826,7 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	}
 	// Per-datagram bursts (BurstLen) on the few spaced datagrams of a
 	// handshake can black a direction out for seconds: give it time.
-	cfg := &Config{ConnectTimeout: chaosConnectTimeout}
+	cfg := &Config{ConnectTimeout: chaosConnectTimeout, ChannelWeights: mode.weights}
 	p := newSimPairIn(t, dialect, cfg, cfg, links[0], links[1])
 	if setup != nil {
 		setup(p)

@@ -234,6 +234,16 @@ type Config struct {
 	// connection from one goroutine.
 	Group *Group
 
+	// ChannelWeights shares the sending among messages queued at one
+	// Priority by their Channel's weight (default 1), counted in payload
+	// bytes: two downloads on channels weighted 3 and 1 get three
+	// quarters and a quarter of what the path and the peer allow them
+	// (GameNetworkingSockets' lanes, in knet's terms). A channel's
+	// messages keep their order; higher priorities still go first.
+	// Channel is read for this on any message, InOrder or not. Nil: send
+	// order within a priority.
+	ChannelWeights map[uint8]int
+
 	// Receipts, when true, has the connection tell what became of each
 	// message sent with SendRef, once: delivered (the peer acked it) or
 	// lost (see Receipt). They come out of Conn.Receipts, or of
@@ -339,6 +349,7 @@ type config struct {
 	admitConn                                  func(*Conn, []byte) ([]byte, error)
 	stealth                                    bool
 	receipts                                   bool
+	channelWeights                             map[uint8]int
 	simulate                                   *Simulation
 	congestion                                 func(CongestionParams) CongestionControl
 	dialect                                    Dialect
@@ -426,6 +437,7 @@ func (c *Config) resolve() *config {
 		admitConn:        c.AdmitConn,
 		stealth:          c.Stealth,
 		receipts:         c.Receipts,
+		channelWeights:   maps.Clone(c.ChannelWeights),
 		simulate:         c.Simulate,
 		sealTap:          c.sealTap,
 		congestion:       c.CongestionControl,

@@ -219,3 +219,36 @@ func TestFlowControlWaitsForAnApplicationBehind(t *testing.T) {
 	s.flowControl(p.now)
 	assert.True(t, owes(), "behind")
 }
+
+// Two downloads at one priority on channels weighted 3 and 1 share what the
+// path allows three to one, counted in bytes; without weights they go in
+// send order, the first before the second.
+func TestChannelWeightsShareBulk(t *testing.T) {
+	path := netsim.Params{Delay: 10 * time.Millisecond, Bandwidth: 200_000, QueueBytes: 20_000}
+	share := func(weights map[uint8]int) (a, b int) {
+		p := newSimPair(t, &Config{ChannelWeights: weights}, nil, path, path)
+		p.connect()
+		for range 60 {
+			p.send(0, Message{ID: 150, Payload: make([]byte, 4000), Reliable: true, InOrder: true, Channel: 1})
+		}
+		for range 60 {
+			p.send(0, Message{ID: 151, Payload: make([]byte, 4000), Reliable: true, InOrder: true, Channel: 2})
+		}
+		require.True(t, p.run(30*time.Second, func() bool { return len(p.h[1].msgs) >= 40 }))
+		for _, m := range p.h[1].msgs {
+			switch m.ID {
+			case 150:
+				a++
+			case 151:
+				b++
+			}
+		}
+		return a, b
+	}
+	a, b := share(map[uint8]int{1: 3, 2: 1})
+	t.Logf("weights 3:1: %d and %d of the first 40+ chunks", a, b)
+	assert.InDelta(t, 3.0, float64(a)/float64(max(b, 1)), 0.6, "%d:%d", a, b)
+	a, b = share(nil)
+	t.Logf("no weights: %d and %d", a, b)
+	assert.Zero(t, b, "send order: the second download waits for the first")
+}

@@ -45,6 +45,7 @@ type extras struct {
 	rcpt *receipts   // receipts owed (receipts.go)
 	rl   *relLatest  // reliable latest state sent
 	seen *latestSeen // reliable latest state taken
+	fair [2]fairQueue // channel weights: the unreliable queue's, the reliable one's
 }
 
 func (s *session) ext() *extras {

@@ -76,6 +76,9 @@ type outMsg struct {
 	// A reliable latest-state version (latest.go), and its number.
 	relLatest bool
 	version   uint32
+	// share orders messages of one priority by channel weight
+	// (Config.ChannelWeights, weights.go); 0 without weights.
+	share uint64
 	off       int // payload bytes packed so far
 
 	// Fragmented transfer progress.
@@ -96,15 +99,22 @@ func (q *sendQueue) len() int { return len(q.items) - q.head }
 
 func (q *sendQueue) push(m *outMsg) {
 	n := len(q.items)
-	if n == q.head || q.items[n-1].priority >= m.priority {
+	if n == q.head || before(q.items[n-1], m) {
 		q.items = append(q.items, m)
 		return
 	}
 	i := n
-	for i > q.head && q.items[i-1].priority < m.priority {
+	for i > q.head && !before(q.items[i-1], m) {
 		i--
 	}
 	q.items = slices.Insert(q.items, i, m)
+}
+
+// before reports whether queued message a stays ahead of m, pushed after
+// it: a higher priority, or the same and an earlier share (weights.go;
+// both 0 without weights, which keeps send order).
+func before(a, m *outMsg) bool {
+	return a.priority > m.priority || a.priority == m.priority && a.share <= m.share
 }
 
 // remove takes m out of the queue wherever it is.
@@ -172,6 +182,7 @@ func (s *session) enqueue(m *outMsg) {
 			s.putMsg(old)
 		}
 	}
+	s.weighShare(m)
 	latest := s.queueLatest(m)
 	s.send.order.add(m)
 	if (m.reliable || m.frag) && s.wantsReceipt(m) {

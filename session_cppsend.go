@@ -215,8 +215,11 @@ func (w *cppWire) pack(now time.Time, p *cppPacking, q *sendQueue) {
 			if p.skipped > maxSkipped {
 				break
 			}
-		} else if !m.reliable && !m.frag && s.wantsReceipt(m) {
-			s.placedForReceipt(m)
+		} else {
+			s.sentShare(m)
+			if !m.reliable && !m.frag && s.wantsReceipt(m) {
+				s.placedForReceipt(m)
+			}
 		}
 	}
 	if q == &s.send.relQ {

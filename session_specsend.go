@@ -153,6 +153,7 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 		}
 		placed = append(placed, latestSent{ref: m.ref, t: m.track, priority: m.priority})
 		s.packedLatest(m)
+		s.sentShare(m)
 	}
 	q.compact(s.freeQueued)
 	s.sc().body, s.sc().tidBuf = p.body, p.tids
@@ -257,8 +258,11 @@ func (w *specWire) pack(now time.Time, p *specPacking, q *sendQueue) {
 			if p.skipped > maxSkipped {
 				break
 			}
-		} else if !m.reliable && !m.frag && s.wantsReceipt(m) {
-			s.placedForReceipt(m)
+		} else {
+			s.sentShare(m)
+			if !m.reliable && !m.frag && s.wantsReceipt(m) {
+				s.placedForReceipt(m)
+			}
 		}
 	}
 	if q == &s.send.relQ {
