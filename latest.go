@@ -42,9 +42,9 @@ const maxLatestStates = 4096
 
 // extras is what few connections use, made on first use.
 type extras struct {
-	rcpt *receipts   // receipts owed (receipts.go)
-	rl   *relLatest  // reliable latest state sent
-	seen *latestSeen // reliable latest state taken
+	rcpt *receipts    // receipts owed (receipts.go)
+	rl   *relLatest   // reliable latest state sent
+	seen *latestSeen  // reliable latest state taken
 	fair [2]fairQueue // channel weights: the unreliable queue's, the reliable one's
 }
 

@@ -79,7 +79,7 @@ type outMsg struct {
 	// share orders messages of one priority by channel weight
 	// (Config.ChannelWeights, weights.go); 0 without weights.
 	share uint64
-	off       int // payload bytes packed so far
+	off   int // payload bytes packed so far
 
 	// Fragmented transfer progress.
 	frag      bool
