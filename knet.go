@@ -87,8 +87,9 @@ type Message struct {
 	// the path past the whole transfer can still arrive after it; a
 	// small update after it leaves once it is acked.
 	//
-	// On a reliable message (not InOrder, no DependsOn; the spec
-	// dialect), ContentID makes it reliable latest state: the newest
+	// On a reliable message (not InOrder, no DependsOn), ContentID makes
+	// it reliable latest state (in the reference dialect, only a newer
+	// version replacing one still queued): the newest
 	// version of the state is delivered exactly once unless a newer one
 	// replaces it, an older version is never delivered after a newer
 	// one, and a version replaced is not sent again, queued or lost on

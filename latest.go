@@ -117,25 +117,36 @@ func (s *session) relLatestState() *relLatest {
 // false if m is not one (the reference dialect keeps the reference's
 // meaning: none).
 func (s *session) queueLatest(m *outMsg) bool {
-	if !m.reliable || m.contentID == 0 || m.inOrder || len(m.after) > 0 || !s.wire.latestTags() {
+	if !m.reliable || m.contentID == 0 || m.inOrder || len(m.after) > 0 {
 		return false
 	}
 	rl := s.relLatestState()
 	k := contentKey{m.id, m.contentID}
-	rl.seq++
-	m.version = rl.seq
-	m.relLatest = true
-	rl.newest[k] = m.version
-	if old := rl.queued[k]; old != nil && old.off == 0 && s.send.bulk != old {
+	tags := s.wire.latestTags()
+	if tags {
+		rl.seq++
+		m.version = rl.seq
+		m.relLatest = true
+		rl.newest[k] = m.version
+	}
+	if old := rl.queued[k]; old != nil && old.off == 0 && !old.done && s.send.bulk != old {
 		s.stats.ReplacedMessages++
 		s.host.sendDone(len(old.payload))
-		s.queueForLatest(old).remove(old)
+		if old.relLatest {
+			s.queueForLatest(old).remove(old)
+		} else {
+			s.queueFor(old).remove(old)
+		}
 		s.replacedVersion(old.ref, old.track)
 		old.receipted = true // told lost just now
 		s.putMsg(old)
 	}
 	rl.queued[k] = m
-	return true
+	// The reference dialect's wire has no tag: a version is a plain
+	// reliable message, replaced only while it waits in the queue (its
+	// reliable number is taken when it is packed, so no number goes
+	// missing), as the reference itself does.
+	return tags
 }
 
 // latestQueued is how many versions small enough for one datagram wait

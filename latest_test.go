@@ -156,17 +156,6 @@ func TestReliableLatestStateFragmented(t *testing.T) {
 	assert.Equal(t, uint64(1), p.server().snapshot().ObsoleteMessages)
 }
 
-// In the reference dialect, ContentID on a reliable message is as the
-// reference has it on the wire: nothing; every version is delivered.
-func TestReliableLatestStateReferenceDialect(t *testing.T) {
-	p := newSimPairIn(t, DialectReference, nil, nil, perfect, perfect)
-	p.connect()
-	for v := 1; v <= 5; v++ {
-		p.send(0, Message{ID: 120, Payload: versionPayload(v, 8), Reliable: true, ContentID: 1})
-	}
-	require.True(t, p.run(2*time.Second, func() bool { return len(p.h[1].msgs) == 5 }))
-}
-
 // Forged and hostile tags: a tag naming a message that is no version (in
 // order, unreliable, reserved), one that is truncated, a flood of states:
 // nothing is dropped that should not be, and the record stays bounded.
@@ -237,4 +226,27 @@ func TestReliableLatestStateSecure(t *testing.T) {
 	checkVersions(t, p.h[1], last)
 	st := p.client().snapshot()
 	assert.Positive(t, st.ReplacedMessages)
+}
+
+// In the reference dialect a reliable message with a ContentID is replaced
+// by a newer version while both wait in the queue, as the reference does;
+// one packed goes as any reliable message.
+func TestReliableLatestStateReferenceQueue(t *testing.T) {
+	p := newSimPairIn(t, DialectReference, nil, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	for v := 1; v <= 5; v++ {
+		p.send(0, Message{ID: 120, Payload: versionPayload(v, 8), Reliable: true, ContentID: 1})
+	}
+	require.True(t, p.run(2*time.Second, func() bool { return len(p.h[1].msgs) >= 1 }))
+	p.run(time.Second, nil)
+	require.Len(t, p.h[1].msgs, 1)
+	assert.Equal(t, versionPayload(5, 8), p.h[1].msgs[0].Payload)
+	assert.Equal(t, uint64(4), p.client().snapshot().ReplacedMessages)
+	// Sent one at a time, each goes.
+	for v := 6; v <= 8; v++ {
+		p.send(0, Message{ID: 120, Payload: versionPayload(v, 8), Reliable: true, ContentID: 1})
+		p.run(200*time.Millisecond, nil)
+	}
+	assert.Len(t, p.h[1].msgs, 4)
 }

@@ -259,6 +259,14 @@ func (s *session) putMsg(m *outMsg) {
 }
 
 func (s *session) freeQueued(m *outMsg) {
+	if m.reliable && m.contentID != 0 {
+		if rl := s.rlOf(); rl != nil {
+			k := contentKey{m.id, m.contentID}
+			if rl.queued[k] == m {
+				delete(rl.queued, k) // packed: it can be replaced no more
+			}
+		}
+	}
 	if m.contentID != 0 {
 		k := contentKey{m.id, m.contentID}
 		if s.send.latestQueued[k] == m {
