@@ -136,6 +136,11 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 	q := &rl.q
 	for i := q.head; i < len(q.items) && p.count+2 <= maxPerDatagram; i++ {
 		m := q.items[i]
+		if m.done {
+			// Placed in an earlier datagram past one that did not fit
+			// there, and still queued behind it: not again.
+			continue
+		}
 		msg := message{id: m.id, payload: m.payload}
 		need := sizeMessage(&msg) + maxLatestTag
 		if need > p.room() {
