@@ -62,3 +62,55 @@ func TestHostileLatestPassedOverVersionsGoOnce(t *testing.T) {
 	assert.Equal(t, total, p.h[0].released-released, "each version's bytes released once")
 	assert.Zero(t, p.server().snapshot().ObsoleteMessages)
 }
+
+func TestHostileLatestNumbersCountedPerState(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	got := map[uint32][]uint32{}
+	p.tap = func(from int, b []byte) {
+		if from != 0 {
+			return
+		}
+		ids, tags := latestTagsIn(b)
+		for i, id := range ids {
+			got[id] = append(got[id], tags[i].ver)
+		}
+	}
+	p.send(0, Message{ID: 120, Payload: versionPayload(1, 8), Reliable: true, ContentID: 1})
+	p.run(100*time.Millisecond, nil)
+	for v := range 50 {
+		p.send(0, Message{ID: 121, Payload: versionPayload(v, 8), Reliable: true, ContentID: 1})
+		p.run(time.Millisecond, nil)
+	}
+	p.send(0, Message{ID: 120, Payload: versionPayload(2, 8), Reliable: true, ContentID: 1})
+	p.run(100*time.Millisecond, nil)
+	require.Len(t, got[120], 2)
+	assert.Equal(t, got[120][0]+1, got[120][1], "state 120's numbers: %v", got[120])
+}
+
+func TestHostileLatestSerialNumberBound(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	s := p.server()
+	k := contentKey{120, 1}
+	require.True(t, s.takeVersion(k, 0xffff_fff0))
+	assert.True(t, s.takeVersion(k, 5), "wraps")
+	assert.False(t, s.takeVersion(k, 5), "a copy")
+	assert.False(t, s.takeVersion(k, 5+1<<31), "2^31 ahead reads as older")
+	assert.True(t, s.takeVersion(k, 4+1<<31))
+}
+
+func TestHostileLatestEvictionBound(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	s := p.server()
+	old := contentKey{120, 1}
+	require.True(t, s.takeVersion(old, 100))
+	for c := range uint32(4 * maxLatestStates) {
+		s.takeVersion(contentKey{121, c}, 1)
+		require.LessOrEqual(t, len(s.x.seen.newest), maxLatestStates)
+	}
+	_, kept := s.x.seen.newest[old]
+	if !kept {
+		assert.True(t, s.takeVersion(old, 50), "forgotten: an older version is taken")
+	}
+}

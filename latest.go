@@ -10,8 +10,12 @@ import "encoding/binary"
 //
 // On the wire each version carries a tag just before it: a message of
 // reserved ID 5 (idExt) whose content is extLatest, the ContentID
-// (u32) and the version's number (u32), one counter per
-// connection. knet's receiver keeps the newest number it took for each
+// (u32) and the version's number (u32), counted per state: a state's
+// versions are numbered 1, 2, 3..., so that the receiver's comparison,
+// of serial numbers (seqLess32), never sees two of one state 2^31 apart
+// (with one counter per connection, a state left alone while 2^31
+// versions of others went would have its next version read as older and
+// dropped, though acked). knet's receiver keeps the newest number it took for each
 // state and drops a version numbered no higher. A receiver that ignores ID
 // 5 sees plain reliable messages: every version, perhaps twice, in any
 // order.
@@ -72,7 +76,6 @@ func (s *session) rlOf() *relLatest {
 // when the first version is sent.
 type relLatest struct {
 	q      sendQueue              // versions small enough for one datagram
-	seq    uint32                 // the number of the last version queued
 	newest map[contentKey]uint32  // each state's newest version's number
 	queued map[contentKey]*outMsg // each state's version still queued, if any
 }
@@ -111,8 +114,8 @@ func (s *session) relLatestState() *relLatest {
 	return x.rl
 }
 
-// queueLatest queues m, a reliable latest-state version: it takes the next
-// number, and replaces the version of its state still queued. It reports
+// queueLatest queues m, a reliable latest-state version: it takes its
+// state's next number, and replaces the version of its state still queued. It reports
 // false if m is not one (the reference dialect keeps the reference's
 // meaning: none).
 func (s *session) queueLatest(m *outMsg) bool {
@@ -121,8 +124,7 @@ func (s *session) queueLatest(m *outMsg) bool {
 	}
 	rl := s.relLatestState()
 	k := contentKey{m.id, m.contentID}
-	rl.seq++
-	m.version = rl.seq
+	m.version = rl.newest[k] + 1
 	m.relLatest = true
 	rl.newest[k] = m.version
 	if old := rl.queued[k]; old != nil && old.off == 0 && s.send.bulk != old {
