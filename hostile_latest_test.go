@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// isLatestDatagram reports whether b is a reliable datagram of versions
+// (its first block a tag).
 func isLatestDatagram(b []byte) bool {
 	d, _, err := parseDatagram(b)
 	if err != nil || !d.header.reliable || len(d.msgs) < 2 {
@@ -17,6 +19,8 @@ func isLatestDatagram(b []byte) bool {
 	return d.msgs[0].id == idExt && !d.msgs[0].fragment && ok
 }
 
+// latestTagsIn returns the tags of the versions in b, with their
+// MessageIDs.
 func latestTagsIn(b []byte) (ids []uint32, tags []latestTag) {
 	d, _, err := parseDatagram(b)
 	if err != nil || !d.header.reliable {
@@ -33,6 +37,64 @@ func latestTagsIn(b []byte) (ids []uint32, tags []latestTag) {
 	return ids, tags
 }
 
+// A path that loses every datagram of versions (a black hole for datagrams
+// of their size, say) while the peer stays alive: a datagram of versions
+// found lost is abandoned and its versions go again in a new datagram,
+// each sent once, so the retransmission limit, which ends a connection
+// whose plain reliable datagram went MaxMessageSendCount times, never
+// came. The connection must end as it would with plain reliable messages,
+// not retry forever with the version's receipt never told.
+func TestHostileLatestBlackHoleHitsRetransmitLimit(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		latest, changing bool
+	}{{"plain", false, false}, {"latest", true, false}, {"latest changing", true, true}} {
+		latest := c.latest
+		t.Run(c.name, func(t *testing.T) {
+			cfg := &Config{Receipts: true, MaxMessageSendCount: 6, DatagramTimeout: 100 * time.Millisecond}
+			p := newSimPair(t, cfg, nil, perfect, perfect)
+			p.connect()
+			p.run(100*time.Millisecond, nil)
+			p.drop = func(from int, b []byte) bool {
+				if from != 0 {
+					return false
+				}
+				d, _, err := parseDatagram(b)
+				if err != nil || !d.header.reliable {
+					return false
+				}
+				for _, m := range d.msgs {
+					if m.id == 120 {
+						return true
+					}
+				}
+				return false
+			}
+			m := Message{ID: 120, Payload: versionPayload(1, 100), Reliable: true}
+			if latest {
+				m.ContentID = 7
+			}
+			ref := p.send(0, m)
+			for v := 2; c.changing && v < 10_000 && !p.client().done(); v++ {
+				// A new version every 10ms, each replacing the last.
+				m.Payload = versionPayload(v, 100)
+				ref = p.send(0, m)
+				p.run(10*time.Millisecond, nil)
+			}
+			p.run(5*time.Minute, func() bool { return p.client().done() })
+			require.True(t, p.client().done(), "a connection whose data never gets through ends")
+			assert.ErrorIs(t, p.client().err, ErrRetransmitLimit)
+			assert.Equal(t, []bool{false}, receiptsOf(p.h[0].receipts)[ref], "told lost, once")
+		})
+	}
+}
+
+// A version that does not fit the room left in a datagram of versions is
+// passed over and later ones placed: those are done but stay in the
+// queue behind it. The next datagram of versions must not send them
+// again: a second copy counts their bytes as sent twice, so the send
+// buffer is released twice over (SendBuffer no longer bounds what is
+// queued).
 func TestHostileLatestPassedOverVersionsGoOnce(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
@@ -63,6 +125,13 @@ func TestHostileLatestPassedOverVersionsGoOnce(t *testing.T) {
 	assert.Zero(t, p.server().snapshot().ObsoleteMessages)
 }
 
+// Version numbers are compared as serial numbers (RFC 1982): one 2^31 or
+// more ahead of the newest taken reads as older. Counted per connection,
+// a state left alone while 2^31 versions of others went (hours, for a
+// server sending a few thousand states at 60 Hz) would have its next
+// version dropped by the receiver, though acked and told delivered. So
+// each state counts its own versions: two versions of a state in a row
+// carry consecutive numbers, whatever went between.
 func TestHostileLatestNumbersCountedPerState(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	p.connect()
@@ -89,6 +158,9 @@ func TestHostileLatestNumbersCountedPerState(t *testing.T) {
 	assert.Equal(t, got[120][0]+1, got[120][1], "state 120's numbers: %v", got[120])
 }
 
+// The receiver's side of the serial numbers, as documented: a version
+// less than 2^31 ahead of the newest taken is newer, one 2^31 or more
+// ahead (or behind) is older; the u32 wraps.
 func TestHostileLatestSerialNumberBound(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	s := p.server()
@@ -100,6 +172,9 @@ func TestHostileLatestSerialNumberBound(t *testing.T) {
 	assert.True(t, s.takeVersion(k, 4+1<<31))
 }
 
+// A peer cycling more states than a receiver keeps (maxLatestStates)
+// evicts the record of earlier ones: an old version of an evicted state
+// is then taken, as documented. The record stays bounded.
 func TestHostileLatestEvictionBound(t *testing.T) {
 	p := newSimPair(t, nil, nil, perfect, perfect)
 	s := p.server()

@@ -82,9 +82,10 @@ type relLatest struct {
 
 // latestSent is a version in a datagram of versions.
 type latestSent struct {
-	ref      Ref
-	t        *track
-	priority int8
+	ref       Ref
+	t         *track
+	priority  int8
+	lostSends int // of the version before this datagram
 }
 
 // latestTag is a tag read from the wire.
@@ -128,6 +129,10 @@ func (s *session) queueLatest(m *outMsg) bool {
 	m.relLatest = true
 	rl.newest[k] = m.version
 	if old := rl.queued[k]; old != nil && old.off == 0 && s.send.bulk != old {
+		// The state's datagrams given up so far count for the newer
+		// version: a path that loses them all ends the connection
+		// (MaxMessageSendCount) however often the state changes.
+		m.lostSends = old.lostSends
 		s.stats.ReplacedMessages++
 		s.host.sendDone(len(old.payload))
 		s.queueForLatest(old).remove(old)
@@ -215,7 +220,11 @@ func (s *session) abandonLatest(d *sent) {
 		k++
 		key := contentKey{m.id, tag.content}
 		if rl.newest[key] != tag.ver || rl.queued[key] != nil {
-			// Replaced since: it goes no more.
+			// Replaced since: it goes no more. A newer version still
+			// queued carries on its count.
+			if q := rl.queued[key]; q != nil {
+				q.lostSends = max(q.lostSends, e.lostSends+1)
+			}
 			s.stats.ReplacedMessages++
 			s.replacedVersion(e.ref, e.t)
 			continue
@@ -224,7 +233,7 @@ func (s *session) abandonLatest(d *sent) {
 		pbuf := getPayload(len(m.payload))
 		*o = outMsg{ref: e.ref, id: m.id, payload: append((*pbuf)[:0], m.payload...), pbuf: pbuf,
 			reliable: true, tracked: e.t != nil, priority: e.priority, contentID: tag.content,
-			relLatest: true, version: tag.ver, receipted: true, deps: o.deps[:0], after: o.after[:0]}
+			relLatest: true, version: tag.ver, receipted: true, lostSends: e.lostSends + 1, deps: o.deps[:0], after: o.after[:0]}
 		if t := e.t; t != nil && t.ref == e.ref {
 			t.packed = false
 			o.track = t

@@ -76,6 +76,7 @@ type outMsg struct {
 	// A reliable latest-state version (latest.go), and its number.
 	relLatest bool
 	version   uint32
+	lostSends int // datagrams given up that carried it (see sent.lostSends)
 	off       int // payload bytes packed so far
 
 	// Fragmented transfer progress.

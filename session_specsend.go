@@ -156,7 +156,7 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 		if t := m.track; t != nil {
 			t.placed(now, msgRef{h.packetID, idx}, m, false)
 		}
-		placed = append(placed, latestSent{ref: m.ref, t: m.track, priority: m.priority})
+		placed = append(placed, latestSent{ref: m.ref, t: m.track, priority: m.priority, lostSends: m.lostSends})
 		s.packedLatest(m)
 	}
 	q.compact(s.freeQueued)
@@ -175,6 +175,9 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 	b = append(b, p.body...)
 	d := s.sentReliable(now, h.packetID, b, &p.packing)
 	d.latest = append(d.latest, placed...)
+	for _, e := range placed {
+		d.lostSends = max(d.lostSends, e.lostSends)
+	}
 	return b
 }
 
