@@ -189,3 +189,35 @@ func TestHostileLatestEvictionBound(t *testing.T) {
 		assert.True(t, s.takeVersion(old, 50), "forgotten: an older version is taken")
 	}
 }
+
+// A datagram of versions given up while it is the oldest in flight, with
+// the span of PacketIDs full behind it (DECISIONS §4: 2^15 sent since
+// the oldest unacked): abandoned as if acked, it must leave the window's
+// front at once. Left there until the next ack trims it, it still counted
+// as the oldest unacked, so no new datagram could go (spanFull), not even
+// the one carrying its versions again, and with nothing in flight no ack
+// ever came to trim it: the connection was wedged.
+func TestHostileLatestAbandonedAtSpanEdge(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	drop := true
+	p.drop = func(from int, b []byte) bool { return drop && from == 0 && isLatestDatagram(b) }
+	p.send(0, Message{ID: 120, Payload: versionPayload(1, 8), Reliable: true, ContentID: 1})
+	p.run(time.Millisecond, nil)
+	c := p.client()
+	first := c.loss.sent.firstUnacked()
+	require.NotNil(t, first)
+	// As if 2^15 datagrams had gone since (a busy unreliable stream,
+	// which the server saw).
+	for pid := first.packetID + 1; pid < first.packetID+recvSpan-1; pid += 512 {
+		h := header{packetID: pid}
+		p.inject(1, appendMessage(appendHeader(nil, &h), &message{id: idPadding}))
+	}
+	c.startPIDAt(first.packetID + recvSpan - 1)
+	require.True(t, c.spanFull())
+	drop = false
+	require.True(t, p.run(30*time.Second, func() bool { return len(p.h[1].msgs) == 1 }),
+		"the version goes again once its datagram is given up")
+	assert.Equal(t, stateOK, c.state)
+}

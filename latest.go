@@ -247,6 +247,11 @@ func (s *session) abandonLatest(d *sent) {
 	}
 	// Its bytes count again when they go again.
 	d.appBytes = 0
+	// Off the front of the window now if it is the oldest: left there
+	// until the next ack, it would still count as the oldest unacked
+	// (spanFull), and with the span full no datagram could go to earn
+	// that ack.
+	s.loss.sent.trim(s.trimmed)
 }
 
 // latestSeen is a receiver's record of the newest version taken of each
