@@ -221,3 +221,37 @@ func TestHostileLatestAbandonedAtSpanEdge(t *testing.T) {
 		"the version goes again once its datagram is given up")
 	assert.Equal(t, stateOK, c.state)
 }
+
+// A message of higher priority that names a version in DependsOn waits
+// at the sender until the version is acked. The version must still go:
+// datagrams of versions went only when the head of the other reliable
+// messages was of no higher priority, and that head was the message
+// waiting for it, so neither ever went. Whether the version was queued
+// when the message came (raise does not look at versions), or given up
+// with its datagram after and queued again at its own priority.
+func TestHostileLatestDependsOnVersionWithPriority(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		t.Run(map[bool]string{false: "queued", true: "requeued"}[lost], func(t *testing.T) {
+			p := newSimPair(t, nil, nil, perfect, perfect)
+			p.connect()
+			p.run(100*time.Millisecond, nil)
+			dropped := false
+			p.drop = func(from int, b []byte) bool {
+				if lost && !dropped && from == 0 && isLatestDatagram(b) {
+					dropped = true
+					return true
+				}
+				return false
+			}
+			v := p.send(0, Message{ID: 120, Payload: versionPayload(1, 8), Reliable: true, ContentID: 1})
+			if lost {
+				p.run(time.Millisecond, nil)
+				require.True(t, dropped)
+			}
+			p.send(0, Message{ID: 130, Payload: []byte("after"), Reliable: true, Priority: 5, DependsOn: []Ref{v}})
+			require.True(t, p.run(5*time.Second, func() bool { return len(p.h[1].msgs) == 2 }), "both go")
+			assert.Equal(t, uint32(120), p.h[1].msgs[0].ID)
+			assert.Equal(t, uint32(130), p.h[1].msgs[1].ID)
+		})
+	}
+}

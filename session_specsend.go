@@ -107,6 +107,11 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 	w.pack(now, &p, &s.send.relQ)
 	s.sc().body, s.sc().tidBuf = p.body, p.tids
 	if p.count == 0 {
+		if s.latestQueued() > 0 {
+			// None of the others can go yet (they may wait for a
+			// version, DependsOn): versions of lower priority may.
+			return w.buildLatest(now)
+		}
 		return nil
 	}
 	p.body = s.appendAcks(now, p.room(), p.body, false)
