@@ -169,6 +169,12 @@ func (s *session) enqueue(m *outMsg) {
 			// Ref: the older one goes, the newer one queues.
 			s.queueFor(old).remove(old)
 			old.track.dropped = true
+			if old.receipted {
+				// A transfer's receipt is kept with the reliable
+				// ones (queuedForReceipt): told lost there, or, its
+				// track let go of, it would read as delivered.
+				s.relReceiptLost(old.ref)
+			}
 			delete(s.send.latestQueued, k)
 			s.putMsg(old)
 		}
