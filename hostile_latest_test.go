@@ -1,9 +1,11 @@
 package knet
 
 import (
+	"encoding/binary"
 	"testing"
 	"time"
 
+	"github.com/knet-go/knet/internal/netsim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -254,4 +256,98 @@ func TestHostileLatestDependsOnVersionWithPriority(t *testing.T) {
 			assert.Equal(t, uint32(130), p.h[1].msgs[1].ID)
 		})
 	}
+}
+
+// A version given up with its datagram, replaced meanwhile, is let go of
+// (its track dropped). It must not become an anchor, the message known
+// applied that an in-order message naming nothing else names: the
+// receiver never got its datagram, which is never sent again, and would
+// hold the in-order message for it forever.
+func TestHostileLatestReplacedVersionIsNoAnchor(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	drop := true
+	p.drop = func(from int, b []byte) bool { return drop && from == 0 && isLatestDatagram(b) }
+	p.send(0, Message{ID: 120, Payload: versionPayload(1, 8), Reliable: true, ContentID: 1})
+	p.run(time.Millisecond, nil)
+	p.send(0, Message{ID: 120, Payload: versionPayload(2, 8), Reliable: true, ContentID: 1})
+	// Both datagrams given up, the second's version going again and lost
+	// again for a while.
+	p.run(2*time.Second, nil)
+	p.send(0, Message{ID: 130, Payload: []byte("in order"), Reliable: true, InOrder: true})
+	p.run(100*time.Millisecond, nil)
+	drop = false
+	require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == 2 }), "got %d", len(p.h[1].msgs))
+}
+
+// Versions of many states, some too large for one datagram, some with
+// priorities, on a path losing a fifth of the datagrams each way and
+// reordering them, with receipts: once everything is acked, each
+// version's receipt was told exactly once, a delivered one only if the
+// receiver got it (or a newer one of its state was taken first, which
+// drops it, as documented); no version came after a newer one of its
+// state; and the accounting is back to zero: bytes in flight, the span
+// held, the send buffer released exactly what was queued.
+func TestHostileLatestAccountingUnderLoss(t *testing.T) {
+	for seed := uint64(11); seed <= 61; seed += 10 {
+		t.Run("", func(t *testing.T) { latestAccountingUnderLoss(t, seed) })
+	}
+}
+
+func latestAccountingUnderLoss(t *testing.T, seed uint64) {
+	p := newSimPair(t, &Config{Receipts: true}, nil, netsimLossy(0.2, seed), netsimLossy(0.2, seed+1))
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	released := p.h[0].released
+	total := 0
+	refs := map[Ref]int{} // the version each ref sent
+	last := map[uint32]int{}
+	for v := 1; v <= 800; v++ {
+		id := uint32(120 + v%7)
+		size := 16
+		if v%50 == 0 {
+			size = 3000 // fragmented
+		}
+		m := Message{ID: id, Payload: versionPayload(v, size), Reliable: true, ContentID: 1, Priority: int8(v % 3)}
+		total += len(m.Payload)
+		refs[p.send(0, m)] = v
+		last[id] = v
+		p.run(time.Millisecond, nil)
+	}
+	c := p.client()
+	require.True(t, p.run(2*time.Minute, func() bool {
+		return c.loss.sent.count == 0 && c.send.relQ.len() == 0 && c.latestQueued() == 0 && len(p.h[0].receipts) == len(refs)
+	}), "settles: %d receipts of %d", len(p.h[0].receipts), len(refs))
+	p.run(time.Second, nil)
+	checkVersions(t, p.h[1], last)
+	told := receiptsOf(p.h[0].receipts)
+	got := map[int]bool{}
+	newest := map[uint32]int{}
+	for _, m := range p.h[1].msgs {
+		v := int(binary.LittleEndian.Uint32(m.Payload))
+		got[v] = true
+		newest[m.ID] = max(newest[m.ID], v)
+	}
+	delivered := 0
+	for ref, v := range refs {
+		if !assert.Len(t, told[ref], 1, "version %d told once", v) {
+			continue
+		}
+		if told[ref][0] {
+			delivered++
+			assert.True(t, got[v] || newest[uint32(120+v%7)] > v, "version %d told delivered: received, or replaced at the receiver", v)
+		}
+	}
+	t.Logf("%d versions, %d received, %d told delivered, %d obsolete at the receiver", len(refs), len(p.h[1].msgs), delivered, p.server().snapshot().ObsoleteMessages)
+	assert.Zero(t, c.loss.inflight)
+	assert.Zero(t, c.send.spanHold)
+	assert.Equal(t, total, p.h[0].released-released, "the send buffer released what was queued")
+	assert.Equal(t, stateOK, c.state)
+}
+
+// netsimLossy is a path losing loss of the datagrams, with jitter that
+// reorders them.
+func netsimLossy(loss float64, seed uint64) netsim.Params {
+	return netsim.Params{Loss: loss, Delay: 20 * time.Millisecond, Jitter: 10 * time.Millisecond, Seed: seed}
 }
