@@ -291,12 +291,22 @@ func TestHostileLatestReplacedVersionIsNoAnchor(t *testing.T) {
 // held, the send buffer released exactly what was queued.
 func TestHostileLatestAccountingUnderLoss(t *testing.T) {
 	for seed := uint64(11); seed <= 61; seed += 10 {
-		t.Run("", func(t *testing.T) { latestAccountingUnderLoss(t, seed) })
+		t.Run("", func(t *testing.T) { latestAccountingUnderLoss(t, seed, false) })
+	}
+	// A secure session's ledger (newSecureSimPair) also checks that no
+	// packet number is sealed with two plaintexts: a given-up datagram's
+	// versions go under new ones.
+	for seed := uint64(71); seed <= 91; seed += 10 {
+		t.Run("secure", func(t *testing.T) { latestAccountingUnderLoss(t, seed, true) })
 	}
 }
 
-func latestAccountingUnderLoss(t *testing.T, seed uint64) {
-	p := newSimPair(t, &Config{Receipts: true}, nil, netsimLossy(0.2, seed), netsimLossy(0.2, seed+1))
+func latestAccountingUnderLoss(t *testing.T, seed uint64, secure bool) {
+	pair := newSimPair
+	if secure {
+		pair = newSecureSimPair
+	}
+	p := pair(t, &Config{Receipts: true}, nil, netsimLossy(0.2, seed), netsimLossy(0.2, seed+1))
 	p.connect()
 	p.run(100*time.Millisecond, nil)
 	released := p.h[0].released
@@ -350,4 +360,63 @@ func latestAccountingUnderLoss(t *testing.T, seed uint64) {
 // reorders them.
 func netsimLossy(loss float64, seed uint64) netsim.Params {
 	return netsim.Params{Loss: loss, Delay: 20 * time.Millisecond, Jitter: 10 * time.Millisecond, Seed: seed}
+}
+
+// Close with versions queued: they go and are acked first, then the
+// Disconnect; with their datagrams all lost (the peer alive), the close
+// still ends within DisconnectTimeout, each receipt told once.
+func TestHostileLatestCloseWithVersionsQueued(t *testing.T) {
+	for _, blackHole := range []bool{false, true} {
+		t.Run(map[bool]string{false: "delivered", true: "black hole"}[blackHole], func(t *testing.T) {
+			cfg := &Config{Receipts: true, DisconnectTimeout: 2 * time.Second}
+			p := newSimPair(t, cfg, nil, perfect, perfect)
+			p.connect()
+			p.run(100*time.Millisecond, nil)
+			p.drop = func(from int, b []byte) bool { return blackHole && from == 0 && isLatestDatagram(b) }
+			var refs []Ref
+			for v := 1; v <= 20; v++ {
+				refs = append(refs, p.send(0, Message{ID: uint32(120 + v%4), Payload: versionPayload(v, 30), Reliable: true, ContentID: 1}))
+			}
+			start := p.now
+			p.client().requestClose(p.now)
+			require.True(t, p.run(time.Minute, func() bool { return p.client().done() }))
+			assert.LessOrEqual(t, p.now.Sub(start), 2*time.Second+100*time.Millisecond)
+			told := receiptsOf(p.h[0].receipts)
+			for _, ref := range refs {
+				assert.Len(t, told[ref], 1)
+			}
+			if !blackHole {
+				assert.Len(t, p.h[1].msgs, 4, "the newest of each state")
+				assert.NoError(t, p.client().err)
+			}
+		})
+	}
+}
+
+// The ack of a given-up datagram comes late (the datagram was slow, not
+// lost), after its version went again and was acked: it changes nothing,
+// no receipt told twice, no byte released twice.
+func TestHostileLatestLateAckOfAbandoned(t *testing.T) {
+	p := newSimPair(t, &Config{Receipts: true}, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	var held []byte
+	p.drop = func(from int, b []byte) bool {
+		if from == 0 && held == nil && isLatestDatagram(b) {
+			held = append([]byte(nil), b...)
+			return true
+		}
+		return false
+	}
+	released := p.h[0].released
+	ref := p.send(0, Message{ID: 120, Payload: versionPayload(1, 40), Reliable: true, ContentID: 1})
+	require.True(t, p.run(5*time.Second, func() bool { return len(p.h[0].receipts) == 1 }))
+	p.run(time.Second, nil)
+	p.inject(1, held) // the server acks it
+	p.run(time.Second, nil)
+	assert.Equal(t, []bool{true}, receiptsOf(p.h[0].receipts)[ref])
+	assert.Equal(t, 40, p.h[0].released-released)
+	assert.Len(t, p.h[1].msgs, 1)
+	assert.Equal(t, uint64(1), p.server().snapshot().ObsoleteMessages)
+	assert.Zero(t, p.client().loss.inflight)
 }
