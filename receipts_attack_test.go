@@ -144,3 +144,25 @@ func TestReceiptsAttackAckRequestFlood(t *testing.T) {
 	assert.Equal(t, stateOK, p.server().state)
 	assert.Zero(t, p.server().acks.pending())
 }
+
+// Close right after sending unreliable messages that want receipts: the
+// Disconnect goes as soon as nothing reliable is unacked, and the peer,
+// answering it, sends no more acks. When our close ends with its
+// DisconnectAck, every receipt still owed must be told (lost, unless its
+// ack came): none may be left untold as the connection ends.
+func TestReceiptsAttackGracefulCloseTellsEveryReceipt(t *testing.T) {
+	p := newSimPair(t, &Config{Receipts: true}, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	var refs []Ref
+	for i := range 5 {
+		refs = append(refs, p.send(0, Message{ID: 120, Payload: []byte{byte(i)}}))
+	}
+	p.client().requestClose(p.now)
+	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() }))
+	require.NoError(t, p.client().err, "a graceful close")
+	told := receiptsOf(p.h[0].receipts)
+	for _, ref := range refs {
+		assert.Len(t, told[ref], 1, "ref %d told once", ref)
+	}
+}
