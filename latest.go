@@ -76,7 +76,11 @@ func (s *session) rlOf() *relLatest {
 // when the first version is sent.
 type relLatest struct {
 	q      sendQueue              // versions small enough for one datagram
-	newest map[contentKey]uint32  // each state's newest version's number
+	// Each state's newest version's number. Kept for every state ever
+	// sent (numbering must go on where it stopped: see above), so it
+	// grows with the distinct states the application uses, not with
+	// anything the peer sends.
+	newest map[contentKey]uint32
 	queued map[contentKey]*outMsg // each state's version still queued, if any
 }
 
