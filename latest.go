@@ -75,7 +75,7 @@ func (s *session) rlOf() *relLatest {
 // relLatest is a session's sending side of reliable latest state, made
 // when the first version is sent.
 type relLatest struct {
-	q      sendQueue              // versions small enough for one datagram
+	q sendQueue // versions small enough for one datagram
 	// Each state's newest version's number. Kept for every state ever
 	// sent (numbering must go on where it stopped: see above), so it
 	// grows with the distinct states the application uses, not with
