@@ -10,8 +10,12 @@ import "encoding/binary"
 //
 // On the wire each version carries a tag just before it: a message of
 // reserved ID 5 (idExt) whose content is extLatest, the ContentID
-// (u32) and the version's number (u32), one counter per
-// connection. knet's receiver keeps the newest number it took for each
+// (u32) and the version's number (u32), counted per state: a state's
+// versions are numbered 1, 2, 3..., so that the receiver's comparison,
+// of serial numbers (seqLess32), never sees two of one state 2^31 apart
+// (with one counter per connection, a state left alone while 2^31
+// versions of others went would have its next version read as older and
+// dropped, though acked). knet's receiver keeps the newest number it took for each
 // state and drops a version numbered no higher. A receiver that ignores ID
 // 5 sees plain reliable messages: every version, perhaps twice, in any
 // order.
@@ -72,17 +76,21 @@ func (s *session) rlOf() *relLatest {
 // relLatest is a session's sending side of reliable latest state, made
 // when the first version is sent.
 type relLatest struct {
-	q      sendQueue              // versions small enough for one datagram
-	seq    uint32                 // the number of the last version queued
-	newest map[contentKey]uint32  // each state's newest version's number
+	q sendQueue // versions small enough for one datagram
+	// Each state's newest version's number. Kept for every state ever
+	// sent (numbering must go on where it stopped: see above), so it
+	// grows with the distinct states the application uses, not with
+	// anything the peer sends.
+	newest map[contentKey]uint32
 	queued map[contentKey]*outMsg // each state's version still queued, if any
 }
 
 // latestSent is a version in a datagram of versions.
 type latestSent struct {
-	ref      Ref
-	t        *track
-	priority int8
+	ref       Ref
+	t         *track
+	priority  int8
+	lostSends int // of the version before this datagram
 }
 
 // latestTag is a tag read from the wire.
@@ -112,8 +120,8 @@ func (s *session) relLatestState() *relLatest {
 	return x.rl
 }
 
-// queueLatest queues m, a reliable latest-state version: it takes the next
-// number, and replaces the version of its state still queued. It reports
+// queueLatest queues m, a reliable latest-state version: it takes its
+// state's next number, and replaces the version of its state still queued. It reports
 // false if m is not one (the reference dialect keeps the reference's
 // meaning: none).
 func (s *session) queueLatest(m *outMsg) bool {
@@ -124,12 +132,15 @@ func (s *session) queueLatest(m *outMsg) bool {
 	k := contentKey{m.id, m.contentID}
 	tags := s.wire.latestTags()
 	if tags {
-		rl.seq++
-		m.version = rl.seq
+		m.version = rl.newest[k] + 1
 		m.relLatest = true
 		rl.newest[k] = m.version
 	}
 	if old := rl.queued[k]; old != nil && old.off == 0 && !old.done && s.send.bulk != old {
+		// The state's datagrams given up so far count for the newer
+		// version: a path that loses them all ends the connection
+		// (MaxMessageSendCount) however often the state changes.
+		m.lostSends = old.lostSends
 		s.stats.ReplacedMessages++
 		s.host.sendDone(len(old.payload))
 		if old.relLatest {
@@ -233,7 +244,11 @@ func (s *session) abandonLatest(d *sent) {
 		k++
 		key := contentKey{m.id, tag.content}
 		if rl.newest[key] != tag.ver || rl.queued[key] != nil {
-			// Replaced since: it goes no more.
+			// Replaced since: it goes no more. A newer version still
+			// queued carries on its count.
+			if q := rl.queued[key]; q != nil {
+				q.lostSends = max(q.lostSends, e.lostSends+1)
+			}
 			s.stats.ReplacedMessages++
 			s.replacedVersion(e.ref, e.t)
 			continue
@@ -242,7 +257,7 @@ func (s *session) abandonLatest(d *sent) {
 		pbuf := getPayload(len(m.payload))
 		*o = outMsg{ref: e.ref, id: m.id, payload: append((*pbuf)[:0], m.payload...), pbuf: pbuf,
 			reliable: true, tracked: e.t != nil, priority: e.priority, contentID: tag.content,
-			relLatest: true, version: tag.ver, receipted: true, deps: o.deps[:0], after: o.after[:0]}
+			relLatest: true, version: tag.ver, receipted: true, lostSends: e.lostSends + 1, deps: o.deps[:0], after: o.after[:0]}
 		if t := e.t; t != nil && t.ref == e.ref {
 			t.packed = false
 			o.track = t
@@ -256,6 +271,11 @@ func (s *session) abandonLatest(d *sent) {
 	}
 	// Its bytes count again when they go again.
 	d.appBytes = 0
+	// Off the front of the window now if it is the oldest: left there
+	// until the next ack, it would still count as the oldest unacked
+	// (spanFull), and with the span full no datagram could go to earn
+	// that ack.
+	s.loss.sent.trim(s.trimmed)
 }
 
 // latestSeen is a receiver's record of the newest version taken of each

@@ -290,7 +290,7 @@ func (l *lossState) detectLoss(now time.Time) (lost int, ok bool) {
 // reports false, leaving d, if d was sent MaxMessageSendCount times
 // already: the connection is lost (spec "MaxMessageSendCount").
 func (l *lossState) markLost(d *sent, fast bool) bool {
-	if d.sends >= l.cfg.maxSendCount {
+	if d.sends+d.lostSends >= l.cfg.maxSendCount {
 		return false
 	}
 	d.lost = true

@@ -78,8 +78,9 @@ type outMsg struct {
 	version   uint32
 	// share orders messages of one priority by channel weight
 	// (Config.ChannelWeights, weights.go); 0 without weights.
-	share uint64
-	off   int // payload bytes packed so far
+	share     uint64
+	lostSends int // datagrams given up that carried it (see sent.lostSends)
+	off       int // payload bytes packed so far
 
 	// Fragmented transfer progress.
 	frag      bool
@@ -178,6 +179,12 @@ func (s *session) enqueue(m *outMsg) {
 			// Ref: the older one goes, the newer one queues.
 			s.queueFor(old).remove(old)
 			old.track.dropped = true
+			if old.receipted {
+				// A transfer's receipt is kept with the reliable
+				// ones (queuedForReceipt): told lost there, or, its
+				// track let go of, it would read as delivered.
+				s.relReceiptLost(old.ref)
+			}
 			delete(s.send.latestQueued, k)
 			s.putMsg(old)
 		}

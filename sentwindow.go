@@ -15,11 +15,16 @@ type sent struct {
 	sentAt   time.Time
 	sendSeq  uint64 // the number of its last send, counting every send, new or again
 	sends    int
-	lost     bool // queued for retransmission
-	acked    bool
-	appBytes int  // application payload bytes carried, for send buffer accounting
-	hold     int  // of which the receiver may have to hold (see session.holdLimit)
-	whole0   bool // its first block is a whole message: an anchor once acked
+	// lostSends counts, for a datagram of versions (latest.go), the
+	// datagrams given up before it that carried one of its versions
+	// (or one they replaced while queued): toward MaxMessageSendCount,
+	// as sends do, since it is never sent again itself.
+	lostSends int
+	lost      bool // queued for retransmission
+	acked     bool
+	appBytes  int  // application payload bytes carried, for send buffer accounting
+	hold      int  // of which the receiver may have to hold (see session.holdLimit)
+	whole0    bool // its first block is a whole message: an anchor once acked
 	// Delivery rate estimation (draft-cheng-iccrg-delivery-rate-estimation),
 	// as of the last send.
 	delivered   int64

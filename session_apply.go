@@ -164,12 +164,12 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.state = stateLinger
 			s.closing.lingerUntil = now.Add(s.lingerTime())
 		case stateClosing:
-			s.state = stateDone
+			s.closeDone()
 		}
 	case heldDisconnectAck:
 		switch s.state {
 		case stateClosing:
-			s.state = stateDone
+			s.closeDone()
 		case stateOK:
 			// The peer says it is gone without our asking.
 			s.events |= evPeerClosed

@@ -72,6 +72,14 @@ func (s *session) closeDeadline(t *deadlines) {
 	}
 }
 
+// closeDone ends a close the peer answered. Receipts still owed (an
+// unreliable message's ack that did not come before the Disconnect went)
+// are told lost: none is left untold as the connection ends.
+func (s *session) closeDone() {
+	s.state = stateDone
+	s.endReceipts()
+}
+
 // advanceClose runs the close's timers. Open, a close that has not
 // delivered what was queued by DisconnectTimeout gives up on it and
 // sends the Disconnect; closing, the Disconnect goes again, backing off,

@@ -111,7 +111,7 @@ func (w *cppWire) read(now time.Time, b []byte) {
 		s.recvLinger(now, d.has(idDisconnect))
 	case stateClosing:
 		if d.has(idDisconnectAck) {
-			s.state = stateDone
+			s.closeDone()
 			return
 		}
 		w.recvOpen(now, d)

@@ -259,9 +259,12 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.latestQueued() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.latestQueued() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 && !s.rcptOf().awaitsAck() {
 		// Everything is delivered: Disconnect, in order after it all
-		// (every dependency is resolved, so none is named).
+		// (every dependency is resolved, so none is named). Unreliable
+		// messages waiting for their acks (receipts) wait too, at most
+		// receiptWait: the peer sends no acks once it has our
+		// Disconnect.
 		s.state = stateClosing
 		s.closing.discBackoff = min(s.loss.rto(), firstDiscResend)
 		s.closing.discResend = now.Add(s.closing.discBackoff)

@@ -95,7 +95,7 @@ func (w *specWire) recvAdmit(now time.Time, d *datagram) {
 // peer's datagrams are taken as on an open connection.
 func (w *specWire) recvClosing(now time.Time, d *datagram) {
 	if d.has(idDisconnectAck) {
-		w.s.state = stateDone
+		w.s.closeDone()
 		return
 	}
 	w.recvOpen(now, d)

@@ -107,6 +107,11 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 	w.pack(now, &p, &s.send.relQ)
 	s.sc().body, s.sc().tidBuf = p.body, p.tids
 	if p.count == 0 {
+		if s.latestQueued() > 0 {
+			// None of the others can go yet (they may wait for a
+			// version, DependsOn): versions of lower priority may.
+			return w.buildLatest(now)
+		}
 		return nil
 	}
 	p.body = s.appendAcks(now, p.room(), p.body, false)
@@ -136,6 +141,11 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 	q := &rl.q
 	for i := q.head; i < len(q.items) && p.count+2 <= maxPerDatagram; i++ {
 		m := q.items[i]
+		if m.done {
+			// Placed in an earlier datagram past one that did not fit
+			// there, and still queued behind it: not again.
+			continue
+		}
 		msg := message{id: m.id, payload: m.payload}
 		need := sizeMessage(&msg) + maxLatestTag
 		if need > p.room() {
@@ -151,7 +161,7 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 		if t := m.track; t != nil {
 			t.placed(now, msgRef{h.packetID, idx}, m, false)
 		}
-		placed = append(placed, latestSent{ref: m.ref, t: m.track, priority: m.priority})
+		placed = append(placed, latestSent{ref: m.ref, t: m.track, priority: m.priority, lostSends: m.lostSends})
 		s.packedLatest(m)
 		s.sentShare(m)
 	}
@@ -171,6 +181,9 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 	b = append(b, p.body...)
 	d := s.sentReliable(now, h.packetID, b, &p.packing)
 	d.latest = append(d.latest, placed...)
+	for _, e := range placed {
+		d.lostSends = max(d.lostSends, e.lostSends)
+	}
 	return b
 }
 
