@@ -43,6 +43,7 @@ type lossState struct {
 	newlyAcked      int        // bytes it acked
 
 	fastRetransmits, spuriousLosses uint64
+	bulkAckedAt                     time.Time // see pmtuState.suspectAt
 }
 
 // lostRef is a datagram waiting to go again; pid tells it from a recycled
@@ -190,6 +191,9 @@ func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
 		l.spuriousLoss(now)
 	}
 	l.newlyAcked += len(d.b)
+	if d.bulk && len(d.b) > l.cfg.maxDatagram {
+		l.bulkAckedAt = now // the path carries it (pmtu.go)
+	}
 	// The delivery rate sample comes from the most recently sent datagram
 	// acked.
 	l.delivered += int64(len(d.b))

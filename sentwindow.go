@@ -20,6 +20,7 @@ type sent struct {
 	appBytes int  // application payload bytes carried, for send buffer accounting
 	hold     int  // of which the receiver may have to hold (see session.holdLimit)
 	whole0   bool // its first block is a whole message: an anchor once acked
+	bulk     bool // it holds only fragments past their start (pmtu.go)
 	// Delivery rate estimation (draft-cheng-iccrg-delivery-rate-estimation),
 	// as of the last send.
 	delivered   int64

@@ -39,6 +39,7 @@ type session struct {
 	loss    lossState   // loss.go: datagrams in flight, loss recovery, the round trip
 	rc      rateControl // congestion.go, pacer.go: how fast
 	acks    ackQueue    // ack.go: the acks owed the peer
+	pmtu    *pmtuState  // pmtu.go: path MTU discovery; nil when off
 
 	// Receiving.
 	recv recvState // session_recv.go, session_apply.go: the window, reassembly, held messages
@@ -189,6 +190,7 @@ func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time
 	} else {
 		s.wire = &specWire{s}
 	}
+	s.initPMTU()
 	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
 	if s.secure {
 		// Both ends number from 0; the handshake's datagrams, in clear,
@@ -261,6 +263,13 @@ func (s *session) snapshot() Stats {
 	st.InFlight = s.loss.sent.count
 	st.FastRetransmits = s.loss.fastRetransmits
 	st.SpuriousLosses = s.loss.spuriousLosses
+	st.PathDatagramSize = s.cfg.maxDatagram
+	if p := s.pmtu; p != nil {
+		st.PathDatagramSize = p.size
+		st.PathProbes, st.PathProbesLost, st.PathBlackHoles = p.probes, p.probesLost, p.blackHoles
+	}
+	// In the Config's terms: a whole UDP payload, sealed or not.
+	st.PathDatagramSize += s.cfg.sizeOverhead()
 	return st
 }
 

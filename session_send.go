@@ -45,6 +45,7 @@ func (s *session) sendDeadline(now time.Time, held bool, t *deadlines) {
 	if s.send.pacedOut {
 		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
 	}
+	s.pmtuDeadline(t)
 }
 
 // advanceSend runs the loss and probe timers: what they find lost goes
@@ -59,6 +60,7 @@ func (s *session) advanceSend(now time.Time) {
 	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
 		s.onProbeTimeout(now)
 	}
+	s.advancePMTU(now)
 }
 
 // onProbeTimeout runs when nothing was acked for a probe timeout (see
@@ -96,9 +98,12 @@ func (s *session) ackDelay() time.Duration {
 func (s *session) getBuf(n int) []byte {
 	if n > s.cfg.maxDatagram/2 {
 		if b, ok := s.send.freeBufs.get(); ok {
-			return b[:0]
+			if cap(b) >= n {
+				return b[:0]
+			}
+			putShared(b) // too small for a datagram past the base (pmtu.go)
 		}
-		n = s.cfg.maxDatagram
+		n = max(n, s.cfg.maxDatagram)
 	}
 	p := getPayload(n)
 	b := (*p)[:0]
@@ -236,6 +241,9 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.send.forgotAt = now
 		s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	}
+	if b := s.pollProbe(now, buf); b != nil {
+		return b
+	}
 	if b := s.pollReliable(now); b != nil {
 		return b
 	}
@@ -317,7 +325,16 @@ func (s *session) spanFull() bool {
 
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
-	if d := s.loss.nextResend(); d != nil {
+	d := s.loss.nextResend()
+	for d != nil && d.bulk && s.pmtu != nil {
+		s.suspectBulk(now, d)
+		if !s.tooLarge(d) {
+			break
+		}
+		s.retire(d) // its fragments go in smaller datagrams
+		d = s.loss.nextResend()
+	}
+	if d != nil {
 		if !s.rc.canSend(now, len(d.b)) {
 			s.send.pacedOut = true
 			return nil
@@ -329,7 +346,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 && !s.repacking() {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()
@@ -344,7 +361,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.loss.appLimited()
 		return nil
 	}
-	if !s.rc.canSend(now, s.cfg.maxDatagram) {
+	if !s.rc.canSend(now, s.datagramLimit()) {
 		s.send.pacedOut = true
 		return nil
 	}
@@ -525,6 +542,9 @@ func (s *session) afterAcks(now time.Time) {
 		}
 		s.wire.freed(a)
 		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
+	}
+	if s.pmtu != nil {
+		s.settleRetired()
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)

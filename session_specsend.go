@@ -77,6 +77,9 @@ func (p *specPacking) room() int { return p.limit - sizeHeader(p.h) - len(p.body
 // buildReliable packs reliable messages into a new datagram, followed by
 // whatever acks fit.
 func (w *specWire) buildReliable(now time.Time) []byte {
+	if b := w.buildBulk(now); b != nil {
+		return b
+	}
 	s := w.s
 	h := &s.sc().wh
 	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}

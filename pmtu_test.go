@@ -1,0 +1,175 @@
+package knet
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// sizeLimited is a path of 5ms each way that drops datagrams above max
+// bytes.
+func sizeLimited(max int) netsim.Params {
+	return netsim.Params{Delay: 5 * time.Millisecond, MaxSize: max}
+}
+
+// sizeTap records the largest datagram each side sent, reliable ones apart.
+type sizeTap struct{ maxRel, maxAny [2]int }
+
+func (st *sizeTap) tap(from int, b []byte) {
+	st.maxAny[from] = max(st.maxAny[from], len(b))
+	if len(b) >= 3 && b[2]&0x40 != 0 { // the Reliable flag (DECISIONS §3)
+		st.maxRel[from] = max(st.maxRel[from], len(b))
+	}
+}
+
+func TestPMTUSettlesBelowPathLimit(t *testing.T) {
+	// The path carries 4000 bytes, the connection may go to 9000: the
+	// search settles within its granularity below 4000, the transfer
+	// uses it, and the lost probes cost no retransmission, no loss for
+	// the controller, and not the connection.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSimPair(t, cfg, cfg, sizeLimited(4000), sizeLimited(4000))
+	var sizes sizeTap
+	p.tap = sizes.tap
+	p.connect()
+	// The first transfer starts the search, the second goes at the
+	// size found.
+	for i := range 2 {
+		payload := randomPayload(uint64(i), 1<<20)
+		p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
+		require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == i+1 && !p.client().pmtu.searching }))
+		assert.True(t, bytes.Equal(payload, p.h[1].msgs[i].Payload))
+	}
+
+	st := p.client().snapshot()
+	assert.LessOrEqual(t, st.PathDatagramSize, 4000)
+	assert.Greater(t, st.PathDatagramSize, 4000-pmtuGranularity)
+	// Whole fragments fill the datagrams.
+	assert.Greater(t, sizes.maxRel[0], st.PathDatagramSize-p.client().send.fragSize-8, "fragments went in datagrams of the size found")
+	assert.LessOrEqual(t, sizes.maxRel[0], 4000)
+	assert.Positive(t, st.PathProbesLost, "probes above 4000 were lost")
+	assert.Zero(t, st.Retransmits, "a lost probe is not sent again")
+	assert.Zero(t, st.FastRetransmits)
+	assert.Zero(t, st.PathBlackHoles)
+	assert.Equal(t, stateOK, p.client().state)
+	assert.False(t, p.client().pmtu.searching, "the search ended")
+}
+
+func TestPMTUBlackHoleMidTransfer(t *testing.T) {
+	// The path carries 4000 bytes, then only 1300 while transfers and
+	// small ordered messages flow: the connection finds the black hole,
+	// sends the fragments in flight again in datagrams of its base size,
+	// searches again, and delivers everything, in order.
+	cfg := &Config{MaxDatagramSize: 1200, MaxPathDatagramSize: 9000}
+	// A bottleneck, so that the transfers last, and lose datagrams of
+	// their own to its queue.
+	path := sizeLimited(4000)
+	path.Bandwidth = 4 << 20
+	p := newSimPair(t, cfg, cfg, path, path)
+	p.connect()
+	var want []Message
+	for i := range 16 {
+		m := Message{ID: 400, Payload: randomPayload(uint64(i), 256<<10), Reliable: true, InOrder: true}
+		p.send(0, m)
+		want = append(want, m)
+		small := Message{ID: 401, Payload: []byte{byte(i)}, Reliable: true, InOrder: true}
+		p.send(0, small)
+		want = append(want, small)
+	}
+	require.True(t, p.run(time.Minute, func() bool { return !p.client().pmtu.searching && len(p.h[1].msgs) >= 2 }))
+	require.Greater(t, p.client().pmtu.size, 4000-pmtuGranularity)
+	require.Less(t, len(p.h[1].msgs), len(want), "the drop comes mid-transfer")
+	require.Positive(t, p.client().loss.sent.count)
+	p.links[0].SetMaxSize(1300)
+	p.links[1].SetMaxSize(1300)
+	require.True(t, p.run(5*time.Minute, func() bool { return len(p.h[1].msgs) == len(want) }),
+		"delivered %d of %d", len(p.h[1].msgs), len(want))
+	for i, m := range p.h[1].msgs {
+		assert.Equal(t, want[i].ID, m.ID, "message %d", i)
+		assert.True(t, bytes.Equal(want[i].Payload, m.Payload), "message %d", i)
+	}
+	require.True(t, p.run(time.Minute, func() bool { return !p.client().pmtu.searching }))
+	st := p.client().snapshot()
+	assert.Equal(t, uint64(1), st.PathBlackHoles)
+	assert.Positive(t, p.client().pmtu.retiredCount, "datagrams in flight were too large")
+	assert.LessOrEqual(t, st.PathDatagramSize, 1300)
+	assert.Greater(t, st.PathDatagramSize, 1300-pmtuGranularity, "searched again")
+	assert.Equal(t, stateOK, p.client().state)
+	assert.Equal(t, stateOK, p.server().state)
+	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.sent.count == 0 }))
+	assert.Empty(t, p.client().pmtu.retired, "the datagrams retired are settled")
+	assert.Zero(t, p.client().send.tids.inUse, "and their TransferIDs free")
+}
+
+func TestPMTUPathAtBase(t *testing.T) {
+	// A path that carries MaxDatagramSize and no more: every probe is
+	// lost, the search gives up after a bounded number of them, and the
+	// transfer goes at the base size without a single retransmission.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSimPair(t, cfg, cfg, sizeLimited(1400), sizeLimited(1400))
+	p.connect()
+	payload := randomPayload(2, 1<<20)
+	p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().pmtu.searching }))
+	assert.True(t, bytes.Equal(payload, p.h[1].msgs[0].Payload))
+	st := p.client().snapshot()
+	assert.Equal(t, 1400, st.PathDatagramSize)
+	assert.Positive(t, st.PathProbesLost)
+	assert.Equal(t, st.PathProbes, st.PathProbesLost)
+	assert.LessOrEqual(t, st.PathProbes, uint64(pmtuMaxProbes*10), "a binary search")
+	assert.Zero(t, st.Retransmits)
+	assert.False(t, p.client().pmtu.searching)
+}
+
+func TestPMTUReferenceDialectNeverProbes(t *testing.T) {
+	// The reference dialect keeps the reference's datagram size.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSimPairIn(t, DialectReference, cfg, cfg, netsim.Params{}, netsim.Params{})
+	var sizes sizeTap
+	p.tap = sizes.tap
+	p.connect()
+	payload := randomPayload(3, 256<<10)
+	p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 }))
+	assert.Nil(t, p.client().pmtu)
+	assert.LessOrEqual(t, sizes.maxAny[0], 1400)
+	assert.Zero(t, p.client().snapshot().PathProbes)
+}
+
+func TestPMTUSecure(t *testing.T) {
+	// Probes and bulk datagrams are sealed like the rest, and sizes
+	// count the sealing: the datagrams on the wire stay within the path.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSecureSimPair(t, cfg, cfg, sizeLimited(4000), sizeLimited(4000))
+	var sizes sizeTap
+	p.tap = func(from int, b []byte) { sizes.maxAny[from] = max(sizes.maxAny[from], len(b)) }
+	p.connect()
+	payload := randomPayload(4, 1<<20)
+	p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().pmtu.searching }))
+	assert.True(t, bytes.Equal(payload, p.h[1].msgs[0].Payload))
+	st := p.client().snapshot()
+	assert.LessOrEqual(t, st.PathDatagramSize, 4000)
+	assert.Greater(t, st.PathDatagramSize, 4000-pmtuGranularity)
+	assert.Greater(t, sizes.maxAny[0], 4000-pmtuGranularity)
+	assert.Zero(t, st.Retransmits)
+}
+
+func TestPadTo(t *testing.T) {
+	// Probes are padded to the byte, with several padding messages past
+	// what one carries, and parse.
+	for _, size := range []int{20, 1200, 2051, 2052, 2053, 4100, 9000} {
+		b := appendHeader(nil, &header{packetID: 7})
+		b = appendMessage(b, &message{id: idPingRequest, payload: []byte{1}})
+		b = padTo(b, size)
+		require.Len(t, b, size)
+		d, _, err := parseDatagram(b)
+		require.NoError(t, err, "size %d", size)
+		assert.Equal(t, uint32(idPingRequest), d.msgs[0].id)
+	}
+}
