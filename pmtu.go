@@ -51,18 +51,24 @@ type pmtuState struct {
 	first     bool      // the search's first probe is hi itself
 	raiseAt   time.Time // when the search runs again, once done
 
-	confirming bool      // a bulk datagram was lost: is size still carried?
-	suspectAt  time.Time // when the confirmation began
-	quietUntil time.Time // no new confirmation before
+	// Confirmation, after a bulk datagram was lost: is size still
+	// carried? Probes of the size, cfails of them lost in a row, each
+	// loss followed by controls of the base size until one is answered
+	// (needControl): proof that the path carries the base meanwhile.
+	confirming  bool
+	suspectAt   time.Time // when it began
+	cfails      int
+	needControl bool
+	quietUntil  time.Time // no new confirmation before
 
 	// The probe in flight: its size (0: none), ping ID, when it is taken
-	// for lost, whether it confirms (else searches), and how many probes
-	// of its size were lost in a row.
-	probeSize    int
-	probeID      uint8
-	probeLostAt  time.Time
-	probeConfirm bool
-	fails        int
+	// for lost, and what for; and how many search probes of its size
+	// were lost in a row.
+	probeSize   int
+	probeID     uint8
+	probeLostAt time.Time
+	probeKind   uint8
+	fails       int
 
 	retired []*retiredDgram
 	refrags []refrag // fragments of retired datagrams, to go again
@@ -94,6 +100,13 @@ type refrag struct {
 	payload []byte
 }
 
+// What a probe is for.
+const (
+	probeSearch  = iota // a size above the one found
+	probeConfirm        // the size found, after a bulk datagram was lost
+	probeControl        // the base size, during a confirmation
+)
+
 const (
 	// pmtuMaxProbes is how many probes of a size are lost in a row
 	// before the size is taken as not carried (RFC 8899 MAX_PROBES).
@@ -101,6 +114,10 @@ const (
 	// pmtuGranularity ends the search once the largest confirmed size
 	// and the smallest failed one are this close.
 	pmtuGranularity = 32
+	// pmtuRetireSends is how many more times a bulk datagram too large
+	// for the path after a black hole is sent as it is before it is
+	// retired.
+	pmtuRetireSends = 4
 	// pmtuRaiseAfter is how long after a search ends the path is
 	// searched again (RFC 8899 PMTU_RAISE_TIMER).
 	pmtuRaiseAfter = 10 * time.Minute
@@ -165,10 +182,12 @@ func (s *session) pollProbe(now time.Time, buf []byte) []byte {
 		p.started, p.searching, p.first = true, true, true
 		p.lo, p.hi = p.base, p.max
 	}
-	size, confirm := 0, false
+	size, kind := 0, uint8(probeSearch)
 	switch {
+	case p.confirming && p.needControl:
+		size, kind = p.base, probeControl
 	case p.confirming:
-		size, confirm = p.size, true
+		size, kind = p.size, probeConfirm
 	case p.searching:
 		size = (p.lo + p.hi + 1) / 2
 		if p.first {
@@ -185,7 +204,7 @@ func (s *session) pollProbe(now time.Time, buf []byte) []byte {
 	id := s.pingNow(now)
 	b = appendMessage(b, &message{id: idPingRequest, payload: []byte{id}})
 	b = padTo(b, size)
-	p.probeSize, p.probeID, p.probeConfirm = size, id, confirm
+	p.probeSize, p.probeID, p.probeKind = size, id, kind
 	// A PingReply goes at once: a round trip, with the variation and
 	// the peer's scheduling (the RTO's floor covers an ack delay).
 	p.probeLostAt = now.Add(s.loss.rto())
@@ -215,18 +234,23 @@ func (s *session) pmtuPingReply(now time.Time, id uint8) {
 		return
 	}
 	size := p.probeSize
-	p.probeSize, p.fails = 0, 0
-	if p.probeConfirm {
+	p.probeSize = 0
+	switch p.probeKind {
+	case probeConfirm:
 		p.confirming = false
 		p.quietUntil = now.Add(4 * s.loss.rto())
-		return
+	case probeControl:
+		p.needControl = false
+		if p.cfails >= pmtuMaxProbes {
+			s.confirmFailed(now)
+		}
+	default:
+		p.fails = 0
+		p.size = max(p.size, size)
+		p.lo = max(p.lo, size)
+		p.first = false
+		s.searchStep(now)
 	}
-	if size > p.size {
-		p.size = size
-	}
-	p.lo = max(p.lo, size)
-	p.first = false
-	s.searchStep(now)
 }
 
 // probeLost takes the probe in flight for lost.
@@ -235,24 +259,39 @@ func (s *session) probeLost(now time.Time) {
 	size := p.probeSize
 	p.probeSize = 0
 	p.probesLost++
-	if p.fails++; p.fails < pmtuMaxProbes {
-		return // the same size again
-	}
-	p.fails = 0
-	if p.probeConfirm {
-		if s.loss.bulkAckedAt.After(p.suspectAt) {
-			// Bulk datagrams still get through: the losses were
-			// the path's usual ones.
-			p.confirming = false
-			p.quietUntil = now.Add(4 * s.loss.rto())
-			return
+	switch p.probeKind {
+	case probeConfirm:
+		// A control goes next: each loss counts only once the path
+		// is seen to carry the base size after it, so that a burst
+		// of loss counts once.
+		p.cfails++
+		p.needControl = true
+	case probeControl:
+		// Sent again: the path's failing for every size is no
+		// matter of size.
+	default:
+		if p.fails++; p.fails < pmtuMaxProbes {
+			return // the same size again
 		}
-		s.blackHole(now)
+		p.fails = 0
+		p.hi = size - 1
+		p.first = false
+		s.searchStep(now)
+	}
+}
+
+// confirmFailed ends a confirmation whose probes of the current size were
+// all lost while a smaller datagram got through: unless a bulk datagram of
+// more than the base was acked meanwhile (random loss spares some), the
+// size is a black hole.
+func (s *session) confirmFailed(now time.Time) {
+	p := s.pmtu
+	p.confirming = false
+	if s.loss.bulkAckedAt.After(p.suspectAt) {
+		p.quietUntil = now.Add(4 * s.loss.rto())
 		return
 	}
-	p.hi = size - 1
-	p.first = false
-	s.searchStep(now)
+	s.blackHole(now)
 }
 
 // searchStep ends the search once its bounds meet.
@@ -273,11 +312,15 @@ func (s *session) suspectBulk(now time.Time, d *sent) {
 	}
 	p.confirming = true
 	p.suspectAt = now
+	p.cfails, p.needControl = 0, false
 }
 
-// blackHole drops the size to the base: the path stopped carrying it. The
-// bulk datagrams in flight that are larger are taken for lost, to be
-// repacked (pollReliable), and the search starts again.
+// blackHole drops the size to the base: the path stopped carrying it, and
+// the search starts again. The bulk datagrams in flight that are larger
+// go on being sent as they are, pmtuRetireSends times more, before they
+// are retired (pollReliable): their fragments must not reach the peer
+// twice (a repeated fragment is a protocol error), so one is repacked
+// only once it has had every chance to be acked if it got through.
 func (s *session) blackHole(now time.Time) {
 	p := s.pmtu
 	p.blackHoles++
@@ -288,20 +331,17 @@ func (s *session) blackHole(now time.Time) {
 	p.raiseAt = time.Time{}
 	l := &s.loss
 	for k := range l.sent.n {
-		d := l.sent.at(k)
-		if d.acked || d.lost || !d.bulk || len(d.b) <= p.size {
-			continue
+		if d := l.sent.at(k); !d.acked && d.bulk && len(d.b) > p.size && d.retireAt == 0 {
+			d.retireAt = d.sends + pmtuRetireSends
 		}
-		d.lost = true
-		l.inflight -= len(d.b)
-		l.sent.unlink(d)
-		l.lostQ = append(l.lostQ, lostRef{d, d.packetID})
 	}
 }
 
 // tooLarge reports whether d, found lost, may not go again as it is: a bulk
 // datagram larger than the path now carries.
-func (s *session) tooLarge(d *sent) bool { return s.pmtu != nil && d.bulk && len(d.b) > s.pmtu.size }
+func (s *session) tooLarge(d *sent) bool {
+	return s.pmtu != nil && d.bulk && len(d.b) > s.pmtu.size && d.retireAt > 0 && d.sends >= d.retireAt
+}
 
 // retire takes d, from nextResend, out of the resends: its fragments are
 // queued to go again in new datagrams (refrags), and d stays in the
@@ -455,6 +495,21 @@ func containsByte(b []byte, c byte) bool {
 		}
 	}
 	return false
+}
+
+// dropRetired forgets the retired datagrams and the fragments waiting to
+// go again (session.dropSending), before the window releases the bytes
+// they alias, and returns the application bytes those held.
+func (s *session) dropRetired() (released int) {
+	p := s.pmtu
+	if p == nil {
+		return 0
+	}
+	for _, f := range p.refrags {
+		released += len(f.payload)
+	}
+	p.refrags, p.retired = nil, nil
+	return released
 }
 
 // repacking reports whether fragments of retired datagrams wait to go

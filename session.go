@@ -240,6 +240,7 @@ func (s *session) dropSending() {
 		*q = sendQueue{}
 	}
 	s.send.bulk = nil
+	released += s.dropRetired()
 	released += s.loss.drop()
 	s.send.spanHold = 0
 	s.anchors.hasApplied, s.anchors.hasLastWhole = false, false
