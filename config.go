@@ -300,6 +300,9 @@ type Simulation struct {
 	// beyond QueueBytes waiting at the cap are dropped (default: 50ms of
 	// the cap).
 	Bandwidth, QueueBytes int
+	// MaxSize drops every datagram larger than it, in bytes (0: none), as
+	// a path with that MTU and no ICMP does: to try MaxPathDatagramSize.
+	MaxSize int
 	// Seed seeds the random choices.
 	Seed uint64
 }
@@ -321,7 +324,7 @@ func (s *Simulation) params() netsim.Params {
 		Duplicate: prob(s.Duplicate), Reorder: prob(s.Reorder), ReorderDelay: dur(s.ReorderDelay),
 		Delay: dur(s.Delay), Jitter: dur(s.Jitter), JitterKeepsOrder: s.JitterKeepsOrder,
 		Corrupt: prob(s.Corrupt), Bandwidth: max(s.Bandwidth, 0), QueueBytes: max(s.QueueBytes, 0),
-		Seed: s.Seed,
+		MaxSize: max(s.MaxSize, 0), Seed: s.Seed,
 	}
 }
 

@@ -124,7 +124,7 @@ type reassembly struct {
 	budget     int // bytes all but the oldest transfer may hold together
 	maxMessage int
 	seq        uint64
-	reserved   int // capacity of the pooled arenas
+	reserved   int    // capacity of the pooled arenas
 	repeats    uint64 // fragments dropped as copies (dropRepeats)
 }
 

@@ -43,7 +43,6 @@ type lossState struct {
 	newlyAcked      int        // bytes it acked
 
 	fastRetransmits, spuriousLosses uint64
-	bulkAckedAt                     time.Time // see pmtuState.suspectAt
 }
 
 // lostRef is a datagram waiting to go again; pid tells it from a recycled
@@ -157,6 +156,7 @@ type ackResult struct {
 	// datagrams carrying fragments.
 	rels       []relRange
 	fragDgrams int
+	bulkAcked  bool // a bulk datagram larger than MaxDatagramSize (pmtu.go)
 }
 
 // relRange is count reliable numbers from first on.
@@ -192,7 +192,7 @@ func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
 	}
 	l.newlyAcked += len(d.b)
 	if d.bulk && len(d.b) > l.cfg.maxDatagram {
-		l.bulkAckedAt = now // the path carries it (pmtu.go)
+		r.bulkAcked = true // the path carries it (pmtu.go)
 	}
 	// The delivery rate sample comes from the most recently sent datagram
 	// acked.

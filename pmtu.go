@@ -57,6 +57,7 @@ type pmtuState struct {
 	// (needControl): proof that the path carries the base meanwhile.
 	confirming  bool
 	suspectAt   time.Time // when it began
+	bulkAckedAt time.Time // when a bulk datagram larger than the base was last acked
 	cfails      int
 	needControl bool
 	quietUntil  time.Time // no new confirmation before
@@ -123,27 +124,34 @@ const (
 	pmtuRaiseAfter = 10 * time.Minute
 )
 
-// initPMTU turns discovery on (session.pmtu) for a session of the
+// initPMTU turns discovery on (specWire.pmtu) for a session of the
 // specification's dialect whose Config asks for it.
 func (s *session) initPMTU() {
-	if _, spec := s.wire.(*specWire); !spec || s.cfg.pathExtra <= 0 {
-		return
+	if w, spec := s.wire.(*specWire); spec && s.cfg.pathExtra > 0 {
+		w.pmtu = &pmtuState{base: s.cfg.maxDatagram, size: s.cfg.maxDatagram, max: s.cfg.maxPathDatagram()}
 	}
-	s.pmtu = &pmtuState{base: s.cfg.maxDatagram, size: s.cfg.maxDatagram, max: s.cfg.maxPathDatagram()}
+}
+
+// mtu returns the session's path MTU discovery, or nil when it is off.
+func (s *session) mtu() *pmtuState {
+	if w, spec := s.wire.(*specWire); spec {
+		return w.pmtu
+	}
+	return nil
 }
 
 // datagramLimit is the largest datagram the session may send now: the
 // size its bulk datagrams may take.
 func (s *session) datagramLimit() int {
-	if s.pmtu != nil {
-		return s.pmtu.size
+	if s.mtu() != nil {
+		return s.mtu().size
 	}
 	return s.cfg.maxDatagram
 }
 
 // pmtuDeadline adds the probe's timer and the search's next run.
 func (s *session) pmtuDeadline(t *deadlines) {
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil {
 		return
 	}
@@ -158,7 +166,7 @@ func (s *session) pmtuDeadline(t *deadlines) {
 // advancePMTU takes the probe in flight for lost once its time is up, and
 // starts the search again when due.
 func (s *session) advancePMTU(now time.Time) {
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil {
 		return
 	}
@@ -174,7 +182,7 @@ func (s *session) advancePMTU(now time.Time) {
 
 // pollProbe returns a probe when one is due, or nil.
 func (s *session) pollProbe(now time.Time, buf []byte) []byte {
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil || p.probeSize > 0 || s.spanFull() {
 		return nil
 	}
@@ -229,7 +237,7 @@ func padTo(b []byte, size int) []byte {
 
 // pmtuPingReply takes a PingReply: a probe's confirms its size.
 func (s *session) pmtuPingReply(now time.Time, id uint8) {
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil || p.probeSize == 0 || id != p.probeID {
 		return
 	}
@@ -255,7 +263,7 @@ func (s *session) pmtuPingReply(now time.Time, id uint8) {
 
 // probeLost takes the probe in flight for lost.
 func (s *session) probeLost(now time.Time) {
-	p := s.pmtu
+	p := s.mtu()
 	size := p.probeSize
 	p.probeSize = 0
 	p.probesLost++
@@ -285,9 +293,9 @@ func (s *session) probeLost(now time.Time) {
 // more than the base was acked meanwhile (random loss spares some), the
 // size is a black hole.
 func (s *session) confirmFailed(now time.Time) {
-	p := s.pmtu
+	p := s.mtu()
 	p.confirming = false
-	if s.loss.bulkAckedAt.After(p.suspectAt) {
+	if p.bulkAckedAt.After(p.suspectAt) {
 		p.quietUntil = now.Add(4 * s.loss.rto())
 		return
 	}
@@ -296,7 +304,7 @@ func (s *session) confirmFailed(now time.Time) {
 
 // searchStep ends the search once its bounds meet.
 func (s *session) searchStep(now time.Time) {
-	p := s.pmtu
+	p := s.mtu()
 	if p.searching && p.hi-p.lo < pmtuGranularity {
 		p.searching = false
 		p.raiseAt = now.Add(pmtuRaiseAfter)
@@ -306,7 +314,7 @@ func (s *session) searchStep(now time.Time) {
 // suspectBulk hears that the bulk datagram d was found lost: if it was
 // larger than the base, the current size is confirmed again.
 func (s *session) suspectBulk(now time.Time, d *sent) {
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil || p.confirming || len(d.b) <= p.base || now.Before(p.quietUntil) {
 		return
 	}
@@ -322,7 +330,7 @@ func (s *session) suspectBulk(now time.Time, d *sent) {
 // twice (a repeated fragment is a protocol error), so one is repacked
 // only once it has had every chance to be acked if it got through.
 func (s *session) blackHole(now time.Time) {
-	p := s.pmtu
+	p := s.mtu()
 	p.blackHoles++
 	p.confirming = false
 	p.size = p.base
@@ -340,14 +348,14 @@ func (s *session) blackHole(now time.Time) {
 // tooLarge reports whether d, found lost, may not go again as it is: a bulk
 // datagram larger than the path now carries.
 func (s *session) tooLarge(d *sent) bool {
-	return s.pmtu != nil && d.bulk && len(d.b) > s.pmtu.size && d.retireAt > 0 && d.sends >= d.retireAt
+	return s.mtu() != nil && d.bulk && len(d.b) > s.mtu().size && d.retireAt > 0 && d.sends >= d.retireAt
 }
 
 // retire takes d, from nextResend, out of the resends: its fragments are
 // queued to go again in new datagrams (refrags), and d stays in the
 // window, unacked, until they are all acked (see retiredDgram).
 func (s *session) retire(d *sent) {
-	p := s.pmtu
+	p := s.mtu()
 	s.loss.popLost()
 	r := &retiredDgram{d: d, gen: d.gen, tids: append([]byte(nil), d.transfers...)}
 	d.transfers = d.transfers[:0]
@@ -380,7 +388,7 @@ func (r *retiredDgram) repackedOut(pid uint32) {
 // settleRetired counts as acked each retired datagram whose fragments
 // were all sent again and acked (or which was acked itself, late).
 func (s *session) settleRetired() {
-	p := s.pmtu
+	p := s.mtu()
 	w := &s.loss.sent
 	kept := p.retired[:0]
 	for _, r := range p.retired {
@@ -420,7 +428,7 @@ func (s *session) settleRetired() {
 // nothing to pack, for the ordinary datagram.
 func (w *specWire) buildBulk(now time.Time) []byte {
 	s := w.s
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil {
 		return nil
 	}
@@ -501,7 +509,7 @@ func containsByte(b []byte, c byte) bool {
 // go again (session.dropSending), before the window releases the bytes
 // they alias, and returns the application bytes those held.
 func (s *session) dropRetired() (released int) {
-	p := s.pmtu
+	p := s.mtu()
 	if p == nil {
 		return 0
 	}
@@ -514,4 +522,4 @@ func (s *session) dropRetired() (released int) {
 
 // repacking reports whether fragments of retired datagrams wait to go
 // again.
-func (s *session) repacking() bool { return s.pmtu != nil && len(s.pmtu.refrags) > 0 }
+func (s *session) repacking() bool { return s.mtu() != nil && len(s.mtu().refrags) > 0 }

@@ -44,7 +44,7 @@ func TestPMTUSettlesBelowPathLimit(t *testing.T) {
 	for i := range 2 {
 		payload := randomPayload(uint64(i), 1<<20)
 		p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
-		require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == i+1 && !p.client().pmtu.searching }))
+		require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == i+1 && !p.client().mtu().searching }))
 		assert.True(t, bytes.Equal(payload, p.h[1].msgs[i].Payload))
 	}
 
@@ -59,7 +59,7 @@ func TestPMTUSettlesBelowPathLimit(t *testing.T) {
 	assert.Zero(t, st.FastRetransmits)
 	assert.Zero(t, st.PathBlackHoles)
 	assert.Equal(t, stateOK, p.client().state)
-	assert.False(t, p.client().pmtu.searching, "the search ended")
+	assert.False(t, p.client().mtu().searching, "the search ended")
 }
 
 func TestPMTUBlackHoleMidTransfer(t *testing.T) {
@@ -83,30 +83,30 @@ func TestPMTUBlackHoleMidTransfer(t *testing.T) {
 		p.send(0, small)
 		want = append(want, small)
 	}
-	require.True(t, p.run(time.Minute, func() bool { return !p.client().pmtu.searching && len(p.h[1].msgs) >= 2 }))
-	require.Greater(t, p.client().pmtu.size, 4000-pmtuGranularity)
+	require.True(t, p.run(time.Minute, func() bool { return !p.client().mtu().searching && len(p.h[1].msgs) >= 2 }))
+	require.Greater(t, p.client().mtu().size, 4000-pmtuGranularity)
 	require.Less(t, len(p.h[1].msgs), len(want), "the drop comes mid-transfer")
 	require.Positive(t, p.client().loss.sent.count)
 	p.links[0].SetMaxSize(1300)
 	p.links[1].SetMaxSize(1300)
 	ok := p.run(5*time.Minute, func() bool { return len(p.h[1].msgs) == len(want) })
-	t.Logf("client %v %v server %v %v bh %d retired %d", p.client().state, p.client().err, p.server().state, p.server().err, p.client().pmtu.blackHoles, p.client().pmtu.retiredCount)
+	t.Logf("client %v %v server %v %v bh %d retired %d", p.client().state, p.client().err, p.server().state, p.server().err, p.client().mtu().blackHoles, p.client().mtu().retiredCount)
 	require.True(t, ok,
 		"delivered %d of %d", len(p.h[1].msgs), len(want))
 	for i, m := range p.h[1].msgs {
 		assert.Equal(t, want[i].ID, m.ID, "message %d", i)
 		assert.True(t, bytes.Equal(want[i].Payload, m.Payload), "message %d", i)
 	}
-	require.True(t, p.run(time.Minute, func() bool { return !p.client().pmtu.searching }))
+	require.True(t, p.run(time.Minute, func() bool { return !p.client().mtu().searching }))
 	st := p.client().snapshot()
 	assert.Equal(t, uint64(1), st.PathBlackHoles)
-	assert.Positive(t, p.client().pmtu.retiredCount, "datagrams in flight were too large")
+	assert.Positive(t, p.client().mtu().retiredCount, "datagrams in flight were too large")
 	assert.LessOrEqual(t, st.PathDatagramSize, 1300)
 	assert.Greater(t, st.PathDatagramSize, 1300-pmtuGranularity, "searched again")
 	assert.Equal(t, stateOK, p.client().state)
 	assert.Equal(t, stateOK, p.server().state)
 	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.sent.count == 0 }))
-	assert.Empty(t, p.client().pmtu.retired, "the datagrams retired are settled")
+	assert.Empty(t, p.client().mtu().retired, "the datagrams retired are settled")
 	assert.Zero(t, p.client().send.tids.inUse, "and their TransferIDs free")
 }
 
@@ -119,7 +119,7 @@ func TestPMTUPathAtBase(t *testing.T) {
 	p.connect()
 	payload := randomPayload(2, 1<<20)
 	p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
-	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().pmtu.searching }))
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().mtu().searching }))
 	assert.True(t, bytes.Equal(payload, p.h[1].msgs[0].Payload))
 	st := p.client().snapshot()
 	assert.Equal(t, 1400, st.PathDatagramSize)
@@ -127,7 +127,7 @@ func TestPMTUPathAtBase(t *testing.T) {
 	assert.Equal(t, st.PathProbes, st.PathProbesLost)
 	assert.LessOrEqual(t, st.PathProbes, uint64(pmtuMaxProbes*10), "a binary search")
 	assert.Zero(t, st.Retransmits)
-	assert.False(t, p.client().pmtu.searching)
+	assert.False(t, p.client().mtu().searching)
 }
 
 func TestPMTUReferenceDialectNeverProbes(t *testing.T) {
@@ -140,7 +140,7 @@ func TestPMTUReferenceDialectNeverProbes(t *testing.T) {
 	payload := randomPayload(3, 256<<10)
 	p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
 	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 }))
-	assert.Nil(t, p.client().pmtu)
+	assert.Nil(t, p.client().mtu())
 	assert.LessOrEqual(t, sizes.maxAny[0], 1400)
 	assert.Zero(t, p.client().snapshot().PathProbes)
 }
@@ -155,7 +155,7 @@ func TestPMTUSecure(t *testing.T) {
 	p.connect()
 	payload := randomPayload(4, 1<<20)
 	p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
-	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().pmtu.searching }))
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().mtu().searching }))
 	assert.True(t, bytes.Equal(payload, p.h[1].msgs[0].Payload))
 	st := p.client().snapshot()
 	assert.LessOrEqual(t, st.PathDatagramSize, 4000)
@@ -319,12 +319,12 @@ func TestPMTULossyPath(t *testing.T) {
 		}
 		ok := p.run(10*time.Minute, func() bool { return len(p.h[1].msgs) == 8 })
 		st := p.client().snapshot()
-		require.True(t, ok, "case %d loss %v burst %v: client %v, server %v; black holes %d retired %d", i, tt.loss, tt.burst, p.client().err, p.server().err, st.PathBlackHoles, p.client().pmtu.retiredCount)
+		require.True(t, ok, "case %d loss %v burst %v: client %v, server %v; black holes %d retired %d", i, tt.loss, tt.burst, p.client().err, p.server().err, st.PathBlackHoles, p.client().mtu().retiredCount)
 		for i := range p.h[1].msgs {
 			require.True(t, bytes.Equal(randomPayload(uint64(i), 1<<20), p.h[1].msgs[i].Payload))
 		}
 		t.Logf("loss %v burst %v: %d black holes, %d datagrams retired, %d fragment copies dropped, size %d",
-			tt.loss, tt.burst, st.PathBlackHoles, p.client().pmtu.retiredCount, p.server().recv.reasm.repeats, st.PathDatagramSize)
+			tt.loss, tt.burst, st.PathBlackHoles, p.client().mtu().retiredCount, p.server().recv.reasm.repeats, st.PathDatagramSize)
 		falseHoles += st.PathBlackHoles
 	}
 	assert.LessOrEqual(t, falseHoles, uint64(2), "black holes taken from random loss")
@@ -337,7 +337,7 @@ func TestPMTUOutageIsNoBlackHole(t *testing.T) {
 	p := newSimPair(t, cfg, cfg, sizeLimited(4000), sizeLimited(4000))
 	p.connect()
 	p.send(0, Message{ID: 400, Payload: randomPayload(0, 1<<20), Reliable: true})
-	require.True(t, p.run(time.Minute, func() bool { return !p.client().pmtu.searching && len(p.h[1].msgs) == 1 }))
+	require.True(t, p.run(time.Minute, func() bool { return !p.client().mtu().searching && len(p.h[1].msgs) == 1 }))
 	for i := range 8 {
 		p.send(0, Message{ID: 400, Payload: randomPayload(uint64(i), 1<<20), Reliable: true})
 	}

@@ -39,7 +39,6 @@ type session struct {
 	loss    lossState   // loss.go: datagrams in flight, loss recovery, the round trip
 	rc      rateControl // congestion.go, pacer.go: how fast
 	acks    ackQueue    // ack.go: the acks owed the peer
-	pmtu    *pmtuState  // pmtu.go: path MTU discovery; nil when off
 
 	// Receiving.
 	recv recvState // session_recv.go, session_apply.go: the window, reassembly, held messages
@@ -188,7 +187,7 @@ func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time
 	if dialect == DialectReference {
 		s.wire = newCppWire(s)
 	} else {
-		s.wire = &specWire{s}
+		s.wire = &specWire{s: s}
 	}
 	s.initPMTU()
 	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
@@ -265,7 +264,7 @@ func (s *session) snapshot() Stats {
 	st.FastRetransmits = s.loss.fastRetransmits
 	st.SpuriousLosses = s.loss.spuriousLosses
 	st.PathDatagramSize = s.cfg.maxDatagram
-	if p := s.pmtu; p != nil {
+	if p := s.mtu(); p != nil {
 		st.PathDatagramSize = p.size
 		st.PathProbes, st.PathProbesLost, st.PathBlackHoles = p.probes, p.probesLost, p.blackHoles
 	}

@@ -326,7 +326,7 @@ func (s *session) spanFull() bool {
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
 	d := s.loss.nextResend()
-	for d != nil && d.bulk && s.pmtu != nil {
+	for d != nil && d.bulk && s.mtu() != nil {
 		s.suspectBulk(now, d)
 		if !s.tooLarge(d) {
 			break
@@ -533,6 +533,12 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
+	if a := &s.sc().acked; a.bulkAcked {
+		a.bulkAcked = false
+		if p := s.mtu(); p != nil {
+			p.bulkAckedAt = now
+		}
+	}
 	if a := &s.sc().acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
 			s.host.sendDone(a.appBytes)
@@ -543,7 +549,7 @@ func (s *session) afterAcks(now time.Time) {
 		s.wire.freed(a)
 		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
 	}
-	if s.pmtu != nil {
+	if s.mtu() != nil {
 		s.settleRetired()
 	}
 	s.loss.sent.trim(s.trimmed)
