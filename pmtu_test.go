@@ -306,7 +306,7 @@ func TestPMTULossyPath(t *testing.T) {
 	var falseHoles uint64
 	for i, tt := range []struct {
 		loss, burst float64
-	}{{0.3, 0}, {0.3, 0}, {0.3, 0}, {0.1, 4}, {0.1, 4}, {0.1, 4}} {
+	}{{0.3, 0}, {0.1, 4}} {
 		seed := uint64(10 * i)
 		cfg := &Config{MaxPathDatagramSize: 9000}
 		up, down := sizeLimited(4000), sizeLimited(4000)
@@ -314,10 +314,10 @@ func TestPMTULossyPath(t *testing.T) {
 		down.Loss, down.BurstLen, down.Seed = tt.loss, tt.burst, seed+100
 		p := newSimPair(t, cfg, cfg, up, down)
 		p.connect()
-		for i := range 8 {
+		for i := range 4 {
 			p.send(0, Message{ID: 400, Payload: randomPayload(uint64(i), 1<<20), Reliable: true})
 		}
-		ok := p.run(10*time.Minute, func() bool { return len(p.h[1].msgs) == 8 })
+		ok := p.run(10*time.Minute, func() bool { return len(p.h[1].msgs) == 4 })
 		st := p.client().snapshot()
 		require.True(t, ok, "case %d loss %v burst %v: client %v, server %v; black holes %d retired %d", i, tt.loss, tt.burst, p.client().err, p.server().err, st.PathBlackHoles, p.client().mtu().retiredCount)
 		for i := range p.h[1].msgs {
@@ -349,4 +349,34 @@ func TestPMTUOutageIsNoBlackHole(t *testing.T) {
 	st := p.client().snapshot()
 	assert.Zero(t, st.PathBlackHoles)
 	assert.Greater(t, st.PathDatagramSize, 4000-pmtuGranularity)
+}
+
+func TestPMTUBulkAckedIsNoBlackHole(t *testing.T) {
+	// Probes of the size found are lost (a middlebox that drops large
+	// pings, or bad luck), and a bulk datagram now and then, but bulk
+	// datagrams of that size are acked: the path carries it.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSimPair(t, cfg, cfg, sizeLimited(4000), sizeLimited(4000))
+	p.connect()
+	p.send(0, Message{ID: 400, Payload: randomPayload(0, 1<<20), Reliable: true})
+	require.True(t, p.run(time.Minute, func() bool { return !p.client().mtu().searching && len(p.h[1].msgs) == 1 }))
+	size := p.client().mtu().size
+	n := 0
+	p.drop = func(from int, b []byte) bool {
+		if from != 0 || len(b) <= 1400 {
+			return false
+		}
+		if b[2]&0x40 == 0 {
+			return true // a probe
+		}
+		n++
+		return n%20 == 0
+	}
+	for i := range 8 {
+		p.send(0, Message{ID: 400, Payload: randomPayload(uint64(i), 1<<20), Reliable: true})
+	}
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 9 }))
+	st := p.client().snapshot()
+	assert.Zero(t, st.PathBlackHoles)
+	assert.Equal(t, size, p.client().mtu().size)
 }
