@@ -35,11 +35,21 @@ import (
 // the path may have grown.
 //
 // Black holes. A bulk datagram larger than the base found lost starts a
-// confirmation: probes of the current size. If pmtuMaxProbes of them are
-// lost and no bulk datagram was acked meanwhile (random loss spares
-// some; a path that stopped carrying the size spares none), the size is
-// a black hole: it falls to the base, the bulk datagrams in flight larger
-// than it are repacked, and the search starts again from the base.
+// confirmation: probes of the current size, each lost one followed by
+// probes of the base size until one is answered (the path is up, and a
+// burst of loss counts once). After pmtuMaxProbes such losses, unless a
+// bulk datagram larger than the base was acked meanwhile (random loss
+// spares some; a path that stopped carrying the size spares none), the
+// size is a black hole: it falls to the base and the search starts again
+// from there. The bulk datagrams in flight larger than the base are sent
+// as they are pmtuRetireSends more times (if one got through, its ack
+// comes and ends it), then retired and repacked. Should one have arrived
+// after all, its fragments reach the peer twice: a knet receiver drops a
+// copy with the same bytes (reassembly.dropRepeats); a receiver that
+// follows the specification alone may take it for a protocol error, which
+// these rules make unlikely, not impossible. Guarantee: with the path
+// still carrying the base size, a black hole costs resends and time, not
+// the connection nor any message.
 type pmtuState struct {
 	base int // cfg.maxDatagram
 	max  int // cfg.maxPathDatagram
