@@ -54,10 +54,10 @@ func TestPMTUSettlesBelowPathLimit(t *testing.T) {
 	// Whole fragments fill the datagrams.
 	assert.Greater(t, sizes.maxRel[0], st.PathDatagramSize-p.client().send.fragSize-8, "fragments went in datagrams of the size found")
 	assert.LessOrEqual(t, sizes.maxRel[0], 4000)
-	assert.Positive(t, st.PathProbesLost, "probes above 4000 were lost")
+	assert.Positive(t, p.client().mtu().probesLost, "probes above 4000 were lost")
 	assert.Zero(t, st.Retransmits, "a lost probe is not sent again")
 	assert.Zero(t, st.FastRetransmits)
-	assert.Zero(t, st.PathBlackHoles)
+	assert.Zero(t, p.client().mtu().blackHoles)
 	assert.Equal(t, stateOK, p.client().state)
 	assert.False(t, p.client().mtu().searching, "the search ended")
 }
@@ -99,7 +99,7 @@ func TestPMTUBlackHoleMidTransfer(t *testing.T) {
 	}
 	require.True(t, p.run(time.Minute, func() bool { return !p.client().mtu().searching }))
 	st := p.client().snapshot()
-	assert.Equal(t, uint64(1), st.PathBlackHoles)
+	assert.Equal(t, uint64(1), p.client().mtu().blackHoles)
 	assert.Positive(t, p.client().mtu().retiredCount, "datagrams in flight were too large")
 	assert.LessOrEqual(t, st.PathDatagramSize, 1300)
 	assert.Greater(t, st.PathDatagramSize, 1300-pmtuGranularity, "searched again")
@@ -123,9 +123,9 @@ func TestPMTUPathAtBase(t *testing.T) {
 	assert.True(t, bytes.Equal(payload, p.h[1].msgs[0].Payload))
 	st := p.client().snapshot()
 	assert.Equal(t, 1400, st.PathDatagramSize)
-	assert.Positive(t, st.PathProbesLost)
-	assert.Equal(t, st.PathProbes, st.PathProbesLost)
-	assert.LessOrEqual(t, st.PathProbes, uint64(pmtuMaxProbes*10), "a binary search")
+	assert.Positive(t, p.client().mtu().probesLost)
+	assert.Equal(t, p.client().mtu().probes, p.client().mtu().probesLost)
+	assert.LessOrEqual(t, p.client().mtu().probes, uint64(pmtuMaxProbes*10), "a binary search")
 	assert.Zero(t, st.Retransmits)
 	assert.False(t, p.client().mtu().searching)
 }
@@ -142,7 +142,7 @@ func TestPMTUReferenceDialectNeverProbes(t *testing.T) {
 	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 }))
 	assert.Nil(t, p.client().mtu())
 	assert.LessOrEqual(t, sizes.maxAny[0], 1400)
-	assert.Zero(t, p.client().snapshot().PathProbes)
+	assert.Equal(t, 1400, p.client().snapshot().PathDatagramSize)
 }
 
 func TestPMTUSecure(t *testing.T) {
@@ -319,13 +319,13 @@ func TestPMTULossyPath(t *testing.T) {
 		}
 		ok := p.run(10*time.Minute, func() bool { return len(p.h[1].msgs) == 4 })
 		st := p.client().snapshot()
-		require.True(t, ok, "case %d loss %v burst %v: client %v, server %v; black holes %d retired %d", i, tt.loss, tt.burst, p.client().err, p.server().err, st.PathBlackHoles, p.client().mtu().retiredCount)
+		require.True(t, ok, "case %d loss %v burst %v: client %v, server %v; black holes %d retired %d", i, tt.loss, tt.burst, p.client().err, p.server().err, p.client().mtu().blackHoles, p.client().mtu().retiredCount)
 		for i := range p.h[1].msgs {
 			require.True(t, bytes.Equal(randomPayload(uint64(i), 1<<20), p.h[1].msgs[i].Payload))
 		}
 		t.Logf("loss %v burst %v: %d black holes, %d datagrams retired, %d fragment copies dropped, size %d",
-			tt.loss, tt.burst, st.PathBlackHoles, p.client().mtu().retiredCount, p.server().recv.reasm.repeats, st.PathDatagramSize)
-		falseHoles += st.PathBlackHoles
+			tt.loss, tt.burst, p.client().mtu().blackHoles, p.client().mtu().retiredCount, p.server().recv.reasm.repeats, st.PathDatagramSize)
+		falseHoles += p.client().mtu().blackHoles
 	}
 	assert.LessOrEqual(t, falseHoles, uint64(2), "black holes taken from random loss")
 }
@@ -347,7 +347,7 @@ func TestPMTUOutageIsNoBlackHole(t *testing.T) {
 	p.cut = [2]bool{}
 	require.True(t, p.run(5*time.Minute, func() bool { return len(p.h[1].msgs) == 9 }))
 	st := p.client().snapshot()
-	assert.Zero(t, st.PathBlackHoles)
+	assert.Zero(t, p.client().mtu().blackHoles)
 	assert.Greater(t, st.PathDatagramSize, 4000-pmtuGranularity)
 }
 
@@ -376,7 +376,6 @@ func TestPMTUBulkAckedIsNoBlackHole(t *testing.T) {
 		p.send(0, Message{ID: 400, Payload: randomPayload(uint64(i), 1<<20), Reliable: true})
 	}
 	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 9 }))
-	st := p.client().snapshot()
-	assert.Zero(t, st.PathBlackHoles)
+	assert.Zero(t, p.client().mtu().blackHoles)
 	assert.Equal(t, size, p.client().mtu().size)
 }

@@ -16,10 +16,10 @@ type session struct {
 	client bool
 	secure bool // a secure session (secure_layer.go): every datagram it is handed was authenticated
 	state  sessState
-	err    error // why the connection ended
-	stats  Stats
 	events sessEvent // what the connection has yet to act on
 	owed   owed      // control messages the peer is owed, which poll sends
+	err    error     // why the connection ended
+	stats  Stats
 
 	// The wire (session_wire.go): how datagrams are read and built, in
 	// the spec's dialect (session_spec.go, session_specsend.go) or the
@@ -266,7 +266,6 @@ func (s *session) snapshot() Stats {
 	st.PathDatagramSize = s.cfg.maxDatagram
 	if p := s.mtu(); p != nil {
 		st.PathDatagramSize = p.size
-		st.PathProbes, st.PathProbesLost, st.PathBlackHoles = p.probes, p.probesLost, p.blackHoles
 	}
 	// In the Config's terms: a whole UDP payload, sealed or not.
 	st.PathDatagramSize += s.cfg.sizeOverhead()

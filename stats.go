@@ -48,13 +48,9 @@ type Stats struct {
 	// PathDatagramSize is the largest datagram the connection sends now,
 	// in UDP payload bytes: MaxDatagramSize, or with path MTU discovery
 	// (Config.MaxPathDatagramSize) the size found to be carried, which
-	// fragmented transfers use.
+	// fragmented transfers use. (It falls back to MaxDatagramSize when
+	// the path stops carrying it.)
 	PathDatagramSize int
-	// PathProbes counts the probes of path MTU discovery, and
-	// PathProbesLost those that went unanswered; PathBlackHoles counts
-	// the times the path stopped carrying the size found and the
-	// connection fell back to MaxDatagramSize.
-	PathProbes, PathProbesLost, PathBlackHoles uint64
 
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked
