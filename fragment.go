@@ -124,8 +124,7 @@ type reassembly struct {
 	budget     int // bytes all but the oldest transfer may hold together
 	maxMessage int
 	seq        uint64
-	reserved   int    // capacity of the pooled arenas
-	repeats    uint64 // fragments dropped as copies (dropRepeats)
+	reserved   int // capacity of the pooled arenas
 }
 
 func (r *reassembly) get(tid uint8) *transfer {
@@ -349,7 +348,6 @@ func (r *reassembly) dropRepeats(t *transfer) bool {
 			return false
 		}
 		r.bytes -= fragRecordCost
-		r.repeats++
 	}
 	t.frags = kept
 	t.sorted = false

