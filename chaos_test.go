@@ -84,13 +84,14 @@ var chaosConds = []chaosCond{
 type chaosKind uint8
 
 const (
-	chaosReliable  chaosKind = iota + 1 // reliable, any order
-	chaosOrdered                        // reliable, in order on its channel
-	chaosSequenced                      // unreliable, in order on its channel
-	chaosPlain                          // unreliable, any order
-	chaosDeps                           // names earlier messages in DependsOn
-	chaosContent                        // unreliable, latest state of a ContentID
-	chaosBig                            // fragmented, reliable, maybe in order
+	chaosReliable   chaosKind = iota + 1 // reliable, any order
+	chaosOrdered                         // reliable, in order on its channel
+	chaosSequenced                       // unreliable, in order on its channel
+	chaosPlain                           // unreliable, any order
+	chaosDeps                            // names earlier messages in DependsOn
+	chaosContent                         // unreliable, latest state of a ContentID
+	chaosBig                             // fragmented, reliable, maybe in order
+	chaosRelContent                      // reliable, latest state of a ContentID
 )
 
 func (k chaosKind) String() string {
@@ -109,6 +110,8 @@ func (k chaosKind) String() string {
 		return "content"
 	case chaosBig:
 		return "big"
+	case chaosRelContent:
+		return "reliable content"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -141,7 +144,7 @@ func (m *chaosMsg) group() (chaosGroup, bool) {
 	switch {
 	case m.kind == chaosOrdered || m.kind == chaosBig && m.inOrder:
 		return chaosGroup{chaosOrdered, m.channel}, true
-	case m.kind == chaosSequenced || m.kind == chaosContent:
+	case m.kind == chaosSequenced || m.kind == chaosContent || m.kind == chaosRelContent:
 		return chaosGroup{m.kind, m.channel}, true
 	}
 	return chaosGroup{}, false
@@ -150,6 +153,9 @@ func (m *chaosMsg) group() (chaosGroup, bool) {
 func (g chaosGroup) String() string {
 	if g.kind == chaosContent {
 		return fmt.Sprintf("content (ID %d, ContentID %d)", 110+g.ch/2, 1+g.ch%2)
+	}
+	if g.kind == chaosRelContent {
+		return fmt.Sprintf("reliable content (ID %d, ContentID %d)", 112+g.ch/2, 1+g.ch%2)
 	}
 	return fmt.Sprintf("%v ch%d", g.kind, g.ch)
 }
@@ -237,6 +243,18 @@ func (g *chaosGen) hotContent() chaosMsg {
 	return chaosMsg{kind: chaosContent, id: 110, contentID: 1 + uint32(k), channel: uint8(k), size: g.small()}
 }
 
+// relContent updates one of four reliable states (IDs 112 and 113,
+// ContentIDs 1 and 2) as content does; one update in ten is too large for
+// a datagram.
+func (g *chaosGen) relContent() chaosMsg {
+	m := g.content()
+	m.kind, m.id, m.reliable = chaosRelContent, m.id+2, true
+	if g.rng.IntN(10) == 0 {
+		m.size = chaosFragmented + g.rng.IntN(4000)
+	}
+	return m
+}
+
 // largeContent is content where one update in six is too large for a
 // datagram, so that it travels as a fragmented transfer, reliable on the
 // wire, among small unreliable ones.
@@ -269,6 +287,8 @@ type chaosMode struct {
 	priorities bool
 	// gap is the longest pause between two sends, 5ms if zero.
 	gap int
+	// specOnly leaves the mode out of the reference dialect's matrix.
+	specOnly bool
 }
 
 var chaosModes = []chaosMode{
@@ -280,6 +300,9 @@ var chaosModes = []chaosMode{
 	{name: "deps", n: 300, next: (*chaosGen).deps},
 	{name: "contentid", n: 300, next: (*chaosGen).content},
 	{name: "contentid-large", n: 200, next: (*chaosGen).largeContent},
+	// Reliable latest state is the spec dialect's: the reference's wire
+	// has no ContentID, and its reliable messages are plain ones.
+	{name: "contentid-reliable", n: 300, next: (*chaosGen).relContent, specOnly: true},
 	{name: "fragmented", n: 150, bigs: []int{5 << 10, 9 << 10, 20 << 10, 47 << 10, 100 << 10, 250 << 10, 1 << 20},
 		next: func(g *chaosGen) chaosMsg {
 			switch g.rng.IntN(3) {
@@ -428,15 +451,28 @@ type chaosRecv struct {
 	n       int   // messages delivered
 	relWant int
 	relGot  int
+	// newest marks the newest version of each reliable latest state: of
+	// those, only it must arrive (the others may be replaced).
+	newest  map[int]bool
 	errs    []string
 	classes map[string]int // problems by class, for the summary line
 }
 
 func newChaosRecv(from int, plan []chaosMsg) *chaosRecv {
-	r := &chaosRecv{from: from, plan: plan, pos: make([]int, len(plan)), classes: map[string]int{}}
+	r := &chaosRecv{from: from, plan: plan, pos: make([]int, len(plan)), classes: map[string]int{}, newest: map[int]bool{}}
+	last := map[chaosGroup]int{}
+	for i := range plan {
+		if plan[i].kind == chaosRelContent {
+			g, _ := plan[i].group()
+			last[g] = i
+		}
+	}
+	for _, i := range last {
+		r.newest[i] = true
+	}
 	for i := range r.pos {
 		r.pos[i] = -1
-		if plan[i].reliable {
+		if plan[i].reliable && r.mustArrive(i) {
 			r.relWant++
 		}
 	}
@@ -505,7 +541,7 @@ func (r *chaosRecv) add(m Message) {
 		return
 	}
 	r.pos[i] = k
-	if s.reliable {
+	if s.reliable && r.mustArrive(i) {
 		r.relGot++
 	}
 	// An unreliable message too large for a datagram travels reliably
@@ -541,6 +577,13 @@ func (r *chaosRecv) decode(b []byte) (int, error) {
 		return 0, fmt.Errorf("payload of %s does not match the plan", r.describe(i))
 	}
 	return i, nil
+}
+
+// mustArrive reports whether reliable message i must be delivered: all
+// of them but the versions of a reliable latest state a newer one may
+// replace.
+func (r *chaosRecv) mustArrive(i int) bool {
+	return r.plan[i].kind != chaosRelContent || r.newest[i]
 }
 
 // olderMayFollowFragmented reports the one case where Message.ContentID
@@ -589,7 +632,7 @@ func (r *chaosRecv) check(all bool) {
 	for i := range r.plan {
 		m := &r.plan[i]
 		g, ok := m.group()
-		if !ok || !m.reliable {
+		if !ok || !m.reliable || m.kind == chaosRelContent {
 			continue
 		}
 		j, ok := gap[g]
@@ -622,8 +665,9 @@ func (r *chaosRecv) check(all bool) {
 		if r.pos[i] >= 0 {
 			continue
 		}
-		if m.reliable {
+		if m.reliable && r.mustArrive(i) {
 			r.errorf("lost", "reliable %s never delivered", r.describe(i))
+		} else if m.reliable {
 		} else if all && m.kind != chaosContent {
 			r.errorf("lost-clean", "unreliable %s lost on a clean path", r.describe(i))
 		}
@@ -731,6 +775,9 @@ func runChaosMatrix(t *testing.T, dialect Dialect, seeds, short int) {
 		seeds = short
 	}
 	for _, mode := range chaosModes {
+		if mode.specOnly && dialect == DialectReference {
+			continue
+		}
 		t.Run(mode.name, func(t *testing.T) {
 			for _, cond := range chaosConds {
 				t.Run(cond.name, func(t *testing.T) {

@@ -246,6 +246,16 @@ type Config struct {
 	// connection from one goroutine.
 	Group *Group
 
+	// Receipts, when true, has the connection tell what became of each
+	// message sent with SendRef, once: delivered (the peer acked it) or
+	// lost (see Receipt). They come out of Conn.Receipts, or of
+	// Group.Poll as EventDelivered and EventLost. An unreliable message
+	// that wants one carries 4 bytes more on the wire, and the peer's
+	// acks name its datagram: a spec peer other than knet, or the
+	// reference dialect, never acks unreliable messages, so they are
+	// all reported lost.
+	Receipts bool
+
 	// Logger, when not nil, hears of each connection's life: established
 	// (Info), refused (Info, with the reason), ended (Info when graceful,
 	// Warn when lost: a timeout, a protocol error, ...). Nothing is logged
@@ -343,6 +353,7 @@ type config struct {
 	admit                                      func(net.Addr, []byte) ([]byte, error)
 	admitConn                                  func(*Conn, []byte) ([]byte, error)
 	stealth                                    bool
+	receipts                                   bool
 	simulate                                   *Simulation
 	congestion                                 func(CongestionParams) CongestionControl
 	dialect                                    Dialect
@@ -435,6 +446,7 @@ func (c *Config) resolve() *config {
 		admit:            c.Admit,
 		admitConn:        c.AdmitConn,
 		stealth:          c.Stealth,
+		receipts:         c.Receipts,
 		simulate:         c.Simulate,
 		sealTap:          c.sealTap,
 		congestion:       c.CongestionControl,

@@ -109,10 +109,14 @@ type connSendQueue struct {
 // application takes them (Receive, Read, a Group).
 type connRecvQueue struct {
 	// Guarded by mu.
-	mu    sync.Mutex
-	msgs  recvQueue
-	eof   bool          // peer closed: after msgs, io.EOF
-	ready chan struct{} // capacity 1
+	mu   sync.Mutex
+	msgs recvQueue
+	eof  bool // peer closed: after msgs, io.EOF
+	// receipts wait for Receipts or the Group (Config.Receipts), at
+	// most maxReceipts; dropped counts those that did not fit.
+	receipts        []Receipt
+	receiptsDropped uint64
+	ready           chan struct{} // capacity 1
 
 	// took is set when Receive or Read takes a message and cleared by
 	// the next Send: a reply (an echo, a response, a client's next
@@ -294,6 +298,7 @@ func (c *Conn) Stats() Stats {
 	c.sendq.mu.Unlock()
 	c.recvq.mu.Lock()
 	st.ReceiveQueuedBytes = c.recvq.msgs.used()
+	st.ReceiptsDropped = c.recvq.receiptsDropped
 	c.recvq.mu.Unlock()
 	st.Jitter = st.RTTVar
 	st.Quality = quality(st.LossRate, st.RTT)

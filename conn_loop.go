@@ -494,6 +494,31 @@ func (c *Conn) recvUsed() int {
 
 func (c *Conn) sendDone(n int) { c.sendq.released += n }
 
+func (c *Conn) receipt(r Receipt) {
+	c.recvq.mu.Lock()
+	if len(c.recvq.receipts) == maxReceipts {
+		// Nobody takes them: the oldest quarter goes.
+		n := copy(c.recvq.receipts, c.recvq.receipts[maxReceipts/4:])
+		c.recvq.receipts = c.recvq.receipts[:n]
+		c.recvq.receiptsDropped += maxReceipts / 4
+	}
+	c.recvq.receipts = append(c.recvq.receipts, r)
+	c.recvq.mu.Unlock()
+	c.recvq.delivered = true
+}
+
+// Receipts appends to dst the receipts that came since the last call
+// (Config.Receipts), without waiting, and returns it. In a Group, they
+// come out of Poll instead (whichever takes them first).
+func (c *Conn) Receipts(dst []Receipt) []Receipt {
+	c.recvq.mu.Lock()
+	dst = append(dst, c.recvq.receipts...)
+	clear(c.recvq.receipts)
+	c.recvq.receipts = c.recvq.receipts[:0]
+	c.recvq.mu.Unlock()
+	return dst
+}
+
 func (c *Conn) established() {
 	c.state.mu.Lock()
 	c.state.syn, c.state.synAck = c.sess.handshake.syn, c.sess.handshake.synAck

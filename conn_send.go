@@ -160,14 +160,15 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	room := c.sendq.used < c.cfg.sendBuffer
 	light := c.sendq.used <= inlineSendBytes
 	c.sendq.mu.Unlock()
-	// TrySend leaves a reply's round to the workers: the write may wait for
-	// room in a socket that other connections' traffic fills, and TrySend
-	// never waits.
-	reply := k == nil && ctx != doneCtx && c.recvq.took.Load() && c.recvq.took.Swap(false)
+	// TrySend leaves its round to the workers, a reply's and a dialed
+	// connection's alike: the write may wait for room in the socket, and
+	// TrySend never waits (TestTrySendNeverWaitsForTheSocket).
+	try := ctx == doneCtx
+	reply := k == nil && !try && c.recvq.took.Load() && c.recvq.took.Swap(false)
 	switch {
 	case k != nil:
 		k.add(c)
-	case light && (reply || c.ep.connected) && c.claim():
+	case light && !try && (reply || c.ep.connected) && c.claim():
 		// The round runs here, with no hand-off, for a reply (the first
 		// Send after Receive or Read took a message: an echo, a response,
 		// a client's next request), and on a dialed connection, whose

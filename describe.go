@@ -165,6 +165,10 @@ func describeFragment(sb *strings.Builder, start, frag bool, transfer uint8, cou
 // payload. A fragment's payload is only part of the message: it is not
 // decoded as a reserved message's content.
 func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack func([]byte) (packetAck, bool)) {
+	if q, ok := describeQuery(p); ok && id == idPadding && !fragment {
+		sb.WriteString(reservedName(id) + q) // a server query (query.go)
+		return
+	}
 	name := reservedName(id)
 	if name == "" || fragment {
 		sb.WriteString("ID=" + strconv.FormatUint(uint64(id), 10))
@@ -196,6 +200,10 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 		}
 		sb.WriteString(" (malformed)")
 	case idPadding:
+		if len(p) == 1 && p[0] == extAckRequest {
+			sb.WriteString(" ack-request")
+			return
+		}
 		if len(p) > 0 {
 			sb.WriteString(" len=" + strconv.Itoa(len(p)))
 		}
@@ -206,6 +214,24 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 		}
 	}
 	sb.WriteString(" len=" + strconv.Itoa(len(p)) + " " + preview(p))
+}
+
+// describeQuery describes the content of a message of ID 5 that is a
+// server query or its answer (query.go): its kind, nonce and size, or
+// info.
+func describeQuery(p []byte) (string, bool) {
+	if len(p) < len(queryMagic)+2+queryNonceSize || string(p[:len(queryMagic)]) != queryMagic || p[len(queryMagic)] != queryVersion {
+		return "", false
+	}
+	nonce := hex.EncodeToString(p[len(queryMagic)+2 : len(queryMagic)+2+queryNonceSize])
+	rest := p[len(queryMagic)+2+queryNonceSize:]
+	switch p[len(queryMagic)+1] {
+	case queryKindQuery:
+		return " server query nonce=" + nonce + " padding=" + strconv.Itoa(len(rest)), true
+	case queryKindAnswer:
+		return " query answer nonce=" + nonce + " info len=" + strconv.Itoa(len(rest)) + " " + preview(rest), true
+	}
+	return "", false
 }
 
 // reservedName names a reserved message ID, or returns "" for an

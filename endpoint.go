@@ -424,7 +424,9 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			run = append(run, p)
 		case ep.l != nil:
 			ep.mu.Unlock()
-			if !ep.l.routeByID(p, nil) { // a secure connection's client that moved
+			// A server query (query.go), a secure connection's client
+			// that moved, or a new one.
+			if !ep.l.answerQuery(ep, addr, p) && !ep.l.routeByID(p, nil) {
 				ep.l.handleNew(ep, addr, p)
 			}
 			ep.mu.Lock()

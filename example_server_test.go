@@ -212,3 +212,30 @@ func ExampleConn_CloseWithReason() {
 	// server said: kicked: idle for 60s
 	// closed by the peer: true
 }
+
+// A server browser asks a server for its name, map and player count
+// without connecting: the Listener answers with what its application set,
+// and Query returns that and the round trip.
+func ExampleQuery() {
+	l, err := knet.Listen("udp", "127.0.0.1:0", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	// Settable at any time: say, from the tick loop as players join.
+	if err := l.SetQueryInfo([]byte("name=Frag Fest;map=e1m1;players=12/16")); err != nil {
+		log.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, rtt, err := knet.Query(ctx, "udp", l.Addr().String())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s (answered within a second: %v)\n", info, rtt < time.Second)
+	fmt.Println("connections:", l.Stats().Connections)
+	// Output:
+	// name=Frag Fest;map=e1m1;players=12/16 (answered within a second: true)
+	// connections: 0
+}

@@ -111,6 +111,9 @@ type startOrder struct {
 	inOrder  bool
 	deps     []msgRef
 	rel      uint32 // the FragmentStart's reliable number (the reference dialect)
+	// A latest-state version's tag (latest.go).
+	tag    latestTag
+	tagged bool
 }
 
 // reassembly holds the transfers in progress for one connection. What it
@@ -266,6 +269,7 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		t.order.reliable = order.reliable
 		t.order.inOrder = order.inOrder
 		t.order.rel = order.rel
+		t.order.tag, t.order.tagged = order.tag, order.tagged
 		t.order.deps = append(t.order.deps[:0], order.deps...)
 		number = 0
 		// An upper bound for grow, not an allocation: the last

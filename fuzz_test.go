@@ -238,6 +238,10 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		write("FuzzSealedCID", fmt.Sprintf("seed-%02d", i), bytesLit(b))
 		write("FuzzSealedCID", fmt.Sprintf("seed-%02d-short", i), bytesLit(b[:len(b)-6-sealOverhead]))
 	}
+	write("FuzzQueryDatagram", "seed-query", bytesLit(appendQueryDatagram(nil, queryKindQuery, testNonce(1), nil, queryPadTo)))
+	write("FuzzQueryDatagram", "seed-query-short", bytesLit(appendQueryDatagram(nil, queryKindQuery, testNonce(1), nil, 0)))
+	write("FuzzQueryDatagram", "seed-answer", bytesLit(appendQueryDatagram(nil, queryKindAnswer, testNonce(7), []byte("name=knet;map=e1m1;players=3/16"), 0)))
+	write("FuzzQueryDatagram", "seed-answer-full", bytesLit(appendQueryDatagram(nil, queryKindAnswer, testNonce(7), make([]byte, MaxQueryInfo), 0)))
 	write("FuzzInOrder", "seed-mixed", "uint64(5)", "byte('d')", "byte('\\n')", "byte('\\x14')")
 	for i, c := range fuzzConfigSeeds {
 		f := fmt.Sprintf("float64(%v)", c.loss)

@@ -7,8 +7,10 @@ import (
 
 // A Group gathers many connections so that one goroutine serves them all:
 // a game loop calls Poll once a tick to take, without blocking, every
-// connection that arrived, every message received and every connection
-// that ended, in one stream of Events; Wait blocks until there is one.
+// connection that arrived, every message received, every receipt
+// (Config.Receipts) and every connection that ended, in one stream of
+// Events; Wait blocks until there is one. A connection's receipts come
+// before its messages of the same Poll.
 // Connections join with Add, or through Config.Group, which hands a
 // Listener's new connections (and a Dial's) to the group instead of to
 // Accept.
@@ -48,6 +50,11 @@ const (
 	// side did; a *TimeoutError, ErrRetransmitLimit, ... when it was
 	// lost). It is the connection's last event: the group forgets it.
 	EventDisconnected
+	// EventDelivered: the message Ref names, sent with SendRef on Conn
+	// (with Config.Receipts), was acked by the peer. See Receipt.
+	EventDelivered
+	// EventLost: the message Ref names was lost. See Receipt.
+	EventLost
 )
 
 func (k EventKind) String() string {
@@ -58,6 +65,10 @@ func (k EventKind) String() string {
 		return "message"
 	case EventDisconnected:
 		return "disconnected"
+	case EventDelivered:
+		return "delivered"
+	case EventLost:
+		return "lost"
 	}
 	return "EventKind(?)"
 }
@@ -71,6 +82,8 @@ type Event struct {
 	Message Message
 	// Err is why the connection ended, for EventDisconnected.
 	Err error
+	// Ref names the message of an EventDelivered or EventLost.
+	Ref Ref
 }
 
 // Add puts c in the group: its arrival (EventConnected), its messages
@@ -196,6 +209,21 @@ func (g *Group) drain(c *Conn, events []Event) int {
 		n++
 	}
 	c.recvq.mu.Lock()
+	k := 0
+	for ; k < len(c.recvq.receipts) && n < len(events); k++ {
+		r := c.recvq.receipts[k]
+		kind := EventLost
+		if r.Delivered {
+			kind = EventDelivered
+		}
+		events[n] = Event{Kind: kind, Conn: c, Ref: r.Ref}
+		n++
+	}
+	if k > 0 {
+		rest := copy(c.recvq.receipts, c.recvq.receipts[k:])
+		clear(c.recvq.receipts[rest:])
+		c.recvq.receipts = c.recvq.receipts[:rest]
+	}
 	before := c.recvq.msgs.used()
 	for n < len(events) && c.recvq.msgs.len() > 0 {
 		e := c.recvq.msgs.peek()
@@ -206,7 +234,7 @@ func (g *Group) drain(c *Conn, events []Event) int {
 		n++
 		c.recvq.msgs.pop()
 	}
-	empty, after := c.recvq.msgs.len() == 0, c.recvq.msgs.used()
+	empty, after := c.recvq.msgs.len() == 0 && len(c.recvq.receipts) == 0, c.recvq.msgs.used()
 	c.recvq.mu.Unlock()
 	// Taking messages freed what the peer may be waiting for, as in
 	// Receive.
@@ -227,7 +255,7 @@ func (g *Group) drain(c *Conn, events []Event) int {
 // hasNews reports whether c has messages waiting, or has ended.
 func (c *Conn) hasNews() bool {
 	c.recvq.mu.Lock()
-	n := c.recvq.msgs.len()
+	n := c.recvq.msgs.len() + len(c.recvq.receipts)
 	c.recvq.mu.Unlock()
 	return n > 0 || c.ended()
 }

@@ -86,6 +86,14 @@ type Message struct {
 	// let it name unreliable ones: an earlier small update delayed on
 	// the path past the whole transfer can still arrive after it; a
 	// small update after it leaves once it is acked.
+	//
+	// On a reliable message (not InOrder, no DependsOn; the spec
+	// dialect), ContentID makes it reliable latest state: the newest
+	// version of the state is delivered exactly once unless a newer one
+	// replaces it, an older version is never delivered after a newer
+	// one, and a version replaced is not sent again, queued or lost on
+	// the way. It is carried on the wire in a tag that knet reads and
+	// other receivers ignore. See the README's "Reliable latest state".
 	ContentID uint32
 	// DependsOn lists earlier messages, sent with SendRef on the same
 	// Conn, that must be applied before this one: a dependency graph
@@ -203,10 +211,11 @@ var errNilContext = errors.New("knet: nil context")
 // TimeoutError ends a connection whose peer stayed silent for
 // ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
 // or a graceful close that got no DisconnectAck within DisconnectTimeout
-// (Close still returns nil; Err says so).
+// (Close still returns nil; Err says so); Query returns one when no answer
+// came.
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect", "disconnect" or "" for an established connection
+	Op     string // "connect", "disconnect", "query" (Query) or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
@@ -215,6 +224,8 @@ func (e *TimeoutError) Error() string {
 		return "knet: no answer to the connection attempt within " + e.Silent.String()
 	case "disconnect":
 		return "knet: no DisconnectAck within " + e.Silent.String()
+	case "query":
+		return "knet: no answer to the server query within " + e.Silent.String()
 	}
 	return "knet: peer silent for " + e.Silent.String()
 }
@@ -222,9 +233,10 @@ func (e *TimeoutError) Timeout() bool   { return true }
 func (e *TimeoutError) Temporary() bool { return false }
 
 // Unwrap makes errors.Is(err, net.ErrClosed) hold for a lost connection,
-// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake timeout.
+// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake or query
+// timeout.
 func (e *TimeoutError) Unwrap() error {
-	if e.Op == "connect" {
+	if e.Op == "connect" || e.Op == "query" {
 		return errDeadline
 	}
 	return net.ErrClosed

@@ -50,6 +50,9 @@ type Listener struct {
 	// allocating anything, and of its answers to them.
 	unprovenIn, unprovenOut atomic.Uint64
 
+	// Server queries (query.go): the info they are answered with.
+	query queryState
+
 	// Secure connections by connection ID (migration.go), across sockets:
 	// a client that moved may reach another of them.
 	cidMu sync.Mutex
@@ -68,6 +71,8 @@ type ListenerStats struct {
 	OversizedReplies uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
 	RejectedTokens   uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
 	CookiesSent      uint64 // secure attempts answered with a cookie to echo instead of a handshake (Config.CookieThreshold)
+	QueriesAnswered  uint64 // server queries answered (SetQueryInfo)
+	QueriesDropped   uint64 // server queries not answered: no info set, shorter than the 1200 bytes a query is padded to, or over the rate limits
 	Sockets          int    // sockets sharing the address (Config.Sockets)
 	// Writes to the socket(s): each a system call on Linux as a rule
 	// (sendmmsg for a batch of datagrams, sendto for one), whatever the
@@ -248,6 +253,8 @@ func (l *Listener) Stats() ListenerStats {
 	}
 	st.RejectedTokens = l.rejectedTokens.Load()
 	st.CookiesSent = l.cookiesSent.Load()
+	st.QueriesAnswered = l.query.answered.Load()
+	st.QueriesDropped = l.query.dropped.Load()
 	st.KeyExchanges = l.keyExchanges.Load()
 	st.ReplayedHandshakes = l.replayedHandshakes.Load()
 	st.RateLimitedHandshakes = l.rateLimited.Load()

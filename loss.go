@@ -98,6 +98,15 @@ func (l *lossState) nextResend() *sent {
 	return nil
 }
 
+// abandon takes d, from nextResend, out of the datagrams in flight without
+// sending it again, as if acked (a datagram of latest-state versions: see
+// latest.go). Its loss was counted when it was found.
+func (l *lossState) abandon(d *sent) {
+	l.popLost()
+	d.acked, d.lost = true, false
+	l.sent.count--
+}
+
 // resend records d, from nextResend, going again.
 func (l *lossState) resend(now time.Time, d *sent) {
 	l.popLost()

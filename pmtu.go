@@ -434,8 +434,9 @@ func (s *session) settleRetired() {
 
 // buildBulk packs a bulk datagram, up to the size the path carries: the
 // fragments of retired datagrams first, else those of the transfer under
-// way when nothing else waits to be packed. It returns nil when it has
-// nothing to pack, for the ordinary datagram.
+// way when nothing else waits to be packed (a whole message, versions of
+// latest state due). It returns nil when it has nothing to pack, for the
+// ordinary datagram.
 func (w *specWire) buildBulk(now time.Time) []byte {
 	s := w.s
 	p := s.mtu()
@@ -443,7 +444,7 @@ func (w *specWire) buildBulk(now time.Time) []byte {
 		return nil
 	}
 	repack := len(p.refrags) > 0
-	if !repack && (p.size <= p.base || s.send.bulk == nil || s.owed.owes(oweAck|oweAnchor|oweFlow) || w.wholeWaits()) {
+	if !repack && (p.size <= p.base || s.send.bulk == nil || s.owed.owes(oweAck|oweAnchor|oweFlow) || w.wholeWaits() || s.latestDue()) {
 		return nil
 	}
 	h := &s.sc().wh

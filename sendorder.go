@@ -19,6 +19,10 @@ type track struct {
 	hasKey   bool
 	key      contentKey
 	explicit bool // in byRef
+	// relLatest marks a reliable latest-state version (latest.go): what
+	// names it waits at the sender until it is acked, as its datagram
+	// may never be resent.
+	relLatest bool
 
 	packed     bool   // its (first) message block has been placed
 	at         msgRef // where
@@ -135,7 +139,7 @@ func (o *sendOrder) add(m *outMsg) {
 	}
 	for _, r := range m.after {
 		if t := o.byRef[r]; t != nil && (t.reliable || !reliable) {
-			m.deps = append(m.deps, depOn{t: t, ref: r, hard: !reliable && t.reliable})
+			m.deps = append(m.deps, depOn{t: t, ref: r, hard: !reliable && t.reliable || t.relLatest})
 		}
 	}
 	hasKey := m.contentID != 0 && !m.reliable
@@ -184,7 +188,7 @@ func (o *sendOrder) add(m *outMsg) {
 		t = new(track)
 	}
 	*t = track{ref: m.ref, reliable: reliable, inOrder: m.inOrder, channel: m.channel,
-		hasKey: hasKey, key: key, explicit: m.tracked, wire: t.wire[:0], deps: t.deps[:0], prev: prev}
+		hasKey: hasKey, key: key, explicit: m.tracked, relLatest: m.relLatest, wire: t.wire[:0], deps: t.deps[:0], prev: prev}
 	m.track = t
 	o.fifo = append(o.fifo, t)
 	if m.tracked {

@@ -72,7 +72,11 @@ type outMsg struct {
 	latest    bool // replaces what it depends on (ContentID)
 	track     *track
 	done      bool // fully packed
-	off       int  // payload bytes packed so far
+	receipted bool // its receipt is in the session's record (receipts.go)
+	// A reliable latest-state version (latest.go), and its number.
+	relLatest bool
+	version   uint32
+	off       int // payload bytes packed so far
 
 	// Fragmented transfer progress.
 	frag      bool
@@ -153,7 +157,7 @@ func (s *session) enqueue(m *outMsg) {
 			// one still queued.
 			s.stats.ReplacedMessages++
 			s.host.sendDone(len(old.payload))
-			if !old.frag && !m.frag && !m.tracked {
+			if !old.frag && !m.frag && !m.tracked && !s.wantsReceipt(old) {
 				old.payload, m.payload = m.payload, old.payload
 				old.pbuf, m.pbuf = m.pbuf, old.pbuf
 				s.putMsg(m)
@@ -168,7 +172,17 @@ func (s *session) enqueue(m *outMsg) {
 			s.putMsg(old)
 		}
 	}
+	latest := s.queueLatest(m)
 	s.send.order.add(m)
+	if (m.reliable || m.frag) && s.wantsReceipt(m) {
+		s.queuedForReceipt(m)
+	}
+	if latest {
+		s.raise(m)
+		s.queueForLatest(m).push(m)
+		s.stats.MessagesSent++
+		return
+	}
 	if m.contentID != 0 && !m.reliable {
 		if s.send.latestQueued == nil {
 			s.send.latestQueued = make(map[contentKey]*outMsg)
@@ -224,6 +238,10 @@ func (s *session) newMsg() *outMsg {
 }
 
 func (s *session) putMsg(m *outMsg) {
+	if m.tracked && !m.receipted && s.cfg.receipts {
+		// Replaced or dropped before it left.
+		s.receipt(m.ref, false)
+	}
 	putPayload(m.pbuf)
 	*m = outMsg{deps: m.deps[:0], after: m.after[:0]}
 	s.send.freeMsgs.put(m, maxFreeMsgs)
@@ -241,7 +259,11 @@ func (s *session) freeQueued(m *outMsg) {
 
 // prepare sets up fragmentation for a queued message.
 func (s *session) prepare(m *outMsg) {
-	if len(m.payload) <= s.cfg.wholeLimit() {
+	limit := s.cfg.wholeLimit()
+	if m.reliable && m.contentID != 0 && !m.inOrder && len(m.after) == 0 && s.wire.latestTags() {
+		limit -= maxLatestTag // a latest-state version goes after its tag
+	}
+	if len(m.payload) <= limit {
 		return
 	}
 	m.frag = true

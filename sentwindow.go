@@ -29,6 +29,9 @@ type sent struct {
 	firstSentAt time.Time
 	appLimited  bool
 	transfers   []byte // TransferIDs whose fragments it carries
+	// The versions it carries, in order, if it is a datagram of reliable
+	// latest-state versions (latest.go).
+	latest []latestSent
 	// The reliable numbers it carries, relFirst on (the reference
 	// dialect).
 	relFirst uint32
@@ -81,7 +84,8 @@ func (w *sentWindow) push(now time.Time, id uint32, b []byte) *sent {
 		s = new(sent)
 	}
 	w.sends++
-	*s = sent{packetID: id, b: b, sentAt: now, sendSeq: w.sends, sends: 1, transfers: s.transfers[:0], gen: w.sends}
+	clear(s.latest)
+	*s = sent{packetID: id, b: b, sentAt: now, sendSeq: w.sends, sends: 1, transfers: s.transfers[:0], latest: s.latest[:0], gen: w.sends}
 	w.append(s)
 	w.count++
 	w.link(s)

@@ -48,6 +48,10 @@ type session struct {
 	// driver's running the round (one per worker, not one per
 	// connection), or the session's own outside a round (see sc).
 	scratch *scratchSpace
+
+	// x holds what few connections use, made on first use: receipts
+	// owed, reliable latest state sent and taken.
+	x *extras
 }
 
 // sessState is where a session is in the connection's life.
@@ -127,6 +131,9 @@ type host interface {
 	recvUsed() int
 	// sendDone returns n payload bytes to the send buffer.
 	sendDone(n int)
+	// receipt hands the application a message's receipt
+	// (Config.Receipts).
+	receipt(r Receipt)
 }
 
 // scratchSpace is the buffers a session reuses from one datagram to the
@@ -145,6 +152,10 @@ type scratchSpace struct {
 	wdeps   []msgRef
 	entries []byte
 	tidBuf  []byte
+	lsent   []latestSent
+	// ltag is the latest-state tag of the FragmentStart being handled.
+	ltag   latestTag
+	ltagOK bool
 }
 
 // release readies a driver's scratch space for the next connection's round:
@@ -227,8 +238,17 @@ func (s *session) fail(err error) {
 
 // dropSending forgets everything queued or in flight.
 func (s *session) dropSending() {
+	s.endReceipts()
 	released := 0
-	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ} {
+	var latestQ *sendQueue
+	if s.rlOf() != nil {
+		latestQ = &s.rlOf().q
+		clear(s.rlOf().queued)
+	}
+	for _, q := range [...]*sendQueue{&s.send.relQ, &s.send.unrelQ, latestQ} {
+		if q == nil {
+			continue
+		}
 		for i := q.head; i < len(q.items); i++ {
 			if m := q.items[i]; !m.done {
 				released += s.unsentBytes(m)

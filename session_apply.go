@@ -189,6 +189,7 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 		order.inOrder = m.order != orderNone
 		s.sc().deps = appendDeps(s.sc().deps[:0], h, m)
 		order.deps = s.sc().deps
+		order.tag, order.tagged = s.sc().ltag, s.sc().ltagOK
 	}
 	t, whole, ok := s.reassemble(m, ref, order)
 	if !ok {
@@ -215,6 +216,14 @@ func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *messag
 	deps := append(s.sc().wdeps[:0], t.order.deps...)
 	s.sc().wdeps = deps
 	reliable, inOrder, id := t.order.reliable, t.order.inOrder, t.id
+	if t.order.tagged && !s.takeVersion(contentKey{id, t.order.tag.content}, t.order.tag.ver) {
+		// A latest-state version no newer than one taken (latest.go).
+		s.endTransfer(t, whole)
+		s.stats.ObsoleteMessages++
+		s.cascade(now, start)
+		s.reclaimLent()
+		return
+	}
 	s.endTransfer(t, whole)
 	s.handleOrderedDeps(now, start, id, whole, heldApp, reliable, inOrder, false, deps)
 	s.reclaimLent()

@@ -78,6 +78,10 @@ func (w *cppWire) freed(a *ackResult) {
 // dropSending forgets the datagrams carrying fragments in flight.
 func (w *cppWire) dropSending() { w.fragFlight = 0 }
 
+// latestTags: the reference's wire has no tag, so reliable messages with a
+// ContentID are plain reliable ones.
+func (w *cppWire) latestTags() bool { return false }
+
 // acked reports whether reliable message t, packed whole, is known to
 // have arrived: every reliable number up to its last is acked (datagrams
 // are resent under new PacketIDs, so those tell nothing), and none of an
@@ -192,6 +196,7 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.host.sendDone(p.appBytes)
 	}
 	s.sentUnreliable(b)
+	s.sentForReceipt(now, h.packetID)
 	return b
 }
 
@@ -210,6 +215,8 @@ func (w *cppWire) pack(now time.Time, p *cppPacking, q *sendQueue) {
 			if p.skipped > maxSkipped {
 				break
 			}
+		} else if !m.reliable && !m.frag && s.wantsReceipt(m) {
+			s.placedForReceipt(m)
 		}
 	}
 	if q == &s.send.relQ {

@@ -42,6 +42,7 @@ func (s *session) sendDeadline(now time.Time, held bool, t *deadlines) {
 		t.at(x)
 	}
 	t.at(s.loss.lossTime)
+	s.receiptDeadline(t)
 	if s.send.pacedOut {
 		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
 	}
@@ -60,6 +61,7 @@ func (s *session) advanceSend(now time.Time) {
 	if x, ok := s.loss.nextTimeout(s.closing.asked); ok && !now.Before(x) {
 		s.onProbeTimeout(now)
 	}
+	s.expireReceipts(now)
 	s.advancePMTU(now)
 }
 
@@ -241,6 +243,15 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.send.forgotAt = now
 		s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	}
+	if s.unreliableFirst() {
+		// Unreliable messages of higher priority than any reliable one
+		// queued go first: every datagram takes room under the peer's
+		// flow control, and reliable ones taking it all left them to be
+		// replaced in the queue, tick after tick.
+		if b := s.wire.pollUnreliable(now, buf); b != nil {
+			return b
+		}
+	}
 	if b := s.pollProbe(now, buf); b != nil {
 		return b
 	}
@@ -256,7 +267,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
+	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.latestQueued() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named).
 		s.state = stateClosing
@@ -326,12 +337,20 @@ func (s *session) spanFull() bool {
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
 	d := s.loss.nextResend()
-	for d != nil && d.bulk && s.mtu() != nil {
-		s.suspectBulk(now, d)
-		if !s.tooLarge(d) {
+	for d != nil {
+		if len(d.latest) > 0 {
+			// Versions of latest state: what is still the newest goes
+			// in a new datagram, the rest no more (latest.go).
+			s.abandonLatest(d)
+		} else if d.bulk && s.mtu() != nil {
+			s.suspectBulk(now, d)
+			if !s.tooLarge(d) {
+				break
+			}
+			s.retire(d) // its fragments go in smaller datagrams (pmtu.go)
+		} else {
 			break
 		}
-		s.retire(d) // its fragments go in smaller datagrams
 		d = s.loss.nextResend()
 	}
 	if d != nil {
@@ -346,7 +365,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 && !s.repacking() {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 && s.latestQueued() == 0 && !s.repacking() {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()
@@ -366,6 +385,27 @@ func (s *session) pollReliable(now time.Time) []byte {
 		return nil
 	}
 	return s.wire.buildReliable(now)
+}
+
+// unreliableFirst reports whether the unreliable message first in its
+// queue has a higher priority than every reliable one queued: the queues
+// keep their highest priority first. A resend waiting is a reliable
+// datagram of its own priority, taken as the reliable queue's.
+func (s *session) unreliableFirst() bool {
+	u := &s.send.unrelQ
+	if u.len() == 0 {
+		return false
+	}
+	top := u.items[u.head].priority
+	if top <= 0 && s.loss.nextResend() != nil {
+		return false
+	}
+	for _, q := range [...]*sendQueue{&s.send.relQ, s.latestQ()} {
+		if q != nil && q.len() > 0 && q.items[q.head].priority >= top {
+			return false
+		}
+	}
+	return true
 }
 
 // holdLimit bounds spanHold: the payload bytes sent, since the oldest
@@ -554,6 +594,7 @@ func (s *session) afterAcks(now time.Time) {
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)
+	s.checkReliableReceipts()
 	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 }
 

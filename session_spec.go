@@ -130,6 +130,9 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 	}
 	s.arrived(now, h.packetID, h.reliable)
 	acked := false
+	dropped := s.stats.DroppedMessages
+	tagFor := -1 // the message a latest-state tag precedes (latest.go)
+	var tag latestTag
 	for i := range msgs {
 		if s.state == stateDone {
 			break
@@ -138,7 +141,34 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 		if !m.fragment && m.id == idPacketAck {
 			acked = true
 		}
-		w.handleMessage(now, h, msgRef{h.packetID, uint16(i)}, m)
+		ref := msgRef{h.packetID, uint16(i)}
+		if !m.fragment && m.id == idExt {
+			var ok bool
+			if tag, ok = parseLatestTag(m.payload); ok {
+				tagFor = i + 1
+			}
+		}
+		if i == tagFor && h.reliable && (!m.fragment || m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {
+			if m.fragStart {
+				s.sc().ltag, s.sc().ltagOK = tag, true
+			} else if !s.takeVersion(contentKey{m.id, tag.content}, tag.ver) {
+				// A version no newer than one taken: a copy, or
+				// replaced.
+				s.stats.ObsoleteMessages++
+				s.cascade(now, ref)
+				continue
+			}
+		}
+		w.handleMessage(now, h, ref, m)
+		s.sc().ltagOK = false
+	}
+	if !h.reliable && s.stats.DroppedMessages == dropped && s.state != stateDone && asksAck(msgs) {
+		// The sender wants to hear that this unreliable datagram's
+		// messages are in (receipts.go): acked as a reliable one is,
+		// once, unless one was dropped for want of room. A copy of it
+		// (seenBefore) is not acked again: the sender takes a missing
+		// ack for a loss, which at worst it was not.
+		s.acks.add(now, h.packetID)
 	}
 	s.datagramDone(now, acked)
 }
@@ -272,5 +302,8 @@ func heldKindOf(id uint32) heldKind {
 func (w *specWire) handlePacketAck(now time.Time, p []byte) {
 	if a, ok := parsePacketAck(p); ok {
 		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
+		if w.s.rcptOf().awaitsAck() {
+			a.each(w.s.ackedUnreliable)
+		}
 	}
 }

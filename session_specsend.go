@@ -48,6 +48,7 @@ func (w *specWire) appendAck(b []byte, a packetAck) []byte {
 // session's state.
 func (w *specWire) freed(*ackResult) {}
 func (w *specWire) dropSending()     {}
+func (w *specWire) latestTags() bool { return true }
 
 // acked reports whether reliable message t, packed whole, is known to
 // have arrived: every datagram up to its last one sent (not the one being
@@ -81,6 +82,9 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 		return b
 	}
 	s := w.s
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.latestDue() {
+		return w.buildLatest(now)
+	}
 	h := &s.sc().wh
 	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
 	p := specPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram, tids: s.sc().tidBuf[:0]}, h: h}
@@ -119,6 +123,56 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 		s.anchors.lastWhole = msgRef{h.packetID, 0}
 		s.anchors.hasLastWhole = true
 	}
+	return b
+}
+
+// buildLatest packs reliable latest-state versions, each after its tag,
+// into a new datagram of their own (see latest.go), followed by whatever
+// acks fit.
+func (w *specWire) buildLatest(now time.Time) []byte {
+	s := w.s
+	rl := s.rlOf()
+	h := &s.sc().wh
+	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
+	p := specPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram, tids: s.sc().tidBuf[:0]}, h: h}
+	placed := s.sc().lsent[:0]
+	q := &rl.q
+	for i := q.head; i < len(q.items) && p.count+2 <= maxPerDatagram; i++ {
+		m := q.items[i]
+		msg := message{id: m.id, payload: m.payload}
+		need := sizeMessage(&msg) + maxLatestTag
+		if need > p.room() {
+			if p.room() < 16 {
+				break
+			}
+			continue
+		}
+		p.body = appendLatestTag(p.body, m.contentID, m.version)
+		p.count++
+		p.body = appendMessage(p.body, &msg)
+		idx := p.took(m, len(m.payload), false)
+		if t := m.track; t != nil {
+			t.placed(now, msgRef{h.packetID, idx}, m, false)
+		}
+		placed = append(placed, latestSent{ref: m.ref, t: m.track, priority: m.priority})
+		s.packedLatest(m)
+	}
+	q.compact(s.freeQueued)
+	s.sc().body, s.sc().tidBuf = p.body, p.tids
+	defer func() {
+		clear(placed)
+		s.sc().lsent = placed[:0]
+	}()
+	if len(placed) == 0 {
+		return nil
+	}
+	p.body = s.appendAcks(now, p.room(), p.body, false)
+	s.sc().body = p.body
+	b := s.getBuf(sizeHeader(h) + len(p.body))
+	b = appendHeader(b, h)
+	b = append(b, p.body...)
+	d := s.sentReliable(now, h.packetID, b, &p.packing)
+	d.latest = append(d.latest, placed...)
 	return b
 }
 
@@ -161,9 +215,20 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 	}
 	if data {
 		before := p.count
+		// Room for an ack request, should a message want a receipt.
+		if s.cfg.receipts {
+			p.limit -= ackRequestSize
+		}
 		w.pack(now, &p, &s.send.unrelQ)
+		if s.cfg.receipts {
+			p.limit += ackRequestSize
+		}
 		if p.count > before {
 			s.rc.sentUnpaced()
+		}
+		if r := s.rcptOf(); r != nil && len(r.cur) > 0 {
+			p.body = appendMessage(p.body, &message{id: idExt, payload: ackRequest[:]})
+			p.count++
 		}
 	}
 	s.sc().body = p.body
@@ -176,6 +241,7 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.host.sendDone(p.appBytes)
 	}
 	s.sentUnreliable(b)
+	s.sentForReceipt(now, h.packetID)
 	return b
 }
 
@@ -194,6 +260,8 @@ func (w *specWire) pack(now time.Time, p *specPacking, q *sendQueue) {
 			if p.skipped > maxSkipped {
 				break
 			}
+		} else if !m.reliable && !m.frag && s.wantsReceipt(m) {
+			s.placedForReceipt(m)
 		}
 	}
 	if q == &s.send.relQ {
@@ -231,7 +299,11 @@ func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
 	} else {
 		msg.payload = m.payload
 	}
-	if sizeMessage(&msg) > p.room() {
+	tag := 0
+	if m.relLatest {
+		tag = maxLatestTag // a version too large for one datagram: its tag before its first fragment
+	}
+	if sizeMessage(&msg)+tag > p.room() {
 		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
 		return false
 	}
@@ -242,6 +314,11 @@ func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
 			return false
 		}
 		msg.transferID = tid
+	}
+	if m.relLatest {
+		p.body = appendLatestTag(p.body, m.contentID, m.version)
+		p.count++
+		s.packedLatest(m)
 	}
 	p.body = appendMessage(p.body, &msg)
 	if p.count == 0 && !m.frag && len(refs) == 0 {

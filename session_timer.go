@@ -85,6 +85,7 @@ func (s *session) tidy(now time.Time) {
 	// connection hears no acks.
 	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	s.send.order.trim()
+	s.tidyReceipts()
 	s.send.freeMsgs.trim()
 	s.send.freeBufs.trim()
 	s.loss.sent.shrink()

@@ -63,6 +63,9 @@ type wire interface {
 	// dropSending forgets the wire's own state of what was queued or in
 	// flight (session.dropSending).
 	dropSending()
+	// latestTags reports whether the wire tags reliable latest-state
+	// versions (latest.go): the spec dialect's does.
+	latestTags() bool
 
 	// deadline is when the wire's own timer on an open connection runs
 	// out (zero: it has none); advance runs it once due.

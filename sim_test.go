@@ -18,10 +18,17 @@ type simHost struct {
 	released int
 	est      bool
 	eof      bool
+	receipts []Receipt
+	full     bool // no room: every message is refused
 }
+
+func (h *simHost) receipt(r Receipt) { h.receipts = append(h.receipts, r) }
 
 func (h *simHost) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
 	defer putPayload(buf)
+	if h.full {
+		return false
+	}
 	h.msgs = append(h.msgs, Message{ID: id, Payload: append([]byte{}, payload...), Reliable: reliable, InOrder: inOrder})
 	if h.hold {
 		h.used += len(payload)

@@ -32,7 +32,15 @@ type Stats struct {
 	// queued, so that they never left: a sign that the path, the peer's
 	// flow control or higher priorities keep them waiting.
 	ReplacedMessages uint64
-	ProtocolErrors   uint64 // well-formed datagrams breaking the protocol (the connection ends)
+	// ObsoleteMessages counts reliable latest-state versions received
+	// and dropped as no newer than one already taken: a copy of it, or
+	// an older version, come late.
+	ObsoleteMessages uint64
+	// ReceiptsDelivered and ReceiptsLost count the receipts told
+	// (Config.Receipts); ReceiptsDropped those the application did not
+	// take before maxReceipts (4096) more came.
+	ReceiptsDelivered, ReceiptsLost, ReceiptsDropped uint64
+	ProtocolErrors                                   uint64 // well-formed datagrams breaking the protocol (the connection ends)
 	// SendErrors counts datagrams the system refused to send (a full
 	// buffer, no route, a port unreachable report...): they are not in
 	// DatagramsSent and BytesSent, and a reliable one goes again later.

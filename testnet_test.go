@@ -27,6 +27,8 @@ type testNet struct {
 	// -knet.park flag's, or the endpoint's second.
 	parkAfter time.Duration
 	parkHook  func(*Conn)
+	// wrapDial, if set, wraps each dialed socket of the network in memory.
+	wrapDial func(socket) socket
 }
 
 // sysNet is the system's UDP sockets on loopback.
@@ -116,6 +118,9 @@ func (n *testNet) options() *endpointOptions {
 		s, err := n.mem.Dial(netip.AddrPort{}, unmap(raddr.AddrPort()))
 		if err != nil {
 			return nil, err
+		}
+		if n.wrapDial != nil {
+			return n.wrapDial(s), nil
 		}
 		return s, nil
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -46,6 +47,13 @@ type options struct {
 	keyFile   string
 	serverKey []byte
 	genKey    string
+	// Server queries: ask the server (-query) or a broadcast address
+	// (-discover, for -wait) for its info instead of connecting; what a
+	// listener answers them with (-info).
+	query    bool
+	discover bool
+	wait     time.Duration
+	info     string
 }
 
 // hexKey is -serverkey: a public key in hex.
@@ -103,6 +111,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.keyFile, "key", "", "with -l, serve secure sessions only, with the private key in this file (hex, as -genkey writes it)")
 	fs.Var(hexKey{&o.serverKey}, "serverkey", "connect securely to the server with this public key (hex, as -genkey prints it)")
 	fs.StringVar(&o.genKey, "genkey", "", "write a new private key to this file, print its public key, and exit")
+	fs.BoolVar(&o.query, "query", false, "ask the server for its info (a server query) instead of connecting; print it with its address and round trip")
+	fs.BoolVar(&o.discover, "discover", false, "send a server query to the address (a broadcast address: every server on the LAN at that port) and print each answer")
+	fs.DurationVar(&o.wait, "wait", time.Second, "with -discover, how long to wait for answers")
+	fs.StringVar(&o.info, "info", "", "with -l, answer server queries with this info")
 
 	var pos []string
 	for {
@@ -140,6 +152,16 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError(fs, "-chunk, -n and -stats-every cannot be negative")
 	case o.chunk > 0 && len(o.files) == 0:
 		return nil, usageError(fs, "-chunk goes with -f")
+	case (o.query || o.discover) && o.listen != "":
+		return nil, usageError(fs, "-query and -discover ask servers: no -l")
+	case o.query && o.discover:
+		return nil, usageError(fs, "-query asks one server, -discover any at an address: not both")
+	case o.info != "" && o.listen == "":
+		return nil, usageError(fs, "-info goes with -l")
+	case len(o.info) > knet.MaxQueryInfo:
+		return nil, usageError(fs, fmt.Sprintf("-info is at most %d bytes", knet.MaxQueryInfo))
+	case o.wait <= 0:
+		return nil, usageError(fs, "-wait must be positive")
 	}
 	if len(pos) == 1 {
 		o.addr = pos[0]
@@ -243,7 +265,50 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if o.listen != "" {
 		return k.serve(ctx, stdin)
 	}
+	if o.query || o.discover {
+		return k.queryServers(ctx)
+	}
 	return k.connect(ctx, stdin)
+}
+
+// queryServers is -query and -discover: it prints each answer as the
+// server's address, the round trip and the info (in hex with -hex).
+func (k *cat) queryServers(ctx context.Context) int {
+	show := func(from string, info []byte, rtt time.Duration) {
+		b := fmt.Appendf(nil, "%s %v ", from, rtt.Round(time.Microsecond))
+		if k.o.hex {
+			b = hex.AppendEncode(b, info)
+		} else {
+			b = append(b, info...)
+		}
+		k.outMu.Lock()
+		k.stdout.Write(append(b, '\n'))
+		k.outMu.Unlock()
+	}
+	if k.o.query {
+		info, rtt, err := knet.Query(ctx, "udp", k.o.addr)
+		if err != nil {
+			k.logf("query %s: %v", k.o.addr, err)
+			return 1
+		}
+		show(k.o.addr, info, rtt)
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, k.o.wait)
+	defer cancel()
+	n := 0
+	err := knet.Discover(ctx, "udp", k.o.addr, func(from netip.AddrPort, info []byte, rtt time.Duration) {
+		n++
+		show(from.String(), info, rtt)
+	})
+	if err != nil {
+		k.logf("discover %s: %v", k.o.addr, err)
+		return 1
+	}
+	if k.o.verbose {
+		k.logf("%d servers answered within %v", n, k.o.wait)
+	}
+	return 0
 }
 
 // feed sends the input: the -f files, or standard input line by line.
@@ -499,6 +564,9 @@ func (k *cat) serve(ctx context.Context, stdin io.Reader) int {
 	if err != nil {
 		k.logf("%v", err)
 		return 1
+	}
+	if o.info != "" {
+		l.SetQueryInfo([]byte(o.info)) // its length is checked already
 	}
 	shown := l.Addr()
 	if o.trace {

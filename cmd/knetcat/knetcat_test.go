@@ -579,3 +579,28 @@ func TestSecure(t *testing.T) {
 		t.Fatalf("server status %d, stderr %q", code, srv.stderr)
 	}
 }
+
+// TestQuery: -l with -info answers server queries; -query asks one server
+// and -discover an address, each printing the address, the round trip and
+// the info.
+func TestQuery(t *testing.T) {
+	ctx := testContext(t)
+	srv := start(ctx, strings.NewReader(""), "-l", "127.0.0.1:0", "-info", "name=den;players=0", "-keep")
+	addr := srv.listenAddr(t, ctx)
+	for _, flag := range []string{"-query", "-discover"} {
+		k := start(ctx, strings.NewReader(""), flag, addr, "-wait", "300ms")
+		if code := k.wait(t, ctx); code != 0 {
+			t.Fatalf("%s: status %d, stderr %q", flag, code, k.stderr)
+		}
+		f := strings.Fields(k.stdout.String())
+		if len(f) != 3 || f[0] != addr || f[2] != "name=den;players=0" {
+			t.Errorf("%s printed %q, want %q, a round trip, %q", flag, k.stdout, addr, "name=den;players=0")
+		} else if _, err := time.ParseDuration(f[1]); err != nil {
+			t.Errorf("%s: round trip %q: %v", flag, f[1], err)
+		}
+	}
+	srv.cancel()
+	if code := srv.wait(t, ctx); code != 0 {
+		t.Fatalf("listener: status %d, stderr %q", code, srv.stderr)
+	}
+}

@@ -27,6 +27,9 @@
 //	knetcat -genkey server.key                 # a key pair for secure sessions: prints the public key
 //	knetcat -l :7000 -key server.key           # a secure server (encrypted, authenticated sessions only)
 //	knetcat -serverkey 3b6a...e1 host:7000     # connect securely: fails unless the server holds the key
+//	knetcat -l :7000 -info "name=den;players=0" # answer server queries with this info
+//	knetcat -query host:7000                   # ask a server for its info, without connecting
+//	knetcat -discover 192.168.1.255:7000       # ask every server on the LAN at port 7000
 //
 // Flags:
 //
@@ -49,6 +52,9 @@
 //	-genkey path     write a new private key to path (hex, mode 0600), print its public key in hex, and exit
 //	-key path        with -l: serve secure sessions only, with the private key in path
 //	-serverkey hex   connect securely to the server with this public key
+//	-query           ask the server for its info (a server query) instead of connecting: print "address rtt info"
+//	-discover        send a server query to the address (a broadcast address finds every server on the LAN at its port) and print each answer, for -wait (default 1s)
+//	-info text       with -l, answer server queries with this info (at most knet.MaxQueryInfo bytes)
 //
 // At the end of the input knetcat closes gracefully: knet delivers what is
 // queued, then disconnects; a reply still on its way is not printed (use

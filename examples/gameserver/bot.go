@@ -38,8 +38,19 @@ type bot struct {
 	inputsSent int
 	snaps      int             // snapshots received
 	ages       []time.Duration // for each: receive time - the server tick's time
-	events     int
-	chats      int
+	// The worlds it rebuilt from snapshots, by tick, for the deltas
+	// against them; how many it checked against the server's sum, how
+	// many were wrong, and how many named a baseline it did not have
+	// or did not parse.
+	worlds              map[uint32][]entity
+	checked, wrong, bad int
+	events              int
+	chats               int
+	// The newest score of each player, and scores that came after a
+	// newer one of the same player (reliable latest state: none).
+	scores      map[uint16]uint32
+	staleScores int
+	scoresGot   int
 }
 
 // run plays until the server ends the round (a reliable event), kicks the
@@ -65,7 +76,7 @@ func (b *bot) run(ctx context.Context, addr string, tick time.Duration, sim *kne
 
 	roundOver := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { b.receive(c, epoch, roundOver) })
+	wg.Go(func() { b.receive(c, epoch, stepFor(tick), roundOver) })
 
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -117,7 +128,7 @@ loop:
 }
 
 // receive takes the server's messages until the connection ends.
-func (b *bot) receive(c *knet.Conn, epoch time.Time, roundOver chan struct{}) {
+func (b *bot) receive(c *knet.Conn, epoch time.Time, move int32, roundOver chan struct{}) {
 	ended := false
 	for {
 		m, err := c.Receive(context.Background())
@@ -126,9 +137,24 @@ func (b *bot) receive(c *knet.Conn, epoch time.Time, roundOver chan struct{}) {
 		}
 		switch m.ID {
 		case msgSnapshot:
-			s, err := parseSnapshot(m.Payload)
+			s, err := parseSnapshot(m.Payload, func(tick uint32) []entity { return b.worlds[tick] }, move)
 			if err != nil {
+				b.bad++
 				continue
+			}
+			b.checked++
+			if worldSum(s.ents) != s.sum {
+				b.wrong++
+				continue
+			}
+			if b.worlds == nil {
+				b.worlds = make(map[uint32][]entity)
+			}
+			b.worlds[s.tick] = s.ents
+			for t := range b.worlds {
+				if d := s.tick - t; d > 2*maxBaseAge && d < 1<<31 {
+					delete(b.worlds, t) // older than any baseline the server uses
+				}
 			}
 			// Same process, same clock: the age is how long ago the
 			// server's tick began.
@@ -142,6 +168,19 @@ func (b *bot) receive(c *knet.Conn, epoch time.Time, roundOver chan struct{}) {
 			}
 		case msgChat:
 			b.chats++
+		case msgScore:
+			if len(m.Payload) != 6 {
+				continue
+			}
+			id, score := binary.LittleEndian.Uint16(m.Payload), binary.LittleEndian.Uint32(m.Payload[2:])
+			if b.scores == nil {
+				b.scores = make(map[uint16]uint32)
+			}
+			if old, ok := b.scores[id]; ok && score <= old {
+				b.staleScores++ // never: an older version never follows a newer one
+			}
+			b.scores[id] = score
+			b.scoresGot++
 		}
 	}
 }

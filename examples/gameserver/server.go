@@ -34,7 +34,7 @@ type player struct {
 	name string
 	conn *knet.Conn
 
-	x, y      float32
+	x, y      int32 // position units (fixed-point, see unit)
 	dx, dy    int8
 	lastInput uint32    // seq of the last applied input
 	lastHeard time.Time // when it last sent an input
@@ -44,11 +44,30 @@ type player struct {
 
 	inputsApplied int // inputs taken into the world
 	snapsSent     int // snapshots handed to the connection
-	snapsMissed   int // snapshots its full send buffer did not take
-	final         knet.Stats
-	gone          bool // its EventDisconnected came
-	endErr        error
+	// Delta snapshots: those sent lately, by the Ref of their message,
+	// and the newest the client is known to have.
+	history     []sentSnap
+	baseTick    uint32 // 0: none
+	fullBytes   int    // what the snapshots sent would have taken in full
+	sentBytes   int    // what they took
+	deltas      int    // snapshots sent as deltas
+	snapsMissed int    // snapshots its full send buffer did not take
+	final       knet.Stats
+	gone        bool // its EventDisconnected came
+	endErr      error
 }
+
+// sentSnap is a snapshot sent to a player: a baseline for later ones once
+// its receipt says it arrived.
+type sentSnap struct {
+	ref  knet.Ref
+	tick uint32
+	ents []entity
+}
+
+// Delta snapshots are made against a baseline at most maxBaseAge ticks
+// old (the client keeps twice that many), else sent in full.
+const maxBaseAge = 32
 
 // server is the authoritative game server: one goroutine (loop) owns the
 // world and every player; AdmitConn, on the connections' goroutines,
@@ -58,6 +77,8 @@ type server struct {
 	group *knet.Group
 	epoch time.Time // snapshot times are nanoseconds since it
 	tick  time.Duration
+	move  int32 // one tick's move at full speed, in position units
+	delta bool  // send snapshots as deltas against what the client has
 
 	mu     sync.Mutex
 	tokens map[string]string // join token -> player name, single use
@@ -75,11 +96,13 @@ type server struct {
 	maxTick  time.Duration
 }
 
-func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time.Time) (*server, error) {
+func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time.Time, delta bool) (*server, error) {
 	s := &server{
 		group:  knet.NewGroup(),
 		epoch:  epoch,
 		tick:   tick,
+		move:   stepFor(tick),
+		delta:  delta,
 		tokens: map[string]string{},
 		events: make([]knet.Event, eventBuffer),
 	}
@@ -91,13 +114,30 @@ func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time
 		ReceiveBuffer: 256 << 10,
 		// An input waits at most 30ms for a missing earlier one.
 		ReorderWindows: map[uint32]time.Duration{msgInput: 30 * time.Millisecond},
+		// Snapshots sent with SendRef are told delivered or lost
+		// (EventDelivered, EventLost): the delivered ones are the
+		// baselines of the deltas.
+		Receipts: delta,
 	}
 	l, err := knet.Listen("udp", addr, cfg)
 	if err != nil {
 		return nil, err
 	}
 	s.l = l
+	s.setQueryInfo()
 	return s, nil
+}
+
+// setQueryInfo sets what the server answers server queries with
+// (knet.Query, knet.Discover: a server browser's, a LAN lobby's), without
+// a connection: its name, map and player count, here as key=value pairs.
+// The loop calls it as players come and go; the listener's reader
+// answers from it at any time.
+func (s *server) setQueryInfo() {
+	info := fmt.Appendf(nil, "name=knet example;map=torus %d;players=%d", worldSize, len(s.players))
+	if err := s.l.SetQueryInfo(info); err != nil {
+		panic(err) // at most knet.MaxQueryInfo bytes: far more than this
+	}
 }
 
 // issueToken is what a lobby or matchmaker would do: a single-use token
@@ -162,9 +202,11 @@ func (s *server) broadcastEvent(payload []byte) {
 }
 
 func spawnEvent(p *player) []byte {
-	b := []byte{evSpawn}
-	return appendEntity(b, p.id, p.x, p.y)
+	return appendEntity([]byte{evSpawn}, entity{p.id, p.x, p.y})
 }
+
+// stepFor is one tick's move at full speed, in position units.
+func stepFor(tick time.Duration) int32 { return int32(math.Round(speed * unit * tick.Seconds())) }
 
 // step runs one tick: take every event, apply inputs, simulate, send
 // snapshots. It returns how long the work took.
@@ -205,8 +247,8 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 	}
 	switch e.Kind {
 	case knet.EventConnected:
-		p.x = float32(int(p.id)*97%worldSize) + 0.5
-		p.y = float32(int(p.id)*389%worldSize) + 0.5
+		p.x = int32(int(p.id)*97%worldSize)*unit + unit/2
+		p.y = int32(int(p.id)*389%worldSize)*unit + unit/2
 		p.lastHeard = now
 		// The newcomer learns who is there, then everyone (itself
 		// included) learns of it.
@@ -216,6 +258,7 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 		s.players = append(s.players, p)
 		s.all = append(s.all, p)
 		s.conns = append(s.conns, p.conn)
+		s.setQueryInfo()
 		s.broadcastEvent(spawnEvent(p))
 		if !live {
 			s.kick(p, "round over")
@@ -252,15 +295,24 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 		if i >= 0 {
 			s.players = slices.Delete(s.players, i, i+1)
 			s.conns = slices.Delete(s.conns, i, i+1)
+			s.setQueryInfo()
 		}
 		s.broadcastEvent(binary.LittleEndian.AppendUint16([]byte{evDespawn}, p.id))
+	case knet.EventDelivered:
+		// The client has this snapshot: the newest such is the
+		// baseline of the next deltas.
+		for _, h := range p.history {
+			if h.ref == e.Ref && h.tick > p.baseTick {
+				p.baseTick = h.tick
+			}
+		}
+	case knet.EventLost:
+		// Not a baseline: nothing to do. (Its entry goes with age.)
 	}
 }
 
 func (s *server) simulate(now time.Time) {
-	dt := float32(s.tick.Seconds())
-	wrap := func(v float32) float32 { return float32(math.Mod(float64(v)+worldSize, worldSize)) }
-	best, bestD := (*player)(nil), float32(math.MaxFloat32)
+	best, bestD := (*player)(nil), int64(math.MaxInt64)
 	for _, p := range s.players {
 		if p.kicked != "" {
 			continue
@@ -269,25 +321,31 @@ func (s *server) simulate(now time.Time) {
 			s.kick(p, fmt.Sprintf("kicked: no input for %v", idleLimit))
 			continue
 		}
-		p.x = wrap(p.x + float32(p.dx)*speed*dt)
-		p.y = wrap(p.y + float32(p.dy)*speed*dt)
-		if d := (p.x-500)*(p.x-500) + (p.y-500)*(p.y-500); d < bestD {
+		p.x = wrap(p.x + int32(p.dx)*s.move)
+		p.y = wrap(p.y + int32(p.dy)*s.move)
+		cx, cy := int64(p.x-world/2), int64(p.y-world/2)
+		if d := cx*cx + cy*cy; d < bestD {
 			best, bestD = p, d
 		}
 	}
 	if best != nil && s.ticks%scoreEvery == 0 {
 		best.score++
-		b := binary.LittleEndian.AppendUint16([]byte{evScore}, best.id)
-		s.broadcastEvent(binary.LittleEndian.AppendUint32(b, uint32(best.score)))
+		b := binary.LittleEndian.AppendUint16(nil, best.id)
+		b = binary.LittleEndian.AppendUint32(b, uint32(best.score))
+		knet.Broadcast(s.conns, knet.Message{ID: msgScore, ContentID: uint32(best.id), Reliable: true, Payload: b}, nil)
 	}
 }
 
 // sendSnapshots sends each player its own view: itself first, then the
 // others nearest to it, as many as fit in one unreliable datagram, as
 // the latest state (ContentID): a newer snapshot replaces an older one
-// still queued, and a receiver drops one older than what it has.
+// still queued, and a receiver drops one older than what it has. With
+// delta on, a snapshot is encoded against the newest one its client is
+// known to have (see the snapshot format in protocol.go), or in full when
+// there is none, or that is no smaller.
 func (s *server) sendSnapshots(now time.Time) {
 	sent := now.Sub(s.epoch).Nanoseconds()
+	tick := uint32(s.ticks + 1) // base 0 means full
 	for _, p := range s.players {
 		if p.kicked != "" {
 			continue
@@ -300,25 +358,71 @@ func (s *server) sendSnapshots(now time.Time) {
 			}
 		}
 		if len(s.order) > room {
-			dist := func(o *player) float32 { return (o.x-p.x)*(o.x-p.x) + (o.y-p.y)*(o.y-p.y) }
+			dist := func(o *player) int64 {
+				dx, dy := int64(torus(o.x-p.x)), int64(torus(o.y-p.y))
+				return dx*dx + dy*dy
+			}
 			slices.SortFunc(s.order, func(a, b *player) int { return cmp.Compare(dist(a), dist(b)) })
 			s.order = s.order[:room]
 		}
-		b := binary.LittleEndian.AppendUint32(s.snap[:0], uint32(s.ticks))
-		b = binary.LittleEndian.AppendUint64(b, uint64(sent))
-		b = binary.LittleEndian.AppendUint32(b, p.lastInput)
-		b = binary.LittleEndian.AppendUint16(b, uint16(1+len(s.order)))
-		b = appendEntity(b, p.id, p.x, p.y)
+		ents := make([]entity, 0, 1+len(s.order))
+		ents = append(ents, entity{p.id, p.x, p.y})
 		for _, o := range s.order {
-			b = appendEntity(b, o.id, o.x, o.y)
+			ents = append(ents, entity{o.id, o.x, o.y})
+		}
+		snap := snapshot{tick: tick, sent: sent, ack: p.lastInput, ents: ents}
+		b := appendSnapshot(s.snap[:0], &snap, nil, s.move)
+		full := len(b)
+		if base := p.sentAt(p.baseTick); s.delta && base != nil {
+			snap.base = base.tick
+			if d := appendSnapshot(b[len(b):], &snap, base.ents, s.move); len(d) < full {
+				b = d
+			}
 		}
 		s.snap = b
-		if s.sendNow(p.conn, knet.Message{ID: msgSnapshot, ContentID: snapshotContent, Payload: b}) {
-			p.snapsSent++
-		} else {
+		if len(b) < full {
+			p.deltas++
+		}
+		m := knet.Message{ID: msgSnapshot, ContentID: snapshotContent, Payload: b}
+		if !s.delta {
+			if s.sendNow(p.conn, m) {
+				p.snapsSent++
+				p.fullBytes += full
+				p.sentBytes += len(b)
+			} else {
+				p.snapsMissed++
+			}
+			continue
+		}
+		// SendRef never waits for an unreliable message: with no room, it
+		// is dropped (Ref 0).
+		ref, err := p.conn.SendRef(m)
+		if err != nil || ref == 0 {
 			p.snapsMissed++
+			continue
+		}
+		p.snapsSent++
+		p.fullBytes += full
+		p.sentBytes += len(b)
+		p.remember(sentSnap{ref: ref, tick: tick, ents: ents})
+	}
+}
+
+// remember keeps s as a possible baseline, dropping those too old to be
+// one.
+func (p *player) remember(s sentSnap) {
+	p.history = slices.DeleteFunc(p.history, func(h sentSnap) bool { return s.tick-h.tick >= maxBaseAge })
+	p.history = append(p.history, s)
+}
+
+// sentAt returns the snapshot of tick sent to p, if still kept.
+func (p *player) sentAt(tick uint32) *sentSnap {
+	for i := range p.history {
+		if p.history[i].tick == tick {
+			return &p.history[i]
 		}
 	}
+	return nil
 }
 
 // endRound freezes the world: each player's connection figures are taken

@@ -229,9 +229,22 @@ func (n *Network) due() {
 	}
 }
 
+// Broadcast is the address whose datagrams reach every socket bound to
+// their port that is not connected, whatever its address: the network is
+// one LAN, and this its limited broadcast address.
+var Broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
 // deliver hands b, from from, to the socket at to; n.mu is held. It never
 // blocks: a full queue drops.
 func (n *Network) deliver(from *Socket, b []byte, to netip.AddrPort) {
+	if to.Addr() == Broadcast {
+		for a, d := range n.socks {
+			if a.Port() == to.Port() && !d.peer.IsValid() && d != from {
+				n.deliver(from, b, a)
+			}
+		}
+		return
+	}
 	d := n.socks[to]
 	if d == nil {
 		n.stats.Unbound++

@@ -182,3 +182,37 @@ func TestNetworkCloseEndsRead(t *testing.T) {
 		assert.Empty(t, n.Open())
 	})
 }
+
+// A datagram to Broadcast reaches every socket at its port that is not
+// connected, whatever its address, and not the sender.
+func TestNetworkBroadcast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := NewNetwork()
+		var at7000 []*Socket
+		for _, a := range []string{"10.0.0.1:7000", "10.0.0.2:7000"} {
+			s, err := n.Listen(netip.MustParseAddrPort(a))
+			require.NoError(t, err)
+			defer s.Close()
+			at7000 = append(at7000, s)
+		}
+		other, err := n.Listen(netip.MustParseAddrPort("10.0.0.3:7001"))
+		require.NoError(t, err)
+		defer other.Close()
+		connected, err := n.Dial(netip.MustParseAddrPort("10.0.0.4:7000"), netip.MustParseAddrPort("10.0.0.9:1"))
+		require.NoError(t, err)
+		defer connected.Close()
+		sender, err := n.Listen(netip.AddrPort{})
+		require.NoError(t, err)
+		defer sender.Close()
+
+		require.NoError(t, sender.WriteTo([]byte("anyone?"), netip.AddrPortFrom(Broadcast, 7000)))
+		for _, s := range at7000 {
+			buf := make([]byte, 16)
+			k, from, err := s.ReadFrom(buf)
+			require.NoError(t, err)
+			assert.Equal(t, "anyone?", string(buf[:k]))
+			assert.Equal(t, sender.Addr(), from)
+		}
+		assert.Equal(t, NetworkStats{Delivered: 2}, n.Stats(), "nothing for the other port or the connected socket")
+	})
+}

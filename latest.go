@@ -1,0 +1,279 @@
+package knet
+
+import "encoding/binary"
+
+// Reliable latest state (Message.ContentID on a reliable message, the
+// spec dialect): of the versions of one state (ID, ContentID), the newest
+// is delivered exactly once unless a newer one replaces it, an older one is
+// never delivered after a newer one, and a version a newer one replaced is
+// not sent again.
+//
+// On the wire each version carries a tag just before it: a message of
+// reserved ID 5 (idExt) whose content is extLatest, the ContentID
+// (u32) and the version's number (u32), one counter per
+// connection. knet's receiver keeps the newest number it took for each
+// state and drops a version numbered no higher. A receiver that ignores ID
+// 5 sees plain reliable messages: every version, perhaps twice, in any
+// order.
+//
+// A version small enough for one datagram goes in a reliable datagram of
+// versions only, which nothing names (the first message of such a
+// datagram is no anchor, and a message that depends on a version waits at
+// the sender until it is acked). When that datagram is found lost it is
+// not resent as it was: it is dropped from the datagrams in flight, as if
+// acked, and the versions in it that are still the newest of their state
+// queue again, to go in a new datagram under a new PacketID (their tag
+// keeps the number, so that the receiver drops a copy when the first one
+// comes late); those replaced meanwhile go no more. A version too large
+// for one datagram travels as an ordinary fragmented transfer, its tag
+// before its first fragment, and is resent until acked.
+
+// extLatest is the idExt kind of a latest-state tag.
+const extLatest = 2
+
+// maxLatestTag is the bytes a tag takes: the block header, the MessageID,
+// the kind, the ContentID, the number.
+const maxLatestTag = 2 + 1 + 1 + 4 + 4
+
+// maxLatestStates bounds the states a receiver keeps the newest number
+// of; past it, one is forgotten for each new one (and an older version of
+// that state coming after could be taken).
+const maxLatestStates = 4096
+
+// extras is what few connections use, made on first use.
+type extras struct {
+	rcpt *receipts   // receipts owed (receipts.go)
+	rl   *relLatest  // reliable latest state sent
+	seen *latestSeen // reliable latest state taken
+}
+
+func (s *session) ext() *extras {
+	if s.x == nil {
+		s.x = new(extras)
+	}
+	return s.x
+}
+
+func (s *session) rcptOf() *receipts {
+	if s.x == nil {
+		return nil
+	}
+	return s.x.rcpt
+}
+
+func (s *session) rlOf() *relLatest {
+	if s.x == nil {
+		return nil
+	}
+	return s.x.rl
+}
+
+// relLatest is a session's sending side of reliable latest state, made
+// when the first version is sent.
+type relLatest struct {
+	q      sendQueue              // versions small enough for one datagram
+	seq    uint32                 // the number of the last version queued
+	newest map[contentKey]uint32  // each state's newest version's number
+	queued map[contentKey]*outMsg // each state's version still queued, if any
+}
+
+// latestSent is a version in a datagram of versions.
+type latestSent struct {
+	ref      Ref
+	t        *track
+	priority int8
+}
+
+// latestTag is a tag read from the wire.
+type latestTag struct {
+	content, ver uint32
+}
+
+func appendLatestTag(b []byte, content, ver uint32) []byte {
+	c := [9]byte{extLatest, byte(content), byte(content >> 8), byte(content >> 16), byte(content >> 24),
+		byte(ver), byte(ver >> 8), byte(ver >> 16), byte(ver >> 24)}
+	return appendMessage(b, &message{id: idExt, payload: c[:]})
+}
+
+// parseLatestTag reads the content of an idExt message as a tag.
+func parseLatestTag(p []byte) (latestTag, bool) {
+	if len(p) != 9 || p[0] != extLatest {
+		return latestTag{}, false
+	}
+	return latestTag{content: binary.LittleEndian.Uint32(p[1:]), ver: binary.LittleEndian.Uint32(p[5:])}, true
+}
+
+func (s *session) relLatestState() *relLatest {
+	x := s.ext()
+	if x.rl == nil {
+		x.rl = &relLatest{newest: make(map[contentKey]uint32), queued: make(map[contentKey]*outMsg)}
+	}
+	return x.rl
+}
+
+// queueLatest queues m, a reliable latest-state version: it takes the next
+// number, and replaces the version of its state still queued. It reports
+// false if m is not one (the reference dialect keeps the reference's
+// meaning: none).
+func (s *session) queueLatest(m *outMsg) bool {
+	if !m.reliable || m.contentID == 0 || m.inOrder || len(m.after) > 0 || !s.wire.latestTags() {
+		return false
+	}
+	rl := s.relLatestState()
+	k := contentKey{m.id, m.contentID}
+	rl.seq++
+	m.version = rl.seq
+	m.relLatest = true
+	rl.newest[k] = m.version
+	if old := rl.queued[k]; old != nil && old.off == 0 && s.send.bulk != old {
+		s.stats.ReplacedMessages++
+		s.host.sendDone(len(old.payload))
+		s.queueForLatest(old).remove(old)
+		s.replacedVersion(old.ref, old.track)
+		old.receipted = true // told lost just now
+		s.putMsg(old)
+	}
+	rl.queued[k] = m
+	return true
+}
+
+// latestQueued is how many versions small enough for one datagram wait
+// to go.
+func (s *session) latestQueued() int {
+	if s.rlOf() == nil {
+		return 0
+	}
+	return s.rlOf().q.len()
+}
+
+// latestQ is the queue of versions, nil if none was sent.
+func (s *session) latestQ() *sendQueue {
+	if rl := s.rlOf(); rl != nil {
+		return &rl.q
+	}
+	return nil
+}
+
+// queueForLatest is the queue version m waits in.
+func (s *session) queueForLatest(m *outMsg) *sendQueue {
+	if m.frag {
+		return &s.send.relQ
+	}
+	return &s.rlOf().q
+}
+
+// replacedVersion lets go of a version a newer one replaced before it
+// went (again): what depends on it no longer waits, and its receipt says
+// lost.
+func (s *session) replacedVersion(ref Ref, t *track) {
+	if t != nil && t.ref == ref {
+		t.dropped = true
+	}
+	if s.cfg.receipts && t != nil {
+		s.relReceiptLost(ref)
+	}
+}
+
+// packedLatest records that version m left the queue.
+func (s *session) packedLatest(m *outMsg) {
+	rl := s.rlOf()
+	k := contentKey{m.id, m.contentID}
+	if rl.queued[k] == m {
+		delete(rl.queued, k)
+	}
+}
+
+// latestDue reports whether a datagram of versions should go before the
+// other reliable messages: it has versions, and none of the others is of
+// higher priority.
+func (s *session) latestDue() bool {
+	rl := s.rlOf()
+	if rl == nil || rl.q.len() == 0 {
+		return false
+	}
+	if s.send.relQ.len() == 0 {
+		return true
+	}
+	return rl.q.items[rl.q.head].priority >= s.send.relQ.items[s.send.relQ.head].priority
+}
+
+// abandonLatest takes a datagram of versions found lost: it goes no more,
+// and the versions in it that are still the newest of their state queue
+// again.
+func (s *session) abandonLatest(d *sent) {
+	rl := s.rlOf()
+	s.loss.abandon(d)
+	dg, _, err := parseDatagram(d.b)
+	requeued := 0
+	k := 0
+	for i := 0; err == nil && i+1 < len(dg.msgs) && k < len(d.latest); i++ {
+		tm := &dg.msgs[i]
+		if tm.fragment || tm.id != idExt {
+			continue
+		}
+		tag, ok := parseLatestTag(tm.payload)
+		if !ok {
+			continue
+		}
+		i++
+		m := &dg.msgs[i]
+		e := d.latest[k]
+		k++
+		key := contentKey{m.id, tag.content}
+		if rl.newest[key] != tag.ver || rl.queued[key] != nil {
+			// Replaced since: it goes no more.
+			s.stats.ReplacedMessages++
+			s.replacedVersion(e.ref, e.t)
+			continue
+		}
+		o := s.newMsg()
+		pbuf := getPayload(len(m.payload))
+		*o = outMsg{ref: e.ref, id: m.id, payload: append((*pbuf)[:0], m.payload...), pbuf: pbuf,
+			reliable: true, tracked: e.t != nil, priority: e.priority, contentID: tag.content,
+			relLatest: true, version: tag.ver, receipted: true, deps: o.deps[:0], after: o.after[:0]}
+		if t := e.t; t != nil && t.ref == e.ref {
+			t.packed = false
+			o.track = t
+		}
+		rl.queued[key] = o
+		rl.q.push(o)
+		requeued += len(m.payload)
+	}
+	if r := d.appBytes - requeued; r > 0 {
+		s.host.sendDone(r)
+	}
+	// Its bytes count again when they go again.
+	d.appBytes = 0
+}
+
+// latestSeen is a receiver's record of the newest version taken of each
+// state.
+type latestSeen struct {
+	newest map[contentKey]uint32
+}
+
+// takeVersion reports whether version ver of state k is newer than any
+// taken, and records it if so.
+func (s *session) takeVersion(k contentKey, ver uint32) bool {
+	x := s.ext()
+	ls := x.seen
+	if ls == nil {
+		ls = &latestSeen{newest: make(map[contentKey]uint32)}
+		x.seen = ls
+	}
+	if old, ok := ls.newest[k]; ok {
+		if !seqLess32(old, ver) {
+			return false
+		}
+	} else if len(ls.newest) >= maxLatestStates {
+		for x := range ls.newest {
+			delete(ls.newest, x)
+			break
+		}
+	}
+	ls.newest[k] = ver
+	return true
+}
+
+// seqLess32 compares 32-bit serial numbers (RFC 1982).
+func seqLess32(a, b uint32) bool { return a != b && b-a < 1<<31 }
