@@ -379,3 +379,23 @@ func TestPMTUBulkAckedIsNoBlackHole(t *testing.T) {
 	assert.Zero(t, p.client().mtu().blackHoles)
 	assert.Equal(t, size, p.client().mtu().size)
 }
+
+func TestPMTULatestStateNotHeldByBulk(t *testing.T) {
+	// Versions of reliable latest state go beside a transfer's bulk
+	// datagrams, not after the transfer.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSimPair(t, cfg, cfg, sizeLimited(0), sizeLimited(0))
+	p.connect()
+	p.send(0, Message{ID: 400, Payload: randomPayload(0, 8<<20), Reliable: true})
+	require.True(t, p.run(time.Minute, func() bool { return p.client().mtu().size == p.client().mtu().max }))
+	p.send(0, Message{ID: 120, Payload: []byte("state"), Reliable: true, ContentID: 1})
+	require.True(t, p.run(time.Minute, func() bool {
+		for _, m := range p.h[1].msgs {
+			if m.ID == 120 {
+				return true
+			}
+		}
+		return false
+	}))
+	assert.Len(t, p.h[1].msgs, 1, "the version arrived before the transfer ended")
+}
