@@ -126,8 +126,12 @@ func TestConfigClamps(t *testing.T) {
 	assert.Equal(t, 24*time.Hour, (&Config{ReorderWindows: map[uint32]time.Duration{7: time.Duration(math.MaxInt64)}}).resolve().reorderWindows[7])
 
 	p := (&Simulation{Loss: -1, Duplicate: 2, Reorder: math.NaN(), Corrupt: math.Inf(1), BurstLen: -3,
-		Delay: -time.Second, Jitter: math.MaxInt64, ReorderDelay: -1, Bandwidth: -5, QueueBytes: -5}).params()
+		Delay: -time.Second, Jitter: math.MaxInt64, ReorderDelay: -1, Bandwidth: -5, QueueBytes: -5, MaxSize: -5}).params()
 	assert.Equal(t, netsim.Params{Duplicate: 1, Corrupt: 1, Jitter: time.Hour}, p)
+
+	assert.Equal(t, 65507, (&Config{MaxPathDatagramSize: math.MaxInt}).resolve().maxPathDatagram())
+	assert.Zero(t, (&Config{MaxPathDatagramSize: 1000}).resolve().pathExtra, "below MaxDatagramSize: off")
+	assert.Zero(t, (&Config{MaxPathDatagramSize: -1}).resolve().pathExtra)
 }
 
 // hostileConfigs are Configs that used to crash or wedge a connection,
@@ -145,6 +149,7 @@ var hostileConfigs = map[string]Config{
 		ConnectionLostTimeout: math.MaxInt64, DisconnectTimeout: math.MaxInt64, ReorderWindow: math.MaxInt64},
 	"huge rates":       {InitialDatagramRate: math.MaxInt, MinDatagramRate: math.MaxInt, MaxMessageSendCount: math.MaxInt},
 	"huge backlog":     {AcceptBacklog: math.MaxInt, MaxPendingConnections: math.MaxInt},
+	"huge path":        {MaxPathDatagramSize: math.MaxInt, MaxDatagramSize: 1},
 	"nil controller":   {CongestionControl: func(CongestionParams) CongestionControl { return nil }},
 	"simulation range": {Simulate: &Simulation{Loss: -1, Duplicate: 2, Reorder: math.NaN(), BurstLen: -3, Delay: -time.Second, Jitter: -time.Second, ReorderDelay: -1, Bandwidth: -5, QueueBytes: -5}},
 	"endless jitter":   {Simulate: &Simulation{Jitter: math.MaxInt64}},

@@ -64,6 +64,18 @@ type Config struct {
 	// MaxDatagramSize is the largest datagram sent, in bytes. Default 1400.
 	// It is taken within 256..65507 (one UDP payload).
 	MaxDatagramSize int
+	// MaxPathDatagramSize, when above MaxDatagramSize, turns on path MTU
+	// discovery (RFC 8899) in the specification's dialect: once a
+	// fragmented transfer starts, the connection probes the path with
+	// padded datagrams for the largest size it carries, up to this one,
+	// and sends the transfer's fragments in datagrams of that size. A
+	// path that stops carrying it (a black hole) is detected, and the
+	// fragments in flight go again at MaxDatagramSize, without the
+	// connection failing. MaxDatagramSize stays the size of every other
+	// datagram, which the path must carry. The receiving end reads
+	// datagrams up to the larger of its two sizes: set it on both ends.
+	// Default 0: off (the reference dialect never probes). At most 65507.
+	MaxPathDatagramSize int
 	// MaxMessageSize is the largest message, in bytes, that Send accepts
 	// and that a peer may make us reassemble. Default 16 MiB.
 	MaxMessageSize int
@@ -308,6 +320,9 @@ type Simulation struct {
 	// beyond QueueBytes waiting at the cap are dropped (default: 50ms of
 	// the cap).
 	Bandwidth, QueueBytes int
+	// MaxSize drops every datagram larger than it, in bytes (0: none), as
+	// a path with that MTU and no ICMP does: to try MaxPathDatagramSize.
+	MaxSize int
 	// Seed seeds the random choices.
 	Seed uint64
 }
@@ -329,7 +344,7 @@ func (s *Simulation) params() netsim.Params {
 		Duplicate: prob(s.Duplicate), Reorder: prob(s.Reorder), ReorderDelay: dur(s.ReorderDelay),
 		Delay: dur(s.Delay), Jitter: dur(s.Jitter), JitterKeepsOrder: s.JitterKeepsOrder,
 		Corrupt: prob(s.Corrupt), Bandwidth: max(s.Bandwidth, 0), QueueBytes: max(s.QueueBytes, 0),
-		Seed: s.Seed,
+		MaxSize: max(s.MaxSize, 0), Seed: s.Seed,
 	}
 }
 
@@ -361,6 +376,12 @@ type config struct {
 	publicAddrs                      []netip.AddrPort
 	cookieThreshold                  int
 	sealTap                          sealTap
+	// pathExtra is how much larger than maxDatagram path MTU discovery
+	// may make a datagram (Config.MaxPathDatagramSize); 0: off.
+	pathExtra int
+	// datagramSize is MaxDatagramSize as resolved, before sealing's
+	// overhead comes off maxDatagram.
+	datagramSize int
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -445,6 +466,10 @@ func (c *Config) resolve() *config {
 		group:            c.Group,
 		logger:           c.Logger,
 	}
+	r.datagramSize = r.maxDatagram
+	if c.MaxPathDatagramSize > r.maxDatagram {
+		r.pathExtra = min(c.MaxPathDatagramSize, maxDatagramSizeLimit) - r.maxDatagram
+	}
 	r.privateKey = bytes.Clone(c.PrivateKey)
 	r.serverKey = bytes.Clone(c.ServerKey)
 	r.tokenKey = bytes.Clone(c.TokenKey)
@@ -467,6 +492,24 @@ func (c *Config) resolve() *config {
 	r.lostTimeout = clampDur(pick(c.ConnectionLostTimeout, 3*r.pingInterval), minTimeout)
 	r.maxFragment = min(max(r.maxFragment, minFragmentSize), maxContentLength-8)
 	return r
+}
+
+// maxPathDatagram is the largest datagram path MTU discovery may send, in
+// the session's terms (as maxDatagram, sealing's overhead taken off).
+func (c *config) maxPathDatagram() int { return c.maxDatagram + c.pathExtra }
+
+// sizeOverhead is what sealing adds to the session's datagrams on the
+// wire (0 in clear).
+func (c *config) sizeOverhead() int { return c.datagramSize - c.maxDatagram }
+
+// readSize is the largest datagram, on the wire, an endpoint with this
+// configuration sends or reads: a larger one is dropped as truncated.
+func (c *config) readSize() int {
+	size := c.maxPathDatagram()
+	if c.privateKey != nil || c.serverKey != nil {
+		size += wireOverhead // what maxDatagram leaves for sealing
+	}
+	return size
 }
 
 // longestReorderWindow is the longest reorder window configured.

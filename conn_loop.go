@@ -319,7 +319,7 @@ func (c *Conn) tidy() {
 
 // flush adds every datagram the session has ready to d's batch.
 func (c *Conn) flush(now time.Time, d *driver) {
-	size := c.cfg.maxDatagram + wireOverhead
+	size := c.cfg.maxPathDatagram() + wireOverhead
 	for {
 		b := c.sess.poll(now, d.buf(size))
 		if b == nil {

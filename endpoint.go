@@ -122,11 +122,7 @@ func newEndpoint(sock socket, connected bool, cfg *config, o *endpointOptions) *
 		ep.parkAfter = defaultParkAfter
 	}
 	ep.sched.init(ep, workersFor(!connected))
-	size := cfg.maxDatagram
-	if cfg.privateKey != nil || cfg.serverKey != nil {
-		size += wireOverhead // what maxDatagram leaves for sealing
-	}
-	ep.pool = packetPool(max(size, 2048) + 1)
+	ep.pool = packetPool(max(cfg.readSize(), 2048) + 1)
 	return ep
 }
 

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"sync"
@@ -310,7 +311,13 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	}
 	for i, f := range t.frags {
 		if f.number != uint32(i) {
-			return nil, nil, errFragDuplicate
+			if !r.dropRepeats(t) {
+				return nil, nil, errFragDuplicate
+			}
+			if uint32(len(t.frags)) < t.count {
+				return t, nil, nil // the rest is on its way
+			}
+			break
 		}
 	}
 	if t.sorted {
@@ -324,6 +331,31 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		msg = append(msg, t.arena[f.off:f.off+f.len]...)
 	}
 	return t, msg, nil
+}
+
+// dropRepeats removes from t's fragments, sorted by number, the copies of
+// a fragment that came twice with the same bytes: a sender that repacked
+// the fragments of a datagram it took for lost after a path MTU black hole
+// (pmtu.go) sends them again under new PacketIDs, and the first may have
+// arrived after all. It reports false if two fragments of one number
+// differ: a protocol error. The copies' bytes stay in the arena, which is
+// then no longer the message (sorted is cleared).
+func (r *reassembly) dropRepeats(t *transfer) bool {
+	kept := t.frags[:1]
+	for _, f := range t.frags[1:] {
+		last := kept[len(kept)-1]
+		if f.number != last.number {
+			kept = append(kept, f)
+			continue
+		}
+		if !bytes.Equal(t.arena[f.off:f.off+f.len], t.arena[last.off:last.off+last.len]) {
+			return false
+		}
+		r.bytes -= fragRecordCost
+	}
+	t.frags = kept
+	t.sorted = false
+	return true
 }
 
 // finish forgets a completed transfer, freeing its TransferID.

@@ -154,6 +154,36 @@ func TestReassemblyAnyOrder(t *testing.T) {
 	assert.Zero(t, r.active)
 }
 
+func TestReassemblyDropsRepeatedCopies(t *testing.T) {
+	// A fragment that comes twice with the same bytes (a sender that
+	// repacked a datagram it took for lost, pmtu.go) is dropped: the
+	// message is whole and right, and its record given back.
+	payload := randomPayload(7, 1000)
+	frag := func(n int) message {
+		return message{fragment: true, fragNumber: uint32(n), payload: payload[n*250 : (n+1)*250]}
+	}
+	start := message{fragStart: true, fragment: true, id: 6, fragCount: 4, payload: payload[:250]}
+	for _, order := range [][]message{
+		{start, frag(1), frag(1), frag(2), frag(3)},
+		{frag(2), start, frag(2), frag(1), frag(2), frag(3)},
+		{start, frag(1), frag(2), frag(3)}, // no copy: complete at once
+	} {
+		r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+		var got []byte
+		for i := range order {
+			tr, msg, err := r.add(&order[i], msgRef{pid: uint32(i)}, startOrder{})
+			require.NoError(t, err)
+			if msg != nil {
+				require.Nil(t, got, "completed once")
+				got = append([]byte(nil), msg...)
+				r.finish(tr)
+			}
+		}
+		assert.Equal(t, payload, got)
+		assert.Zero(t, r.bytes, "the copies' records given back")
+	}
+}
+
 func TestReassemblyHostile(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
@@ -177,7 +207,7 @@ func TestReassemblyHostile(t *testing.T) {
 		{"repeated number", []message{
 			{fragStart: true, fragment: true, id: 6, fragCount: 3, payload: []byte{1}},
 			{fragment: true, fragNumber: 1, payload: []byte{1}},
-			{fragment: true, fragNumber: 1, payload: []byte{1}},
+			{fragment: true, fragNumber: 1, payload: []byte{2}},
 		}, errFragDuplicate},
 		{"reserved ID", []message{{fragStart: true, fragment: true, id: idDisconnect, fragCount: 2, payload: []byte{1}}}, errFragControl},
 		{"empty fragments without end", emptyFragments(3000/minFragAverage + 10), errFragTooMany},

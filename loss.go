@@ -165,6 +165,7 @@ type ackResult struct {
 	// datagrams carrying fragments.
 	rels       []relRange
 	fragDgrams int
+	bulkAcked  bool // a bulk datagram larger than MaxDatagramSize (pmtu.go)
 }
 
 // relRange is count reliable numbers from first on.
@@ -199,6 +200,9 @@ func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
 		l.spuriousLoss(now)
 	}
 	l.newlyAcked += len(d.b)
+	if d.bulk && len(d.b) > l.cfg.maxDatagram {
+		r.bulkAcked = true // the path carries it (pmtu.go)
+	}
 	// The delivery rate sample comes from the most recently sent datagram
 	// acked.
 	l.delivered += int64(len(d.b))

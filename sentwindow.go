@@ -25,6 +25,8 @@ type sent struct {
 	appBytes  int  // application payload bytes carried, for send buffer accounting
 	hold      int  // of which the receiver may have to hold (see session.holdLimit)
 	whole0    bool // its first block is a whole message: an anchor once acked
+	bulk      bool // it holds only fragments past their start (pmtu.go)
+	retireAt  int  // after a black hole, the send count past which it may be retired (pmtu.go)
 	// Delivery rate estimation (draft-cheng-iccrg-delivery-rate-estimation),
 	// as of the last send.
 	delivered   int64

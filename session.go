@@ -16,10 +16,10 @@ type session struct {
 	client bool
 	secure bool // a secure session (secure_layer.go): every datagram it is handed was authenticated
 	state  sessState
-	err    error // why the connection ended
-	stats  Stats
 	events sessEvent // what the connection has yet to act on
 	owed   owed      // control messages the peer is owed, which poll sends
+	err    error     // why the connection ended
+	stats  Stats
 
 	// The wire (session_wire.go): how datagrams are read and built, in
 	// the spec's dialect (session_spec.go, session_specsend.go) or the
@@ -198,8 +198,9 @@ func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time
 	if dialect == DialectReference {
 		s.wire = newCppWire(s)
 	} else {
-		s.wire = &specWire{s}
+		s.wire = &specWire{s: s}
 	}
+	s.initPMTU()
 	s.secure = client && cfg.serverKey != nil || !client && cfg.privateKey != nil
 	if s.secure {
 		// Both ends number from 0; the handshake's datagrams, in clear,
@@ -258,6 +259,7 @@ func (s *session) dropSending() {
 		*q = sendQueue{}
 	}
 	s.send.bulk = nil
+	released += s.dropRetired()
 	released += s.loss.drop()
 	s.send.spanHold = 0
 	s.anchors.hasApplied, s.anchors.hasLastWhole = false, false
@@ -281,6 +283,12 @@ func (s *session) snapshot() Stats {
 	st.InFlight = s.loss.sent.count
 	st.FastRetransmits = s.loss.fastRetransmits
 	st.SpuriousLosses = s.loss.spuriousLosses
+	st.PathDatagramSize = s.cfg.maxDatagram
+	if p := s.mtu(); p != nil {
+		st.PathDatagramSize = p.size
+	}
+	// In the Config's terms: a whole UDP payload, sealed or not.
+	st.PathDatagramSize += s.cfg.sizeOverhead()
 	return st
 }
 

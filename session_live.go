@@ -86,6 +86,7 @@ func (s *session) handlePing(now time.Time, id uint32, payload []byte) bool {
 }
 
 func (s *session) handlePingReply(now time.Time, id uint8) {
+	s.pmtuPingReply(now, id)
 	for i := range min(s.live.pingCount, len(s.live.pings)) {
 		p := &s.live.pings[i]
 		if p.id == id && !p.answered {

@@ -46,6 +46,7 @@ func (s *session) sendDeadline(now time.Time, held bool, t *deadlines) {
 	if s.send.pacedOut {
 		t.at(s.rc.nextSend(now, s.cfg.maxDatagram))
 	}
+	s.pmtuDeadline(t)
 }
 
 // advanceSend runs the loss and probe timers: what they find lost goes
@@ -61,6 +62,7 @@ func (s *session) advanceSend(now time.Time) {
 		s.onProbeTimeout(now)
 	}
 	s.expireReceipts(now)
+	s.advancePMTU(now)
 }
 
 // onProbeTimeout runs when nothing was acked for a probe timeout (see
@@ -98,9 +100,12 @@ func (s *session) ackDelay() time.Duration {
 func (s *session) getBuf(n int) []byte {
 	if n > s.cfg.maxDatagram/2 {
 		if b, ok := s.send.freeBufs.get(); ok {
-			return b[:0]
+			if cap(b) >= n {
+				return b[:0]
+			}
+			putShared(b) // too small for a datagram past the base (pmtu.go)
 		}
-		n = s.cfg.maxDatagram
+		n = max(n, s.cfg.maxDatagram)
 	}
 	p := getPayload(n)
 	b := (*p)[:0]
@@ -247,6 +252,9 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
+	if b := s.pollProbe(now, buf); b != nil {
+		return b
+	}
 	if b := s.pollReliable(now); b != nil {
 		return b
 	}
@@ -332,10 +340,20 @@ func (s *session) spanFull() bool {
 // pollReliable returns a retransmission or a new reliable datagram.
 func (s *session) pollReliable(now time.Time) []byte {
 	d := s.loss.nextResend()
-	for d != nil && len(d.latest) > 0 {
-		// Versions of latest state: what is still the newest goes in a
-		// new datagram, the rest no more (latest.go).
-		s.abandonLatest(d)
+	for d != nil {
+		if len(d.latest) > 0 {
+			// Versions of latest state: what is still the newest goes
+			// in a new datagram, the rest no more (latest.go).
+			s.abandonLatest(d)
+		} else if d.bulk && s.mtu() != nil {
+			s.suspectBulk(now, d)
+			if !s.tooLarge(d) {
+				break
+			}
+			s.retire(d) // its fragments go in smaller datagrams (pmtu.go)
+		} else {
+			break
+		}
 		d = s.loss.nextResend()
 	}
 	if d != nil {
@@ -350,7 +368,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.stats.BytesSent += uint64(len(d.b))
 		return d.b
 	}
-	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 && s.latestQueued() == 0 {
+	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.send.relQ.len() == 0 && s.latestQueued() == 0 && !s.repacking() {
 		if s.loss.inflight < s.rc.window() {
 			// Nothing to send though the window has room.
 			s.loss.appLimited()
@@ -365,7 +383,7 @@ func (s *session) pollReliable(now time.Time) []byte {
 		s.loss.appLimited()
 		return nil
 	}
-	if !s.rc.canSend(now, s.cfg.maxDatagram) {
+	if !s.rc.canSend(now, s.datagramLimit()) {
 		s.send.pacedOut = true
 		return nil
 	}
@@ -558,6 +576,12 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
+	if a := &s.sc().acked; a.bulkAcked {
+		a.bulkAcked = false
+		if p := s.mtu(); p != nil {
+			p.bulkAckedAt = now
+		}
+	}
 	if a := &s.sc().acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
 			s.host.sendDone(a.appBytes)
@@ -567,6 +591,9 @@ func (s *session) afterAcks(now time.Time) {
 		}
 		s.wire.freed(a)
 		*a = ackResult{tids: a.tids[:0], rels: a.rels[:0]}
+	}
+	if s.mtu() != nil {
+		s.settleRetired()
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)

@@ -10,8 +10,12 @@ import "time"
 
 // specWire is the specification's wire. Its buffers are the session's
 // (scratch.rd, scratch.wh): session_apply.go reads the datagram being
-// handled.
-type specWire struct{ s *session }
+// handled. (The session's size is tight: path MTU discovery's state,
+// which only this wire has, hangs from here.)
+type specWire struct {
+	s    *session
+	pmtu *pmtuState // path MTU discovery (pmtu.go); nil when off
+}
 
 // The specification's wire has every word the session uses.
 func (w *specWire) hasConnectAck() bool    { return true }

@@ -78,6 +78,9 @@ func (p *specPacking) room() int { return p.limit - sizeHeader(p.h) - len(p.body
 // buildReliable packs reliable messages into a new datagram, followed by
 // whatever acks fit.
 func (w *specWire) buildReliable(now time.Time) []byte {
+	if b := w.buildBulk(now); b != nil {
+		return b
+	}
 	s := w.s
 	if !s.owed.owes(oweAck|oweFlow|oweAnchor) && s.latestDue() {
 		return w.buildLatest(now)

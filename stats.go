@@ -53,6 +53,13 @@ type Stats struct {
 	// server's connections move; a client's count stays 0.
 	Migrations uint64
 
+	// PathDatagramSize is the largest datagram the connection sends now,
+	// in UDP payload bytes: MaxDatagramSize, or with path MTU discovery
+	// (Config.MaxPathDatagramSize) the size found to be carried, which
+	// fragmented transfers use. (It falls back to MaxDatagramSize when
+	// the path stops carrying it.)
+	PathDatagramSize int
+
 	SendRate float64 // datagrams per second the rate control allows now
 	InFlight int     // reliable datagrams unacked
 

@@ -57,6 +57,10 @@ type Params struct {
 	// they are dropped.
 	Bandwidth  int
 	QueueBytes int
+	// MaxSize, when above 0, drops every datagram larger than it, in
+	// bytes, as a path with that MTU and no ICMP does (a black hole for
+	// path MTU discovery). Link.SetMaxSize changes it on a link in use.
+	MaxSize int
 	// Seed seeds the random choices.
 	Seed uint64
 }
@@ -71,6 +75,8 @@ type Fate struct {
 // Stats count what a Link did.
 type Stats struct {
 	Sent, Delivered, Lost, QueueDrops, Duplicated, Reordered, Corrupted uint64
+	// TooBig counts the datagrams dropped for being above MaxSize.
+	TooBig uint64
 	// Bytes counts the bytes of the datagrams sent.
 	Bytes uint64
 }
@@ -107,6 +113,14 @@ func NewLink(p Params) *Link {
 
 // Params returns the link's parameters.
 func (l *Link) Params() Params { return l.p }
+
+// SetMaxSize changes the largest datagram the link carries (Params.MaxSize)
+// from now on; 0 lifts the limit.
+func (l *Link) SetMaxSize(n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.p.MaxSize = max(n, 0)
+}
 
 // Stats returns what the link has done so far.
 func (l *Link) Stats() Stats {
@@ -177,6 +191,10 @@ func (l *Link) Decide(now time.Time, size int) Fate {
 	l.stats.Sent++
 	l.stats.Bytes += uint64(size)
 	f := Fate{Flip: -1}
+	if l.p.MaxSize > 0 && size > l.p.MaxSize {
+		l.stats.TooBig++
+		return f
+	}
 	if l.lost(now) {
 		l.stats.Lost++
 		return f

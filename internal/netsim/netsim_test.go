@@ -34,6 +34,18 @@ func TestPerfectPath(t *testing.T) {
 	assert.Equal(t, uint64(1000), st.Delivered)
 }
 
+func TestMaxSizeDropsLarger(t *testing.T) {
+	l := NewLink(Params{MaxSize: 1500})
+	assert.NotEmpty(t, l.Decide(t0, 1500).After, "at the limit")
+	assert.Empty(t, l.Decide(t0, 1501).After, "above it")
+	l.SetMaxSize(1000)
+	assert.Empty(t, l.Decide(t0, 1500).After, "above the lowered limit")
+	assert.NotEmpty(t, l.Decide(t0, 1000).After)
+	st := l.Stats()
+	assert.Equal(t, uint64(2), st.TooBig)
+	assert.Equal(t, uint64(2), st.Delivered)
+}
+
 func TestUniformLoss(t *testing.T) {
 	_, st := run(Params{Loss: 0.1, Seed: 1}, 100000, 100, 0)
 	assert.InDelta(t, 0.1, float64(st.Lost)/1e5, 0.005)

@@ -80,6 +80,7 @@ func addStats(a, b Stats) Stats {
 	a.Sent += b.Sent
 	a.Delivered += b.Delivered
 	a.Lost += b.Lost
+	a.TooBig += b.TooBig
 	a.QueueDrops += b.QueueDrops
 	a.Duplicated += b.Duplicated
 	a.Reordered += b.Reordered
