@@ -250,3 +250,64 @@ func TestReliableLatestStateReferenceQueue(t *testing.T) {
 	}
 	assert.Len(t, p.h[1].msgs, 4)
 }
+
+// Replacing a queued version costs the same however many states are
+// queued: with 20,000 states waiting (a peer that stopped acking), each new
+// version of one of them replaces its queued one.
+func BenchmarkReplaceQueuedVersion(b *testing.B) {
+	p := newSimPair(b, nil, nil, perfect, perfect)
+	p.connect()
+	p.cut[0] = true // nothing leaves: every version stays queued
+	const states = 20_000
+	s := p.client()
+	b.ReportAllocs()
+	payload := make([]byte, 16)
+	send := func(k int) {
+		o := s.newMsg()
+		pbuf := getPayload(len(payload))
+		*o = outMsg{ref: Ref(k<<1 | 1), id: 120, payload: append((*pbuf)[:0], payload...), pbuf: pbuf, reliable: true,
+			contentID: uint32(k%states + 1), deps: o.deps[:0], after: o.after[:0]}
+		s.prepare(o)
+		s.enqueue(o)
+	}
+	for k := range states {
+		send(k)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		send(i)
+	}
+}
+
+// Versions replaced in the queue leave it in sweeps, and only the newest of
+// each state goes once the path is back.
+func TestReliableLatestStateReplacedInQueue(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	const states, rounds = 200, 4
+	// Hold everything at the sender: the window full of a transfer no ack
+	// will come for yet.
+	p.cut[0] = true
+	p.send(0, Message{ID: 121, Payload: make([]byte, 200<<10), Reliable: true})
+	p.run(50*time.Millisecond, nil)
+	for r := range rounds {
+		for k := range states {
+			p.send(0, Message{ID: 120, Payload: versionPayload(r*states+k, 8), Reliable: true, ContentID: uint32(k + 1)})
+		}
+	}
+	rl := p.client().rlOf()
+	require.NotNil(t, rl)
+	assert.LessOrEqual(t, rl.q.len(), 2*states, "swept as it went")
+	p.cut[0] = false
+	require.True(t, p.run(30*time.Second, func() bool { return p.client().latestQueued() == 0 && p.client().loss.sent.count == 0 }))
+	p.run(time.Second, nil)
+	got := 0
+	for _, m := range p.h[1].msgs {
+		if m.ID == 120 {
+			got++
+			assert.GreaterOrEqual(t, int(binary.LittleEndian.Uint32(m.Payload)), (rounds-1)*states, "only the newest round")
+		}
+	}
+	assert.Equal(t, states, got)
+}
