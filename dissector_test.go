@@ -182,6 +182,10 @@ type msgView struct {
 	PingID              int // -1 unless a ping
 	Rate                int // FlowControlRequest
 	Acked               []uint32
+	// knet's extensions in ID 5: 1 an ack request, 2 a latest-state
+	// tag and what it says.
+	ExtKind                      int
+	LatestContent, LatestVersion uint32
 }
 
 var reservedNames = map[uint32]string{
@@ -203,6 +207,15 @@ func reservedView(v *msgView, payload []byte, cpp bool) bool {
 	case idFlowControlRequest:
 		if len(payload) >= 2 {
 			v.Rate = int(binary.LittleEndian.Uint16(payload))
+		}
+	case idExt:
+		if cpp {
+			break
+		}
+		if len(payload) == 1 && payload[0] == extAckRequest {
+			v.ExtKind = extAckRequest
+		} else if tag, ok := parseLatestTag(payload); ok {
+			v.ExtKind, v.LatestContent, v.LatestVersion = extLatest, tag.content, tag.ver
 		}
 	case idPacketAck:
 		parse := parsePacketAck
@@ -341,6 +354,12 @@ func pdmlView(t *testing.T, tree *pdmlField) wireView {
 			m.Rate = int(num(f))
 		case "knetgo.ack.id":
 			m.Acked = append(m.Acked, uint32(num(f)))
+		case "knetgo.ext.kind":
+			m.ExtKind = int(num(f))
+		case "knetgo.latest.content_id":
+			m.LatestContent = uint32(num(f))
+		case "knetgo.latest.version":
+			m.LatestVersion = uint32(num(f))
 		case "knetgo.malformed":
 			w.Malformed = true
 		}
@@ -373,7 +392,7 @@ func (tr *trace) add(what string, src, dst uint16, b []byte, want wireView) {
 // close, and returns every datagram sent, client's first.
 func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 	link := netsim.Params{Delay: 20 * time.Millisecond}
-	p := newSimPairIn(t, dialect, &Config{ConnectPayload: []byte("let me in")}, nil, link, link)
+	p := newSimPairIn(t, dialect, &Config{ConnectPayload: []byte("let me in"), Receipts: true}, nil, link, link)
 	p.tap = func(from int, b []byte) {
 		var pair [2][]byte
 		pair[from] = append([]byte(nil), b...)
@@ -392,6 +411,7 @@ func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 		p.send(0, numbered(300+uint32(i), i, 40)) // reliable, no order
 		p.send(0, Message{ID: 400, Payload: []byte{byte(i)}})
 		p.send(0, Message{ID: 500, ContentID: 7, Payload: []byte{byte(i)}})
+		p.send(0, Message{ID: 600, ContentID: 70000, Reliable: true, Payload: []byte{byte(i)}}) // reliable latest state
 		p.run(2*time.Millisecond, nil)
 	}
 	big := make([]byte, 5000)
@@ -539,6 +559,14 @@ func TestDissector(t *testing.T) {
 		if got.Malformed {
 			covered[got.Dialect+" malformed"] = true
 		}
+		for _, m := range got.Msgs {
+			switch m.ExtKind {
+			case extAckRequest:
+				covered["ack request"] = true
+			case extLatest:
+				covered["latest-state tag"] = true
+			}
+		}
 	}
 	for _, k := range []string{
 		"spec ConnectSyn", "spec ConnectSynAck", "spec ConnectAck", "spec PacketAck", "spec PingRequest",
@@ -547,7 +575,7 @@ func TestDissector(t *testing.T) {
 		"reference PacketAck", "reference PingRequest", "reference PingReply", "reference Disconnect",
 		"reference DisconnectAck", "reference FragmentStart", "reference FragmentNumber", "reference malformed",
 		"reliable number above 32767", "reference FlowControlRequest", "spec PacketID above 16 bits", "reference PacketID above 16 bits",
-		"PacketID wrap",
+		"PacketID wrap", "ack request", "latest-state tag",
 	} {
 		assert.True(t, covered[k], "no datagram exercised %q", k)
 	}

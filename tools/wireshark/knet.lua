@@ -110,6 +110,11 @@ local pf = {
 	ack_bits = ProtoField.uint32("knetgo.ack.bits", "Sequence bits", base.HEX),
 	ack_id = ProtoField.uint32("knetgo.ack.id", "Acked PacketID"),
 	connect_data = ProtoField.bytes("knetgo.connect.data", "Application content"),
+	-- knet's extensions in reserved ID 5 (docs/PROTOCOL.md 4).
+	ext_kind = ProtoField.uint8("knetgo.ext.kind", "knet extension", base.DEC,
+		{ [1] = "AckRequest", [2] = "LatestStateTag" }),
+	latest_content = ProtoField.uint32("knetgo.latest.content_id", "ContentID"),
+	latest_version = ProtoField.uint32("knetgo.latest.version", "Version number"),
 }
 knet.fields = pf
 
@@ -472,6 +477,16 @@ local function add_reserved(t, tvb, m, dialect)
 			return name .. " " .. le(tvb, at, 2) .. "/s"
 		end
 		t:add_proto_expert_info(ef.note, name .. " without its u16 rate")
+	elseif id == ID_ANCHOR and dialect == "spec" and len == 1 and u8(tvb, at) == 1 then
+		-- An unreliable datagram asking to be acked (delivery receipts).
+		t:add(pf.ext_kind, tvb(at, 1))
+		return "AckRequest"
+	elseif id == ID_ANCHOR and dialect == "spec" and len == 9 and u8(tvb, at) == 2 then
+		-- The next message is a reliable latest-state version.
+		t:add(pf.ext_kind, tvb(at, 1))
+		t:add_le(pf.latest_content, tvb(at + 1, 4))
+		t:add_le(pf.latest_version, tvb(at + 5, 4))
+		return "LatestStateTag " .. le(tvb, at + 1, 4) .. " v" .. le(tvb, at + 5, 4)
 	elseif id == ID_CONNECT_SYN or id == ID_CONNECT_SYN_ACK then
 		if len > 0 then t:add(pf.connect_data, tvb(at, len)) end
 	elseif len > 0 and (id == ID_DISCONNECT or id == ID_DISCONNECT_ACK or id == ID_CONNECT_ACK) then
@@ -543,7 +558,7 @@ local function render_msg(tree, tvb, d, m)
 		if m.id == ID_ANCHOR then
 			-- knet pads its ConnectSyn datagram with it, and anchors
 			-- in-order messages with an empty one (docs/PROTOCOL.md 4).
-			it:append_text(" (ignored by receivers: knet's padding or in-order anchor)")
+			it:append_text(" (ignored by receivers: knet's padding, in-order anchor, ack request, latest-state tag or server query)")
 		end
 	end
 	t:add(pf.msg_payload_len, m.payload_len):set_generated()
