@@ -307,6 +307,9 @@ func TestTCPFramerMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok)
 	assert.LessOrEqual(t, cap(f.buf), tcpFramerMinBuf)
+	// Nor does looking at it allocate anything, even for a moment.
+	assert.Zero(t, testing.AllocsPerRun(10, func() { parseTCPFrame(frame[:5], defaultMaxMessageSize) }))
+	assert.Zero(t, testing.AllocsPerRun(10, func() { f.next() }))
 	arrived := 5
 	for arrived < len(frame) {
 		k := min(64<<10, len(frame)-arrived)
@@ -329,6 +332,22 @@ func TestTCPFramerMemory(t *testing.T) {
 	_, _, ok, _ = f.next()
 	require.True(t, ok)
 	assert.LessOrEqual(t, cap(f.buf), tcpFramerKeep)
+
+	// The buffer grows by doubling: a 1 MiB frame in 1 KiB pieces takes a
+	// handful of allocations, not one a piece.
+	frame = appendTCPFrame(frame[:0], 10, tcpSeqPayload(2, 1<<20))
+	allocs := testing.AllocsPerRun(1, func() {
+		f := newTCPFramer(defaultMaxMessageSize)
+		frames := 0
+		for s := frame; len(s) > 0; s = s[min(1024, len(s)):] {
+			f.feed(s[:min(1024, len(s))])
+			if _, _, ok, _ := f.next(); ok {
+				frames++
+			}
+		}
+		require.Equal(t, 1, frames)
+	})
+	assert.LessOrEqual(t, allocs, 12.0)
 
 	// Never past the longest frame plus the piece being fed.
 	f = &tcpFramer{maxFrame: 1000}
