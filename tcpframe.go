@@ -25,8 +25,12 @@ import (
 // (README §5: 10485760 is allowed, 10485761 closes the connection).
 const cppTCPMaxFrame = 10 << 20
 
-// tcpSizeFieldMax is the longest size field: the 4-byte VLE-1.7/1.7/16 form.
-const tcpSizeFieldMax = 4
+// tcpSizeFieldMax and tcpIDFieldMax are the longest size and MessageID
+// fields: the 4-byte VLE-1.7/1.7/16 form.
+const (
+	tcpSizeFieldMax = 4
+	tcpIDFieldMax   = 4
+)
 
 var (
 	errTCPFrameSize0    = errors.New("knet: tcp frame of size 0 (a frame holds at least its MessageID)")
@@ -119,10 +123,10 @@ func newTCPFramer(maxMessage int) *tcpFramer {
 // maxMessage payload bytes: the payload plus the longest MessageID field,
 // at most what the size field can hold.
 func tcpMaxFrame(maxMessage int) int {
-	if maxMessage > maxVLE32-tcpSizeFieldMax {
+	if maxMessage > maxVLE32-tcpIDFieldMax {
 		return maxVLE32
 	}
-	return max(maxMessage, 0) + tcpSizeFieldMax
+	return max(maxMessage, 0) + tcpIDFieldMax
 }
 
 // maxHeld bounds an incomplete frame: the longest size field and the
