@@ -242,6 +242,9 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	write("FuzzQueryDatagram", "seed-query-short", bytesLit(appendQueryDatagram(nil, queryKindQuery, testNonce(1), nil, 0)))
 	write("FuzzQueryDatagram", "seed-answer", bytesLit(appendQueryDatagram(nil, queryKindAnswer, testNonce(7), []byte("name=knet;map=e1m1;players=3/16"), 0)))
 	write("FuzzQueryDatagram", "seed-answer-full", bytesLit(appendQueryDatagram(nil, queryKindAnswer, testNonce(7), make([]byte, MaxQueryInfo), 0)))
+	for name, s := range tcpFrameSeeds(t) {
+		write("FuzzTCPFrameStream", "seed-"+name, bytesLit(s.stream), bytesLit(s.pieces), fmt.Sprintf("uint16(%d)", s.limit))
+	}
 	write("FuzzInOrder", "seed-mixed", "uint64(5)", "byte('d')", "byte('\\n')", "byte('\\x14')")
 	for i, c := range fuzzConfigSeeds {
 		f := fmt.Sprintf("float64(%v)", c.loss)
