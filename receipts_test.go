@@ -373,3 +373,37 @@ func TestReceiptsThroughGroupAndConn(t *testing.T) {
 		assert.Equal(t, uint64(events), st.ReceiptsDelivered)
 	})
 }
+
+// Receipts the application never takes stop at maxReceipts: the oldest
+// quarter goes when it is reached, counted in Stats.ReceiptsDropped, and
+// the newest are kept, each once, in order.
+func TestReceiptsBoundedWhenNotTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		cfg := testConfig()
+		cfg.Receipts = true
+		c := nw.dial(t, l.Addr().String(), cfg)
+		const n = maxReceipts + maxReceipts/4 - 100
+		refs := make([]Ref, 0, n)
+		for k := range n {
+			r, err := c.SendRef(Message{ID: 100, Payload: seqPayload(k)})
+			require.NoError(t, err)
+			require.NotZero(t, r)
+			refs = append(refs, r)
+			if k%256 == 0 {
+				time.Sleep(time.Millisecond) // the bubble's clock: let them go
+			}
+		}
+		time.Sleep(2 * time.Second) // every receipt told
+		synctest.Wait()
+		st := c.Stats()
+		assert.Equal(t, uint64(n), st.ReceiptsDelivered+st.ReceiptsLost, "each told once")
+		assert.Equal(t, uint64(maxReceipts/4), st.ReceiptsDropped)
+		got := c.Receipts(nil)
+		require.Len(t, got, n-maxReceipts/4)
+		for i, r := range got {
+			assert.Equal(t, refs[maxReceipts/4+i], r.Ref, "receipt %d", i)
+		}
+	})
+}
