@@ -1,0 +1,150 @@
+package knet
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// Hostile and unlucky paths against path MTU discovery (pmtu.go).
+
+func TestHostilePMTULateRetiredDatagram(t *testing.T) {
+	// A bulk datagram larger than the base is held back on the path (an
+	// attacker delaying it, or a path that black-holes the size and then
+	// lets one copy through late) until after the sender retired it and
+	// the transfer was completed by the repacked fragments. Its
+	// fragments then reach the receiver after the transfer finished:
+	// they must not linger as a phantom transfer under the TransferID,
+	// which the sender reuses later (after 256 transfers) for another
+	// message whose fragments of the same numbers differ. Before the
+	// fix, that later transfer ended the connection with a protocol
+	// error.
+	cfg := &Config{MaxDatagramSize: 1200, MaxPathDatagramSize: 4000}
+	path := netsim.Params{Delay: 5 * time.Millisecond}
+	p := newSimPair(t, cfg, cfg, path, path)
+	p.connect()
+	first := Message{ID: 400, Payload: randomPayload(1, 256<<10), Reliable: true}
+	p.send(0, first)
+	require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().mtu().searching }))
+	require.Greater(t, p.client().mtu().size, 1300)
+
+	// The next transfer's datagrams above 1300 bytes are held: the
+	// first copy of each bulk one kept to be delivered late.
+	var held [][]byte
+	heldPID := map[uint32]bool{}
+	p.drop = func(from int, b []byte) bool {
+		if from != 0 || len(b) <= 1300 {
+			return false
+		}
+		var h header
+		if _, err := parseHeader(b, &h); err == nil && h.reliable && !heldPID[h.packetID] {
+			heldPID[h.packetID] = true
+			held = append(held, append([]byte(nil), b...))
+		}
+		return true
+	}
+	second := Message{ID: 400, Payload: randomPayload(2, 256<<10), Reliable: true}
+	p.send(0, second)
+	require.True(t, p.run(5*time.Minute, func() bool { return len(p.h[1].msgs) == 2 }))
+	require.Positive(t, p.client().mtu().retiredCount, "bulk datagrams were retired and repacked")
+	require.NotEmpty(t, held)
+	assert.True(t, bytes.Equal(second.Payload, p.h[1].msgs[1].Payload))
+
+	// Now the held copies arrive, after the transfer was delivered.
+	p.drop = nil
+	for _, b := range held {
+		p.inject(1, b)
+	}
+	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.sent.count == 0 }))
+	require.Equal(t, stateOK, p.server().state, "%v", p.server().err)
+
+	// 256 more transfers: each TransferID is used again.
+	want := 2
+	for i := range 260 {
+		m := Message{ID: 400, Payload: randomPayload(uint64(100+i), 8<<10), Reliable: true}
+		p.send(0, m)
+		want++
+		require.True(t, p.run(time.Minute, func() bool {
+			return len(p.h[1].msgs) == want || p.server().done()
+		}), "transfer %d", i)
+		require.Equal(t, stateOK, p.server().state, "transfer %d: %v", i, p.server().err)
+		require.True(t, bytes.Equal(m.Payload, p.h[1].msgs[want-1].Payload), "transfer %d delivered intact", i)
+	}
+	assert.Zero(t, p.server().stats.ProtocolErrors)
+}
+
+func TestHostileStaleFragmentsAfterTransferIDReuse(t *testing.T) {
+	// Copies of fragments of a finished transfer (a repacked retired
+	// datagram and the original, pmtu.go) come in datagrams older than
+	// the FragmentStart of the next transfer under that TransferID,
+	// before it or after it: they are dropped, and the new message is
+	// whole and intact.
+	spec := startOrder{pidOrder: true}
+	frag := func(number uint32, payload string) *message {
+		return &message{fragment: true, transferID: 3, fragNumber: number, payload: []byte(payload)}
+	}
+	start := &message{fragment: true, fragStart: true, transferID: 3, fragCount: 3, id: 400, payload: []byte("A0")}
+	r := reassembly{maxMessage: 1 << 20, budget: 1 << 20}
+	add := func(m *message, pid uint32) []byte {
+		t.Helper()
+		tr, msg, err := r.add(m, msgRef{pid: pid}, spec)
+		require.NoError(t, err)
+		if msg != nil {
+			msg = bytes.Clone(msg)
+			r.finish(tr)
+		}
+		return msg
+	}
+	add(start, 10)
+	add(frag(1, "A1"), 11)
+	assert.Equal(t, "A0A1A2", string(add(frag(2, "A2"), 12)))
+	add(frag(2, "A2"), 13) // a late copy: the transfer is over
+
+	next := &message{fragment: true, fragStart: true, transferID: 3, fragCount: 3, id: 400, payload: []byte("B0")}
+	add(next, 20)
+	add(frag(1, "A1"), 11) // older than the FragmentStart, after it
+	add(frag(1, "B1"), 21)
+	assert.Equal(t, "B0B1B2", string(add(frag(2, "B2"), 22)))
+	assert.Zero(t, r.active)
+	assert.Zero(t, r.bytes, "nothing left counted")
+
+	// A fragment number beyond the new count, stale, is no protocol
+	// error either; one that is not stale still is.
+	add(frag(5, "A5"), 15)
+	add(&message{fragment: true, fragStart: true, transferID: 3, fragCount: 2, id: 400, payload: []byte("C0")}, 30)
+	assert.Equal(t, "C0C1", string(add(frag(1, "C1"), 31)))
+	_, _, err := r.add(frag(5, "D5"), msgRef{pid: 41}, spec)
+	require.NoError(t, err)
+	_, _, err = r.add(&message{fragment: true, fragStart: true, transferID: 3, fragCount: 2, id: 400, payload: []byte("D0")}, msgRef{pid: 40}, spec)
+	assert.ErrorIs(t, err, errFragNumber)
+
+	// The reference dialect resends under new PacketIDs: there an
+	// older PacketID proves nothing, and nothing is dropped for it.
+	r = reassembly{maxMessage: 1 << 20, budget: 1 << 20}
+	ref := startOrder{}
+	for _, pid := range []uint32{10, 11} {
+		m := start
+		if pid == 11 {
+			m = frag(1, "A1")
+			m.fragNumber = 1
+		}
+		_, _, err := r.add(m, msgRef{pid: pid}, ref)
+		require.NoError(t, err)
+	}
+	tr, msg, err := r.add(frag(2, "A2"), msgRef{pid: 12}, ref)
+	require.NoError(t, err)
+	require.Equal(t, "A0A1A2", string(msg))
+	r.finish(tr)
+	_, _, err = r.add(frag(2, "X2"), msgRef{pid: 5}, ref)
+	require.NoError(t, err)
+	_, _, err = r.add(frag(1, "X1"), msgRef{pid: 6}, ref)
+	require.NoError(t, err)
+	_, msg, err = r.add(next, msgRef{pid: 20}, ref)
+	require.NoError(t, err)
+	assert.Equal(t, "B0X1X2", string(msg), "fragments sent again under new PacketIDs before their start are kept")
+}
