@@ -2,6 +2,7 @@ package knet
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/knet-go/knet/internal/netsim"
+	"github.com/knet-go/knet/internal/udp"
 )
 
 // Hostile and unlucky paths against path MTU discovery (pmtu.go).
@@ -147,4 +149,47 @@ func TestHostileStaleFragmentsAfterTransferIDReuse(t *testing.T) {
 	_, msg, err = r.add(next, msgRef{pid: 20}, ref)
 	require.NoError(t, err)
 	assert.Equal(t, "B0X1X2", string(msg), "fragments sent again under new PacketIDs before their start are kept")
+}
+
+func TestHostilePMTUInboxHoldsSmallBuffers(t *testing.T) {
+	// With MaxPathDatagramSize, an endpoint reads into buffers of that
+	// size. A peer sending small datagrams faster than its connection
+	// takes them must not make each of the maxInbox it may queue hold
+	// one: that multiplied what a connection may pin by up to 32
+	// (2048 x 64 KiB, 128 MiB, where 4 MiB was the bound).
+	cfg := (&Config{MaxPathDatagramSize: 65507}).resolve()
+	ep := newEndpoint(nil, false, cfg, &endpointOptions{})
+	defer ep.sched.stop()
+	addr := netip.MustParseAddrPort("192.0.2.1:4000")
+	c := &Conn{ep: ep}
+	ep.conns[addr] = c
+	const n = 8
+	ps := make([]udp.Packet, n)
+	pkts := make([]*packet, n)
+	for i := range n {
+		pkts[i] = ep.getPacket()
+		require.Greater(t, len(pkts[i].buf), 65507, "read buffers hold the largest datagram")
+		size := 20
+		if i == n-1 {
+			size = 9000 // a large one keeps its buffer
+		}
+		for j := range size {
+			pkts[i].buf[j] = byte(i + j)
+		}
+		ps[i] = udp.Packet{Buf: pkts[i].buf, N: size, Addr: addr}
+	}
+	ep.dispatch(ps, pkts)
+	ep.ready = ep.ready[:0]
+	require.Len(t, c.inbox.pkts, n)
+	for i, p := range c.inbox.pkts {
+		if i < n-1 {
+			require.Len(t, p.b, 20)
+			assert.LessOrEqual(t, cap(p.buf), smallPacketSize, "datagram %d holds a small buffer", i)
+		} else {
+			require.Len(t, p.b, 9000)
+		}
+		assert.Equal(t, byte(i), p.b[0])
+		assert.Equal(t, byte(i+19), p.b[19])
+		ep.putPacket(p)
+	}
 }
