@@ -193,3 +193,50 @@ func TestHostilePMTUInboxHoldsSmallBuffers(t *testing.T) {
 		ep.putPacket(p)
 	}
 }
+
+func TestHostilePMTUReplayedPingReplies(t *testing.T) {
+	// Someone on the path replays every datagram the server sent so far
+	// (its PingReplies among them) to the client, again and again, while
+	// the client searches a path that carries 4000 bytes: copies are
+	// duplicates (by PacketID in clear, by the replay window sealed),
+	// whose PingReplies confirm no probe. The size found stays within
+	// what the path carries, and nothing goes black.
+	for _, secure := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clear", true: "secure"}[secure], func(t *testing.T) {
+			cfg := &Config{MaxPathDatagramSize: 9000}
+			var p *simPair
+			if secure {
+				p = newSecureSimPair(t, cfg, cfg, sizeLimited(4000), sizeLimited(4000))
+			} else {
+				p = newSimPair(t, cfg, cfg, sizeLimited(4000), sizeLimited(4000))
+			}
+			p.connect()
+			var seen [][]byte
+			replaying := false
+			p.tap = func(from int, b []byte) {
+				if from != 1 || replaying {
+					return
+				}
+				seen = append(seen, append([]byte(nil), b...))
+				replaying = true
+				for _, old := range seen[max(0, len(seen)-64):] {
+					p.inject(0, append([]byte(nil), old...)) // opened in place
+				}
+				replaying = false
+			}
+			payload := randomPayload(7, 1<<20)
+			p.send(0, Message{ID: 400, Payload: payload, Reliable: true})
+			require.True(t, p.run(time.Minute, func() bool { return len(p.h[1].msgs) == 1 && !p.client().mtu().searching }))
+			assert.True(t, bytes.Equal(payload, p.h[1].msgs[0].Payload))
+			st := p.client().snapshot() // the size on the wire
+			assert.LessOrEqual(t, st.PathDatagramSize, 4000)
+			assert.Greater(t, st.PathDatagramSize, 4000-pmtuGranularity)
+			assert.Zero(t, p.client().mtu().blackHoles)
+			copies := p.client().stats.DuplicateDatagrams
+			if secure {
+				copies += p.sec[0].replays
+			}
+			assert.Greater(t, copies, uint64(len(seen)), "the copies arrived")
+		})
+	}
+}
