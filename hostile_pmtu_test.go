@@ -78,6 +78,10 @@ func TestHostilePMTULateRetiredDatagram(t *testing.T) {
 		require.True(t, bytes.Equal(m.Payload, p.h[1].msgs[want-1].Payload), "transfer %d delivered intact", i)
 	}
 	assert.Zero(t, p.server().stats.ProtocolErrors)
+	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.sent.count == 0 }))
+	assert.Empty(t, p.client().mtu().retired)
+	assert.Zero(t, p.client().send.tids.inUse, "every TransferID freed, once")
+	assert.Zero(t, p.server().recv.reasm.active, "no transfer left behind")
 }
 
 func TestHostileStaleFragmentsAfterTransferIDReuse(t *testing.T) {

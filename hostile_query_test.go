@@ -143,3 +143,27 @@ func TestHostileDiscoverFloodBounded(t *testing.T) {
 		assert.Len(t, seen, maxDiscovered, "each once")
 	})
 }
+
+func TestHostileQueryDuringCookies(t *testing.T) {
+	// A secure listener asking every attempt for a cookie (a Retry)
+	// answers queries as before, and a query costs it no Retry, no key
+	// exchange and no connection.
+	synctest.Test(t, func(t *testing.T) {
+		priv, _, err := GenerateKey()
+		require.NoError(t, err)
+		nw := memNet(t)
+		cfg := testConfig()
+		cfg.PrivateKey = priv
+		cfg.CookieThreshold = -1
+		l := nw.listen(t, cfg)
+		require.NoError(t, l.SetQueryInfo([]byte("busy")))
+		info, _, err := nw.Query(context.Background(), l.Addr().String())
+		require.NoError(t, err)
+		assert.Equal(t, "busy", string(info))
+		st := l.Stats()
+		assert.Equal(t, uint64(1), st.QueriesAnswered)
+		assert.Zero(t, st.CookiesSent)
+		assert.Zero(t, st.KeyExchanges)
+		assert.Zero(t, st.Connections+st.Pending)
+	})
+}
