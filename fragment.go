@@ -90,6 +90,9 @@ type fragLoc struct {
 type transfer struct {
 	active  bool
 	reused  bool // a transfer under this TransferID finished before
+	// repeatWork is what the passes dropping repeated fragments
+	// (dropRepeats) cost, in fragments scanned: bounded (repeatLimit).
+	repeatWork int
 	started bool // FragmentStart seen
 	count   uint32
 	id      uint32 // MessageID, from the FragmentStart
@@ -333,7 +336,10 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	}
 	for i, f := range t.frags {
 		if f.number != uint32(i) {
-			if !r.dropRepeats(t) {
+			// Each pass sorts and scans every fragment: a peer repeating
+			// one of the fragments of a transfer that lacks one would
+			// have it done at each repeat (9ms for a million).
+			if t.repeatWork += len(t.frags); t.repeatWork > repeatLimit(t.count) || !r.dropRepeats(t) {
 				return nil, nil, errFragDuplicate
 			}
 			if uint32(len(t.frags)) < t.count {
@@ -397,6 +403,11 @@ func (r *reassembly) dropRepeats(t *transfer) bool {
 func (r *reassembly) stale(t *transfer, pid uint32, pidOrder bool) bool {
 	return pidOrder && t.started && t.reused && seqDiff(t.start.pid, pid) < 0
 }
+
+// repeatLimit bounds a transfer's repeatWork: a few passes over all its
+// fragments, and a few dozen for a transfer of a few thousand, more than
+// the late copies of the datagrams a black hole retires (pmtu.go) cause.
+func repeatLimit(count uint32) int { return 4*int(count) + 1<<16 }
 
 // finish forgets a completed transfer, freeing its TransferID.
 func (r *reassembly) finish(t *transfer) {

@@ -244,3 +244,50 @@ func TestHostilePMTUReplayedPingReplies(t *testing.T) {
 		})
 	}
 }
+
+func TestHostileRepeatedFragmentsBounded(t *testing.T) {
+	// Repeated fragments with the same bytes are dropped (a repacked
+	// retired datagram's, pmtu.go), but each drop sorts and scans the
+	// whole transfer: a peer repeating a fragment of a large transfer
+	// that lacks one had that done at every repeat, 9ms a fragment for
+	// a million, hundreds of fragments a datagram. The work is bounded:
+	// past it, a repeat is the protocol error it was.
+	spec := startOrder{pidOrder: true}
+	const count = 4096
+	r := reassembly{maxMessage: 16 << 20, budget: 16 << 20}
+	_, _, err := r.add(&message{fragment: true, fragStart: true, transferID: 1, fragCount: count, id: 400, payload: []byte{1}}, msgRef{pid: 1}, spec)
+	require.NoError(t, err)
+	for n := uint32(1); n < count-1; n++ {
+		_, _, err := r.add(&message{fragment: true, transferID: 1, fragNumber: n, payload: []byte{1}}, msgRef{pid: 2}, spec)
+		require.NoError(t, err)
+	}
+	repeats := 0
+	for ; repeats < 1000; repeats++ {
+		_, _, err = r.add(&message{fragment: true, transferID: 1, fragNumber: 1, payload: []byte{1}}, msgRef{pid: 3}, spec)
+		if err != nil {
+			break
+		}
+	}
+	assert.ErrorIs(t, err, errFragDuplicate)
+	assert.GreaterOrEqual(t, repeats, 8, "a few repeats are taken")
+	assert.LessOrEqual(t, repeats*count, repeatLimit(count), "the work stays bounded")
+
+	// Within the bound, the transfer completes intact.
+	r = reassembly{maxMessage: 16 << 20, budget: 16 << 20}
+	_, _, err = r.add(&message{fragment: true, fragStart: true, transferID: 1, fragCount: count, id: 400, payload: []byte{0}}, msgRef{pid: 1}, spec)
+	require.NoError(t, err)
+	for n := uint32(1); n < count-1; n++ {
+		_, _, err := r.add(&message{fragment: true, transferID: 1, fragNumber: n, payload: []byte{byte(n)}}, msgRef{pid: 2}, spec)
+		require.NoError(t, err)
+	}
+	for range 8 {
+		_, _, err = r.add(&message{fragment: true, transferID: 1, fragNumber: 7, payload: []byte{7}}, msgRef{pid: 3}, spec)
+		require.NoError(t, err)
+	}
+	_, msg, err := r.add(&message{fragment: true, transferID: 1, fragNumber: count - 1, payload: []byte{byte((count - 1) % 256)}}, msgRef{pid: 4}, spec)
+	require.NoError(t, err)
+	require.Len(t, msg, count)
+	for i, b := range msg {
+		require.Equal(t, byte(i), b, "byte %d", i)
+	}
+}
