@@ -291,3 +291,37 @@ func TestHostileRepeatedFragmentsBounded(t *testing.T) {
 		require.Equal(t, byte(i), b, "byte %d", i)
 	}
 }
+
+func TestHostilePMTUNoProbeBeforeProof(t *testing.T) {
+	// A server with MaxPathDatagramSize and a large message queued
+	// before the connection is open sends an address that has not
+	// proven it receives (one ConnectSyn arrives, nothing after: a
+	// forged one) no probe, nothing larger than MaxDatagramSize and no
+	// more bytes than it received.
+	cfg := &Config{MaxPathDatagramSize: 9000}
+	p := newSimPair(t, cfg, cfg, netsim.Params{Delay: 5 * time.Millisecond}, netsim.Params{Delay: 5 * time.Millisecond})
+	var in, out, largest int
+	p.tap = func(from int, b []byte) {
+		if from == 1 {
+			out += len(b)
+			largest = max(largest, len(b))
+		}
+	}
+	p.drop = func(from int, b []byte) bool {
+		if from != 0 {
+			return false
+		}
+		if in > 0 {
+			return true
+		}
+		in = len(b)
+		return false
+	}
+	p.send(1, Message{ID: 400, Payload: randomPayload(3, 256<<10), Reliable: true})
+	p.run(time.Minute, nil)
+	assert.False(t, p.server().opened())
+	assert.Positive(t, out, "the server answered")
+	assert.LessOrEqual(t, out, in, "no more than the ConnectSyn's bytes")
+	assert.LessOrEqual(t, largest, 1400)
+	assert.Zero(t, p.server().mtu().probes)
+}
