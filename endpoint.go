@@ -27,7 +27,7 @@ type endpoint struct {
 	l         *Listener
 	cfg       *config
 	pool      *sync.Pool
-	small     *sync.Pool // smallPacketSize buffers, when pool's are larger
+	small     *sync.Pool   // smallPacketSize buffers, when pool's are larger
 	sim       *netsim.Pipe // Config.Simulate, if set
 
 	// When its connections park (Conn.park), and who hears of it.

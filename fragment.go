@@ -90,9 +90,6 @@ type fragLoc struct {
 type transfer struct {
 	active  bool
 	reused  bool // a transfer under this TransferID finished before
-	// repeatWork is what the passes dropping repeated fragments
-	// (dropRepeats) cost, in fragments scanned: bounded (repeatLimit).
-	repeatWork int
 	started bool // FragmentStart seen
 	count   uint32
 	id      uint32 // MessageID, from the FragmentStart
@@ -103,10 +100,13 @@ type transfer struct {
 	// announced is the size the FragmentStart announced, an upper bound
 	// for the arena's growth, never a reservation.
 	announced int
-	frags     []fragLoc
-	seq       uint64 // arrival order of the first fragment, for the budget
-	sorted    bool
-	whole     bool // add returned the arena itself as the message
+	// repeatWork is what the passes dropping repeated fragments
+	// (dropRepeats) cost, in fragments scanned: bounded (repeatLimit).
+	repeatWork int
+	frags      []fragLoc
+	seq        uint64 // arrival order of the first fragment, for the budget
+	sorted     bool
+	whole      bool // add returned the arena itself as the message
 }
 
 // startOrder is what the session needs to apply a reassembled message as if
