@@ -27,6 +27,7 @@ type endpoint struct {
 	l         *Listener
 	cfg       *config
 	pool      *sync.Pool
+	small     *sync.Pool   // smallPacketSize buffers, when pool's are larger
 	sim       *netsim.Pipe // Config.Simulate, if set
 
 	// When its connections park (Conn.park), and who hears of it.
@@ -123,8 +124,18 @@ func newEndpoint(sock socket, connected bool, cfg *config, o *endpointOptions) *
 	}
 	ep.sched.init(ep, workersFor(!connected))
 	ep.pool = packetPool(max(cfg.readSize(), 2048) + 1)
+	if cfg.readSize()+1 > smallPacketSize {
+		ep.small = packetPool(smallPacketSize)
+	}
 	return ep
 }
+
+// smallPacketSize is the read buffer of an endpoint with the default
+// sizes. An endpoint reading larger datagrams (MaxPathDatagramSize)
+// moves a datagram that fits one into one before queuing it (dispatch):
+// a connection's inbox may hold maxInbox datagrams, and a peer sending
+// small ones must not make each pin a buffer of 64 KiB.
+const smallPacketSize = 2048 + 1
 
 // Packet buffers are pooled across endpoints by size: a pool per dialed
 // connection would keep its buffers for two garbage collections after the
@@ -161,7 +172,24 @@ func (ep *endpoint) getPacket() *packet { return ep.pool.Get().(*packet) }
 
 func (ep *endpoint) putPacket(p *packet) {
 	p.b = nil
+	if ep.small != nil && len(p.buf) == smallPacketSize {
+		ep.small.Put(p)
+		return
+	}
 	ep.pool.Put(p)
+}
+
+// shrink returns p, holding a datagram of n bytes, or, if n fits a small
+// buffer and p's is larger, a small packet holding a copy of it (p goes
+// back to the pool).
+func (ep *endpoint) shrink(p *packet, n int) *packet {
+	if ep.small == nil || n >= smallPacketSize || len(p.buf) == smallPacketSize {
+		return p
+	}
+	q := ep.small.Get().(*packet)
+	copy(q.buf, p.buf[:n])
+	ep.putPacket(p)
+	return q
 }
 
 // unmap makes IPv4 addresses read from dual-stack sockets match the same
@@ -397,6 +425,7 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			ep.putPacket(p)
 			continue
 		}
+		p = ep.shrink(p, ps[i].N)
 		p.b = p.buf[:ps[i].N]
 		addr := unmap(ps[i].Addr)
 		p.from = addr

@@ -82,12 +82,14 @@ func (t *transferIDs) release(id uint8) {
 // fragLoc is where a fragment's bytes sit in its transfer's arena.
 type fragLoc struct {
 	number   uint32
+	pid      uint32 // the PacketID of the datagram it came in
 	off, len int
 }
 
 // transfer is a fragmented message being reassembled.
 type transfer struct {
 	active  bool
+	reused  bool // a transfer under this TransferID finished before
 	started bool // FragmentStart seen
 	count   uint32
 	id      uint32 // MessageID, from the FragmentStart
@@ -98,10 +100,13 @@ type transfer struct {
 	// announced is the size the FragmentStart announced, an upper bound
 	// for the arena's growth, never a reservation.
 	announced int
-	frags     []fragLoc
-	seq       uint64 // arrival order of the first fragment, for the budget
-	sorted    bool
-	whole     bool // add returned the arena itself as the message
+	// repeatWork is what the passes dropping repeated fragments
+	// (dropRepeats) cost, in fragments scanned: bounded (repeatLimit).
+	repeatWork int
+	frags      []fragLoc
+	seq        uint64 // arrival order of the first fragment, for the budget
+	sorted     bool
+	whole      bool // add returned the arena itself as the message
 }
 
 // startOrder is what the session needs to apply a reassembled message as if
@@ -109,6 +114,10 @@ type transfer struct {
 type startOrder struct {
 	reliable bool
 	inOrder  bool
+	// pidOrder, in the specification's dialect (where a datagram keeps
+	// its PacketID when sent again), lets PacketIDs tell a stale
+	// fragment (reassembly.stale). Given with every fragment.
+	pidOrder bool
 	deps     []msgRef
 	rel      uint32 // the FragmentStart's reliable number (the reference dialect)
 	// A latest-state version's tag (latest.go).
@@ -140,7 +149,7 @@ func (r *reassembly) get(tid uint8) *transfer {
 		r.transfers[tid] = t
 	}
 	if !t.active {
-		*t = transfer{active: true, arena: t.arena[:0], frags: t.frags[:0], seq: r.seq, order: startOrder{deps: t.order.deps[:0]}}
+		*t = transfer{active: true, reused: t.reused, arena: t.arena[:0], frags: t.frags[:0], seq: r.seq, order: startOrder{deps: t.order.deps[:0]}}
 		r.seq++
 		r.active++
 	}
@@ -275,11 +284,27 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		// An upper bound for grow, not an allocation: the last
 		// fragment may be shorter.
 		t.announced = int(m.fragCount) * len(m.payload)
+		kept := t.frags[:0]
 		for _, f := range t.frags {
+			if r.stale(t, f.pid, order.pidOrder) {
+				r.bytes -= fragRecordCost // its bytes stay in the arena
+				continue
+			}
 			if f.number >= t.count {
 				return nil, nil, errFragNumber
 			}
+			kept = append(kept, f)
 		}
+		if len(kept) == 0 && len(t.arena) > 0 {
+			r.bytes -= len(t.arena)
+			t.arena = t.arena[:0]
+		}
+		if len(kept) < len(t.frags) {
+			t.sorted = false
+		}
+		t.frags = kept
+	} else if r.stale(t, at.pid, order.pidOrder) {
+		return t, nil, nil // dropped (see stale)
 	} else if t.started && number >= t.count {
 		return nil, nil, errFragNumber
 	}
@@ -296,7 +321,7 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	} else if len(t.frags) == 0 {
 		t.sorted = true
 	}
-	t.frags = append(t.frags, fragLoc{number: number, off: len(t.arena), len: len(m.payload)})
+	t.frags = append(t.frags, fragLoc{number: number, pid: at.pid, off: len(t.arena), len: len(m.payload)})
 	if need := len(t.arena) + len(m.payload); need > cap(t.arena) && (t.abuf != nil || need > smallArena) {
 		r.grow(t, need)
 	}
@@ -311,7 +336,10 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 	}
 	for i, f := range t.frags {
 		if f.number != uint32(i) {
-			if !r.dropRepeats(t) {
+			// Each pass sorts and scans every fragment: a peer repeating
+			// one of the fragments of a transfer that lacks one would
+			// have it done at each repeat (9ms for a million).
+			if t.repeatWork += len(t.frags); t.repeatWork > repeatLimit(t.count) || !r.dropRepeats(t) {
 				return nil, nil, errFragDuplicate
 			}
 			if uint32(len(t.frags)) < t.count {
@@ -358,8 +386,32 @@ func (r *reassembly) dropRepeats(t *transfer) bool {
 	return true
 }
 
+// stale reports whether a fragment of t that came in the datagram with
+// PacketID pid is a copy of one of the transfer that had t's TransferID
+// before: sent in a datagram older than t's FragmentStart. A sender that
+// repacked the fragments of a datagram retired after a path MTU black
+// hole (pmtu.go) sends them again under new PacketIDs; when the retired
+// datagram arrives after all, whichever copies arrive once the transfer
+// is complete are taken for the start of another under the same
+// TransferID, which the sender reuses once both were acked, and so
+// before it sends the new FragmentStart: mixed into the new transfer,
+// they would corrupt its message or end the connection. A sender sends a
+// transfer's FragmentStart in a datagram before those of its other
+// fragments, and a datagram keeps its PacketID when sent again
+// (DECISIONS §4); so only in the specification's dialect, and only for a
+// TransferID used before.
+func (r *reassembly) stale(t *transfer, pid uint32, pidOrder bool) bool {
+	return pidOrder && t.started && t.reused && seqDiff(t.start.pid, pid) < 0
+}
+
+// repeatLimit bounds a transfer's repeatWork: a few passes over all its
+// fragments, and a few dozen for a transfer of a few thousand, more than
+// the late copies of the datagrams a black hole retires (pmtu.go) cause.
+func repeatLimit(count uint32) int { return 4*int(count) + 1<<16 }
+
 // finish forgets a completed transfer, freeing its TransferID.
 func (r *reassembly) finish(t *transfer) {
+	t.reused = true
 	r.bytes -= len(t.arena) + fragRecordCost*len(t.frags)
 	t.active = false
 	t.started = false

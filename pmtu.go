@@ -45,7 +45,9 @@ import (
 // as they are pmtuRetireSends more times (if one got through, its ack
 // comes and ends it), then retired and repacked. Should one have arrived
 // after all, its fragments reach the peer twice: a knet receiver drops a
-// copy with the same bytes (reassembly.dropRepeats); a receiver that
+// copy with the same bytes (reassembly.dropRepeats), and one that came
+// after the transfer was complete when the TransferID is reused
+// (reassembly.stale); a receiver that
 // follows the specification alone may take it for a protocol error, which
 // these rules make unlikely, not impossible. Guarantee: with the path
 // still carrying the base size, a black hole costs resends and time, not

@@ -183,7 +183,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 // handleFragment feeds a fragment to reassembly and, once a message is
 // whole, applies or holds it in its FragmentStart's place.
 func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *message) {
-	var order startOrder
+	order := startOrder{pidOrder: true} // the specification's dialect
 	if m.fragStart {
 		order.reliable = h.reliable
 		order.inOrder = m.order != orderNone
