@@ -93,11 +93,16 @@ type unrelReceipt struct {
 // asksAck reports whether a datagram carries an ack request.
 func asksAck(msgs []message) bool {
 	for i := range msgs {
-		if m := &msgs[i]; m.id == idExt && !m.fragment && len(m.payload) > 0 && m.payload[0] == extAckRequest {
+		if isAckRequest(&msgs[i]) {
 			return true
 		}
 	}
 	return false
+}
+
+// isAckRequest reports whether m is an ack request.
+func isAckRequest(m *message) bool {
+	return m.id == idExt && !m.fragment && len(m.payload) > 0 && m.payload[0] == extAckRequest
 }
 
 // wantsReceipt reports whether m is owed a receipt.

@@ -133,6 +133,7 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 	dropped := s.stats.DroppedMessages
 	tagFor := -1 // the message a latest-state tag precedes (latest.go)
 	var tag latestTag
+	askAck := false // an ack request (receipts.go)
 	for i := range msgs {
 		if s.state == stateDone {
 			break
@@ -147,6 +148,7 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 			if tag, ok = parseLatestTag(m.payload); ok {
 				tagFor = i + 1
 			}
+			askAck = askAck || isAckRequest(m)
 		}
 		if i == tagFor && h.reliable && (!m.fragment || m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {
 			if m.fragStart {
@@ -162,7 +164,7 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 		w.handleMessage(now, h, ref, m)
 		s.sc().ltagOK = false
 	}
-	if !h.reliable && s.stats.DroppedMessages == dropped && s.state != stateDone && asksAck(msgs) {
+	if askAck && !h.reliable && s.stats.DroppedMessages == dropped && s.state != stateDone {
 		// The sender wants to hear that this unreliable datagram's
 		// messages are in (receipts.go): acked as a reliable one is,
 		// once, unless one was dropped for want of room. A copy of it
