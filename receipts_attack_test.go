@@ -1,7 +1,9 @@
 package knet
 
 import (
+	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -165,4 +167,48 @@ func TestReceiptsAttackGracefulCloseTellsEveryReceipt(t *testing.T) {
 	for _, ref := range refs {
 		assert.Len(t, told[ref], 1, "ref %d told once", ref)
 	}
+}
+
+// From an address with no connection, an ack request or a latest-state
+// tag is no connection attempt: with an application message, in either
+// kind of datagram, at any PacketID, padded or not, nothing answers,
+// nothing is accepted, and each is counted a stray.
+func TestExtensionBlocksFromUnknownAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		raw := nw.rawSocket(t, l.Addr())
+		var sent int
+		for _, reliable := range []bool{false, true} {
+			for _, pid := range []uint32{0, 1, 77, packetIDMask} {
+				for _, ext := range [][]byte{ackRequest[:], appendLatestTag(nil, 1, 1)} {
+					h := header{packetID: pid, reliable: reliable}
+					b := appendHeader(nil, &h)
+					if len(ext) == 1 {
+						b = appendMessage(b, &message{id: idExt, payload: ext})
+					} else {
+						b = append(b, ext...) // a whole message block already
+					}
+					b = appendMessage(b, &message{id: 100, payload: []byte("hello")})
+					for _, pad := range []int{0, 1200} {
+						d := b
+						if pad > 0 {
+							d = appendPadding(append([]byte(nil), b...), pad)
+						}
+						_, err := raw.Write(d)
+						require.NoError(t, err)
+						sent++
+					}
+				}
+			}
+		}
+		synctest.Wait()
+		assert.Empty(t, readAll(t, raw), "nothing answers")
+		st := l.Stats()
+		assert.Zero(t, st.Connections)
+		assert.Zero(t, st.Pending)
+		assert.Equal(t, uint64(sent), st.StrayDatagrams+st.InvalidDatagrams, "each dropped and counted")
+		_, err := l.AcceptConn(within(t, 50*time.Millisecond))
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+	})
 }
