@@ -487,12 +487,7 @@ func (w *specWire) buildBulk(now time.Time) []byte {
 	if pk.count == 0 {
 		return nil
 	}
-	pk.body = s.appendAcks(now, pk.room(), pk.body, false)
-	s.sc().body = pk.body
-	b := s.getBuf(sizeHeader(h) + len(pk.body))
-	b = appendHeader(b, h)
-	b = append(b, pk.body...)
-	d := s.sentReliable(now, h.packetID, b, &pk.packing)
+	b, d := w.finishReliable(now, &pk)
 	d.bulk = true
 	return b
 }

@@ -117,18 +117,25 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 		}
 		return nil
 	}
-	p.body = s.appendAcks(now, p.room(), p.body, false)
-	s.sc().body = p.body
-	b := s.getBuf(sizeHeader(h) + len(p.body))
-	b = appendHeader(b, h)
-	b = append(b, p.body...)
-	d := s.sentReliable(now, h.packetID, b, &p.packing)
+	b, d := w.finishReliable(now, &p)
 	d.whole0 = p.whole0
 	if p.whole0 {
 		s.anchors.lastWhole = msgRef{h.packetID, 0}
 		s.anchors.hasLastWhole = true
 	}
 	return b
+}
+
+// finishReliable ends the reliable datagram p: the acks that fit after
+// its messages, then its bytes, kept until acked (sentReliable).
+func (w *specWire) finishReliable(now time.Time, p *specPacking) ([]byte, *sent) {
+	s := w.s
+	p.body = s.appendAcks(now, p.room(), p.body, false)
+	s.sc().body = p.body
+	b := s.getBuf(sizeHeader(p.h) + len(p.body))
+	b = appendHeader(b, p.h)
+	b = append(b, p.body...)
+	return b, s.sentReliable(now, p.h.packetID, b, &p.packing)
 }
 
 // buildLatest packs reliable latest-state versions, each after its tag,
@@ -177,12 +184,7 @@ func (w *specWire) buildLatest(now time.Time) []byte {
 	if len(placed) == 0 {
 		return nil
 	}
-	p.body = s.appendAcks(now, p.room(), p.body, false)
-	s.sc().body = p.body
-	b := s.getBuf(sizeHeader(h) + len(p.body))
-	b = appendHeader(b, h)
-	b = append(b, p.body...)
-	d := s.sentReliable(now, h.packetID, b, &p.packing)
+	b, d := w.finishReliable(now, &p)
 	d.latest = append(d.latest, placed...)
 	for _, e := range placed {
 		d.lostSends = max(d.lostSends, e.lostSends)
