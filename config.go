@@ -212,6 +212,17 @@ type Config struct {
 	// ":port" with a TokenKey and no PublicAddrs). Behind a NAT or a load
 	// balancer, list the public addresses.
 	PublicAddrs []netip.AddrPort
+	// ServerID is, for a secure Listener (PrivateKey) in a fleet behind
+	// a UDP load balancer, this server's ID among them: 1 to
+	// MaxServerIDSize bytes that begin every connection ID the Listener
+	// gives (the rest stays random), so that the balancer sends each
+	// client datagram to the server its connection ID names, also after
+	// the client's address changed (ServerIDFromDatagram; docs/PROTOCOL.md
+	// 7.6). Each server of the fleet needs its own, of one length. Every
+	// byte taken leaves fewer random ones: with 3, a Listener can tell
+	// at most 256 live connections apart and refuses more ("server
+	// full"). Default: none, all 4 bytes random.
+	ServerID []byte
 	// Token is, for Dial with ServerKey, the connect token the backend
 	// issued (IssueToken): it travels encrypted in the handshake. Its
 	// length comes off the ConnectPayload's limit. A refused token fails
@@ -373,6 +384,7 @@ type config struct {
 	// Secure sessions: a server's keys, or the key a client expects.
 	privateKey, publicKey, serverKey []byte
 	tokenKey, token                  []byte
+	serverID                         []byte
 	publicAddrs                      []netip.AddrPort
 	cookieThreshold                  int
 	sealTap                          sealTap
@@ -475,6 +487,7 @@ func (c *Config) resolve() *config {
 	r.tokenKey = bytes.Clone(c.TokenKey)
 	r.token = bytes.Clone(c.Token)
 	r.publicAddrs = slices.Clone(c.PublicAddrs)
+	r.serverID = bytes.Clone(c.ServerID)
 	r.cookieThreshold = max(pick(c.CookieThreshold, defaultCookieThreshold), 0)
 	if c.CookieThreshold < 0 {
 		r.cookieThreshold = 0 // every attempt is asked for a cookie

@@ -246,7 +246,9 @@ func (c *Conn) decide(reply []byte, err error) {
 		err = errServerFull
 	}
 	if err == nil && c.sec != nil {
-		c.sec.cid = c.ep.l.newCID(c)
+		c.sec.cid, err = c.ep.l.newCID(c)
+	}
+	if err == nil && c.sec != nil {
 		reply, err = c.sec.writeSynAck(reply)
 	}
 	if err == nil {

@@ -113,6 +113,9 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 	if err := rc.secureListener(); err != nil {
 		return nil, err
 	}
+	if err := rc.checkServerID(); err != nil {
+		return nil, err
+	}
 	var socks []socket
 	fail := func(err error) (*Listener, error) {
 		for _, s := range socks {

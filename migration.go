@@ -2,7 +2,6 @@ package knet
 
 import (
 	"crypto/rand"
-	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"time"
@@ -163,22 +162,24 @@ func (c *Conn) takeAddr(to netip.AddrPort) {
 
 // Listener side.
 
-// newCID registers c under a new connection ID and returns it.
-func (l *Listener) newCID(c *Conn) uint32 {
+// newCID registers c under a new connection ID and returns it: the
+// listener's Config.ServerID, then random bytes (routing.go). It fails
+// with errNoCID when every such ID is a live connection's.
+func (l *Listener) newCID(c *Conn) (uint32, error) {
 	l.cidMu.Lock()
 	defer l.cidMu.Unlock()
 	if l.cids == nil {
 		l.cids = make(map[uint32]*Conn)
 	}
-	for {
-		// Not a secret: it only names the connection whose keys a
-		// datagram must then authenticate under.
-		id := mrand.Uint32()
-		if id != 0 && l.cids[id] == nil {
-			l.cids[id] = c
-			return id
-		}
+	// Unpredictable (crypto/rand), though not a secret: it names the
+	// connection whose keys a datagram must then authenticate under, and
+	// a balancer routes on its leading bytes.
+	id, ok := pickCID(l.cfg.serverID, func(id uint32) bool { return l.cids[id] != nil })
+	if !ok {
+		return 0, errNoCID
 	}
+	l.cids[id] = c
+	return id, nil
 }
 
 // dropCID forgets c's connection ID.
