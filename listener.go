@@ -478,6 +478,16 @@ func (l *Listener) offer(c *Conn) bool {
 // network is "udp", "udp4" or "udp6". It returns once the handshake is
 // complete, or fails with ErrRefused, a *TimeoutError after
 // ConnectTimeout, or ctx's error.
+//
+// With an empty address and a connect token (Config.Token), Dial tries the
+// servers the token names (TokenServers) in order, as netcode.io's clients
+// do, until one admits it: each attempt gets an equal share of what is
+// left of ConnectTimeout (the first ConnectTimeout/n of n servers; one
+// refused at once leaves its share to the next), and one that refuses,
+// fails the handshake or does not answer within its share gives way to
+// the next. Conn.RemoteAddr tells which server it reached. When every
+// attempt failed, the error is a *TokenDialError naming each; ctx's end
+// stops the attempts with ctx's error.
 func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, error) {
 	return dialWith(ctx, network, address, cfg, &endpointOptions{})
 }
@@ -497,6 +507,14 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if n := len(rc.connectPayload); n > rc.synPayloadLimit() && rc.dialect != DialectReference {
 		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.synPayloadLimit())
 	}
+	if address == "" && rc.token != nil {
+		return dialServers(ctx, network, rc, o)
+	}
+	return dialOne(ctx, network, address, rc, o)
+}
+
+// dialOne runs one Dial to address with the checked Config rc.
+func dialOne(ctx context.Context, network, address string, rc *config, o *endpointOptions) (*Conn, error) {
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
 		return nil, err

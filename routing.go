@@ -1,10 +1,14 @@
 package knet
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
+	"strings"
+	"time"
 )
 
 // Routable connection IDs (Config.ServerID): a fleet of secure servers
@@ -139,4 +143,69 @@ func clearSyn(b []byte) bool {
 	}
 	m, _, err := parseMessage(b[minHeaderSize:])
 	return err == nil && !m.fragment && !m.fragStart && m.id == idConnectSyn
+}
+
+// TokenDialError is Dial's error when it tried every server of its
+// connect token (Dial with no address) and none admitted it: each
+// attempt, in order, with why it failed. errors.Is and errors.As see
+// through it to each attempt's error (ErrRefused, ErrTokenRejected, a
+// *TimeoutError...).
+type TokenDialError struct {
+	Attempts []DialAttempt
+}
+
+// DialAttempt is one server's attempt in a TokenDialError.
+type DialAttempt struct {
+	Server netip.AddrPort
+	Err    error
+}
+
+func (e *TokenDialError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "knet: none of the connect token's %d servers admitted the client", len(e.Attempts))
+	for i, a := range e.Attempts {
+		fmt.Fprintf(&b, "; %d. %v: %v", i+1, a.Server, a.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns each attempt's error.
+func (e *TokenDialError) Unwrap() []error {
+	errs := make([]error, len(e.Attempts))
+	for i, a := range e.Attempts {
+		errs[i] = a.Err
+	}
+	return errs
+}
+
+// errNotTried is the attempt of a server Dial had no time left for.
+var errNotTried = errors.New("knet: not tried: ConnectTimeout spent on the servers before")
+
+// dialServers tries the servers of rc's connect token in order, each
+// attempt with an equal share of what is left of ConnectTimeout, and
+// returns the first connection made.
+func dialServers(ctx context.Context, network string, rc *config, o *endpointOptions) (*Conn, error) {
+	servers, err := TokenServers(rc.token)
+	if err != nil {
+		return nil, fmt.Errorf("knet: Dial with no address: Config.Token: %w", err)
+	}
+	end := time.Now().Add(rc.connectTimeout)
+	e := &TokenDialError{}
+	for i, s := range servers {
+		a := *rc // the attempt's own timeout; the rest is shared, read only
+		a.connectTimeout = (time.Until(end) / time.Duration(len(servers)-i)).Truncate(time.Millisecond)
+		if a.connectTimeout <= 0 {
+			e.Attempts = append(e.Attempts, DialAttempt{s, errNotTried})
+			continue
+		}
+		c, err := dialOne(ctx, network, s.String(), &a, o)
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		e.Attempts = append(e.Attempts, DialAttempt{s, err})
+	}
+	return nil, e
 }

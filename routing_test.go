@@ -2,9 +2,13 @@ package knet
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"math/bits"
+	"net"
+	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -224,4 +228,165 @@ func FuzzServerIDFromDatagram(f *testing.F) {
 			t.Fatalf("id %x, the ID's first %d bytes are %x", id, idLen, want)
 		}
 	})
+}
+
+// Tokens that name several servers.
+
+// downAddr is a loopback address where nothing listens (a socket bound
+// there, then closed): a Dial there is refused at once (ICMP port
+// unreachable).
+func downAddr(t *testing.T) netip.AddrPort {
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	a := pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	require.NoError(t, pc.Close())
+	return a
+}
+
+func TestTokenServersReadable(t *testing.T) {
+	key := newTokenKey(t)
+	servers := []netip.AddrPort{
+		netip.MustParseAddrPort("192.0.2.7:7001"),
+		netip.MustParseAddrPort("[2001:db8::1]:7000"),
+		netip.MustParseAddrPort("192.0.2.1:7000"),
+	}
+	b := issue(t, key, sampleToken(servers...))
+	got, err := TokenServers(b)
+	require.NoError(t, err)
+	assert.Equal(t, servers, got, "in the backend's order")
+
+	// No token: nil, a cut head, another version, a count out of range.
+	for n := range tokenHeadSize + 1 + len(servers)*tokenAddrSize + 10 + 16 {
+		_, err := TokenServers(b[:n])
+		assert.ErrorIs(t, err, errNotToken, "%d bytes", n)
+	}
+	for name, mod := range map[string]func([]byte){
+		"version 1":          func(b []byte) { b[0] = 1 },
+		"0 servers":          func(b []byte) { b[tokenHeadSize] = 0 },
+		"9 servers":          func(b []byte) { b[tokenHeadSize] = MaxTokenServers + 1 },
+		"more than there is": func(b []byte) { b[tokenHeadSize] = MaxTokenServers },
+	} {
+		c := bytes.Clone(b)
+		mod(c)
+		_, err := TokenServers(c)
+		assert.ErrorIs(t, err, errNotToken, name)
+	}
+}
+
+// TestDialTokenServersInOrder: Dial with no address tries the token's
+// servers in order, past one where nothing listens, one that refuses the
+// token and one that never answers, and tells which it reached.
+func TestDialTokenServersInOrder(t *testing.T) {
+	// A fleet: the servers share a key pair. Another with the same keys
+	// but another token key refuses the token ("invalid"); a socket that
+	// reads nothing never answers.
+	priv, pub, err := GenerateKey()
+	require.NoError(t, err)
+	fleet := func(c *Config) { c.PrivateKey = priv }
+	l, key, ccfg, admitted := tokenServer(t, fleet)
+	ccfg.ServerKey = pub
+	good := addrPort(t, l.Addr())
+	other, _, _, _ := tokenServer(t, fleet)
+	silent := loopbackSocket(t)
+	for _, tt := range []struct {
+		name  string
+		first netip.AddrPort
+	}{
+		{"nothing listening", downAddr(t)},
+		{"refuses the token", addrPort(t, other.Addr())},
+		{"silent", silent.LocalAddr().(*net.UDPAddr).AddrPort()},
+	} {
+		rejected := other.Stats().RejectedTokens
+		cfg := *ccfg
+		cfg.Token = issue(t, key, sampleToken(tt.first, good))
+		start := time.Now()
+		c, err := Dial(within(t, 10*time.Second), "udp", "", &cfg)
+		require.NoError(t, err, tt.name)
+		took := time.Since(start)
+		assert.Equal(t, good.String(), c.RemoteAddr().String(), tt.name)
+		m := echoOnce(t, c, Message{ID: 6, Payload: []byte(tt.name), Reliable: true})
+		assert.Equal(t, tt.name, string(m.Payload))
+		require.NoError(t, c.Close())
+		switch tt.name {
+		case "refuses the token":
+			assert.Equal(t, rejected+1, other.Stats().RejectedTokens, "the first server was not tried first")
+		case "silent":
+			_, n := queued(t, silent)
+			assert.Positive(t, n, "no ConnectSyn reached the silent server first")
+			// Half of ConnectTimeout (3s) for each of two servers.
+			assert.GreaterOrEqual(t, took, ccfg.ConnectTimeout/2, "the silent server's share")
+		}
+		t.Logf("%s: connected to the second server in %v", tt.name, took.Round(time.Millisecond))
+	}
+	assert.Equal(t, int32(3), admitted.Load())
+}
+
+// TestDialTokenServersAllDown: when no server of the token admits the
+// client, Dial fails within ConnectTimeout, naming each attempt in order.
+func TestDialTokenServersAllDown(t *testing.T) {
+	_, key, ccfg, _ := tokenServer(t, nil)
+	down1, down2 := downAddr(t), downAddr(t)
+	silent := loopbackSocket(t).LocalAddr().(*net.UDPAddr).AddrPort()
+	ccfg.ConnectTimeout = time.Second
+	ccfg.Token = issue(t, key, sampleToken(down1, silent, down2))
+	start := time.Now()
+	c, err := Dial(within(t, 10*time.Second), "udp", "", ccfg)
+	took := time.Since(start)
+	require.Error(t, err)
+	require.Nil(t, c)
+	var te *TokenDialError
+	require.ErrorAs(t, err, &te)
+	require.Len(t, te.Attempts, 3)
+	for i, s := range []netip.AddrPort{down1, silent, down2} {
+		assert.Equal(t, s, te.Attempts[i].Server)
+		assert.Contains(t, err.Error(), s.String())
+	}
+	var timeout *TimeoutError
+	require.ErrorAs(t, te.Attempts[1].Err, &timeout, "the silent server")
+	// Its share: half of what the first attempt left of ConnectTimeout.
+	assert.GreaterOrEqual(t, timeout.Silent, time.Second/3)
+	assert.LessOrEqual(t, timeout.Silent, time.Second/2)
+	assert.NotErrorAs(t, te.Attempts[0].Err, &timeout, "nothing listening: refused at once")
+	assert.Less(t, took, 2*time.Second, "bounded by ConnectTimeout")
+	t.Logf("failed in %v: %v", took.Round(time.Millisecond), err)
+
+	// A context that ends stops the attempts with its error.
+	ccfg.ConnectTimeout = 10 * time.Second
+	ccfg.Token = issue(t, key, sampleToken(silent, down1))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = Dial(ctx, "udp", "", ccfg)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// No token, no address: as before, nowhere to go.
+	ccfg.Token = nil
+	_, err = Dial(within(t, time.Second), "udp", "", ccfg)
+	require.ErrorContains(t, err, "no port")
+}
+
+// TestTokenServersTampered: the servers are in clear, but authenticated:
+// a token whose list was rewritten to name this server (it named another)
+// is refused as invalid, not admitted.
+func TestTokenServersTampered(t *testing.T) {
+	l, key, ccfg, admitted := tokenServer(t, nil)
+	us := addrPort(t, l.Addr())
+	elsewhere := netip.MustParseAddrPort("192.0.2.1:7000")
+	b := issue(t, key, sampleToken(elsewhere))
+	// The one entry of the list, rewritten.
+	ip := us.Addr().As16()
+	entry := b[tokenHeadSize+1 : tokenHeadSize+1+tokenAddrSize]
+	copy(entry, ip[:])
+	binary.LittleEndian.PutUint16(entry[16:], us.Port())
+	got, err := TokenServers(b)
+	require.NoError(t, err)
+	require.Equal(t, []netip.AddrPort{us}, got, "the client reads the rewritten list")
+
+	ccfg.Token = b
+	for _, addr := range []string{"", us.String()} {
+		_, err := dialErr(t, addr, ccfg)
+		require.ErrorIs(t, err, ErrTokenRejected, "address %q", addr)
+		assert.ErrorContains(t, err, "invalid", "address %q", addr)
+	}
+	assert.Equal(t, uint64(2), l.Stats().RejectedTokens)
+	assert.Zero(t, admitted.Load())
 }

@@ -17,10 +17,12 @@ import (
 // Connect tokens (Config.TokenKey, Config.Token): netcode.io's idea. A
 // backend that shares a secret key with its game servers issues a client a
 // short-lived token binding who the client is (ClientID, UserData), until
-// when, and for which servers. The client sends it inside its encrypted
-// handshake; a secure listener with the key checks it before it allocates
-// anything for the attempt. See SECURE.md ("Connect tokens") for the
-// layout and the limits.
+// when, and for which servers. The servers are in clear (authenticated,
+// not encrypted), so that the client knows where to go (TokenServers; Dial
+// with no address tries them in order); the rest is sealed. The client
+// sends the token inside its encrypted handshake; a secure listener with
+// the key checks it before it allocates anything for the attempt. See
+// SECURE.md ("Connect tokens") for the layout and the limits.
 
 const (
 	// TokenKeySize is the size of the key shared by the backend that
@@ -35,14 +37,19 @@ const (
 	// its own clock than this plus a minute (for the clocks' skew).
 	MaxTokenLifetime = time.Hour
 
-	tokenVersion   = 1
+	tokenVersion   = 2
 	tokenNonceSize = chacha20poly1305.NonceSizeX
-	tokenHeadSize  = 1 + 8 + tokenNonceSize // version, expiry, nonce: clear, authenticated
-	tokenAddrSize  = 16 + 2
-	tokenSkew      = time.Minute
+	// tokenHeadSize is the fixed start of the head: version, expiry,
+	// nonce. The server count and the servers follow; all of it is in
+	// clear and authenticated.
+	tokenHeadSize = 1 + 8 + tokenNonceSize
+	tokenAddrSize = 16 + 2
+	// maxTokenHead is the head at its longest.
+	maxTokenHead = tokenHeadSize + 1 + MaxTokenServers*tokenAddrSize
+	tokenSkew    = time.Minute
 	// maxTokenSize is the longest sealed token: the head, the body at its
 	// longest, the tag.
-	maxTokenSize = tokenHeadSize + 8 + 1 + MaxTokenServers*tokenAddrSize + 2 + MaxTokenUserData + chacha20poly1305.Overhead
+	maxTokenSize = maxTokenHead + 8 + 2 + MaxTokenUserData + chacha20poly1305.Overhead
 	// maxTokenCache bounds the replay cache: the tokens used and not yet
 	// expired that a listener remembers (about 100 bytes each).
 	maxTokenCache = 1 << 16
@@ -50,7 +57,7 @@ const (
 
 // tokenAD is the start of a token's associated data, before its head: it
 // keeps a token's key from being mistaken for any other use of it.
-const tokenAD = "knet connect token v1"
+const tokenAD = "knet connect token v2"
 
 // Token is what a connect token binds: the client's identity and the
 // servers it may join until it expires. The backend seals one with
@@ -67,7 +74,8 @@ type Token struct {
 	Expires time.Time
 	// Servers are the addresses the token may be used at (1 to
 	// MaxTokenServers): a server's Config.PublicAddrs, or its socket's
-	// address.
+	// address. They are readable by the client (TokenServers), which
+	// tries them in this order when it dials with no address.
 	Servers []netip.AddrPort
 }
 
@@ -90,12 +98,18 @@ var (
 
 func tokenErr(why string) error { return fmt.Errorf("%w: %s", ErrTokenRejected, why) }
 
+// errNotToken is TokenServers' error for bytes that are no connect token.
+var errNotToken = errors.New("knet: not a connect token (of this version)")
+
 // IssueToken seals t under key (TokenKeySize bytes, shared with the
 // servers' Config.TokenKey) into a connect token for a client's
 // Config.Token. It fails when t does not fit the limits: no server or more
 // than MaxTokenServers, more than MaxTokenUserData bytes of user data, an
 // expiry more than MaxTokenLifetime ahead. Each token has a random nonce,
-// so two tokens for the same t differ, and each is accepted once.
+// so two tokens for the same t differ, and each is accepted once. The
+// expiry and the servers are in clear, authenticated (a client reads the
+// servers with TokenServers; a server refuses a token whose list was
+// changed); the client ID and the user data are encrypted.
 func IssueToken(key []byte, t Token) ([]byte, error) {
 	aead, err := tokenAEAD(key)
 	if err != nil {
@@ -111,26 +125,27 @@ func IssueToken(key []byte, t Token) ([]byte, error) {
 	case t.Expires.After(time.Now().Add(MaxTokenLifetime)):
 		return nil, fmt.Errorf("knet: a token expires at most %v ahead", MaxTokenLifetime)
 	}
-	// Head, in clear: version, expiry (Unix seconds), nonce.
+	// Head, in clear: version, expiry (Unix seconds), nonce, servers.
 	b := make([]byte, tokenHeadSize, maxTokenSize)
 	b[0] = tokenVersion
 	binary.LittleEndian.PutUint64(b[1:], uint64(t.Expires.Unix()))
 	if _, err := rand.Read(b[9:tokenHeadSize]); err != nil {
 		return nil, err
 	}
-	// Body, sealed: client ID, servers, user data.
-	body := make([]byte, 0, maxTokenSize)
-	body = binary.LittleEndian.AppendUint64(body, t.ClientID)
-	body = append(body, byte(len(t.Servers)))
+	b = append(b, byte(len(t.Servers)))
 	for _, s := range t.Servers {
 		ip := s.Addr().As16() // an IPv4 address as ::ffff:a.b.c.d
-		body = append(body, ip[:]...)
-		body = binary.LittleEndian.AppendUint16(body, s.Port())
+		b = append(b, ip[:]...)
+		b = binary.LittleEndian.AppendUint16(b, s.Port())
 	}
+	head := len(b)
+	// Body, sealed: client ID, user data.
+	body := make([]byte, 0, maxTokenSize)
+	body = binary.LittleEndian.AppendUint64(body, t.ClientID)
 	body = binary.LittleEndian.AppendUint16(body, uint16(len(t.UserData)))
 	body = append(body, t.UserData...)
-	var ad [len(tokenAD) + tokenHeadSize]byte
-	return aead.Seal(b, b[9:tokenHeadSize], body, tokenADFor(&ad, b)), nil
+	var ad [len(tokenAD) + maxTokenHead]byte
+	return aead.Seal(b, b[9:tokenHeadSize], body, tokenADFor(&ad, b[:head])), nil
 }
 
 func tokenAEAD(key []byte) (cipher.AEAD, error) {
@@ -140,11 +155,48 @@ func tokenAEAD(key []byte) (cipher.AEAD, error) {
 	return chacha20poly1305.NewX(key)
 }
 
-// tokenADFor writes the associated data of the token b into ad.
-func tokenADFor(ad *[len(tokenAD) + tokenHeadSize]byte, b []byte) []byte {
+// tokenADFor writes the associated data of a token whose head is head
+// into ad.
+func tokenADFor(ad *[len(tokenAD) + maxTokenHead]byte, head []byte) []byte {
 	copy(ad[:], tokenAD)
-	copy(ad[len(tokenAD):], b[:tokenHeadSize])
-	return ad[:]
+	n := copy(ad[len(tokenAD):], head)
+	return ad[:len(tokenAD)+n]
+}
+
+// parseTokenHead reads the clear head of the token b: its length, and the
+// servers it names (appended to servers, which may be nil). ok is false
+// for anything but a token of this version whose head is whole and
+// leaves room for the body and the tag. Nothing is authenticated here.
+func parseTokenHead(b []byte, servers []netip.AddrPort) (n int, _ []netip.AddrPort, ok bool) {
+	// Version, expiry, nonce, u8 server count k, k times (16-byte IP,
+	// u16 port).
+	if len(b) < tokenHeadSize+1 || len(b) > maxTokenSize || b[0] != tokenVersion {
+		return 0, servers, false
+	}
+	k := int(b[tokenHeadSize])
+	n = tokenHeadSize + 1 + k*tokenAddrSize
+	if k == 0 || k > MaxTokenServers || len(b) < n+8+2+chacha20poly1305.Overhead {
+		return 0, servers, false
+	}
+	for p := b[tokenHeadSize+1 : n]; len(p) > 0; p = p[tokenAddrSize:] {
+		ip := netip.AddrFrom16([16]byte(p[:16])).Unmap()
+		servers = append(servers, netip.AddrPortFrom(ip, binary.LittleEndian.Uint16(p[16:])))
+	}
+	return n, servers, true
+}
+
+// TokenServers returns the servers a connect token names, in the
+// backend's order: where a client with it may connect (Dial with no
+// address tries them in this order). It reads the token's clear head
+// without the key, so it does not authenticate it: a server refuses a
+// token whose list was changed. It fails for bytes that are no token of
+// this version.
+func TokenServers(token []byte) ([]netip.AddrPort, error) {
+	_, servers, ok := parseTokenHead(token, nil)
+	if !ok {
+		return nil, errNotToken
+	}
+	return servers, nil
 }
 
 // openToken authenticates the token b, in place, and decodes it: it fails
@@ -153,11 +205,12 @@ func tokenADFor(ad *[len(tokenAD) + tokenHeadSize]byte, b []byte) []byte {
 // server takes at now. It returns the nonce, the key of the replay cache.
 // The token's fields do not alias b.
 func openToken(aead cipher.AEAD, b []byte, now time.Time) (t Token, nonce [tokenNonceSize]byte, err error) {
-	if len(b) < tokenHeadSize+chacha20poly1305.Overhead || len(b) > maxTokenSize || b[0] != tokenVersion {
+	head, servers, ok := parseTokenHead(b, make([]netip.AddrPort, 0, MaxTokenServers))
+	if !ok {
 		return t, nonce, errTokenInvalid
 	}
-	var ad [len(tokenAD) + tokenHeadSize]byte
-	body, err := aead.Open(b[tokenHeadSize:tokenHeadSize], b[9:tokenHeadSize], b[tokenHeadSize:], tokenADFor(&ad, b))
+	var ad [len(tokenAD) + maxTokenHead]byte
+	body, err := aead.Open(b[head:head], b[9:tokenHeadSize], b[head:], tokenADFor(&ad, b[:head]))
 	if err != nil {
 		return t, nonce, errTokenInvalid
 	}
@@ -172,25 +225,14 @@ func openToken(aead cipher.AEAD, b []byte, now time.Time) (t Token, nonce [token
 		return t, nonce, errTokenAhead
 	}
 	t.Expires = time.Unix(exp, 0)
-	// u64 client ID, u8 server count, count times (16-byte IP, u16 port),
-	// u16 user data length, user data; nothing after.
-	if len(body) < 8+1 {
+	t.Servers = servers
+	// u64 client ID, u16 user data length, user data; nothing after.
+	if len(body) < 8+2 {
 		return t, nonce, errTokenInvalid
 	}
 	t.ClientID = binary.LittleEndian.Uint64(body)
-	k := int(body[8])
-	body = body[9:]
-	if k == 0 || k > MaxTokenServers || len(body) < k*tokenAddrSize+2 {
-		return t, nonce, errTokenInvalid
-	}
-	t.Servers = make([]netip.AddrPort, k)
-	for i := range k {
-		ip := netip.AddrFrom16([16]byte(body[:16])).Unmap()
-		t.Servers[i] = netip.AddrPortFrom(ip, binary.LittleEndian.Uint16(body[16:]))
-		body = body[tokenAddrSize:]
-	}
-	m := int(binary.LittleEndian.Uint16(body))
-	body = body[2:]
+	m := int(binary.LittleEndian.Uint16(body[8:]))
+	body = body[10:]
 	if m > MaxTokenUserData || len(body) != m {
 		return t, nonce, errTokenInvalid
 	}

@@ -171,7 +171,8 @@ func TestTokenReplayCacheBound(t *testing.T) {
 
 // fuzzTokenKey and fuzzNow fix what FuzzOpenToken's seeds were made with
 // (testdata/fuzz/FuzzOpenToken: valid, largest, expired, another key's,
-// cut short).
+// cut short; those named v2-* are of the token's version 2, whose
+// servers are in clear, the others of version 1).
 var (
 	fuzzTokenKey = bytes.Repeat([]byte{0x6b}, TokenKeySize)
 	fuzzNow      = time.Unix(1_700_000_000, 0)
@@ -189,6 +190,7 @@ func FuzzOpenToken(f *testing.F) {
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		orig := bytes.Clone(b)
+		servers, serr := TokenServers(b) // what a client reads, without the key
 		tok, nonce, err := openToken(aead, b, fuzzNow)
 		if err != nil {
 			require.ErrorIs(t, err, ErrTokenRejected)
@@ -200,6 +202,8 @@ func FuzzOpenToken(f *testing.F) {
 		require.LessOrEqual(t, len(tok.Servers), MaxTokenServers)
 		require.LessOrEqual(t, len(tok.UserData), MaxTokenUserData)
 		require.Equal(t, orig[9:tokenHeadSize], nonce[:])
+		require.NoError(t, serr, "a token the server takes, the client cannot read")
+		require.Equal(t, servers, tok.Servers)
 		// Opened in place, but the token does not alias the buffer.
 		ud := bytes.Clone(tok.UserData)
 		clear(b)
