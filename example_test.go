@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log"
+	"net"
 	"net/netip"
 	"time"
 
@@ -205,4 +206,83 @@ func ExampleIssueToken() {
 	// Output:
 	// player 42 (team=red) joins
 	// secure: true
+}
+
+// A stateless UDP load balancer in front of a fleet of secure servers,
+// each with its own Config.ServerID of two bytes, routes a client's
+// datagrams by the server ID their connection ID starts with; what
+// carries none (a ConnectSyn) it routes by the client's address.
+func ExampleServerIDFromDatagram() {
+	priv, pub, err := knet.GenerateKey()
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := knet.Listen("udp", "127.0.0.1:0", &knet.Config{PrivateKey: priv, ServerID: []byte{0x00, 0x07}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			if _, err := l.Accept(); err != nil {
+				return // closed: l.Close closed its connections
+			}
+		}
+	}()
+
+	// The balancer's socket, relaying one client to the server.
+	lb, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lb.Close()
+	routed := make(chan uint32, 1)
+	go func() {
+		buf := make([]byte, 2048)
+		n, client, err := lb.ReadFromUDPAddrPort(buf) // the ConnectSyn
+		if err != nil {
+			return
+		}
+		_, ok := knet.ServerIDFromDatagram(buf[:n], 2)
+		fmt.Println("ConnectSyn routable:", ok)
+		up, err := net.DialUDP("udp", nil, l.Addr().(*net.UDPAddr))
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		go func() { // the server's answers, back to the client
+			b := make([]byte, 2048)
+			for {
+				n, err := up.Read(b)
+				if err != nil {
+					return
+				}
+				lb.WriteToUDPAddrPort(b[:n], client)
+			}
+		}()
+		up.Write(buf[:n])
+		for {
+			n, _, err := lb.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if id, ok := knet.ServerIDFromDatagram(buf[:n], 2); ok {
+				select {
+				case routed <- id:
+				default:
+				}
+			}
+			up.Write(buf[:n])
+		}
+	}()
+
+	c, err := knet.Dial(context.Background(), "udp", lb.LocalAddr().String(), &knet.Config{ServerKey: pub})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Printf("server ID %#04x\n", <-routed)
+	// Output:
+	// ConnectSyn routable: false
+	// server ID 0x0007
 }

@@ -11,6 +11,9 @@ import (
 	"time"
 )
 
+// Past one machine: routable connection IDs, and Dial over the servers a
+// connect token names (at the end of the file).
+//
 // Routable connection IDs (Config.ServerID): a fleet of secure servers
 // behind one address, and a stateless UDP load balancer in front that
 // sends each datagram to the server its connection ID names, so that a
