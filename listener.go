@@ -482,8 +482,9 @@ func (l *Listener) offer(c *Conn) bool {
 // With an empty address and a connect token (Config.Token), Dial tries the
 // servers the token names (TokenServers) in order, as netcode.io's clients
 // do, until one admits it: each attempt gets an equal share of what is
-// left of ConnectTimeout (the first ConnectTimeout/n of n servers; one
-// refused at once leaves its share to the next), and one that refuses,
+// left of ConnectTimeout, or of ctx's deadline if that comes sooner (the
+// first ConnectTimeout/n of n servers; one refused at once leaves its
+// share to the next), and one that refuses,
 // fails the handshake or does not answer within its share gives way to
 // the next. Conn.RemoteAddr tells which server it reached. When every
 // attempt failed, the error is a *TokenDialError naming each; ctx's end

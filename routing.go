@@ -185,14 +185,17 @@ func (e *TokenDialError) Unwrap() []error {
 var errNotTried = errors.New("knet: not tried: ConnectTimeout spent on the servers before")
 
 // dialServers tries the servers of rc's connect token in order, each
-// attempt with an equal share of what is left of ConnectTimeout, and
-// returns the first connection made.
+// attempt with an equal share of what is left of ConnectTimeout (or of
+// ctx's deadline, if sooner), and returns the first connection made.
 func dialServers(ctx context.Context, network string, rc *config, o *endpointOptions) (*Conn, error) {
 	servers, err := TokenServers(rc.token)
 	if err != nil {
 		return nil, fmt.Errorf("knet: Dial with no address: Config.Token: %w", err)
 	}
 	end := time.Now().Add(rc.connectTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(end) {
+		end = dl // shares of what ctx leaves, so that each server gets its turn
+	}
 	e := &TokenDialError{}
 	for i, s := range servers {
 		a := *rc // the attempt's own timeout; the rest is shared, read only

@@ -321,6 +321,23 @@ func TestDialTokenServersInOrder(t *testing.T) {
 	assert.Equal(t, int32(3), admitted.Load())
 }
 
+// TestDialTokenServersShareContext: with a ctx deadline sooner than
+// ConnectTimeout, the shares are of ctx's time: a silent first server
+// leaves the second its turn.
+func TestDialTokenServersShareContext(t *testing.T) {
+	l, key, ccfg, _ := tokenServer(t, nil)
+	silent := loopbackSocket(t).LocalAddr().(*net.UDPAddr).AddrPort()
+	ccfg.ConnectTimeout = time.Minute
+	ccfg.Token = issue(t, key, sampleToken(silent, addrPort(t, l.Addr())))
+	start := time.Now()
+	c, err := Dial(within(t, 2*time.Second), "udp", "", ccfg)
+	require.NoError(t, err)
+	took := time.Since(start)
+	assert.Equal(t, l.Addr().String(), c.RemoteAddr().String())
+	assert.GreaterOrEqual(t, took, time.Second, "the silent server's share: half of ctx's 2s")
+	require.NoError(t, c.Close())
+}
+
 // TestDialTokenServersAllDown: when no server of the token admits the
 // client, Dial fails within ConnectTimeout, naming each attempt in order.
 func TestDialTokenServersAllDown(t *testing.T) {
@@ -350,13 +367,20 @@ func TestDialTokenServersAllDown(t *testing.T) {
 	assert.Less(t, took, 2*time.Second, "bounded by ConnectTimeout")
 	t.Logf("failed in %v: %v", took.Round(time.Millisecond), err)
 
-	// A context that ends stops the attempts with its error.
+	// A context cancelled during an attempt stops them with its error.
 	ccfg.ConnectTimeout = 10 * time.Second
-	ccfg.Token = issue(t, key, sampleToken(silent, down1))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	waiting := loopbackSocket(t)
+	ccfg.Token = issue(t, key, sampleToken(waiting.LocalAddr().(*net.UDPAddr).AddrPort(), down1))
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		// The first ConnectSyn at the first server: cancel then.
+		waiting.SetReadDeadline(time.Now().Add(5 * time.Second))
+		waiting.ReadFromUDPAddrPort(make([]byte, 2048))
+		cancel()
+	}()
 	_, err = Dial(ctx, "udp", "", ccfg)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, context.Canceled)
 
 	// No token, no address: as before, nowhere to go.
 	ccfg.Token = nil
