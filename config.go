@@ -226,7 +226,8 @@ type Config struct {
 	// Token is, for Dial with ServerKey, the connect token the backend
 	// issued (IssueToken): it travels encrypted in the handshake. Its
 	// length comes off the ConnectPayload's limit. A refused token fails
-	// Dial with ErrTokenRejected.
+	// Dial with ErrTokenRejected. Dial with an empty address tries the
+	// servers the token names, in order (see Dial).
 	Token []byte
 	// CookieThreshold is, for a secure Listener, how many handshakes may
 	// be under way before it answers connection attempts with a
