@@ -57,6 +57,11 @@ type Listener struct {
 	// a client that moved may reach another of them.
 	cidMu sync.Mutex
 	cids  map[uint32]*Conn
+
+	// Config.TCP: the TCP socket on the same port, and the stream
+	// connections (stream_listen.go), true once established (under mu).
+	tcp     *net.TCPListener
+	streams map[*Conn]bool
 }
 
 // ListenerStats are a Listener's counters.
@@ -161,6 +166,11 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		ep.l = l
 		l.eps = append(l.eps, ep)
 	}
+	if rc.tcp {
+		if err := l.listenTCP(network, laddr); err != nil {
+			return fail(fmt.Errorf("knet: listen on TCP beside UDP (Config.TCP): %w", err))
+		}
+	}
 	for _, ep := range l.eps {
 		go ep.readLoop()
 	}
@@ -226,6 +236,11 @@ func (l *Listener) Conns() []*Conn {
 		}
 		ep.mu.Unlock()
 	}
+	for _, c := range l.streamConns(true) {
+		if !c.ended() {
+			cs = append(cs, c)
+		}
+	}
 	return cs
 }
 
@@ -261,6 +276,12 @@ func (l *Listener) Stats() ListenerStats {
 	st.DroppedHandshakes = l.droppedHandshakes.Load()
 	l.mu.Lock()
 	st.Pending = len(l.pending)
+	for _, est := range l.streams {
+		st.Connections++
+		if !est {
+			st.Pending++
+		}
+	}
 	l.mu.Unlock()
 	return st
 }
@@ -280,6 +301,7 @@ func (l *Listener) Close() error {
 	}
 	defer close(l.closeDone)
 	close(l.closed)
+	l.closeTCP()
 	l.mu.Lock()
 	l.closing = true
 	for i, j := range l.hs.queue {
@@ -301,6 +323,7 @@ func (l *Listener) Close() error {
 		}
 		ep.mu.Unlock()
 	}
+	conns = append(conns, l.streamConns(false)...)
 	var wg sync.WaitGroup
 	for _, c := range conns {
 		wg.Go(func() {
@@ -484,6 +507,14 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if ctx == nil {
 		return nil, errNilContext
 	}
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		rc := cfg.resolve()
+		if err := rc.secureDialer(); err != nil {
+			return nil, err
+		}
+		return dialTCP(ctx, network, address, rc, o)
+	}
 	if err := checkNetwork(network); err != nil {
 		return nil, err
 	}
@@ -491,6 +522,14 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if err := rc.secureDialer(); err != nil {
 		return nil, err
 	}
+	if rc.fallbackTCP {
+		return dialFallback(ctx, network, address, rc, o)
+	}
+	return dialUDP(ctx, network, address, rc, o)
+}
+
+// dialUDP is Dial over UDP.
+func dialUDP(ctx context.Context, network, address string, rc *config, o *endpointOptions) (*Conn, error) {
 	if n := len(rc.connectPayload); n > rc.synPayloadLimit() && rc.dialect != DialectReference {
 		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.synPayloadLimit())
 	}
