@@ -72,6 +72,7 @@ type streamConn struct {
 	deadline  time.Time // of the phase: the opening, or the close
 	closing   bool      // Close was called: flush, then end the stream
 	finSent   bool
+	byeSent   bool // the close hello, to a knet peer
 	reason    []byte // CloseWithReason's, for a knet peer
 	eof       bool   // the peer ended its side
 	writeErr  error
@@ -506,9 +507,11 @@ func (c *Conn) streamWrite(now time.Time) {
 	if st.wbuf != nil || st.writeErr != nil || s.err != nil && !st.closing {
 		return // a write under way, or its result not yet taken
 	}
-	if st.closing && !st.finSent && st.phase == phaseOpen && s.knet && st.reason != nil && len(s.q) == 0 {
+	if st.closing && !st.finSent && !st.byeSent && st.phase == phaseOpen && s.knet && !s.peerClose && len(s.q) == 0 {
+		// A knet peer hears of the close, and why, in a frame: a
+		// WebSocket has no half-close to say it with.
 		s.sendHello(helloClose, st.reason)
-		st.reason = nil
+		st.byeSent = true
 	}
 	if b := s.take(streamWriteMax); len(b) > 0 {
 		st.wbuf = b
@@ -573,7 +576,7 @@ func (c *Conn) streamFinish() {
 	err := s.err
 	switch {
 	case err != nil:
-	case eof && s.closeWhy != nil:
+	case eof && len(s.closeWhy) > 0:
 		err = &DisconnectError{Reason: string(s.closeWhy)}
 	case eof:
 		err = ErrPeerClosed
