@@ -72,7 +72,7 @@ type streamConn struct {
 	deadline  time.Time // of the phase: the opening, or the close
 	closing   bool      // Close was called: flush, then end the stream
 	finSent   bool
-	byeSent   bool // the close hello, to a knet peer
+	byeSent   bool   // the close hello, to a knet peer
 	reason    []byte // CloseWithReason's, for a knet peer
 	eof       bool   // the peer ended its side
 	writeErr  error
