@@ -183,3 +183,79 @@ func TestFallbackToTCPWhenUDPBlocked(t *testing.T) {
 	assert.Equal(t, "hi", string(m.Payload))
 	require.NoError(t, c2.Close())
 }
+
+// One Group serves UDP and TCP players alike: their connections,
+// messages, a Broadcast to all, receipts and their ends come out of the
+// same Poll, and Stats count a stream's traffic.
+func TestGroupServesUDPAndTCP(t *testing.T) {
+	g := NewGroup()
+	cfg := tcpConfig()
+	cfg.Group = g
+	cfg.Receipts = true
+	l := listen(t, cfg)
+	defer l.Close()
+	ctx := within(t, 20*time.Second)
+	udpc, err := Dial(ctx, "udp", l.Addr().String(), testConfig())
+	require.NoError(t, err)
+	tcpc, err := Dial(ctx, "tcp", l.Addr().String(), testConfig())
+	require.NoError(t, err)
+
+	events := make([]Event, 64)
+	conns := map[Transport]*Conn{}
+	hello := map[Transport]string{}
+	require.NoError(t, udpc.Send(Message{ID: 10, Payload: []byte("udp player"), Reliable: true}))
+	require.NoError(t, tcpc.Send(Message{ID: 10, Payload: []byte("tcp player"), Reliable: true}))
+	for len(hello) < 2 {
+		require.NoError(t, g.Wait(ctx))
+		n := g.Poll(events)
+		for _, e := range events[:n] {
+			switch e.Kind {
+			case EventConnected:
+				conns[e.Conn.Transport()] = e.Conn
+			case EventMessage:
+				hello[e.Conn.Transport()] = string(e.Message.Payload)
+			}
+		}
+	}
+	assert.Equal(t, map[Transport]string{TransportUDP: "udp player", TransportTCP: "tcp player"}, hello)
+	require.Len(t, conns, 2)
+
+	sent := Broadcast([]*Conn{conns[TransportUDP], conns[TransportTCP]}, Message{ID: 11, Payload: []byte("tick"), Reliable: true}, nil)
+	assert.Equal(t, 2, sent)
+	for _, c := range []*Conn{udpc, tcpc} {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "tick", string(m.Payload))
+	}
+	ref, err := conns[TransportTCP].SendRef(Message{ID: 12, Payload: []byte("tracked"), Reliable: true})
+	require.NoError(t, err)
+	delivered := false
+	for !delivered {
+		require.NoError(t, g.Wait(ctx))
+		n := g.Poll(events)
+		for _, e := range events[:n] {
+			if e.Kind == EventDelivered && e.Ref == ref {
+				delivered = true
+			}
+		}
+	}
+	st := conns[TransportTCP].Stats()
+	assert.Equal(t, uint64(1), st.MessagesReceived)
+	assert.GreaterOrEqual(t, st.MessagesSent, uint64(2))
+	assert.Greater(t, st.BytesSent, uint64(0))
+	assert.Greater(t, st.BytesReceived, uint64(0))
+
+	require.NoError(t, tcpc.Close())
+	for gone := false; !gone; {
+		require.NoError(t, g.Wait(ctx))
+		n := g.Poll(events)
+		for _, e := range events[:n] {
+			if e.Kind == EventDisconnected {
+				assert.Equal(t, TransportTCP, e.Conn.Transport())
+				assert.ErrorIs(t, e.Err, ErrPeerClosed)
+				gone = true
+			}
+		}
+	}
+	require.NoError(t, udpc.Close())
+}
