@@ -2,11 +2,13 @@ package knet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // Listener accepts kNet connections on one UDP socket (or several sharing
@@ -119,21 +121,44 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		return nil, err
 	}
 	var socks []socket
+	var tcp *net.TCPListener
 	fail := func(err error) (*Listener, error) {
 		for _, s := range socks {
 			s.Close()
 		}
+		if tcp != nil {
+			tcp.Close()
+		}
 		return nil, err
 	}
-	for i := range rc.sockets {
-		s, err := o.listenSocket(network, laddr, rc.sockets > 1)
-		if err != nil {
-			return fail(err)
+	anyPort := laddr.Port == 0
+	for attempt := 1; ; attempt++ {
+		for i := range rc.sockets {
+			s, err := o.listenSocket(network, laddr, rc.sockets > 1)
+			if err != nil {
+				return fail(err)
+			}
+			socks = append(socks, s)
+			if i == 0 {
+				laddr = s.LocalAddr().(*net.UDPAddr) // the others take the same port
+			}
 		}
-		socks = append(socks, s)
-		if i == 0 {
-			laddr = s.LocalAddr().(*net.UDPAddr) // the others take the same port
+		if !rc.tcp {
+			break
 		}
+		tcp, err = net.ListenTCP(tcpNetwork(network), &net.TCPAddr{IP: laddr.IP, Port: laddr.Port, Zone: laddr.Zone})
+		if err == nil {
+			break
+		}
+		if !anyPort || attempt == 10 || !errors.Is(err, syscall.EADDRINUSE) {
+			return fail(fmt.Errorf("knet: listen on TCP beside UDP (Config.TCP): %w", err))
+		}
+		// The port the system gave UDP is taken on TCP: another.
+		for _, s := range socks {
+			s.Close()
+		}
+		socks = socks[:0]
+		laddr.Port = 0
 	}
 	l := &Listener{
 		cfg:       rc,
@@ -166,10 +191,8 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		ep.l = l
 		l.eps = append(l.eps, ep)
 	}
-	if rc.tcp {
-		if err := l.listenTCP(network, laddr); err != nil {
-			return fail(fmt.Errorf("knet: listen on TCP beside UDP (Config.TCP): %w", err))
-		}
+	if tcp != nil {
+		l.startTCP(tcp)
 	}
 	for _, ep := range l.eps {
 		go ep.readLoop()

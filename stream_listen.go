@@ -6,24 +6,18 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"syscall"
 	"time"
 )
 
 // Streams on a Listener (Config.TCP) and from Dial: kNet over TCP beside
 // UDP, on the same port number.
 
-// listenTCP opens the listener's TCP socket on the address of its UDP
-// socket(s).
-func (l *Listener) listenTCP(network string, laddr *net.UDPAddr) error {
-	ln, err := net.ListenTCP(tcpNetwork(network), &net.TCPAddr{IP: laddr.IP, Port: laddr.Port, Zone: laddr.Zone})
-	if err != nil {
-		return err
-	}
+// startTCP takes streams from ln, the listener's TCP socket on the port
+// number of its UDP socket(s).
+func (l *Listener) startTCP(ln *net.TCPListener) {
 	l.tcp = ln
 	l.streams = make(map[*Conn]bool)
 	go l.acceptTCP(ln)
-	return nil
 }
 
 // tcpNetwork is the TCP network of a UDP one.
@@ -241,6 +235,3 @@ func dialFallback(ctx context.Context, network, address string, rc *config, o *e
 	cancel()
 	return nil, fmt.Errorf("knet: dial %s %q over UDP and TCP: %w", network, address, errors.Join(errs...))
 }
-
-// isRefusedNet reports a connection refused by the system.
-func isRefusedNet(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
