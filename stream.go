@@ -42,7 +42,9 @@ func (t Transport) String() string {
 }
 
 // Transport returns what the connection runs over: TransportUDP, or
-// TransportTCP or TransportWebSocket for a player without UDP.
+// TransportTCP or TransportWebSocket for a player without UDP. Over a
+// stream, Dialect says whether the peer is knet (DialectSpec: it sent
+// knet's hello) or speaks only the reference's wire (DialectReference).
 func (c *Conn) Transport() Transport {
 	if c.st != nil {
 		return c.st.transport
@@ -363,6 +365,7 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 			s.err = fmt.Errorf("%w: the server speaks kNet over TCP without knet's hello, and so cannot read ConnectPayload", ErrRefused)
 		default:
 			// The reference: established from the start.
+			c.dialect = DialectReference // before Dial returns c
 			st.phase = phaseOpen
 			s.open(now, false)
 			c.streamOffer()
@@ -375,6 +378,7 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 		payload = append([]byte(nil), content...)
 	} else {
 		knet = false
+		c.dialect = DialectReference // before the application sees c
 	}
 	if c.cfg.privateKey != nil {
 		s.err = errors.New("knet: a secure listener takes no plaintext over a stream")

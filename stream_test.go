@@ -33,6 +33,7 @@ func TestTCPEchoEveryMode(t *testing.T) {
 	c, err := Dial(ctx, "tcp", l.Addr().String(), testConfig())
 	require.NoError(t, err)
 	assert.Equal(t, TransportTCP, c.Transport())
+	assert.Equal(t, DialectSpec, c.Dialect(), "a knet server said hello")
 	assert.IsType(t, &net.TCPAddr{}, c.RemoteAddr())
 	assert.Equal(t, l.Addr().(*net.UDPAddr).Port, c.RemoteAddr().(*net.TCPAddr).Port, "the same port number")
 
