@@ -274,17 +274,19 @@ func (c *ListenerCollector) Collect(ch chan<- prometheus.Metric) {
 		seen[conn] = true
 	}
 	// A connection seen before and gone from Conns has ended, or is
-	// ending: its final counters are in its Stats once Done is closed.
+	// ending: its Stats are final once Done is closed (asked first).
 	for conn := range c.seen {
 		if seen[conn] {
 			continue
 		}
-		st := conn.Stats()
-		total.add(&st)
 		select {
 		case <-conn.Done():
+			st := conn.Stats()
 			c.ended.add(&st)
+			total.add(&st)
 		default:
+			st := conn.Stats()
+			total.add(&st)
 			seen[conn] = true // counted as current until it is done
 		}
 	}

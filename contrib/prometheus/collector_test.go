@@ -170,8 +170,12 @@ func TestListenerCollector(t *testing.T) {
 	if !errors.Is(err, knet.ErrRefused) {
 		t.Fatalf("stranger: %v, want ErrRefused", err)
 	}
-	// Accept returns a connection before the listener counts it.
-	waitFor(t, "two handshakes counted", func() bool { return l.Stats().Established == 2 })
+	// Accept returns a connection before the listener counts it, and the
+	// refused attempt's connection ends after the refusal went out.
+	waitFor(t, "two handshakes counted, none pending", func() bool {
+		st := l.Stats()
+		return st.Established == 2 && st.Pending == 0
+	})
 
 	reg := prometheus.NewPedanticRegistry() // checks what is collected against Describe
 	reg.MustRegister(knetprom.NewListenerCollector(l, &knetprom.Options{PerConnection: true}))
