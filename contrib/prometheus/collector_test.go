@@ -301,3 +301,38 @@ func TestConnCollector(t *testing.T) {
 		t.Errorf("knet_connection_quality = %v", got)
 	}
 }
+
+// A secure listener refuses a client without a connect token: the refusal
+// counts under reason="token", and not again under "other", although
+// ListenerStats.RefusedAttempts has it too.
+func TestListenerCollectorTokenRefusal(t *testing.T) {
+	private, public, err := knet.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := knet.Listen("udp", "127.0.0.1:0", &knet.Config{PrivateKey: private, TokenKey: make([]byte, knet.TokenKeySize)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = knet.Dial(ctx, "udp", l.Addr().String(), &knet.Config{ServerKey: public})
+	if !errors.Is(err, knet.ErrTokenRejected) {
+		t.Fatalf("dial without a token: %v, want ErrTokenRejected", err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(knetprom.NewListenerCollector(l, nil))
+	fams := scrape(t, reg)
+	for reason, want := range map[string]float64{"token": 1, "other": 0, "oversized_reply": 0} {
+		if got := value(t, fams, "knet_handshakes_refused_total", "reason", reason); got != want {
+			t.Errorf("knet_handshakes_refused_total{reason=%q} = %v, want %v", reason, got, want)
+		}
+	}
+	if got := value(t, fams, "knet_key_exchanges_total"); got != 1 {
+		t.Errorf("knet_key_exchanges_total = %v, want 1", got)
+	}
+	if got := value(t, fams, "knet_handshakes_completed_total"); got != 0 {
+		t.Errorf("knet_handshakes_completed_total = %v, want 0", got)
+	}
+}
