@@ -42,6 +42,7 @@ type Listener struct {
 	keyExchangeHook atomic.Pointer[func()]
 
 	// Atomic.
+	completed          atomic.Uint64 // ListenerStats.Established
 	rejectedTokens     atomic.Uint64
 	cookiesSent        atomic.Uint64
 	keyExchanges       atomic.Uint64
@@ -70,6 +71,7 @@ type Listener struct {
 type ListenerStats struct {
 	Connections      int    // connections on the socket(s), pending ones included
 	Pending          int    // connections whose handshake is not complete
+	Established      uint64 // connections whose handshake completed and that were handed to Accept (or the Group), since Listen
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
@@ -289,6 +291,7 @@ func (l *Listener) Stats() ListenerStats {
 		st.Writes += ep.writes.Load()
 		st.DatagramsWritten += ep.written.Load()
 	}
+	st.Established = l.completed.Load()
 	st.RejectedTokens = l.rejectedTokens.Load()
 	st.CookiesSent = l.cookiesSent.Load()
 	st.QueriesAnswered = l.query.answered.Load()
@@ -504,12 +507,14 @@ func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) 
 func (l *Listener) offer(c *Conn) bool {
 	l.established(c)
 	if g := c.cfg.group; g != nil {
+		l.completed.Add(1)
 		c.estOnce.Do(func() { close(c.estab) }) // established before the group hears of it
 		g.Add(c)
 		return true
 	}
 	select {
 	case l.acceptq <- c:
+		l.completed.Add(1)
 		return true
 	default:
 		c.ep.refused.Add(1)
