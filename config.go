@@ -240,6 +240,16 @@ type Config struct {
 	// two. Default 64; negative: always ask.
 	CookieThreshold int
 
+	// TCP makes a Listener accept kNet over TCP as well, on the same
+	// port number as its UDP socket, for players whose networks block
+	// UDP: the C++ reference's framing, with knet's hello between knet
+	// peers (see the README's "Players without UDP"). Default: UDP only.
+	TCP bool
+	// FallbackTCP makes Dial over UDP try TCP to the same address too,
+	// when UDP has no answer within 250 ms (or fails sooner); the first
+	// connection established wins (Conn.Transport says which).
+	FallbackTCP bool
+
 	// Simulate, when not nil, makes every datagram this Conn or Listener
 	// sends cross a simulated bad network first: to test a game under
 	// loss, latency, reordering and the rest without a real one. Give each
@@ -372,6 +382,7 @@ type config struct {
 	sendBuffer, recvBuffer, reassemblyBuffer   int
 	maxPending, backlog, sockets               int
 	connectPayload                             []byte
+	tcp, fallbackTCP                           bool
 	admit                                      func(net.Addr, []byte) ([]byte, error)
 	admitConn                                  func(*Conn, []byte) ([]byte, error)
 	stealth                                    bool
@@ -467,6 +478,8 @@ func (c *Config) resolve() *config {
 		backlog:          min(pick(c.AcceptBacklog, defaultBacklog), maxBacklog),
 		sockets:          min(pick(c.Sockets, 1), maxSockets),
 		connectPayload:   c.ConnectPayload,
+		tcp:              c.TCP,
+		fallbackTCP:      c.FallbackTCP,
 		admit:            c.Admit,
 		admitConn:        c.AdmitConn,
 		stealth:          c.Stealth,

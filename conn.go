@@ -24,6 +24,7 @@ type Conn struct {
 	// Owned by the round (Conn.round).
 	sess  *session
 	sec   *secureState // a secure session's keys, nil if plaintext
+	st    *streamConn  // a connection over TCP or WebSocket (stream.go), nil over UDP
 	sched connSched
 	// Datagrams the system refused to send, and their bytes (counted
 	// sent by the session, taken off in the Stats).

@@ -53,7 +53,11 @@ const maxInbox = 2048
 // end runs once the session is done: the connection ends.
 func (c *Conn) end() {
 	c.sched.timer.Stop()
-	c.finish()
+	if c.st != nil {
+		c.streamFinish()
+	} else {
+		c.finish()
+	}
 	if l := c.ep.l; l != nil {
 		l.loops.Done() // Add in handleNew
 	}
@@ -64,6 +68,9 @@ func (c *Conn) end() {
 // An idle connection, once quiet for its endpoint's parkAfter, counts as
 // parked (parkHook) until work comes.
 func (c *Conn) round(d *driver) (done bool) {
+	if c.st != nil {
+		return c.streamRound()
+	}
 	s := c.sess
 	s.scratch = &d.scratch
 	defer func() {
@@ -350,6 +357,9 @@ func (c *Conn) refusal() {
 // snapshot is the session's counters with the connection's corrections:
 // what the session built but the system did not send was not sent.
 func (c *Conn) snapshot() Stats {
+	if c.st != nil {
+		return c.streamSnapshot()
+	}
 	st := c.sess.snapshot()
 	st.DatagramsSent -= c.sendErrs
 	st.BytesSent -= c.unsentBytes
@@ -475,7 +485,9 @@ func (c *Conn) finish() {
 func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
 	c.recvq.mu.Lock()
 	defer c.recvq.mu.Unlock()
-	if !reliable && c.recvq.msgs.charged()+len(payload)+recvEntryCost > c.cfg.recvBuffer {
+	if !reliable && c.st == nil && c.recvq.msgs.charged()+len(payload)+recvEntryCost > c.cfg.recvBuffer {
+		// (A stream's messages are never dropped here: its rounds stop
+		// reading the stream instead, see streamInput.)
 		putPayload(buf)
 		return false
 	}

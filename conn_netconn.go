@@ -50,17 +50,27 @@ func (c *Conn) Write(b []byte) (int, error) {
 }
 
 func (c *Conn) opError(op string, err error) error {
-	return &net.OpError{Op: op, Net: "knet", Source: c.LocalAddr(), Addr: c.remote.Load(), Err: err}
+	return &net.OpError{Op: op, Net: "knet", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
 // LocalAddr returns the local address of the socket.
-func (c *Conn) LocalAddr() net.Addr { return c.ep.sock.LocalAddr() }
+func (c *Conn) LocalAddr() net.Addr {
+	if c.st != nil {
+		return c.st.nc.LocalAddr()
+	}
+	return c.ep.sock.LocalAddr()
+}
 
 // RemoteAddr returns the peer's address. A secure connection's client may
 // move (NAT rebinding, another network): on the server, the address
 // changes once the client proved it receives at the new one (see
 // Stats.Migrations).
-func (c *Conn) RemoteAddr() net.Addr { return c.remote.Load() }
+func (c *Conn) RemoteAddr() net.Addr {
+	if c.st != nil {
+		return c.st.nc.RemoteAddr()
+	}
+	return c.remote.Load()
+}
 
 // SetDeadline sets the read and write deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {

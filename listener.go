@@ -2,11 +2,13 @@ package knet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // Listener accepts kNet connections on one UDP socket (or several sharing
@@ -40,6 +42,7 @@ type Listener struct {
 	keyExchangeHook atomic.Pointer[func()]
 
 	// Atomic.
+	completed          atomic.Uint64 // ListenerStats.Established
 	rejectedTokens     atomic.Uint64
 	cookiesSent        atomic.Uint64
 	keyExchanges       atomic.Uint64
@@ -57,12 +60,18 @@ type Listener struct {
 	// a client that moved may reach another of them.
 	cidMu sync.Mutex
 	cids  map[uint32]*Conn
+
+	// Config.TCP: the TCP socket on the same port, and the stream
+	// connections (stream_listen.go), true once established (under mu).
+	tcp     *net.TCPListener
+	streams map[*Conn]bool
 }
 
 // ListenerStats are a Listener's counters.
 type ListenerStats struct {
 	Connections      int    // connections on the socket(s), pending ones included
 	Pending          int    // connections whose handshake is not complete
+	Established      uint64 // connections whose handshake completed and that were handed to Accept (or the Group), since Listen
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
@@ -117,21 +126,44 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		return nil, err
 	}
 	var socks []socket
+	var tcp *net.TCPListener
 	fail := func(err error) (*Listener, error) {
 		for _, s := range socks {
 			s.Close()
 		}
+		if tcp != nil {
+			tcp.Close()
+		}
 		return nil, err
 	}
-	for i := range rc.sockets {
-		s, err := o.listenSocket(network, laddr, rc.sockets > 1)
-		if err != nil {
-			return fail(err)
+	anyPort := laddr.Port == 0
+	for attempt := 1; ; attempt++ {
+		for i := range rc.sockets {
+			s, err := o.listenSocket(network, laddr, rc.sockets > 1)
+			if err != nil {
+				return fail(err)
+			}
+			socks = append(socks, s)
+			if i == 0 {
+				laddr = s.LocalAddr().(*net.UDPAddr) // the others take the same port
+			}
 		}
-		socks = append(socks, s)
-		if i == 0 {
-			laddr = s.LocalAddr().(*net.UDPAddr) // the others take the same port
+		if !rc.tcp {
+			break
 		}
+		tcp, err = net.ListenTCP(tcpNetwork(network), &net.TCPAddr{IP: laddr.IP, Port: laddr.Port, Zone: laddr.Zone})
+		if err == nil {
+			break
+		}
+		if !anyPort || attempt == 10 || !errors.Is(err, syscall.EADDRINUSE) {
+			return fail(fmt.Errorf("knet: listen on TCP beside UDP (Config.TCP): %w", err))
+		}
+		// The port the system gave UDP is taken on TCP: another.
+		for _, s := range socks {
+			s.Close()
+		}
+		socks = socks[:0]
+		laddr.Port = 0
 	}
 	l := &Listener{
 		cfg:       rc,
@@ -163,6 +195,9 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		ep.simulate(1 + uint64(i)*2)
 		ep.l = l
 		l.eps = append(l.eps, ep)
+	}
+	if tcp != nil {
+		l.startTCP(tcp)
 	}
 	for _, ep := range l.eps {
 		go ep.readLoop()
@@ -229,6 +264,11 @@ func (l *Listener) Conns() []*Conn {
 		}
 		ep.mu.Unlock()
 	}
+	for _, c := range l.streamConns(true) {
+		if !c.ended() {
+			cs = append(cs, c)
+		}
+	}
 	return cs
 }
 
@@ -254,6 +294,7 @@ func (l *Listener) Stats() ListenerStats {
 		st.Writes += ep.writes.Load()
 		st.DatagramsWritten += ep.written.Load()
 	}
+	st.Established = l.completed.Load()
 	st.RejectedTokens = l.rejectedTokens.Load()
 	st.CookiesSent = l.cookiesSent.Load()
 	st.QueriesAnswered = l.query.answered.Load()
@@ -264,6 +305,12 @@ func (l *Listener) Stats() ListenerStats {
 	st.DroppedHandshakes = l.droppedHandshakes.Load()
 	l.mu.Lock()
 	st.Pending = len(l.pending)
+	for _, est := range l.streams {
+		st.Connections++
+		if !est {
+			st.Pending++
+		}
+	}
 	l.mu.Unlock()
 	return st
 }
@@ -283,6 +330,7 @@ func (l *Listener) Close() error {
 	}
 	defer close(l.closeDone)
 	close(l.closed)
+	l.closeTCP()
 	l.mu.Lock()
 	l.closing = true
 	for i, j := range l.hs.queue {
@@ -304,6 +352,7 @@ func (l *Listener) Close() error {
 		}
 		ep.mu.Unlock()
 	}
+	conns = append(conns, l.streamConns(false)...)
 	var wg sync.WaitGroup
 	for _, c := range conns {
 		wg.Go(func() {
@@ -461,12 +510,14 @@ func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) 
 func (l *Listener) offer(c *Conn) bool {
 	l.established(c)
 	if g := c.cfg.group; g != nil {
+		l.completed.Add(1)
 		c.estOnce.Do(func() { close(c.estab) }) // established before the group hears of it
 		g.Add(c)
 		return true
 	}
 	select {
 	case l.acceptq <- c:
+		l.completed.Add(1)
 		return true
 	default:
 		c.ep.refused.Add(1)
@@ -498,6 +549,14 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if ctx == nil {
 		return nil, errNilContext
 	}
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		rc := cfg.resolve()
+		if err := rc.secureDialer(); err != nil {
+			return nil, err
+		}
+		return dialTCP(ctx, network, address, rc, o)
+	}
 	if err := checkNetwork(network); err != nil {
 		return nil, err
 	}
@@ -505,17 +564,34 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if err := rc.secureDialer(); err != nil {
 		return nil, err
 	}
-	if n := len(rc.connectPayload); n > rc.synPayloadLimit() && rc.dialect != DialectReference {
-		return nil, fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.synPayloadLimit())
-	}
 	if address == "" && rc.token != nil {
 		return dialServers(ctx, network, rc, o)
 	}
-	return dialOne(ctx, network, address, rc, o)
+	return dialAddr(ctx, network, address, rc, o)
 }
 
-// dialOne runs one Dial to address with the checked Config rc.
-func dialOne(ctx context.Context, network, address string, rc *config, o *endpointOptions) (*Conn, error) {
+// dialAddr is Dial to address over UDP, or with Config.FallbackTCP over
+// UDP and TCP.
+func dialAddr(ctx context.Context, network, address string, rc *config, o *endpointOptions) (*Conn, error) {
+	if rc.fallbackTCP {
+		return dialFallback(ctx, network, address, rc, o)
+	}
+	return dialUDP(ctx, network, address, rc, o)
+}
+
+// checkSynPayload checks that the ConnectPayload fits a ConnectSyn.
+func (rc *config) checkSynPayload() error {
+	if n := len(rc.connectPayload); n > rc.synPayloadLimit() && rc.dialect != DialectReference {
+		return fmt.Errorf("%w: ConnectPayload of %d bytes, at most %d fit a ConnectSyn", ErrHandshakeTooLarge, n, rc.synPayloadLimit())
+	}
+	return nil
+}
+
+// dialUDP is Dial over UDP.
+func dialUDP(ctx context.Context, network, address string, rc *config, o *endpointOptions) (*Conn, error) {
+	if err := rc.checkSynPayload(); err != nil {
+		return nil, err
+	}
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
 		return nil, err

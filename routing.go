@@ -192,6 +192,9 @@ func dialServers(ctx context.Context, network string, rc *config, o *endpointOpt
 	if err != nil {
 		return nil, fmt.Errorf("knet: Dial with no address: Config.Token: %w", err)
 	}
+	if err := rc.checkSynPayload(); err != nil && !rc.fallbackTCP {
+		return nil, err // the same for every server
+	}
 	end := time.Now().Add(rc.connectTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(end) {
 		end = dl // shares of what ctx leaves, so that each server gets its turn
@@ -204,7 +207,7 @@ func dialServers(ctx context.Context, network string, rc *config, o *endpointOpt
 			e.Attempts = append(e.Attempts, DialAttempt{s, errNotTried})
 			continue
 		}
-		c, err := dialOne(ctx, network, s.String(), &a, o)
+		c, err := dialAddr(ctx, network, s.String(), &a, o)
 		if err == nil {
 			return c, nil
 		}

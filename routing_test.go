@@ -381,6 +381,17 @@ func TestDialTokenServersAllDown(t *testing.T) {
 	_, err = Dial(ctx, "udp", "", ccfg)
 	require.ErrorIs(t, err, context.Canceled)
 
+	// A ConnectPayload too large fails at once, not once per server;
+	// bytes that are no token say so.
+	ccfg.ConnectPayload = make([]byte, 1200)
+	_, err = Dial(within(t, time.Second), "udp", "", ccfg)
+	require.ErrorIs(t, err, ErrHandshakeTooLarge)
+	require.NotErrorAs(t, err, &te)
+	ccfg.ConnectPayload = nil
+	ccfg.Token = []byte("not a token")
+	_, err = Dial(within(t, time.Second), "udp", "", ccfg)
+	require.ErrorIs(t, err, errNotToken)
+
 	// No token, no address: as before, nowhere to go.
 	ccfg.Token = nil
 	_, err = Dial(within(t, time.Second), "udp", "", ccfg)

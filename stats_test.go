@@ -1,6 +1,8 @@
 package knet
 
 import (
+	"errors"
+	"net"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -77,5 +79,35 @@ func TestStatsPublishedOnceAsked(t *testing.T) {
 		require.NoError(t, c2.Close())
 		<-c2.Done()
 		require.Equal(t, uint64(1), c2.Stats().MessagesReceived)
+	})
+}
+
+// ListenerStats.Established counts the handshakes that completed, not the
+// attempts: a refused one is not in it, and a connection that ended stays
+// counted.
+func TestListenerStatsEstablished(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		cfg := testConfig()
+		cfg.Admit = func(_ net.Addr, payload []byte) ([]byte, error) {
+			if string(payload) == "stranger" {
+				return nil, errors.New("go away")
+			}
+			return nil, nil
+		}
+		l := nw.listen(t, cfg)
+		ctx := within(t, 10*time.Second)
+		for range 2 {
+			nw.dial(t, l.Addr().String(), testConfig())
+			c, err := l.AcceptConn(ctx)
+			require.NoError(t, err)
+			require.NoError(t, c.Close())
+		}
+		_, err := nw.Dial(ctx, l.Addr().String(), &Config{ConnectPayload: []byte("stranger")})
+		require.ErrorIs(t, err, ErrRefused)
+		synctest.Wait() // the counts after the accepts are in
+		st := l.Stats()
+		require.Equal(t, uint64(2), st.Established)
+		require.Equal(t, uint64(1), st.RefusedAttempts)
 	})
 }

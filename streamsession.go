@@ -1,7 +1,6 @@
 package knet
 
 import (
-	"errors"
 	"slices"
 	"time"
 )
@@ -10,8 +9,8 @@ import (
 // the C++ reference speaks it: docs/PROTOCOL.md §9), in the manner of
 // session: a plain struct driven with the current time, no goroutines,
 // no locks. What arrives is fed in as it comes (received); what is to be
-// written is taken out (take) and reported written (wrote). Groundwork
-// of issue 23: no Conn uses it yet.
+// written is taken out (take) and reported written (wrote). A Conn over
+// TCP or WebSocket runs one (stream.go).
 //
 // The stream carries frames and nothing else: no handshake, no acks, no
 // flags. The only control messages are PingRequest and PingReply, every
@@ -28,6 +27,11 @@ import (
 //
 // Every message received reads as unreliable and not in order: the wire
 // says nothing of how it was sent (the reference marks them so too).
+//
+// knet peers say so to each other in their first frame (a knet hello,
+// streamHello): a PingReply that no ping asked for, which the reference
+// drops unread. Between knet peers the same form carries the Admit reply,
+// a refusal and the reason of a close.
 
 // streamPingInterval is the reference's ping period over TCP.
 const streamPingInterval = 3500 * time.Millisecond
@@ -36,13 +40,12 @@ const streamPingInterval = 3500 * time.Millisecond
 // unreliable messages are dropped at the sender.
 const streamUnreliableLimit = 64 << 10
 
-var errStreamSilent = errors.New("knet: the stream's peer fell silent")
-
 type streamSession struct {
-	host     host
-	lostTime time.Duration
-	fr       *tcpFramer
-	stats    Stats
+	host      host
+	lostTime  time.Duration
+	pingEvery time.Duration
+	fr        *tcpFramer
+	stats     Stats
 
 	q        []*outMsg // messages not yet framed, by priority then send order
 	qBytes   int
@@ -54,10 +57,22 @@ type streamSession struct {
 	lastRecv time.Time
 	rtt      time.Duration
 	err      error
+
+	// gate holds back everything after the peer's first frame, which
+	// is kept in first, until open is called: the connection's
+	// admission reads it.
+	gate      bool
+	sawFirst  bool
+	firstID   uint32
+	first     []byte
+	quiet     bool   // no pings yet: a server waits for the client's first frame
+	knet      bool   // the peer said it is knet (its hello)
+	closeWhy  []byte // a knet peer's reason for closing, once it gave one
+	peerClose bool   // a knet peer's close hello came
 }
 
 func newStreamSession(h host, maxMessage int, lostTime time.Duration, now time.Time) *streamSession {
-	return &streamSession{host: h, lostTime: lostTime, fr: newTCPFramer(maxMessage), nextPing: now, lastRecv: now}
+	return &streamSession{host: h, lostTime: lostTime, pingEvery: streamPingInterval, fr: newTCPFramer(maxMessage), nextPing: now, lastRecv: now}
 }
 
 // received takes bytes read from the stream. An error (a frame of size 0
@@ -67,10 +82,15 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 	if s.err != nil {
 		return s.err
 	}
-	s.lastRecv = now
-	s.stats.BytesReceived += uint64(len(p))
-	s.fr.feed(p)
+	if len(p) > 0 {
+		s.lastRecv = now
+		s.stats.BytesReceived += uint64(len(p))
+		s.fr.feed(p)
+	}
 	for {
+		if s.gate && s.sawFirst {
+			return nil // the admission has not read the first frame yet
+		}
 		id, payload, ok, err := s.fr.next()
 		if err != nil {
 			s.err = err
@@ -80,56 +100,79 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 		if !ok {
 			return nil
 		}
-		switch id {
-		case idPingRequest:
-			if len(payload) >= 1 {
-				s.ctrl = appendTCPFrame(s.ctrl, idPingReply, payload[:1])
-			}
-		case idPingReply:
-			// Only the reply to our last request counts; an unsolicited
-			// one is dropped, as the reference does.
-			if len(payload) >= 1 && payload[0] == s.pingID && !s.pingSent.IsZero() {
-				s.rtt = now.Sub(s.pingSent)
-				s.pingSent = time.Time{}
-			}
-		default:
-			// Every other ID is the application's, reserved ones
-			// included: on this wire they carry nothing else.
-			if s.host.deliver(id, payload, nil, false, false) {
-				s.stats.MessagesReceived++
-			} else {
-				s.stats.DroppedMessages++
-			}
+		if s.gate {
+			s.sawFirst, s.firstID = true, id
+			s.first = append(s.first[:0], payload...)
+			return nil
+		}
+		s.dispatch(now, id, payload)
+	}
+}
+
+// open lets frames through the gate: the first one, unless the admission
+// took it (consumed), then those behind it.
+func (s *streamSession) open(now time.Time, consumed bool) {
+	s.gate, s.quiet = false, false
+	if s.sawFirst && !consumed {
+		s.dispatch(now, s.firstID, s.first)
+	}
+	s.first = nil
+	if s.err == nil {
+		s.received(now, nil)
+	}
+}
+
+// dispatch acts on one frame.
+func (s *streamSession) dispatch(now time.Time, id uint32, payload []byte) {
+	switch id {
+	case idPingRequest:
+		if len(payload) >= 1 {
+			s.ctrl = appendTCPFrame(s.ctrl, idPingReply, payload[:1])
+		}
+	case idPingReply:
+		// Only the reply to our last request counts; an unsolicited
+		// one is dropped, as the reference does.
+		if kind, content, ok := parseStreamHello(payload); ok {
+			s.hello(kind, content)
+		} else if len(payload) >= 1 && payload[0] == s.pingID && !s.pingSent.IsZero() {
+			s.rtt = now.Sub(s.pingSent)
+			s.pingSent = time.Time{}
+		}
+	default:
+		// Every other ID is the application's, reserved ones
+		// included: on this wire they carry nothing else.
+		if s.host.deliver(id, payload, nil, false, false) {
+			s.stats.MessagesReceived++
+		} else {
+			s.stats.DroppedMessages++
 		}
 	}
 }
 
 // enqueue queues m (its payload a private copy) to be written.
 func (s *streamSession) enqueue(m *outMsg) {
-	if s.err != nil {
-		s.host.sendDone(len(m.payload))
+	if s.err != nil || !m.reliable && s.qBytes+len(s.out) > streamUnreliableLimit {
 		s.stats.DroppedMessages++
+		s.drop(m, false)
 		return
 	}
-	if !m.reliable && s.qBytes+len(s.out) > streamUnreliableLimit {
-		s.host.sendDone(len(m.payload))
-		s.stats.DroppedMessages++
-		return
-	}
-	if m.contentID != 0 && !m.inOrder {
+	if m.contentID != 0 && !m.inOrder && len(m.after) == 0 {
 		for i, o := range s.q {
-			if o.id == m.id && o.contentID == m.contentID && o.reliable == m.reliable {
+			if o.id == m.id && o.contentID == m.contentID && o.reliable == m.reliable && !o.inOrder && len(o.after) == 0 {
 				// Latest state: the newer replaces the one still queued.
 				s.stats.ReplacedMessages++
-				s.host.sendDone(len(o.payload))
 				s.qBytes -= len(o.payload)
 				s.q = slices.Delete(s.q, i, i+1)
+				s.drop(o, false)
 				break
 			}
 		}
 	}
+	// Priority moves m ahead of queued messages of lower priority, but
+	// never ahead of one it depends on: an earlier one of its channel
+	// when it is in order, or one it names.
 	i := len(s.q)
-	for i > 0 && s.q[i-1].priority < m.priority {
+	for i > 0 && s.q[i-1].priority < m.priority && !dependsOn(m, s.q[i-1]) {
 		i--
 	}
 	s.q = slices.Insert(s.q, i, m)
@@ -142,15 +185,15 @@ func (s *streamSession) advance(now time.Time) {
 	if s.err != nil {
 		return
 	}
-	if now.Sub(s.lastRecv) >= s.lostTime {
-		s.err = errStreamSilent
+	if silent := now.Sub(s.lastRecv); silent >= s.lostTime {
+		s.err = &TimeoutError{Silent: silent}
 		return
 	}
-	if !now.Before(s.nextPing) {
+	if !s.quiet && !now.Before(s.nextPing) {
 		s.pingID++
 		s.pingSent = now
 		s.ctrl = appendTCPFrame(s.ctrl, idPingRequest, []byte{s.pingID})
-		s.nextPing = now.Add(streamPingInterval)
+		s.nextPing = now.Add(s.pingEvery)
 	}
 }
 
@@ -177,9 +220,81 @@ func (s *streamSession) take(max int) []byte {
 		s.q = s.q[1:]
 		s.qBytes -= len(m.payload)
 		s.out = appendTCPFrame(s.out, m.id, m.payload)
-		s.host.sendDone(len(m.payload))
+		s.drop(m, true)
 	}
 	return s.out
+}
+
+// drop lets m go, framed (sent) or not: its send buffer bytes, its
+// payload buffer and its receipt. Over a stream, a message framed is
+// delivered unless the connection fails first; the receipt says so then.
+func (s *streamSession) drop(m *outMsg, sent bool) {
+	s.host.sendDone(len(m.payload))
+	if m.tracked {
+		s.host.receipt(Receipt{Ref: m.ref, Delivered: sent})
+	}
+	putPayload(m.pbuf)
+	*m = outMsg{}
+}
+
+// dependsOn reports whether m must not leave before o.
+func dependsOn(m, o *outMsg) bool {
+	if m.inOrder && o.inOrder && m.channel == o.channel {
+		return true
+	}
+	return slices.Contains(m.after, o.ref)
+}
+
+// failQueue drops what is still queued, as the connection ends.
+func (s *streamSession) failQueue() {
+	for _, m := range s.q {
+		s.drop(m, false)
+	}
+	s.q, s.qBytes = nil, 0
+}
+
+// queued reports whether anything waits to be framed or written.
+func (s *streamSession) queued() bool { return len(s.q) > 0 || len(s.out) > 0 || len(s.ctrl) > 0 }
+
+// sendHello queues a knet hello of kind with content, before anything
+// else still to be framed.
+func (s *streamSession) sendHello(kind byte, content []byte) {
+	s.ctrl = appendTCPFrame(s.ctrl, idPingReply, appendStreamHello(nil, kind, content))
+}
+
+// hello acts on a knet peer's hello.
+func (s *streamSession) hello(kind byte, content []byte) {
+	s.knet = true
+	if kind == helloClose || kind == helloRefuse {
+		s.peerClose = true
+		s.closeWhy = append([]byte(nil), content[:min(len(content), MaxReasonLength)]...)
+	}
+}
+
+// The knet hello: a PingReply whose payload is pingID 0 (the reference
+// counts its pings from 1, and drops a reply to none), the magic, the
+// version and a kind, then the kind's content.
+const (
+	helloClient = 1 // the client's first frame; content: ConnectPayload
+	helloAccept = 2 // the server's answer; content: the Admit reply
+	helloRefuse = 3 // the server's refusal; content: the reason
+	helloClose  = 4 // a close with a reason; content: the reason
+)
+
+var streamHelloMagic = [...]byte{0, 'k', 'N', 'T', 1}
+
+func appendStreamHello(b []byte, kind byte, content []byte) []byte {
+	b = append(b, streamHelloMagic[:]...)
+	b = append(b, kind)
+	return append(b, content...)
+}
+
+func parseStreamHello(p []byte) (kind byte, content []byte, ok bool) {
+	n := len(streamHelloMagic)
+	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloClose {
+		return 0, nil, false
+	}
+	return p[n], p[n+1:], true
 }
 
 // wrote records that the first n bytes of what take returned went.

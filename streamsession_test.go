@@ -114,7 +114,8 @@ func TestStreamSessionSilence(t *testing.T) {
 	assert.NoError(t, p.s[0].err)
 	p.now = p.now.Add(15 * time.Second)
 	p.s[0].advance(p.now)
-	assert.ErrorIs(t, p.s[0].err, errStreamSilent)
+	var te *TimeoutError
+	assert.ErrorAs(t, p.s[0].err, &te, "a peer silent for the lost timeout is gone")
 }
 
 // A frame of size 0 or over the limit ends the session with its error;

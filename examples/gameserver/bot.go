@@ -24,9 +24,11 @@ const (
 // A bot is a client with its own connection and goroutines: one sends
 // inputs at the tick rate, one receives.
 type bot struct {
-	name  string
-	kind  botKind
-	token string
+	name      string
+	kind      botKind
+	token     string
+	transport knet.Transport // how it dials (UDP unless set)
+	used      knet.Transport // what its connection runs over
 
 	id         uint16
 	refused    string     // the server's reason, when it refused us
@@ -61,7 +63,11 @@ func (b *bot) run(ctx context.Context, addr string, tick time.Duration, sim *kne
 		Simulate:       sim,
 		ReceiveBuffer:  256 << 10,
 	}
-	c, err := knet.Dial(ctx, "udp", addr, cfg)
+	network := "udp"
+	if b.transport == knet.TransportTCP {
+		network = "tcp"
+	}
+	c, err := knet.Dial(ctx, network, addr, cfg)
 	var re *knet.RefusedError
 	if errors.As(err, &re) {
 		b.refused = re.Reason
@@ -70,6 +76,7 @@ func (b *bot) run(ctx context.Context, addr string, tick time.Duration, sim *kne
 	if err != nil {
 		return fmt.Errorf("%s: %w", b.name, err)
 	}
+	b.used = c.Transport()
 	if _, reply := c.Handshake(); len(reply) == 2 {
 		b.id = binary.LittleEndian.Uint16(reply)
 	}

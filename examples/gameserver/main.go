@@ -22,6 +22,11 @@
 //     the newest score of each player arrives, an older one never after it;
 //   - chat: reliable ordered on a channel of its own.
 //
+// The server takes UDP and TCP on one port number (Config.TCP): -tcp
+// bots connect over TCP, as players on networks that block UDP would, and
+// the game loop serves them through the same Group without telling them
+// apart.
+//
 // Players join with a token checked by Config.AdmitConn, which attaches
 // the player to the connection as its user data. Besides the -bots
 // ordinary bots, three misbehave on purpose: one presents a forged token
@@ -56,6 +61,10 @@ type options struct {
 	// 20% loss run, where a handshake lost twice makes one join too
 	// late in a short round to be kicked).
 	plain bool
+	// How many of the ordinary bots connect over TCP instead of UDP
+	// (the server takes both on one port number), as players on a
+	// network that blocks UDP would.
+	tcp int
 }
 
 func main() {
@@ -69,6 +78,7 @@ func main() {
 	flag.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the simulated network")
 	flag.BoolVar(&o.full, "full", false, "send every snapshot in full, not as a delta against what the client has")
 	flag.IntVar(&o.worst, "rows", 8, "per-client rows to print (the worst by snapshot age)")
+	flag.IntVar(&o.tcp, "tcp", 4, "how many of the bots connect over TCP instead of UDP (players without UDP)")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := run(context.Background(), o, os.Stdout); err != nil {
@@ -126,7 +136,11 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	var bots []*bot
 	for i := range o.bots {
 		name := fmt.Sprintf("bot%02d", i+1)
-		bots = append(bots, &bot{name: name, kind: normalBot, token: srv.issueToken(name)})
+		b := &bot{name: name, kind: normalBot, token: srv.issueToken(name), transport: knet.TransportUDP}
+		if i >= o.bots-o.tcp {
+			b.transport = knet.TransportTCP
+		}
+		bots = append(bots, b)
 	}
 	res := &result{
 		queryInfo: string(info),
@@ -312,6 +326,29 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		float64(res.fullBytes)/float64(max(res.sentBytes, 1)), res.deltas, res.snapsSent, res.checked, res.wrong, res.bad)
 	fmt.Fprintf(out, "snapshot age p50 %v, p99 %v, max %v (from the server tick's start to the bot's Receive)\n",
 		round(res.ageP50), round(res.ageP99), round(percentile(ages, 1)))
+	for _, tr := range []knet.Transport{knet.TransportUDP, knet.TransportTCP, knet.TransportWebSocket} {
+		var n, snaps, checked, wrong int
+		var trAges []time.Duration
+		for _, b := range res.bots {
+			if b.transport == tr && b.used == tr {
+				n++
+				snaps += b.snaps
+				checked += b.checked
+				wrong += b.wrong
+				trAges = append(trAges, b.ages...)
+			}
+		}
+		if n > 0 {
+			slices.Sort(trAges)
+			fmt.Fprintf(out, "  over %v: %d bots, %d snapshots, age p50 %v p99 %v, %d worlds checked, %d wrong\n",
+				tr, n, snaps, round(percentile(trAges, 0.5)), round(percentile(trAges, 0.99)), checked, wrong)
+		}
+	}
+	for _, b := range res.bots {
+		if b.used != b.transport && b.refused == "" {
+			fail("%s connected over %v, not %v", b.name, b.used, b.transport)
+		}
+	}
 	clients := len(res.bots) + 2
 	secs := elapsed.Seconds()
 	fmt.Fprintf(out, "server tick: %d ticks in %.2fs, work mean %v max %v; %.1f µs per client per second\n",

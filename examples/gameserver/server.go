@@ -118,6 +118,9 @@ func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time
 		// (EventDelivered, EventLost): the delivered ones are the
 		// baselines of the deltas.
 		Receipts: delta,
+		// Players whose networks block UDP come over TCP, on the same
+		// port number; the game loop does not tell them apart.
+		TCP: true,
 	}
 	l, err := knet.Listen("udp", addr, cfg)
 	if err != nil {

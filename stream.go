@@ -1,0 +1,635 @@
+package knet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A Conn over a byte stream (TCP, WebSocket) instead of UDP datagrams: the
+// same Conn, its queues and its Group, with a streamSession for a session
+// (streamsession.go). Its rounds run on the scheduler of an endpoint as a
+// UDP connection's do (a Listener's first socket's, or one of its own for
+// a dialed connection); two goroutines of its own read and write the
+// stream, so that a round never waits for either.
+
+// Transport is what a connection runs over.
+type Transport uint8
+
+const (
+	TransportUDP       Transport = iota // kNet over UDP datagrams
+	TransportTCP                        // kNet over TCP, the reference's framing
+	TransportWebSocket                  // the TCP framing in WebSocket binary messages
+)
+
+func (t Transport) String() string {
+	switch t {
+	case TransportUDP:
+		return "udp"
+	case TransportTCP:
+		return "tcp"
+	case TransportWebSocket:
+		return "websocket"
+	}
+	return fmt.Sprintf("Transport(%d)", uint8(t))
+}
+
+// Transport returns what the connection runs over: TransportUDP, or
+// TransportTCP or TransportWebSocket for a player without UDP. Over a
+// stream, Dialect says whether the peer is knet (DialectSpec: it sent
+// knet's hello) or speaks only the reference's wire (DialectReference).
+func (c *Conn) Transport() Transport {
+	if c.st != nil {
+		return c.st.transport
+	}
+	return TransportUDP
+}
+
+// streamReadSize is what the reader asks the stream for at a time, and
+// streamInLimit how much it reads ahead of the rounds before it waits.
+const (
+	streamReadSize = 32 << 10
+	streamInLimit  = 256 << 10
+	streamWriteMax = 64 << 10 // what a round hands the writer at most
+)
+
+var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamReadSize); return &b }}
+
+// streamConn is a stream Conn's transport state.
+type streamConn struct {
+	nc        net.Conn
+	transport Transport
+	client    bool
+	sess      *streamSession // owned by the round
+
+	// Owned by the round.
+	phase     streamPhase
+	deadline  time.Time // of the phase: the opening, or the close
+	closing   bool      // Close was called: flush, then end the stream
+	finSent   bool
+	byeSent   bool   // the close hello, to a knet peer
+	reason    []byte // CloseWithReason's, for a knet peer
+	eof       bool   // the peer ended its side
+	writeErr  error
+	writeFrom time.Time // when the write under way began
+	admitted  atomic.Pointer[admission]
+	needKnet  bool // a client that must reach a knet server (ConnectPayload)
+
+	// The reader's, under mu.
+	mu     sync.Mutex
+	in     []*[]byte
+	inLen  []int
+	inN    int
+	rerr   error
+	room   chan struct{} // capacity 1: the rounds took what was read
+	readOK bool          // the reader may run on (not waiting for room)
+
+	// The writer's: the round hands it a buffer on wch when writing is
+	// false, and it reports how much went (wn, werr) before clearing it.
+	writing atomic.Bool
+	wch     chan []byte
+	wmu     sync.Mutex
+	wn      int
+	werr    error
+	wbuf    []byte
+}
+
+type streamPhase uint8
+
+const (
+	phaseOpening   streamPhase = iota // waiting for the peer's first frame
+	phaseAdmitting                    // the Admit hook has the client's
+	phaseOpen
+)
+
+// newStreamConn makes a Conn over nc. A server's (l != nil) waits for
+// the client's first frame; a client's says hello unless it speaks the
+// reference dialect.
+func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client bool) *Conn {
+	dialect := DialectSpec
+	if cfg.dialect == DialectReference {
+		dialect = DialectReference
+	}
+	c := newConn(ep, unmap(addrPortOf(nc.RemoteAddr())), cfg, client, dialect)
+	now := time.Now()
+	s := newStreamSession(c, cfg.maxMessage, cfg.lostTimeout, now)
+	s.pingEvery = min(streamPingInterval, cfg.lostTimeout/3)
+	st := &streamConn{
+		nc:        nc,
+		transport: tr,
+		client:    client,
+		sess:      s,
+		room:      make(chan struct{}, 1),
+		wch:       make(chan []byte, 1),
+		deadline:  now.Add(cfg.connectTimeout),
+	}
+	c.st = st
+	if client && dialect == DialectReference {
+		// The reference's wire: nothing to wait for.
+		st.phase = phaseOpen
+	} else {
+		s.gate = true
+		if client {
+			st.needKnet = len(cfg.connectPayload) > 0
+			s.sendHello(helloClient, cfg.connectPayload)
+		} else {
+			s.quiet = true // nothing before the client's first frame
+		}
+	}
+	return c
+}
+
+// start runs the stream's reader and writer and the first round.
+func (c *Conn) startStream() {
+	go c.st.readLoop(c)
+	go c.st.writeLoop(c)
+	c.kick()
+}
+
+func addrPortOf(a net.Addr) (ap netip.AddrPort) {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.AddrPort()
+	case *net.UDPAddr:
+		return a.AddrPort()
+	}
+	return ap
+}
+
+// readLoop reads the stream into buffers for the rounds, at most
+// streamInLimit ahead of them.
+func (st *streamConn) readLoop(c *Conn) {
+	for {
+		bp := streamBufs.Get().(*[]byte)
+		n, err := st.nc.Read(*bp)
+		st.mu.Lock()
+		if n > 0 {
+			st.in = append(st.in, bp)
+			st.inLen = append(st.inLen, n)
+			st.inN += n
+		} else {
+			streamBufs.Put(bp)
+		}
+		if err != nil {
+			st.rerr = err
+		}
+		full := st.inN >= streamInLimit
+		st.mu.Unlock()
+		c.kick()
+		if err != nil {
+			return
+		}
+		if full {
+			select {
+			case <-st.room:
+			case <-c.done:
+				return
+			}
+		}
+	}
+}
+
+// writeLoop writes what the rounds hand it.
+func (st *streamConn) writeLoop(c *Conn) {
+	for b := range st.wch {
+		n, err := st.nc.Write(b)
+		st.wmu.Lock()
+		st.wn, st.werr = n, err
+		st.wmu.Unlock()
+		st.writing.Store(false)
+		c.kick()
+	}
+}
+
+// streamRound is round for a stream connection.
+func (c *Conn) streamRound() (done bool) {
+	st, s := c.st, c.st.sess
+	if c.sched.timer == nil {
+		c.sched.timer = time.AfterFunc(time.Hour, c.kick)
+	}
+	now := time.Now()
+	// What the writer finished.
+	if !st.writing.Load() && st.wbuf != nil {
+		st.wmu.Lock()
+		n, err := st.wn, st.werr
+		st.wmu.Unlock()
+		s.wrote(n)
+		st.wbuf = nil
+		if err != nil && st.writeErr == nil {
+			st.writeErr = err
+		}
+	}
+	c.streamInput(now)
+	if a := st.admitted.Swap(nil); a != nil {
+		c.streamDecide(now, a)
+		c.streamInput(now)
+	}
+	c.streamSendQueue(now)
+	if st.phase == phaseOpen || st.client {
+		s.advance(now)
+	}
+	if s.peerClose && !st.eof && st.phase == phaseOpen {
+		// A knet peer's close: its FIN follows.
+		c.streamPeerClosed()
+	}
+	c.streamWrite(now)
+	c.publish()
+	if c.streamDone(now) {
+		return true
+	}
+	next := s.deadline()
+	if st.phase != phaseOpen || st.finSent {
+		next = minTime(next, st.deadline)
+	}
+	if st.wbuf != nil && !st.writeFrom.IsZero() {
+		// A write that does not move for the lost timeout: the peer
+		// reads nothing.
+		next = minTime(next, st.writeFrom.Add(c.cfg.lostTimeout))
+	}
+	if !next.After(now) {
+		next = now.Add(time.Millisecond)
+	}
+	c.setTimer(next, now)
+	return false
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// streamInput hands the session what the reader read, while the receive
+// queue has room (the stream's own flow control does the rest: the peer
+// waits) and the gate is open.
+func (c *Conn) streamInput(now time.Time) {
+	st, s := c.st, c.st.sess
+	for {
+		if s.err != nil || s.gate && s.sawFirst || c.recvUsed() >= c.cfg.recvBuffer {
+			break
+		}
+		st.mu.Lock()
+		if len(st.in) == 0 {
+			rerr := st.rerr
+			st.mu.Unlock()
+			if rerr != nil && !st.eof {
+				st.eof = true
+				c.streamEOF(rerr)
+			}
+			break
+		}
+		bp, n := st.in[0], st.inLen[0]
+		st.in[0] = nil
+		st.in, st.inLen = st.in[1:], st.inLen[1:]
+		wasFull := st.inN >= streamInLimit
+		st.inN -= n
+		st.mu.Unlock()
+		if wasFull {
+			signal(st.room)
+		}
+		s.received(now, (*bp)[:n])
+		streamBufs.Put(bp)
+		c.sched.active = true
+	}
+	if s.gate && s.sawFirst && st.phase == phaseOpening {
+		c.streamFirstFrame(now)
+		if st.phase == phaseOpen {
+			c.streamInput(now) // what came behind it
+		}
+	}
+}
+
+// streamEOF handles the end of what the peer sends: a graceful close if
+// it ended between frames after the opening, a failure otherwise.
+func (c *Conn) streamEOF(rerr error) {
+	st, s := c.st, c.st.sess
+	switch {
+	case s.err != nil:
+	case st.phase != phaseOpen:
+		if st.client {
+			s.err = fmt.Errorf("%w: the server closed the stream before it answered", ErrRefused)
+		} else {
+			s.err = errors.New("knet: the client closed the stream before its first frame")
+		}
+	case !errors.Is(rerr, io.EOF):
+		s.err = rerr
+	case s.fr.buffered() > 0:
+		s.stats.ProtocolErrors++
+		s.err = &ProtocolError{Err: fmt.Errorf("the stream ended inside a frame (%d bytes of it)", s.fr.buffered())}
+	default:
+		c.streamPeerClosed()
+	}
+}
+
+// streamPeerClosed notes the peer's close: Receive reads io.EOF after the
+// messages it sent, and our side closes once what is queued is written.
+func (c *Conn) streamPeerClosed() {
+	if c.st.eof && c.st.closing {
+		return
+	}
+	c.st.eof = true
+	c.peerClosed()
+	c.st.closing = true
+}
+
+// streamFirstFrame reads the peer's first frame: a knet hello, or the
+// reference's first frame (a ping, or application data).
+func (c *Conn) streamFirstFrame(now time.Time) {
+	st, s := c.st, c.st.sess
+	kind, content, knet := byte(0), []byte(nil), false
+	if s.firstID == idPingReply {
+		kind, content, knet = parseStreamHello(s.first)
+	}
+	if st.client {
+		switch {
+		case knet && kind == helloAccept:
+			s.knet = true
+			c.state.mu.Lock()
+			c.state.syn = append([]byte(nil), c.cfg.connectPayload...)
+			c.state.synAck = append([]byte(nil), content...)
+			c.state.mu.Unlock()
+			st.phase = phaseOpen
+			s.open(now, true)
+			c.streamOffer()
+		case knet && kind == helloRefuse:
+			s.err = refusedErr(content)
+		case st.needKnet:
+			s.err = fmt.Errorf("%w: the server speaks kNet over TCP without knet's hello, and so cannot read ConnectPayload", ErrRefused)
+		default:
+			// The reference: established from the start.
+			c.dialect = DialectReference // before Dial returns c
+			st.phase = phaseOpen
+			s.open(now, false)
+			c.streamOffer()
+		}
+		return
+	}
+	var payload []byte
+	if knet && kind == helloClient {
+		s.knet = true
+		payload = append([]byte(nil), content...)
+	} else {
+		knet = false
+		c.dialect = DialectReference // before the application sees c
+	}
+	if c.cfg.privateKey != nil {
+		s.err = errors.New("knet: a secure listener takes no plaintext over a stream")
+		c.streamRefused(s.err, knet)
+		return
+	}
+	if knet && len(payload) > c.cfg.synPayloadLimit() {
+		c.streamRefused(ErrHandshakeTooLarge, knet)
+		return
+	}
+	st.phase = phaseAdmitting
+	c.state.mu.Lock()
+	c.state.syn = payload
+	c.state.mu.Unlock()
+	c.streamAdmit(payload, knet)
+}
+
+// streamAdmit asks the Admit hook, if any, on a goroutine of its own.
+func (c *Conn) streamAdmit(payload []byte, knet bool) {
+	st := c.st
+	if c.cfg.admitConn == nil && c.cfg.admit == nil {
+		st.admitted.Store(&admission{})
+		return
+	}
+	go func() {
+		var a admission
+		if c.cfg.admitConn != nil {
+			a.reply, a.err = c.cfg.admitConn(c, payload)
+		} else {
+			a.reply, a.err = c.cfg.admit(c.RemoteAddr(), payload)
+		}
+		st.admitted.Store(&a)
+		c.kick()
+	}()
+}
+
+// streamDecide carries out the admission's decision on a server's stream.
+func (c *Conn) streamDecide(now time.Time, a *admission) {
+	st, s := c.st, c.st.sess
+	err := a.err
+	if err == nil && s.knet && len(a.reply) > c.cfg.payloadLimit() {
+		err = ErrHandshakeTooLarge
+		c.ep.oversized.Add(1)
+	}
+	if err == nil && !c.ep.l.roomToAccept() {
+		err = errServerFull
+	}
+	if err != nil {
+		c.streamRefused(err, s.knet)
+		return
+	}
+	if s.knet {
+		s.sendHello(helloAccept, a.reply)
+		c.state.mu.Lock()
+		c.state.synAck = append([]byte(nil), a.reply...)
+		c.state.mu.Unlock()
+	}
+	st.phase = phaseOpen
+	s.open(now, s.knet)
+	c.streamOffer()
+}
+
+// streamOffer hands an established stream connection to its application:
+// a server's to Accept or its Group, a client's to Dial.
+func (c *Conn) streamOffer() {
+	if l := c.ep.l; l != nil {
+		if !l.offer(c) {
+			c.streamRefused(errServerFull, c.st.sess.knet)
+			return
+		}
+		l.streamEstablished(c)
+	}
+	c.estOnce.Do(func() { close(c.estab) })
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection established", "remote", c.RemoteAddr(), "transport", c.st.transport, "client", c.ep.l == nil)
+	}
+}
+
+// streamRefused refuses a server's stream: a knet client hears why
+// (unless the listener is stealthy), then the stream closes.
+func (c *Conn) streamRefused(err error, knet bool) {
+	st, s := c.st, c.st.sess
+	c.ep.refused.Add(1)
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: connection refused", "remote", c.RemoteAddr(), "transport", st.transport, "reason", err)
+	}
+	if knet && !c.cfg.stealth {
+		s.sendHello(helloRefuse, reasonBytes(err.Error()))
+	}
+	if s.err == nil {
+		s.err = fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	st.closing = true
+	st.deadline = time.Now().Add(c.cfg.disconnect)
+}
+
+// streamSendQueue hands the session the application's messages, and
+// notes a close.
+func (c *Conn) streamSendQueue(now time.Time) {
+	st, s := c.st, c.st.sess
+	c.sendq.mu.Lock()
+	q := c.sendq.msgs
+	c.sendq.msgs = c.sendq.spare[:0]
+	closing, why := c.sendq.closing, c.sendq.closeReason
+	c.sendq.flowReq = 0 // the stream has its own
+	c.sendq.mu.Unlock()
+	for i := range q {
+		m := new(outMsg)
+		*m = q[i]
+		s.enqueue(m)
+		q[i] = outMsg{}
+		c.sched.active = true
+	}
+	c.sendq.spare = q[:0]
+	if closing && !st.closing {
+		st.closing = true
+		st.reason = why
+		if st.phase != phaseOpen {
+			// Nothing to say goodbye to yet.
+			s.failQueue()
+		}
+	}
+}
+
+// streamWrite hands the writer what is ready, when it is free; once a
+// closing connection has written everything, it ends our side of the
+// stream.
+func (c *Conn) streamWrite(now time.Time) {
+	st, s := c.st, c.st.sess
+	if st.wbuf != nil || st.writeErr != nil || s.err != nil && !st.closing {
+		return // a write under way, or its result not yet taken
+	}
+	if st.closing && !st.finSent && !st.byeSent && st.phase == phaseOpen && s.knet && !s.peerClose && len(s.q) == 0 {
+		// A knet peer hears of the close, and why, in a frame: a
+		// WebSocket has no half-close to say it with.
+		s.sendHello(helloClose, st.reason)
+		st.byeSent = true
+	}
+	if b := s.take(streamWriteMax); len(b) > 0 {
+		st.wbuf = b
+		st.writeFrom = now
+		st.writing.Store(true)
+		st.wch <- b
+		c.sched.active = true
+		return
+	}
+	st.writeFrom = time.Time{}
+	if st.closing && !st.finSent {
+		st.finSent = true
+		if cw, ok := st.nc.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		// The peer's end of the stream answers ours, within the
+		// disconnect timeout (the reference's does not: then the
+		// timeout ends it).
+		st.deadline = now.Add(c.cfg.disconnect)
+	}
+}
+
+// streamDone reports whether the connection has ended.
+func (c *Conn) streamDone(now time.Time) bool {
+	st, s := c.st, c.st.sess
+	switch {
+	case st.writeErr != nil:
+		if s.err == nil && !st.finSent {
+			s.err = st.writeErr
+		}
+		return true
+	case st.wbuf != nil:
+		if !st.writeFrom.IsZero() && now.Sub(st.writeFrom) >= c.cfg.lostTimeout && s.err == nil {
+			s.err = &TimeoutError{Silent: now.Sub(st.writeFrom)}
+			return true
+		}
+		return false
+	case st.phase != phaseOpen && s.err == nil && !now.Before(st.deadline):
+		s.err = &TimeoutError{Op: "connect", Silent: c.cfg.connectTimeout}
+		return true
+	case s.err != nil:
+		// A refusal's answer goes out first.
+		return !st.closing || st.finSent || !s.queued()
+	case st.finSent:
+		return st.eof || !now.Before(st.deadline)
+	}
+	return false
+}
+
+// streamFinish is finish for a stream connection (Conn.end).
+func (c *Conn) streamFinish() {
+	st, s := c.st, c.st.sess
+	st.nc.Close()
+	close(st.wch)
+	s.failQueue()
+	c.sendq.mu.Lock()
+	closing := c.sendq.closing
+	c.sendq.mu.Unlock()
+	c.recvq.mu.Lock()
+	eof := c.recvq.eof
+	c.recvq.mu.Unlock()
+	err := s.err
+	switch {
+	case err != nil:
+	case eof && len(s.closeWhy) > 0:
+		err = &DisconnectError{Reason: string(s.closeWhy)}
+	case eof:
+		err = ErrPeerClosed
+	default:
+		_ = closing
+		err = net.ErrClosed
+	}
+	if l := c.cfg.logger; l != nil && c.isEstablished() {
+		graceful := err == net.ErrClosed || errors.Is(err, ErrPeerClosed)
+		level := slog.LevelInfo
+		if !graceful {
+			level = slog.LevelWarn
+		}
+		l.Log(context.Background(), level, "knet: connection ended", "remote", c.RemoteAddr(), "transport", st.transport, "reason", err)
+	}
+	st2 := c.snapshot()
+	c.state.mu.Lock()
+	c.state.err = err
+	if c.state.pub == nil {
+		c.state.pub = new(published)
+	}
+	c.fillLocked(c.state.pub, &st2)
+	c.state.mu.Unlock()
+	st.mu.Lock()
+	for _, bp := range st.in {
+		streamBufs.Put(bp)
+	}
+	st.in, st.inLen = nil, nil
+	st.mu.Unlock()
+	if l := c.ep.l; l != nil {
+		l.streamEnded(c)
+	}
+	close(c.done)
+	signal(c.recvq.ready)
+	signal(c.sendq.space)
+	c.readDL.stop()
+	c.writeDL.stop()
+	if g := c.group.Load(); g != nil {
+		g.notify(c)
+	}
+	if c.ep.l == nil {
+		c.ep.sched.stop()
+	}
+}
+
+// streamSnapshot is snapshot for a stream connection.
+func (c *Conn) streamSnapshot() Stats {
+	s := c.st.sess
+	st := s.stats
+	st.RTT = s.rtt
+	return st
+}
