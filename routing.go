@@ -30,7 +30,8 @@ import (
 //	k .. 3     random (crypto/rand), 32-8k bits
 //
 // It is never 0, and unique among the listener's live connections (the
-// random part is drawn again until it is).
+// random part is drawn again while one holds it; see pickCID for when
+// they run out).
 
 const (
 	// MaxServerIDSize is the most bytes of Config.ServerID: at least one
