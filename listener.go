@@ -168,6 +168,7 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		closed:    make(chan struct{}),
 		closeDone: make(chan struct{}),
 		pending:   make(map[*Conn]bool),
+		streams:   make(map[*Conn]bool),
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
