@@ -190,3 +190,24 @@ func TestWebSocketDialErrors(t *testing.T) {
 	_, err = DialWebSocket(context.Background(), "ws://127.0.0.1:1/", &Config{ServerKey: make([]byte, 32)})
 	assert.ErrorContains(t, err, "not supported")
 }
+
+// Closing the Listener ends its WebSocket connections as it does the
+// others, and its handler takes no more.
+func TestWebSocketListenerClose(t *testing.T) {
+	l := listen(t, testConfig())
+	url := wsServer(t, l)
+	ctx := within(t, 20*time.Second)
+	c, err := DialWebSocket(ctx, url, testConfig())
+	require.NoError(t, err)
+	_, err = l.AcceptConn(ctx)
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	select {
+	case <-c.Done():
+	case <-ctx.Done():
+		t.Fatal("the client's connection outlived the listener")
+	}
+	assert.ErrorIs(t, c.Err(), ErrPeerClosed)
+	_, err = DialWebSocket(ctx, url, testConfig())
+	assert.ErrorIs(t, err, ErrRefused, "a closed listener's handler drops the stream")
+}
