@@ -46,7 +46,8 @@ func (l *Listener) WebSocketHandler(origins ...string) http.Handler {
 // DialWebSocket connects to a kNet server over WebSocket, at a URL
 // ("ws://host/path" or "wss://host/path") where a Listener's
 // WebSocketHandler serves. It returns once the server admitted the
-// connection, as Dial does. Compiled for the browser (GOOS=js
+// connection, as Dial does. It connects with net/http's default client
+// (for wss://, the system's roots). Compiled for the browser (GOOS=js
 // GOARCH=wasm), it goes through the browser's WebSocket, and is then the
 // only way to connect: Dial and Listen have no sockets there.
 func DialWebSocket(ctx context.Context, url string, cfg *Config) (*Conn, error) {

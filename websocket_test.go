@@ -211,3 +211,52 @@ func TestWebSocketListenerClose(t *testing.T) {
 	_, err = DialWebSocket(ctx, url, testConfig())
 	assert.ErrorIs(t, err, ErrRefused, "a closed listener's handler drops the stream")
 }
+
+// The handler serves under its server's TLS (wss://) as without.
+func TestWebSocketOverTLS(t *testing.T) {
+	l := listen(t, testConfig())
+	defer l.Close()
+	serveEcho(t, l)
+	srv := httptest.NewTLSServer(l.WebSocketHandler())
+	defer srv.Close()
+	ctx := within(t, 20*time.Second)
+	// DialWebSocket's client trusts the system's roots only: the test
+	// server's certificate needs its own client.
+	ws, _, err := websocket.Dial(ctx, "wss"+strings.TrimPrefix(srv.URL, "https"), &websocket.DialOptions{HTTPClient: srv.Client()})
+	require.NoError(t, err)
+	rc := testConfig().resolve()
+	c, err := dialStream(ctx, newWSConn(ws, rc), TransportWebSocket, rc, &endpointOptions{})
+	require.NoError(t, err)
+	require.NoError(t, c.Send(Message{ID: 50, Payload: []byte("secret"), Reliable: true}))
+	m, err := c.Receive(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "secret", string(m.Payload))
+	require.NoError(t, c.Close())
+}
+
+// A page of another host is refused unless the handler names it.
+func TestWebSocketOrigins(t *testing.T) {
+	l := listen(t, testConfig())
+	defer l.Close()
+	ctx := within(t, 20*time.Second)
+	foreign := &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {"https://games.example"}}}
+	for _, tc := range []struct {
+		origins []string
+		ok      bool
+	}{
+		{nil, false},
+		{[]string{"other.example"}, false},
+		{[]string{"*.example"}, true},
+	} {
+		srv := httptest.NewServer(l.WebSocketHandler(tc.origins...))
+		ws, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), foreign)
+		if tc.ok {
+			require.NoError(t, err, "origins %q", tc.origins)
+			ws.CloseNow()
+		} else {
+			require.Error(t, err, "origins %q", tc.origins)
+			assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+		}
+		srv.Close()
+	}
+}
