@@ -3,6 +3,7 @@ module github.com/knet-go/knet
 go 1.26.8
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/flynn/noise v1.1.0
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/crypto v0.58.0

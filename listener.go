@@ -111,6 +111,9 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 
 // listenWith is Listen with the endpoints' options (tests).
 func listenWith(network, address string, cfg *Config, o *endpointOptions) (*Listener, error) {
+	if errNoSockets != nil {
+		return nil, errNoSockets
+	}
 	if err := checkNetwork(network); err != nil {
 		return nil, err
 	}
@@ -171,6 +174,7 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		closed:    make(chan struct{}),
 		closeDone: make(chan struct{}),
 		pending:   make(map[*Conn]bool),
+		streams:   make(map[*Conn]bool),
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
@@ -548,6 +552,9 @@ func Dial(ctx context.Context, network, address string, cfg *Config) (*Conn, err
 func dialWith(ctx context.Context, network, address string, cfg *Config, o *endpointOptions) (*Conn, error) {
 	if ctx == nil {
 		return nil, errNilContext
+	}
+	if errNoSockets != nil {
+		return nil, errNoSockets
 	}
 	switch network {
 	case "tcp", "tcp4", "tcp6":

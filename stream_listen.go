@@ -16,7 +16,6 @@ import (
 // number of its UDP socket(s).
 func (l *Listener) startTCP(ln *net.TCPListener) {
 	l.tcp = ln
-	l.streams = make(map[*Conn]bool)
 	go l.acceptTCP(ln)
 }
 
