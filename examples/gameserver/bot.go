@@ -63,11 +63,16 @@ func (b *bot) run(ctx context.Context, addr string, tick time.Duration, sim *kne
 		Simulate:       sim,
 		ReceiveBuffer:  256 << 10,
 	}
-	network := "udp"
-	if b.transport == knet.TransportTCP {
-		network = "tcp"
+	var c *knet.Conn
+	var err error
+	switch b.transport {
+	case knet.TransportTCP:
+		c, err = knet.Dial(ctx, "tcp", addr, cfg)
+	case knet.TransportWebSocket:
+		c, err = knet.DialWebSocket(ctx, addr, cfg) // addr is the server's ws:// URL
+	default:
+		c, err = knet.Dial(ctx, "udp", addr, cfg)
 	}
-	c, err := knet.Dial(ctx, network, addr, cfg)
 	var re *knet.RefusedError
 	if errors.As(err, &re) {
 		b.refused = re.Reason

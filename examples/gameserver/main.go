@@ -22,10 +22,11 @@
 //     the newest score of each player arrives, an older one never after it;
 //   - chat: reliable ordered on a channel of its own.
 //
-// The server takes UDP and TCP on one port number (Config.TCP): -tcp
-// bots connect over TCP, as players on networks that block UDP would, and
-// the game loop serves them through the same Group without telling them
-// apart.
+// The server takes UDP and TCP on one port number (Config.TCP), and
+// WebSocket on an HTTP path (Listener.WebSocketHandler): -tcp bots connect
+// over TCP, as players on networks that block UDP would, and -ws bots over
+// WebSocket, as players in a browser would; the game loop serves them all
+// through the same Group without telling them apart.
 //
 // Players join with a token checked by Config.AdmitConn, which attaches
 // the player to the connection as its user data. Besides the -bots
@@ -65,6 +66,8 @@ type options struct {
 	// (the server takes both on one port number), as players on a
 	// network that blocks UDP would.
 	tcp int
+	// And how many over WebSocket, as players in a browser would.
+	ws int
 }
 
 func main() {
@@ -79,6 +82,7 @@ func main() {
 	flag.BoolVar(&o.full, "full", false, "send every snapshot in full, not as a delta against what the client has")
 	flag.IntVar(&o.worst, "rows", 8, "per-client rows to print (the worst by snapshot age)")
 	flag.IntVar(&o.tcp, "tcp", 4, "how many of the bots connect over TCP instead of UDP (players without UDP)")
+	flag.IntVar(&o.ws, "ws", 4, "how many of the bots connect over WebSocket (players in a browser)")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := run(context.Background(), o, os.Stdout); err != nil {
@@ -121,8 +125,8 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	if s := sim(0); s != nil {
 		netDesc = fmt.Sprintf("loss %.1f%%, delay %v, jitter %v on each side's sends", 100*s.Loss, s.Delay, s.Jitter)
 	}
-	fmt.Fprintf(out, "server on %v: %d bots + 3 misbehaving, %d Hz, %v; network: %s\n",
-		srv.l.Addr(), o.bots, o.rate, o.duration, netDesc)
+	fmt.Fprintf(out, "server on %v (UDP and TCP) and %s: %d bots (%d over TCP, %d over WebSocket) + 3 misbehaving, %d Hz, %v; network: %s\n",
+		srv.l.Addr(), srv.webURL(), o.bots, min(o.tcp, o.bots), min(o.ws, o.bots), o.rate, o.duration, netDesc)
 
 	// What a server browser sees, without connecting: a server query.
 	info, rtt, err := knet.Query(ctx, "udp", srv.l.Addr().String())
@@ -137,7 +141,10 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	for i := range o.bots {
 		name := fmt.Sprintf("bot%02d", i+1)
 		b := &bot{name: name, kind: normalBot, token: srv.issueToken(name), transport: knet.TransportUDP}
-		if i >= o.bots-o.tcp {
+		switch {
+		case i >= o.bots-o.ws:
+			b.transport = knet.TransportWebSocket
+		case i >= o.bots-o.ws-o.tcp:
 			b.transport = knet.TransportTCP
 		}
 		bots = append(bots, b)
@@ -163,7 +170,11 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	start := time.Now()
 	for i, b := range everyone {
 		wg.Go(func() {
-			errs[i] = b.run(botCtx, srv.l.Addr().String(), tick, sim(o.sim.Seed+1+uint64(i)), epoch)
+			addr := srv.l.Addr().String()
+			if b.transport == knet.TransportWebSocket {
+				addr = srv.webURL()
+			}
+			errs[i] = b.run(botCtx, addr, tick, sim(o.sim.Seed+1+uint64(i)), epoch)
 		})
 	}
 	botsDone := make(chan struct{})

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -74,6 +76,8 @@ const maxBaseAge = 32
 // only touches the token table.
 type server struct {
 	l     *knet.Listener
+	web   *http.Server // WebSocket players (browsers), on a port of its own
+	webLn net.Listener
 	group *knet.Group
 	epoch time.Time // snapshot times are nanoseconds since it
 	tick  time.Duration
@@ -127,6 +131,17 @@ func newServer(addr string, tick time.Duration, sim *knet.Simulation, epoch time
 		return nil, err
 	}
 	s.l = l
+	// Browsers have no UDP: the same listener takes them over WebSocket
+	// on an HTTP path, here on a server of its own.
+	mux := http.NewServeMux()
+	mux.Handle("/knet", l.WebSocketHandler())
+	s.webLn, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	s.web = &http.Server{Handler: mux}
+	go s.web.Serve(s.webLn)
 	s.setQueryInfo()
 	return s, nil
 }
@@ -439,7 +454,11 @@ func (s *server) endRound() {
 
 // close closes the listener, and with it any connection left, kicks
 // under way included.
+// webURL is where WebSocket players connect.
+func (s *server) webURL() string { return "ws://" + s.webLn.Addr().String() + "/knet" }
+
 func (s *server) close() error {
+	s.web.Close()
 	err := s.l.Close()
 	if errors.Is(err, io.EOF) {
 		err = nil
