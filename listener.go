@@ -22,11 +22,12 @@ type Listener struct {
 	closeOnce sync.Once
 	closeDone chan struct{} // Close is done
 	open      atomic.Bool
+	loops     sync.WaitGroup
+
 	// Admission closed by StopAdmitting or Drain (drain.go): the reason
 	// refusals carry, and whether a Drain began (then for good).
 	refuseReason atomic.Pointer[[]byte]
 	draining     atomic.Bool
-	loops     sync.WaitGroup
 
 	// Secure listeners: connect tokens, if it takes them, and cookies.
 	tokens  *tokenChecker
