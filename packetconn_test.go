@@ -134,35 +134,6 @@ func TestListenDialPacket(t *testing.T) {
 	}
 }
 
-// On Linux a *net.UDPConn handed in reads and writes in batches, as
-// Listen's own sockets do: a burst of messages goes out in fewer system
-// calls than datagrams.
-func TestListenPacketBatches(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("batches are Linux's")
-	}
-	l, err := ListenPacket(loopbackPC(t), testConfig())
-	require.NoError(t, err)
-	defer l.Close()
-	c, err := DialPacket(within(t, 10*time.Second), loopbackPC(t), l.Addr().String(), testConfig())
-	require.NoError(t, err)
-	defer c.Close()
-	sc, err := l.AcceptConn(within(t, 10*time.Second))
-	require.NoError(t, err)
-	before := l.Stats()
-	b := make([]byte, 1000)
-	for range 200 {
-		require.NoError(t, sc.Send(Message{ID: 100, Reliable: true, Payload: b}))
-	}
-	for range 200 {
-		_, err := c.Receive(within(t, 10*time.Second))
-		require.NoError(t, err)
-	}
-	st := l.Stats()
-	writes, dgrams := st.Writes-before.Writes, st.DatagramsWritten-before.DatagramsWritten
-	assert.Greater(t, dgrams, writes, "%d datagrams in %d writes", dgrams, writes)
-}
-
 // What ListenPacket refuses, closing the socket it was given: several
 // Sockets, a connected socket.
 func TestListenPacketRefuses(t *testing.T) {
