@@ -26,6 +26,11 @@ type Listener struct {
 	open      atomic.Bool
 	loops     sync.WaitGroup
 
+	// Admission closed by StopAdmitting or Drain (drain.go): the reason
+	// refusals carry, and whether a Drain began (then for good).
+	refuseReason atomic.Pointer[[]byte]
+	draining     atomic.Bool
+
 	// Secure listeners: connect tokens, if it takes them, and cookies.
 	tokens  *tokenChecker
 	cookies *cookieJar
@@ -69,7 +74,7 @@ type Listener struct {
 
 // ListenerStats are a Listener's counters.
 type ListenerStats struct {
-	Connections      int    // connections on the socket(s), pending ones included
+	Connections      int    // connections on the socket(s) that have not ended, pending ones included: what a Drain waits for
 	Pending          int    // connections whose handshake is not complete
 	Established      uint64 // connections whose handshake completed and that were handed to Accept (or the Group), since Listen
 	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
@@ -168,6 +173,29 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		socks = socks[:0]
 		laddr.Port = 0
 	}
+	l, err := startListener(rc, laddr, socks, o)
+	if err != nil {
+		if tcp != nil {
+			tcp.Close()
+		}
+		return nil, err
+	}
+	if tcp != nil {
+		l.startTCP(tcp)
+	}
+	return l, nil
+}
+
+// startListener makes a Listener serving socks, bound to laddr, and
+// starts their readers. On failure it closes socks.
+func startListener(rc *config, laddr *net.UDPAddr, socks []socket, o *endpointOptions) (*Listener, error) {
+	fail := func(err error) (*Listener, error) {
+		for _, s := range socks {
+			s.Close()
+		}
+		return nil, err
+	}
+	var err error
 	l := &Listener{
 		cfg:       rc,
 		acceptq:   make(chan *Conn, rc.backlog),
@@ -199,9 +227,6 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 		ep.simulate(1 + uint64(i)*2)
 		ep.l = l
 		l.eps = append(l.eps, ep)
-	}
-	if tcp != nil {
-		l.startTCP(tcp)
 	}
 	for _, ep := range l.eps {
 		go ep.readLoop()
@@ -279,8 +304,14 @@ func (l *Listener) Conns() []*Conn {
 // SetListenOpen opens or closes the listener for new connections (the
 // spec's listen-open mode). Closed, it serves only the connections it has;
 // connection attempts are refused (or ignored, with Config.Stealth).
-// A Listener starts open.
-func (l *Listener) SetListenOpen(open bool) { l.open.Store(open) }
+// A Listener starts open. It forgets StopAdmitting's reason; it cannot
+// reopen a listener that began to Drain.
+func (l *Listener) SetListenOpen(open bool) {
+	if !l.draining.Load() {
+		l.refuseReason.Store(nil)
+	}
+	l.open.Store(open)
+}
 
 // Stats returns the listener's counters.
 func (l *Listener) Stats() ListenerStats {
@@ -289,7 +320,7 @@ func (l *Listener) Stats() ListenerStats {
 		ep.mu.Lock()
 		st.Connections += len(ep.conns)
 		ep.mu.Unlock()
-		st.InvalidDatagrams += ep.invalid.Load()
+		st.InvalidDatagrams += ep.invalid.Load() + ep.sockInvalid()
 		st.StrayDatagrams += ep.stray.Load()
 		st.IgnoredAttempts += ep.ignored.Load()
 		st.RefusedAttempts += ep.refused.Load()
@@ -405,14 +436,15 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		ep.putPacket(p)
 		return
 	}
-	if !l.open.Load() {
+	if !l.open.Load() || l.draining.Load() {
+		why := l.refusal()
 		switch {
 		case l.cfg.privateKey != nil:
-			l.refuseUnproven(ep, addr, p.b, "", true) // with its proof
+			l.refuseUnproven(ep, addr, p.b, string(why), true) // with its proof
 		default:
 			ep.refused.Add(1)
 			if !l.cfg.stealth && dialect == DialectSpec {
-				refuse(ep, addr)
+				refuseWith(ep, addr, p.b, why)
 			}
 		}
 		ep.putPacket(p)
@@ -425,7 +457,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	l.mu.Lock()
-	if l.closing || len(l.pending) >= l.cfg.maxPending {
+	if l.closing || l.draining.Load() || len(l.pending) >= l.cfg.maxPending {
 		l.mu.Unlock()
 		ep.ignored.Add(1)
 		ep.putPacket(p)
@@ -443,7 +475,7 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
 	l.mu.Lock()
 	l.hs.active--
-	if l.closing || len(l.pending) >= l.cfg.maxPending {
+	if l.closing || l.draining.Load() || len(l.pending) >= l.cfg.maxPending {
 		// It may come again: the key exchange it cost is forgotten.
 		l.hs.seen.forget(j.h)
 		delete(l.hs.busy, j.addr)
@@ -498,12 +530,18 @@ func (l *Listener) established(c *Conn) {
 // ConnectSyn, and whether it is well-formed at all.
 func isConnectSyn(b []byte) (syn, valid bool) { return holds(b, idConnectSyn) }
 
-// refuse answers a connection attempt with a DisconnectAck. The datagram
-// (nine bytes) is never larger than the ConnectSyn's.
-func refuse(ep *endpoint, addr netip.AddrPort) {
-	var b [16]byte
+// refuseWith answers a connection attempt, the datagram in, with a
+// DisconnectAck carrying why (may be empty), or a bare one (nine bytes,
+// never larger than a ConnectSyn's datagram) if the reason would make the
+// answer larger than in: a plaintext client pads its ConnectSyn to 1200
+// bytes as a rule, but one with a small MaxDatagramSize may not.
+func refuseWith(ep *endpoint, addr netip.AddrPort, in, why []byte) {
+	var b [16 + MaxReasonLength]byte
 	d := appendHeader(b[:0], &header{})
-	d = appendMessage(d, &message{id: idDisconnectAck})
+	d = appendMessage(d, &message{id: idDisconnectAck, payload: why})
+	if len(d) > len(in) {
+		d = appendMessage(appendHeader(b[:0], &header{}), &message{id: idDisconnectAck})
+	}
 	ep.write(d, addr)
 }
 
@@ -599,6 +637,37 @@ func dialUDP(ctx context.Context, network, address string, rc *config, o *endpoi
 	if err := rc.checkSynPayload(); err != nil {
 		return nil, err
 	}
+	raddr, err := resolveDialAddr(network, address)
+	if err != nil {
+		return nil, err
+	}
+	sock, err := o.dialSocket(network, raddr)
+	if err != nil {
+		return nil, err
+	}
+	return dialOn(ctx, sock, raddr, rc, o)
+}
+
+// dialTarget resolves a Dial's Config, which it checks, and the server's
+// address.
+func dialTarget(network, address string, cfg *Config) (*config, *net.UDPAddr, error) {
+	rc := cfg.resolve()
+	if err := rc.secureDialer(); err != nil {
+		return nil, nil, err
+	}
+	if err := rc.checkSynPayload(); err != nil {
+		return nil, nil, err
+	}
+	raddr, err := resolveDialAddr(network, address)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rc, raddr, nil
+}
+
+// resolveDialAddr resolves the address Dial is to reach, which must name
+// a port.
+func resolveDialAddr(network, address string) (*net.UDPAddr, error) {
 	raddr, err := net.ResolveUDPAddr(network, address)
 	if err != nil {
 		return nil, err
@@ -607,10 +676,12 @@ func dialUDP(ctx context.Context, network, address string, rc *config, o *endpoi
 		// The system would take it, and the attempt would only time out.
 		return nil, fmt.Errorf("knet: dial %s %q: no port to connect to", network, address)
 	}
-	sock, err := o.dialSocket(network, raddr)
-	if err != nil {
-		return nil, err
-	}
+	return raddr, nil
+}
+
+// dialOn connects to raddr over sock, which the connection then owns: it
+// is closed when the connection ends, or here on failure.
+func dialOn(ctx context.Context, sock socket, raddr *net.UDPAddr, rc *config, o *endpointOptions) (*Conn, error) {
 	ep := newEndpoint(sock, true, rc, o)
 	ep.simulate(2)
 	dialect := DialectSpec

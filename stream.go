@@ -117,7 +117,7 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 	if cfg.dialect == DialectReference {
 		dialect = DialectReference
 	}
-	c := newConn(ep, unmap(addrPortOf(nc.RemoteAddr())), cfg, client, dialect)
+	c := newConn(ep, unmap(streamAddr(nc.RemoteAddr())), cfg, client, dialect)
 	now := time.Now()
 	s := newStreamSession(c, cfg.maxMessage, cfg.lostTimeout, now)
 	s.pingEvery = min(streamPingInterval, cfg.lostTimeout/3)
@@ -153,13 +153,13 @@ func (c *Conn) startStream() {
 	c.kick()
 }
 
-func addrPortOf(a net.Addr) (ap netip.AddrPort) {
-	switch a := a.(type) {
-	case *net.TCPAddr:
-		return a.AddrPort()
-	case *net.UDPAddr:
-		return a.AddrPort()
+// streamAddr is a stream peer's address as a netip.AddrPort (TCP's;
+// zero for a stream without one).
+func streamAddr(a net.Addr) netip.AddrPort {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort()
 	}
+	ap, _ := addrPortOf(a)
 	return ap
 }
 
