@@ -98,6 +98,9 @@ func (l *Listener) live() []*Conn {
 	for c := range l.pending {
 		add(c)
 	}
+	for c := range l.streams {
+		add(c)
+	}
 	l.mu.Unlock()
 	for _, ep := range l.eps {
 		ep.mu.Lock()

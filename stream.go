@@ -380,6 +380,14 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 		knet = false
 		c.dialect = DialectReference // before the application sees c
 	}
+	if l := c.ep.l; !l.open.Load() || l.draining.Load() {
+		why := errors.New("knet: the server admits no connections")
+		if r := l.refusal(); len(r) > 0 {
+			why = errors.New(string(r))
+		}
+		c.streamRefused(why, knet)
+		return
+	}
 	if c.cfg.privateKey != nil {
 		s.err = errors.New("knet: a secure listener takes no plaintext over a stream")
 		c.streamRefused(s.err, knet)

@@ -66,7 +66,9 @@ func (l *Listener) takeStream(nc net.Conn, tr Transport) {
 			pending++
 		}
 	}
-	if l.closing || !l.open.Load() || l.streams == nil || pending >= l.cfg.maxPending {
+	// A closed listener (SetListenOpen, StopAdmitting, Drain) still
+	// takes the stream, to tell a knet client why it refuses it.
+	if l.closing || l.streams == nil || pending >= l.cfg.maxPending {
 		l.mu.Unlock()
 		l.eps[0].ignored.Add(1)
 		nc.Close()

@@ -260,3 +260,41 @@ func TestGroupServesUDPAndTCP(t *testing.T) {
 	}
 	require.NoError(t, udpc.Close())
 }
+
+// Drain reaches players over TCP and WebSocket as over UDP: each hears the
+// reason, the listener waits for them, and a new player over TCP is
+// refused with the reason.
+func TestDrainStreams(t *testing.T) {
+	l := listen(t, tcpConfig())
+	serveEcho(t, l)
+	ctx := within(t, 20*time.Second)
+	var cs []*Conn
+	for _, network := range []string{"udp", "tcp", "tcp"} {
+		c, err := Dial(ctx, network, l.Addr().String(), testConfig())
+		require.NoError(t, err)
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		require.NoError(t, c.Send(Message{ID: 7, Payload: []byte("before"), Reliable: true}))
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "before", string(m.Payload))
+	}
+	require.Equal(t, 3, l.Stats().Connections)
+	require.NoError(t, l.Drain(ctx, "moving you to another server"))
+	assert.Equal(t, 0, l.Stats().Connections)
+	for _, c := range cs {
+		select {
+		case <-c.Done():
+		case <-ctx.Done():
+			t.Fatalf("a player over %v still connected after the drain", c.Transport())
+		}
+		var de *DisconnectError
+		require.ErrorAs(t, c.Err(), &de, "over %v", c.Transport())
+		assert.Equal(t, "moving you to another server", de.Reason)
+	}
+	_, err := Dial(ctx, "tcp", l.Addr().String(), testConfig())
+	var re *RefusedError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, "moving you to another server", re.Reason)
+}
