@@ -44,10 +44,10 @@ import (
 const (
 	rtPingRequest uint32 = 1
 	rtPingReply   uint32 = 2
-	rtMaxVLE      = 1<<30 - 1 // VLE-1.7/1.7/16
-	rtMaxSize     = 10 << 20  // the largest size field the reference takes (§5)
-	rtPingEvery   = 3500 * time.Millisecond
-	rtRunTimeout  = 30 * time.Second
+	rtMaxVLE             = 1<<30 - 1 // VLE-1.7/1.7/16
+	rtMaxSize            = 10 << 20  // the largest size field the reference takes (§5)
+	rtPingEvery          = 3500 * time.Millisecond
+	rtRunTimeout         = 30 * time.Second
 )
 
 // rtAppendVLE appends v as VLE-1.7/1.7/16: 1 byte below 128, 2 below 16384
@@ -300,8 +300,8 @@ func rtCheckEchoes(t *testing.T, who string, w []rtItem, echoes []rtIn, dropped 
 
 // rtPeer is one end of a TCP kNet connection, as the reference runs it.
 type rtPeer struct {
-	t    *testing.T
-	nc   *net.TCPConn
+	t       *testing.T
+	nc      *net.TCPConn
 	echo    bool // echo every application message, and answer a FIN
 	passive bool // a replay's reader: it only reads
 
@@ -452,6 +452,10 @@ func (p *rtPeer) await(ctx context.Context, cond func(p *rtPeer) bool) bool {
 func (p *rtPeer) summary() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.summaryLocked()
+}
+
+func (p *rtPeer) summaryLocked() string {
 	return fmt.Sprintf("%d frames in (%d application, %d swallowed), pings answered %v, knet's pings %v, eof %v, err %v, violations %v",
 		len(p.frames), len(p.app), len(p.swallowed), p.replies, p.requests, p.eof, p.err, p.violations)
 }
@@ -468,8 +472,12 @@ type rtEchoServer struct {
 	ends  chan error // how each connection's Receive ended
 }
 
-func rtListen(t *testing.T, ctx context.Context) *rtEchoServer {
-	l, err := knet.Listen("udp", "127.0.0.1:0", &knet.Config{TCP: true})
+func rtListen(t *testing.T, ctx context.Context, cfg *knet.Config) *rtEchoServer {
+	if cfg == nil {
+		cfg = &knet.Config{}
+	}
+	cfg.TCP = true
+	l, err := knet.Listen("udp", "127.0.0.1:0", cfg)
 	require.NoError(t, err)
 	s := &rtEchoServer{l: l, conns: make(chan *knet.Conn, 4), got: make(chan knet.Message, 1024), ends: make(chan error, 4)}
 	var wg sync.WaitGroup
@@ -553,7 +561,7 @@ func TestRefTCPClientAgainstListener(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), rtRunTimeout)
 			defer cancel()
-			srv := rtListen(t, ctx)
+			srv := rtListen(t, ctx, nil)
 			nc := srv.dial(t)
 			if peerWaits {
 				// Nothing comes from the server while the client is
@@ -702,4 +710,159 @@ func rtRunServer(t *testing.T, dialect knet.Dialect, knetFirst bool) {
 	assert.Empty(t, p.violations)
 	assert.ErrorIs(t, c.Err(), net.ErrClosed)
 	t.Logf("peer: %s", p.summary())
+}
+
+// TestRefTCPGoldenReplay replays the client side of the reference's TCP
+// captures into a knet Listener with Config.TCP whose application echoes
+// what it can (Send takes no reserved ID), and compares what comes back
+// with what the reference sent back. Frames go one by one, each echo
+// awaited, where the capture's client waited (the probes); ref-client's
+// script goes in one write, as it did.
+func TestRefTCPGoldenReplay(t *testing.T) {
+	t.Parallel()
+	caps := rtCaptures(t)
+	for _, name := range []string{"refclient_echo", "opening_serverfirst", "silence_idle", "pyprobe_reserved", "pyprobe_size0", "pyprobe_oversize"} {
+		lines, ok := caps[name]
+		require.True(t, ok, name)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rtReplay(t, name, lines)
+		})
+	}
+}
+
+func rtReplay(t *testing.T, name string, lines []rtLine) {
+	ctx, cancel := context.WithTimeout(context.Background(), rtRunTimeout)
+	defer cancel()
+	// The reference takes frames of up to 10 MiB (README §5); knet's
+	// limit is MaxMessageSize behind the longest MessageID field.
+	srv := rtListen(t, ctx, &knet.Config{MaxMessageSize: rtMaxSize - 4})
+	nc := srv.dial(t)
+	p := newRTPeer(t, nc, false)
+	p.passive = true
+	go p.run(ctx, false)
+
+	bad := strings.HasPrefix(name, "pyprobe_size0") || strings.HasPrefix(name, "pyprobe_oversize")
+	last := rtLastC2S(lines)
+	appOf := func(dir string) (frames []rtIn) {
+		for i, ln := range lines {
+			if ln.dir != dir || bad && i == last {
+				continue
+			}
+			f, err := rtReadFrame(bufio.NewReader(bytes.NewReader(ln.raw)))
+			require.NoError(t, err)
+			if f.id != rtPingRequest && f.id != rtPingReply {
+				frames = append(frames, f)
+			}
+		}
+		return frames
+	}
+	c2sApp, s2cApp := appOf("c2s"), appOf("s2c")
+	// What knet echoes: what the reference did, but for the reserved IDs
+	// that its Send refuses.
+	var want []rtIn
+	for _, f := range s2cApp {
+		if f.id >= knet.MinMessageID && f.id <= knet.MaxMessageID {
+			want = append(want, f)
+		}
+	}
+	var requests []byte // the client's pingIDs
+	appSent := 0
+	echoesOf := func(n int) func(p *rtPeer) bool {
+		return func(p *rtPeer) bool { return len(p.app) >= n || p.eof || p.err != nil }
+	}
+	if name == "refclient_echo" {
+		var all []byte
+		for _, ln := range lines {
+			if ln.dir == "c2s" {
+				all = append(all, ln.raw...)
+			}
+		}
+		requests = []byte{1}
+		p.write(all)
+	} else {
+		for i, ln := range lines {
+			if ln.dir != "c2s" {
+				continue
+			}
+			f, err := rtReadFrame(bufio.NewReader(bytes.NewReader(ln.raw)))
+			switch {
+			case err != nil: // the probe's bad input
+				require.True(t, bad && i == last, "%s line %d", name, i+1)
+			case f.id == rtPingRequest:
+				requests = append(requests, f.payload[0])
+			}
+			if len(ln.raw) == 48 {
+				// The probe's frame in two pieces (7 + 41 bytes).
+				p.write(ln.raw[:7])
+				p.write(ln.raw[7:])
+			} else {
+				p.write(ln.raw)
+			}
+			if err == nil && f.id != rtPingRequest && f.id != rtPingReply {
+				appSent++
+				// Wait for knet's application to have it, and
+				// for its echo if it can send one.
+				select {
+				case m := <-srv.got:
+					assert.Equal(t, f.id, m.ID, "%s line %d delivered", name, i+1)
+					assert.Equal(t, f.payload, m.Payload, "%s line %d delivered", name, i+1)
+					assert.False(t, m.Reliable || m.InOrder)
+				case <-ctx.Done():
+					t.Fatalf("%s line %d: not delivered; peer: %s", name, i+1, p.summary())
+				}
+				n := 0
+				for _, g := range c2sApp[:appSent] {
+					if g.id >= knet.MinMessageID && g.id <= knet.MaxMessageID {
+						n++
+					}
+				}
+				require.True(t, p.await(ctx, echoesOf(n)), "%s line %d: echo; peer: %s", name, i+1, p.summary())
+			}
+		}
+	}
+	if bad {
+		// A size of 0, or over the limit: knet ends the connection,
+		// without another byte.
+		require.True(t, p.await(ctx, func(p *rtPeer) bool { return p.eof || p.err != nil }), "the stream's end: %s", p.summary())
+		select {
+		case err := <-srv.ends:
+			var pe *knet.ProtocolError
+			assert.ErrorAs(t, err, &pe, "the server's Receive after the bad frame")
+		case <-ctx.Done():
+			t.Fatal("the server's Receive did not end")
+		}
+	} else {
+		require.True(t, p.await(ctx, echoesOf(len(want))), "echoes: %s", p.summary())
+		require.True(t, p.await(ctx, func(p *rtPeer) bool { return len(p.swallowed) >= len(requests) }), "ping replies: %s", p.summary())
+		require.NoError(t, nc.CloseWrite())
+		require.True(t, p.await(ctx, func(p *rtPeer) bool { return p.eof || p.err != nil }), "knet's FIN: %s", p.summary())
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var got []string
+	for _, f := range p.app {
+		got = append(got, hex.EncodeToString(f.raw))
+	}
+	var wantHex []string
+	for _, f := range want {
+		wantHex = append(wantHex, hex.EncodeToString(f.raw))
+	}
+	assert.Equal(t, wantHex, got, "%s: knet's echoes, against the reference's", name)
+	// The passive reader asked nothing: the PingReplies are knet's
+	// answers to the client's PingRequests, in order, and nothing else
+	// (knet says no hello to a client that said none).
+	var replies []byte
+	for _, f := range p.swallowed {
+		assert.Len(t, f.payload, 1, "%s: a PingReply of %d bytes", name, len(f.payload))
+		replies = append(replies, f.payload...)
+	}
+	if !bad {
+		assert.Equal(t, requests, replies, "%s: knet's PingReplies", name)
+	}
+	if !bad {
+		assert.True(t, p.eof, "%s: a clean end: %s", name, p.summaryLocked())
+	}
+	assert.NotEmpty(t, p.requests, "%s: knet pings", name)
+	t.Logf("%s: %d of %d application frames echoed, PingReplies %v; peer: %s", name, len(p.app), len(c2sApp), replies, p.summaryLocked())
 }
