@@ -866,3 +866,50 @@ func rtReplay(t *testing.T, name string, lines []rtLine) {
 	assert.NotEmpty(t, p.requests, "%s: knet pings", name)
 	t.Logf("%s: %d of %d application frames echoed, PingReplies %v; peer: %s", name, len(p.app), len(c2sApp), replies, p.summaryLocked())
 }
+
+// TestRefTCPServerCloses: the reference server's FIN is its disconnect: a
+// knet client reads what came before it, then io.EOF, and answers with its
+// own FIN.
+func TestRefTCPServerCloses(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), rtRunTimeout)
+	defer cancel()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	peers := make(chan *rtPeer, 1)
+	go func() {
+		nc, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { nc.Close() })
+		p := newRTPeer(t, nc, false)
+		peers <- p
+		p.ping()
+		p.write(rtFrame(nil, 0x3FFFFFFF, []byte("not a disconnect"))) // the UDP wire's Disconnect ID: data here
+		p.write(rtFrame(nil, 77, []byte("last words")))
+		nc.CloseWrite()
+		p.run(ctx, false)
+	}()
+	c, err := knet.Dial(ctx, "tcp", ln.Addr().String(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	p := <-peers
+	for _, want := range []struct {
+		id      uint32
+		payload string
+	}{{0x3FFFFFFF, "not a disconnect"}, {77, "last words"}} {
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, want.id, m.ID)
+		assert.Equal(t, want.payload, string(m.Payload))
+	}
+	_, err = c.Receive(ctx)
+	assert.ErrorIs(t, err, io.EOF)
+	require.True(t, p.await(ctx, func(p *rtPeer) bool { return p.eof || p.err != nil }), "knet's FIN: %s", p.summary())
+	assert.True(t, p.eof, "a clean end: %s", p.summary())
+	<-c.Done()
+	assert.ErrorIs(t, c.Err(), knet.ErrPeerClosed)
+	assert.Equal(t, knet.DialectReference, c.Dialect())
+}
