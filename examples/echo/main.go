@@ -61,6 +61,9 @@ func main() {
 		cfg.Simulate = &sim
 		log.Printf("simulating loss %.0f%%, delay %v±%v, reorder %.0f%%, duplicates %.0f%% on each side's sends",
 			100*sim.Loss, sim.Delay, sim.Jitter, 100*sim.Reorder, 100*sim.Duplicate)
+		if *overTCP {
+			log.Printf("(the simulation is of UDP datagrams: the client's TCP connection does not go through it)")
+		}
 	}
 
 	cfg.TCP = true // the server takes TCP too; Dial ignores it
