@@ -132,8 +132,10 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 	}
 	c.st = st
 	if client && dialect == DialectReference {
-		// The reference's wire: nothing to wait for.
+		// The reference's wire: nothing to wait for, established
+		// from the start.
 		st.phase = phaseOpen
+		c.streamOffer()
 	} else {
 		s.gate = true
 		if client {

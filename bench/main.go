@@ -388,10 +388,19 @@ func (h *harness) declare() {
 	t := h.t
 	t.add("pingpong", "pp50", "Ping-pong RTT p50, 32 B", "us", true)
 	t.add("pingpong", "pp99", "Ping-pong RTT p99, 32 B", "us", true)
+	// knet over its other transports (knetTransports), in knet's column
+	// only: a player without UDP. WebSocket's rows come with its entry.
+	notKnet := []string{colKnetU, colKnetS, colKCP, colQUIC, colUDP}
+	for _, tr := range knetTransports {
+		t.add("pingpong", transportRowID("pp50", tr), "Ping-pong RTT p50, 32 B, knet over "+tr.name, "us", true, notKnet...).ratios = false
+	}
 	t.add("throughput", "tp64", "One-way 64 B msgs (raw UDP: 1 msg/datagram)", "msg/s", false)
 	t.add("throughput", "tp64p", "One-way 64 B msgs vs raw UDP 16 msgs/datagram (same knet run)", "msg/s", false, colKnetU, colKnetS, colKCP, colQUIC)
 	t.add("throughput", "tp1200", "One-way 1200 B msgs", "MB/s", false)
 	t.add("throughput", "tp1200m", "One-way 1200 B msgs", "msg/s", false)
+	for _, tr := range knetTransports {
+		t.add("throughput", transportRowID("tp1200", tr), "One-way 1200 B msgs, knet over "+tr.name, "MB/s", false, notKnet...).ratios = false
+	}
 	t.add("large", "lg", fmt.Sprintf("One-way %s msgs", sizeName(o.largeSize)), "msg/s", false, colUDP)
 	t.add("large", "lgb", fmt.Sprintf("One-way %s msgs", sizeName(o.largeSize)), "MB/s", false, colUDP)
 	t.add("sessions", "ss", fmt.Sprintf("%d sessions ping-pong 32 B, total", o.sessions), "rt/s", false)
@@ -427,6 +436,14 @@ func (h *harness) declare() {
 
 func (h *harness) lossyLabel() string {
 	return fmt.Sprintf("Lossy %g%%/%v each way", h.o.loss*100, h.o.delay)
+}
+
+// transportRowID names a row of knet over another transport than UDP.
+func transportRowID(id string, tr *knetTransport) string { return id + "." + tr.network }
+
+// hasKnet reports whether knet's main column is measured.
+func (h *harness) hasKnet() bool {
+	return slices.ContainsFunc(h.libs, func(lb lib) bool { return lb.Name() == colKnet })
 }
 
 // pacedID names the rows of the i-th paced stream.
@@ -506,6 +523,25 @@ func (h *harness) scenario(name string) []job {
 				})
 			})
 		}
+		for _, tr := range knetTransports {
+			if !h.hasKnet() {
+				break
+			}
+			lb := knetLib{transport: tr}
+			add(colKnet, func() {
+				id := transportRowID("pp50", tr)
+				h.measure(name+" "+tr.network, colKnet, []string{id}, loopLimit, func(e *env, r *results) error {
+					rtts, err := pingPong(e, lb, 32, o.warmup, o.duration)
+					if len(rtts) > 0 {
+						r.set(id, us(percentile(rtts, 0.50)))
+					}
+					if err == nil && len(rtts) == 0 {
+						err = errors.New("no round trip completed")
+					}
+					return err
+				})
+			})
+		}
 		if h.udp {
 			add(colUDP, func() {
 				h.measure(name, colUDP, ids, loopLimit, func(e *env, r *results) error {
@@ -534,6 +570,22 @@ func (h *harness) scenario(name string) []job {
 					if err == nil && res.elapsed > 0 {
 						r.setRate("tp1200", res.byteRate())
 						r.setRate("tp1200m", res.msgRate())
+					}
+					return err
+				})
+			})
+		}
+		for _, tr := range knetTransports {
+			if !h.hasKnet() {
+				break
+			}
+			lb := knetLib{transport: tr}
+			add(colKnet, func() {
+				id := transportRowID("tp1200", tr)
+				h.measure(name+" 1200B "+tr.network, colKnet, []string{id}, loopLimit, func(e *env, r *results) error {
+					res, err := oneWay(e, lb, oneWayOpts{size: 1200, warm: o.warmup, dur: o.duration})
+					if err == nil && res.elapsed > 0 {
+						r.setRate(id, res.byteRate())
 					}
 					return err
 				})

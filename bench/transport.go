@@ -65,7 +65,29 @@ const benchMsgID = 100
 // need the order); secure is the main column's service over a secure
 // session (Noise NK handshake, AES-256-GCM on every datagram), to set
 // beside the plain one and quic-go, which always encrypts.
-type knetLib struct{ unordered, secure bool }
+//
+// transport, when set, runs the main column's service over another
+// transport than UDP: knetTransports lists them, and their rows sit in
+// knet's column (the Listener takes them beside UDP, on the same port
+// number).
+type knetLib struct {
+	unordered, secure bool
+	transport         *knetTransport
+}
+
+// knetTransport is a transport knet's column is measured over beside UDP:
+// a ping-pong row and a 1200 B throughput row each.
+type knetTransport struct {
+	name    string // in row labels and IDs
+	network string // Dial's network
+	listen  func(cfg *knet.Config)
+}
+
+// knetTransports are the transports beside UDP. WebSocket goes here, as
+// one more entry: its rows then follow TCP's.
+var knetTransports = []*knetTransport{
+	{name: "TCP", network: "tcp", listen: func(cfg *knet.Config) { cfg.TCP = true }},
+}
 
 func (k knetLib) Name() string {
 	switch {
@@ -95,6 +117,9 @@ var benchKeys = sync.OnceValues(func() ([2][]byte, error) {
 // public key.
 func (k knetLib) config(server bool) (*knet.Config, error) {
 	cfg := knetConfig()
+	if server && k.transport != nil {
+		k.transport.listen(cfg)
+	}
 	if !k.secure {
 		return cfg, nil
 	}
@@ -127,7 +152,11 @@ func (k knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := knet.Dial(ctx, "udp", addr, cfg)
+	network := "udp"
+	if k.transport != nil {
+		network = k.transport.network
+	}
+	c, err := knet.Dial(ctx, network, addr, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +218,10 @@ func (k *knetConn) Close() error {
 
 func (k *knetConn) Note() string {
 	s := k.c.Stats()
+	if tr := k.c.Transport(); tr != knet.TransportUDP {
+		return fmt.Sprintf("over %v: rtt %v, bytes sent %d / recv %d, messages sent %d / recv %d, dropped %d",
+			tr, s.RTT.Round(time.Microsecond), s.BytesSent, s.BytesReceived, s.MessagesSent, s.MessagesReceived, s.DroppedMessages)
+	}
 	return fmt.Sprintf("rtt %v (min %v, rto %v), dgrams sent %d / recv %d, retransmits %d (fast %d, spurious %d), duplicates recv %d, dropped dgrams %d, rate %.0f dgram/s, in flight %d",
 		s.RTT.Round(time.Microsecond), s.MinRTT.Round(time.Microsecond), s.RTO.Round(time.Millisecond), s.DatagramsSent, s.DatagramsReceived,
 		s.Retransmits, s.FastRetransmits, s.SpuriousLosses, s.DuplicateDatagrams, s.DroppedDatagrams, s.SendRate, s.InFlight)

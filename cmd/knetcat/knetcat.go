@@ -41,6 +41,7 @@ type options struct {
 	stats      bool
 	statsEvery time.Duration
 	trace      bool
+	tcp        bool // connect over TCP; with -l, take TCP too
 	// Secure sessions: a file holding the listener's private key, the
 	// server's public key for connecting, or a file to write a new
 	// private key to (-genkey).
@@ -108,6 +109,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.stats, "stats", false, "print connection statistics at the end")
 	fs.DurationVar(&o.statsEvery, "stats-every", 0, "print connection statistics this often too")
 	fs.BoolVar(&o.trace, "trace", false, "print every datagram, both ways, decoded")
+	fs.BoolVar(&o.tcp, "tcp", false, "connect over TCP (kNet over TCP, as the C++ reference speaks it); with -l, take TCP connections too, on the same port number")
 	fs.StringVar(&o.keyFile, "key", "", "with -l, serve secure sessions only, with the private key in this file (hex, as -genkey writes it)")
 	fs.Var(hexKey{&o.serverKey}, "serverkey", "connect securely to the server with this public key (hex, as -genkey prints it)")
 	fs.StringVar(&o.genKey, "genkey", "", "write a new private key to this file, print its public key, and exit")
@@ -162,6 +164,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError(fs, fmt.Sprintf("-info is at most %d bytes", knet.MaxQueryInfo))
 	case o.wait <= 0:
 		return nil, usageError(fs, "-wait must be positive")
+	case o.tcp && o.trace:
+		return nil, usageError(fs, "-trace relays UDP datagrams: not with -tcp")
+	case o.tcp && (o.query || o.discover):
+		return nil, usageError(fs, "server queries go over UDP: not with -tcp")
 	}
 	if len(pos) == 1 {
 		o.addr = pos[0]
@@ -405,7 +411,11 @@ func (k *cat) connect(ctx context.Context, stdin io.Reader) int {
 		defer rl.Close()
 		addr = rl.Addr().String()
 	}
-	c, err := knet.Dial(ctx, "udp", addr, cfg)
+	network := "udp"
+	if o.tcp {
+		network = "tcp"
+	}
+	c, err := knet.Dial(ctx, network, addr, cfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0
@@ -418,7 +428,7 @@ func (k *cat) connect(ctx context.Context, stdin io.Reader) int {
 		peer = c.RemoteAddr().String()
 	}
 	if o.verbose {
-		k.logf("connected to %s (%v dialect%s)", peer, c.Dialect(), secureNote(c))
+		k.logf("connected to %s (%v dialect%s%s)", peer, c.Dialect(), tcpNote(c), secureNote(c))
 	}
 
 	recvDone := make(chan error, 1)
@@ -548,7 +558,7 @@ func (k *cat) serve(ctx context.Context, stdin io.Reader) int {
 	if o.trace {
 		addr = "127.0.0.1:0"
 	}
-	cfg := &knet.Config{Dialect: o.dialect}
+	cfg := &knet.Config{Dialect: o.dialect, TCP: o.tcp}
 	if o.keyFile != "" {
 		key, err := readKey(o.keyFile)
 		if err != nil {
@@ -651,7 +661,7 @@ func (s *server) add(c *knet.Conn) {
 	}
 	s.mu.Unlock()
 	if s.o.verbose {
-		s.logf("%s connected (%v dialect%s)", name, c.Dialect(), secureNote(c))
+		s.logf("%s connected (%v dialect%s%s)", name, c.Dialect(), tcpNote(c), secureNote(c))
 	}
 	s.wg.Go(func() { s.handle(c, name) })
 }
@@ -742,6 +752,14 @@ func readKey(path string) ([]byte, error) {
 func secureNote(c *knet.Conn) string {
 	if c.Secure() {
 		return ", secure"
+	}
+	return ""
+}
+
+// tcpNote says ", over tcp" for a connection over a stream.
+func tcpNote(c *knet.Conn) string {
+	if tr := c.Transport(); tr != knet.TransportUDP {
+		return ", over " + tr.String()
 	}
 	return ""
 }

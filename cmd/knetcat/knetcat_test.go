@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -106,18 +107,19 @@ func testContext(t *testing.T) context.Context {
 // echoServer is the echo example's server: it sends every message back.
 // It records what it received, and each connection's dialect.
 type echoServer struct {
-	l        *knet.Listener
-	got      chan knet.Message
-	dialects chan knet.Dialect
-	wg       sync.WaitGroup
+	l          *knet.Listener
+	got        chan knet.Message
+	dialects   chan knet.Dialect
+	transports chan knet.Transport
+	wg         sync.WaitGroup
 }
 
 func startEcho(t *testing.T) *echoServer {
-	l, err := knet.Listen("udp", "127.0.0.1:0", nil)
+	l, err := knet.Listen("udp", "127.0.0.1:0", &knet.Config{TCP: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &echoServer{l: l, got: make(chan knet.Message, 1000), dialects: make(chan knet.Dialect, 10)}
+	s := &echoServer{l: l, got: make(chan knet.Message, 1000), dialects: make(chan knet.Dialect, 10), transports: make(chan knet.Transport, 10)}
 	s.wg.Go(func() {
 		for {
 			c, err := l.AcceptConn(context.Background())
@@ -125,6 +127,7 @@ func startEcho(t *testing.T) *echoServer {
 				return
 			}
 			s.dialects <- c.Dialect()
+			s.transports <- c.Transport()
 			s.wg.Go(func() {
 				defer c.Close()
 				for {
@@ -254,6 +257,53 @@ func TestDialectReference(t *testing.T) {
 	}
 	if d := <-srv.dialects; d != knet.DialectReference {
 		t.Errorf("server saw the %v dialect, want reference", d)
+	}
+}
+
+// TestTCP: -tcp connects over TCP, to the same port number as UDP, and
+// -l -tcp takes TCP clients too.
+func TestTCP(t *testing.T) {
+	ctx := testContext(t)
+	srv := startEcho(t)
+	k := start(ctx, strings.NewReader("tcp1\ntcp2\n"), "-tcp", "-v", "-n", "2", srv.addr())
+	if code := k.wait(t, ctx); code != 0 {
+		t.Fatalf("status %d, stderr %q", code, k.stderr)
+	}
+	if got, want := k.stdout.String(), srv.addr()+" id=100 unreliable 4 bytes: tcp1\n"+srv.addr()+" id=100 unreliable 4 bytes: tcp2\n"; got != want {
+		t.Errorf("stdout %q, want %q (over TCP every message reads as unreliable)", got, want)
+	}
+	if !strings.Contains(k.stderr.String(), "(spec dialect, over tcp)") {
+		t.Errorf("stderr %q does not say the connection is over TCP", k.stderr)
+	}
+	if tr := <-srv.transports; tr != knet.TransportTCP {
+		t.Errorf("server saw a connection over %v, want tcp", tr)
+	}
+
+	l := start(ctx, strings.NewReader(""), "-l", "127.0.0.1:0", "-tcp", "-echo")
+	c, err := knet.Dial(ctx, "tcp", l.listenAddr(t, ctx), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 3 {
+		p := fmt.Appendf(nil, "over tcp %d", i)
+		if err := c.Send(knet.Message{ID: 100, Payload: p, Reliable: true}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(m.Payload, p) {
+			t.Errorf("echo %q, want %q", m.Payload, p)
+		}
+	}
+	l.cancel()
+	if code := l.wait(t, ctx); code != 0 {
+		t.Fatalf("listener status %d, stderr %q", code, l.stderr)
+	}
+	if _, err := c.Receive(ctx); err != io.EOF {
+		t.Errorf("client Receive after the interrupt: %v, want io.EOF", err)
 	}
 }
 
@@ -519,6 +569,8 @@ func TestErrors(t *testing.T) {
 		{"-id", "4", "127.0.0.1:1"},
 		{"-dialect", "klingon", "127.0.0.1:1"},
 		{"-chunk", "10", "127.0.0.1:1"},
+		{"-tcp", "-trace", "127.0.0.1:1"},
+		{"-tcp", "-query", "127.0.0.1:1"},
 	} {
 		k = start(ctx, strings.NewReader(""), args...)
 		if code := k.wait(t, ctx); code != 2 {

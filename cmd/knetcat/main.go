@@ -1,4 +1,4 @@
-// Command knetcat is a netcat for kNet over UDP: it connects to a kNet
+// Command knetcat is a netcat for kNet over UDP (and TCP, with -tcp): it connects to a kNet
 // peer, or listens for any number of them, sends what it reads as
 // messages and prints the messages that arrive.
 //
@@ -23,6 +23,8 @@
 //	knetcat -f big.iso -chunk 65536 host:7000  # a file as a stream of 64 KiB messages, in order
 //	knetcat -id 200 -unreliable -inorder -channel 3 host:7000
 //	knetcat -dialect reference host:2345       # talk to the C++ reference kNet
+//	knetcat -tcp host:2345                     # over TCP (the reference's TCP transport, or a knet server's -tcp)
+//	knetcat -l :7000 -tcp                      # take TCP clients too, on port 7000
 //	knetcat -trace -stats host:7000            # print every datagram decoded, and the statistics at the end
 //	knetcat -genkey server.key                 # a key pair for secure sessions: prints the public key
 //	knetcat -l :7000 -key server.key           # a secure server (encrypted, authenticated sessions only)
@@ -49,6 +51,7 @@
 //	-stats           print each connection's statistics on standard error when it ends
 //	-stats-every d   and every d while it runs
 //	-trace           print every datagram, both ways, decoded (knet.DescribeDatagram), on standard error
+//	-tcp             connect over TCP (kNet over TCP, the C++ reference's framing); with -l, take TCP connections too, on the same port number (not with -trace, -query, -discover)
 //	-genkey path     write a new private key to path (hex, mode 0600), print its public key in hex, and exit
 //	-key path        with -l: serve secure sessions only, with the private key in path
 //	-serverkey hex   connect securely to the server with this public key

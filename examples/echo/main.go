@@ -5,11 +5,18 @@
 //	go run ./examples/echo -connect 127.0.0.1:7000
 //	go run ./examples/echo -loss 0.05 -delay 20ms    # over a simulated bad network
 //	go run ./examples/echo -dialect reference        # the client speaks the C++ kNet's wire
+//	go run ./examples/echo -tcp                      # the client runs over TCP
+//	go run ./examples/echo -connect 127.0.0.1:7000 -tcp
 //
 // The server serves both dialects, the specification's and the C++
 // reference implementation's, telling them apart by each client's first
 // datagram; -dialect chooses what the client speaks, so it reaches a
-// reference server too.
+// reference server too. It takes kNet over TCP as well, on the same port
+// number (Config.TCP), for clients without UDP; -tcp makes the client one
+// of those. Over TCP the client's default dialect reaches both a knet
+// server and the reference's TCP echo server: its hello is a PingReply no
+// ping asked for, which the reference drops, and the server's first frame
+// then tells it which it reached.
 //
 // The client sends numbered messages, reliable and unreliable in turn, and
 // measures the round trip of each echo; it prints progress twice a second
@@ -39,6 +46,9 @@ func main() {
 	size := flag.Int("size", 64, "payload size in bytes (at least 12)")
 	dialect := knet.DialectSpec
 	flag.TextVar(&dialect, "dialect", knet.DialectSpec, "the client's wire: spec or reference (the C++ kNet's)")
+	overTCP := flag.Bool("tcp", false, "run the client over TCP (kNet over TCP, the C++ reference's framing) instead of UDP. It implies no dialect: "+
+		"by default the client says knet's hello, which a reference server drops (the client then speaks to it as one); -dialect reference sends none. "+
+		"The server always takes TCP too, on the same port number")
 	var sim knet.Simulation
 	flag.Float64Var(&sim.Loss, "loss", 0, "simulate this datagram loss (0..1) on everything sent")
 	flag.DurationVar(&sim.Delay, "delay", 0, "simulate this one-way delay on everything sent")
@@ -51,6 +61,15 @@ func main() {
 		cfg.Simulate = &sim
 		log.Printf("simulating loss %.0f%%, delay %v±%v, reorder %.0f%%, duplicates %.0f%% on each side's sends",
 			100*sim.Loss, sim.Delay, sim.Jitter, 100*sim.Reorder, 100*sim.Duplicate)
+		if *overTCP {
+			log.Printf("(the simulation is of UDP datagrams: the client's TCP connection does not go through it)")
+		}
+	}
+
+	cfg.TCP = true // the server takes TCP too; Dial ignores it
+	network := "udp"
+	if *overTCP {
+		network = "tcp"
 	}
 
 	switch {
@@ -59,10 +78,10 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		log.Printf("echo server on %v", l.Addr())
+		log.Printf("echo server on %v (UDP, and TCP on the same port)", l.Addr())
 		serve(l)
 	case *connect != "":
-		if err := client(*connect, *duration, *size, dialect); err != nil {
+		if err := client(network, *connect, *duration, *size, dialect); err != nil {
 			log.Fatal(err)
 		}
 	default:
@@ -70,13 +89,13 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		log.Printf("echo server on %v", l.Addr())
+		log.Printf("echo server on %v (UDP, and TCP on the same port)", l.Addr())
 		done := make(chan struct{})
 		go func() {
 			serve(l)
 			close(done)
 		}()
-		err = client(l.Addr().String(), *duration, *size, dialect)
+		err = client(network, l.Addr().String(), *duration, *size, dialect)
 		l.Close()
 		<-done
 		if err != nil {
@@ -92,7 +111,7 @@ func serve(l *knet.Listener) {
 		if err != nil {
 			return
 		}
-		log.Printf("server: %v connected (%v dialect)", c.RemoteAddr(), c.Dialect())
+		log.Printf("server: %v connected over %v (%v dialect)", c.RemoteAddr(), c.Transport(), c.Dialect())
 		go func() {
 			defer c.Close()
 			for {
@@ -116,20 +135,27 @@ const msgID = 100
 // cfg is shared by server and client; the simulation flags fill it in.
 var cfg = &knet.Config{}
 
-// client sends numbered messages for d and reports the echoes' round trips.
-func client(addr string, d time.Duration, size int, dialect knet.Dialect) error {
+// client sends numbered messages for d over network ("udp" or "tcp") and
+// reports the echoes' round trips.
+func client(network, addr string, d time.Duration, size int, dialect knet.Dialect) error {
 	size = max(size, 12)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ccfg := *cfg
 	ccfg.Dialect = dialect
-	ccfg.ConnectPayload = []byte("echo client") // not sent in the reference dialect: its wire has no handshake payload
-	c, err := knet.Dial(ctx, "udp", addr, &ccfg)
+	if network == "udp" {
+		// Not sent in the reference dialect: its wire has no handshake
+		// payload. Over TCP a client with a ConnectPayload insists on a
+		// knet server, so this one sends none: it reaches the
+		// reference's too.
+		ccfg.ConnectPayload = []byte("echo client")
+	}
+	c, err := knet.Dial(ctx, network, addr, &ccfg)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	log.Printf("client: connected to %v (%v dialect)", c.RemoteAddr(), c.Dialect())
+	log.Printf("client: connected to %v over %v (%v dialect)", c.RemoteAddr(), c.Transport(), c.Dialect())
 
 	start := time.Now()
 	var rtts []time.Duration
@@ -163,7 +189,9 @@ func client(addr string, d time.Duration, size int, dialect knet.Dialect) error 
 		}
 		sent := time.Unix(0, int64(binary.LittleEndian.Uint64(m.Payload[4:])))
 		rtts = append(rtts, time.Since(sent))
-		if m.Reliable {
+		if binary.LittleEndian.Uint32(m.Payload)%2 == 0 {
+			// Sent reliable (an echo over TCP reads as unreliable
+			// whatever it was sent as).
 			reliable++
 		} else {
 			unreliable++

@@ -9,6 +9,15 @@
 -- datagram holds a spec handshake message is spec; anything else is
 -- decided datagram by datagram (see choose).
 --
+-- A second protocol, knetgo_tcp, reads kNet over TCP, the C++
+-- reference's framing (docs/PROTOCOL.md, "kNet over TCP";
+-- testdata/reference/tcp/README.md): frames of a VLE size, a VLE
+-- MessageID and the payload, back to back, reassembled across segments by
+-- the size field. It takes TCP ports from its preference (7000 by default),
+-- "Decode As", and a heuristic: a stream whose first bytes are a ping
+-- (a PingRequest, 02 01 NN, or a PingReply then a PingRequest) or knet's
+-- hello.
+--
 -- Load with: wireshark -X lua_script:tools/wireshark/knet.lua
 -- or copy this file into the personal Lua plugins folder.
 --
@@ -682,3 +691,139 @@ end
 register_ports()
 udp_table:add_for_decode_as(knet)
 knet:register_heuristic("udp", heuristic)
+
+-- kNet over TCP -----------------------------------------------------------
+
+local knettcp = Proto("knetgo_tcp", "kNet over TCP (knet-go)")
+
+local HELLO_MAGIC = "006b4e5401" -- 00 'k' 'N' 'T' 01
+
+local tf = {
+	frame = ProtoField.none("knetgo_tcp.frame", "Frame"),
+	size = ProtoField.uint32("knetgo_tcp.size", "Size (MessageID field + payload)"),
+	id = ProtoField.uint32("knetgo_tcp.id", "MessageID", base.DEC, msg_names),
+	payload_len = ProtoField.uint32("knetgo_tcp.payload_len", "Payload length"),
+	payload = ProtoField.bytes("knetgo_tcp.payload", "Payload"),
+	ping_id = ProtoField.uint8("knetgo_tcp.ping.id", "pingID"),
+	hello = ProtoField.uint8("knetgo_tcp.hello", "knet hello", base.DEC,
+		{ [1] = "client hello (ConnectPayload)", [2] = "accept (Admit reply)", [3] = "refuse (reason)", [4] = "close (reason)" }),
+	hello_content = ProtoField.bytes("knetgo_tcp.hello.content", "Hello content"),
+}
+knettcp.fields = tf
+
+local tef = {
+	malformed = ProtoExpert.new("knetgo_tcp.malformed", "Malformed kNet over TCP frame",
+		expert.group.MALFORMED, expert.severity.ERROR),
+}
+knettcp.experts = tef
+
+knettcp.prefs.ports = Pref.range("TCP ports", "7000", "TCP ports decoded as kNet over TCP", 65535)
+-- The reference closes a connection on a size field over 10 MiB; a knet
+-- peer's limit is its MaxMessageSize plus 4.
+knettcp.prefs.max_frame = Pref.uint("Largest frame size", 10 * 1024 * 1024,
+	"A larger size field is malformed (the reference's limit: 10485760)")
+
+-- One whole frame at tvb(o, total): its size field is k bytes.
+local function tcp_frame(tvb, tree, o, k, size)
+	local n = o + k + size
+	local t = tree:add(tf.frame, tvb(o, k + size))
+	t:add(tf.size, tvb(o, k), size)
+	local id, m = vle32(tvb, o + k, n)
+	if not id then
+		t:add_tvb_expert_info(tef.malformed, tvb(o, k + size), "the MessageID runs past the frame's size")
+		return "malformed"
+	end
+	t:add(tf.id, tvb(o + k, m), id)
+	local po, plen = o + k + m, size - m
+	t:add(tf.payload_len, plen)
+	if plen > 0 then t:add(tf.payload, tvb(po, plen)) end
+	local name = msg_names[id] or tostring(id)
+	if (id == ID_PING_REQUEST or id == ID_PING_REPLY) and plen >= 1 then
+		t:add(tf.ping_id, tvb(po, 1))
+		if id == ID_PING_REPLY and plen >= 6 and tvb(po, 5):bytes():tohex():lower() == HELLO_MAGIC then
+			local kind = u8(tvb, po + 5)
+			t:add(tf.hello, tvb(po + 5, 1))
+			if plen > 6 then t:add(tf.hello_content, tvb(po + 6, plen - 6)) end
+			name = "knet hello " .. kind
+		end
+	end
+	t:set_text(string.format("Frame: %s, %d bytes", name, k + size))
+	return name
+end
+
+function knettcp.dissector(tvb, pinfo, tree)
+	local n = tvb:len()
+	local o = 0
+	local root
+	local names = {}
+	while o < n do
+		local size, k = vle32(tvb, o, n)
+		if not size then
+			-- The size field goes on in the next segment.
+			pinfo.desegment_offset = o
+			pinfo.desegment_len = DESEGMENT_ONE_MORE_SEGMENT
+			break
+		end
+		root = root or tree:add(knettcp, tvb(o))
+		if size == 0 or size > knettcp.prefs.max_frame then
+			-- The stream cannot be cut into frames any further.
+			root:add_tvb_expert_info(tef.malformed, tvb(o, k), "frame size " .. size .. (size == 0 and "" or " over the limit"))
+			names[#names + 1] = "malformed"
+			o = n
+			break
+		end
+		if o + k + size > n then
+			pinfo.desegment_offset = o
+			pinfo.desegment_len = o + k + size - n
+			break
+		end
+		names[#names + 1] = tcp_frame(tvb, root, o, k, size)
+		o = o + k + size
+	end
+	if #names > 0 then
+		pinfo.cols.protocol = "kNet/TCP"
+		local info = table.concat(names, ", ", 1, math.min(#names, 8))
+		if #names > 8 then info = info .. string.format(", ... (%d frames)", #names) end
+		pinfo.cols.info = info
+		root:append_text(string.format(", %d frame%s", #names, #names == 1 and "" or "s"))
+	end
+	return n
+end
+
+local tcp_seq = Field.new("tcp.seq")
+
+-- The heuristic claims a stream by its first bytes: the reference's first
+-- frame (its PingRequest, perhaps after the reply to the peer's), or
+-- knet's hello.
+local function tcp_heuristic(tvb, pinfo, tree)
+	local seq = tcp_seq()
+	if not seq or seq.value ~= 1 or tvb:len() < 3 then return false end
+	local head = tvb(0, math.min(tvb:len(), 8)):bytes():tohex():lower()
+	local ok = head:sub(1, 4) == "0201" or head:sub(1, 4) == "0202" and head:sub(7, 10) == "0201"
+	if not ok and tvb:len() >= 7 then
+		local size, k = vle32(tvb, 0, tvb:len())
+		ok = size and k and tvb:len() >= k + 6 and u8(tvb, k) == ID_PING_REPLY and
+			tvb(k + 1, 5):bytes():tohex():lower() == HELLO_MAGIC
+	end
+	if not ok then return false end
+	pinfo.conversation = knettcp
+	knettcp.dissector(tvb, pinfo, tree)
+	return true
+end
+
+local tcp_table = DissectorTable.get("tcp.port")
+local tcp_registered = ""
+
+local function register_tcp_ports()
+	if tcp_registered ~= "" then tcp_table:remove(tcp_registered, knettcp) end
+	tcp_registered = tostring(knettcp.prefs.ports)
+	if tcp_registered ~= "" then tcp_table:add(tcp_registered, knettcp) end
+end
+
+function knettcp.prefs_changed()
+	register_tcp_ports()
+end
+
+register_tcp_ports()
+tcp_table:add_for_decode_as(knettcp)
+knettcp:register_heuristic("tcp", tcp_heuristic)
