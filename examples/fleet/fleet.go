@@ -162,6 +162,8 @@ func (m *matchmaker) drain(id int) {
 
 // serverAt names the server at addr.
 func (m *matchmaker) serverAt(addr string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for _, s := range m.servers {
 		if s.addr.String() == addr {
 			return s.id

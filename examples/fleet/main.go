@@ -116,6 +116,11 @@ func run(o options, out io.Writer) error {
 	case <-time.After(o.duration / 2):
 	case <-play.Done():
 	}
+	mm.mu.Lock()
+	for _, s := range mm.servers {
+		fmt.Fprintf(out, "server %d: %d players placed\n", s.id, mm.load[s.id])
+	}
+	mm.mu.Unlock()
 	victim := mm.servers[min(1, len(mm.servers)-1)]
 	mm.drain(victim.id)
 	drainAt := time.Since(start)
@@ -135,7 +140,9 @@ func run(o options, out io.Writer) error {
 		return fmt.Errorf("server %d: %w", victim.id, err)
 	}
 	drainTook := time.Since(start) - drainAt
+	mm.mu.Lock()
 	mm.servers = slices.DeleteFunc(mm.servers, func(s *serverHandle) bool { return s == victim })
+	mm.mu.Unlock()
 	fmt.Fprintf(out, "server %d drained at %.2fs in %v (players left: %s), then exited (Agones: SDK.Shutdown); joined, echoed: %s\n",
 		victim.id, drainAt.Seconds(), drainTook.Round(time.Millisecond), strings.Join(drainLog, " "), drained)
 

@@ -103,6 +103,7 @@ func (s *gameServer) drain(progress func(left int)) error {
 	// with an old token, with the reason).
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	progress(s.l.Stats().Connections)
 	done := make(chan error, 1)
 	go func() { done <- s.l.Drain(ctx, drainReason) }()
 	tick := time.NewTicker(100 * time.Millisecond)
