@@ -15,6 +15,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -81,12 +82,34 @@ type knetTransport struct {
 	name    string // in row labels and IDs
 	network string // Dial's network
 	listen  func(cfg *knet.Config)
+	// For WebSocket: serve starts what takes the transport beside the
+	// Listener (an HTTP server on the same port number over TCP), and
+	// dial connects over it.
+	serve func(l *knet.Listener) (io.Closer, error)
+	dial  func(ctx context.Context, addr string, cfg *knet.Config) (*knet.Conn, error)
 }
 
-// knetTransports are the transports beside UDP. WebSocket goes here, as
-// one more entry: its rows then follow TCP's.
+// knetTransports are the transports beside UDP.
 var knetTransports = []*knetTransport{
 	{name: "TCP", network: "tcp", listen: func(cfg *knet.Config) { cfg.TCP = true }},
+	{name: "WebSocket", network: "websocket", listen: func(*knet.Config) {}, serve: serveWebSocket,
+		dial: func(ctx context.Context, addr string, cfg *knet.Config) (*knet.Conn, error) {
+			return knet.DialWebSocket(ctx, "ws://"+addr+"/knet", cfg)
+		}},
+}
+
+// serveWebSocket serves l's WebSocket handler over HTTP on the TCP port
+// of l's UDP port number.
+func serveWebSocket(l *knet.Listener) (io.Closer, error) {
+	ln, err := net.Listen("tcp", l.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/knet", l.WebSocketHandler())
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	return srv, nil
 }
 
 func (k knetLib) Name() string {
@@ -144,7 +167,14 @@ func (k knetLib) Listen(addr string) (msgListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &knetListener{l: l, inOrder: !k.unordered}, nil
+	kl := &knetListener{l: l, inOrder: !k.unordered}
+	if k.transport != nil && k.transport.serve != nil {
+		if kl.web, err = k.transport.serve(l); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	return kl, nil
 }
 
 func (k knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
@@ -156,7 +186,12 @@ func (k knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
 	if k.transport != nil {
 		network = k.transport.network
 	}
-	c, err := knet.Dial(ctx, network, addr, cfg)
+	var c *knet.Conn
+	if k.transport != nil && k.transport.dial != nil {
+		c, err = k.transport.dial(ctx, addr, cfg)
+	} else {
+		c, err = knet.Dial(ctx, network, addr, cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -169,11 +204,17 @@ func (k knetLib) Dial(ctx context.Context, addr string) (msgConn, error) {
 
 type knetListener struct {
 	l       *knet.Listener
+	web     io.Closer // the WebSocket transport's HTTP server, if any
 	inOrder bool
 }
 
 func (k *knetListener) Addr() string { return k.l.Addr().String() }
-func (k *knetListener) Close() error { return k.l.Close() }
+func (k *knetListener) Close() error {
+	if k.web != nil {
+		k.web.Close()
+	}
+	return k.l.Close()
+}
 
 func (k *knetListener) Accept(ctx context.Context) (msgConn, error) {
 	c, err := k.l.AcceptConn(ctx)
