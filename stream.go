@@ -136,10 +136,24 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 		st.phase = phaseOpen
 	} else {
 		s.gate = true
-		if client {
+		switch {
+		case client && cfg.serverKey != nil:
+			// A secure client: the key exchange in its hello, and
+			// nothing else until the server's answer gives the keys.
+			sec, syn, err := newClientSecure(cfg.serverKey, cfg.token, cfg.connectPayload)
+			if err != nil {
+				s.err = err
+				break
+			}
+			sec.tap = cfg.sealTap
+			c.sec = sec
+			st.needKnet = true
+			s.quiet = true
+			s.sendHello(helloSecure, syn)
+		case client:
 			st.needKnet = len(cfg.connectPayload) > 0
 			s.sendHello(helloClient, cfg.connectPayload)
-		} else {
+		default:
 			s.quiet = true // nothing before the client's first frame
 		}
 	}
@@ -348,6 +362,10 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 	if s.firstID == idPingReply {
 		kind, content, knet = parseStreamHello(s.first)
 	}
+	if st.client && c.sec != nil {
+		c.streamSecureAnswer(now, knet, kind, content)
+		return
+	}
 	if st.client {
 		switch {
 		case knet && kind == helloAccept:
@@ -372,17 +390,25 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 		}
 		return
 	}
-	var payload []byte
-	if knet && kind == helloClient {
+	var payload, secure []byte
+	switch {
+	case knet && kind == helloClient:
 		s.knet = true
 		payload = append([]byte(nil), content...)
-	} else {
+	case knet && kind == helloSecure:
+		s.knet = true
+		secure = append([]byte(nil), content...)
+	default:
 		knet = false
 		c.dialect = DialectReference // before the application sees c
 	}
-	if c.cfg.privateKey != nil {
+	switch {
+	case c.cfg.privateKey != nil && secure == nil:
 		s.err = errors.New("knet: a secure listener takes no plaintext over a stream")
 		c.streamRefused(s.err, knet)
+		return
+	case c.cfg.privateKey == nil && secure != nil:
+		c.streamRefused(errStreamNotSecure, knet)
 		return
 	}
 	if knet && len(payload) > c.cfg.synPayloadLimit() {
@@ -393,21 +419,28 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 	c.state.mu.Lock()
 	c.state.syn = payload
 	c.state.mu.Unlock()
-	c.streamAdmit(payload, knet)
+	c.streamAdmit(payload, secure)
 }
 
-// streamAdmit asks the Admit hook, if any, on a goroutine of its own.
-func (c *Conn) streamAdmit(payload []byte, knet bool) {
+// streamAdmit asks the Admit hook, if any, on a goroutine of its own; a
+// secure client's key exchange and token (secure: its hello's content) go
+// first, there too.
+func (c *Conn) streamAdmit(payload, secure []byte) {
 	st := c.st
-	if c.cfg.admitConn == nil && c.cfg.admit == nil {
+	if secure == nil && c.cfg.admitConn == nil && c.cfg.admit == nil {
 		st.admitted.Store(&admission{})
 		return
 	}
 	go func() {
 		var a admission
-		if c.cfg.admitConn != nil {
+		if secure != nil {
+			payload, a.err = c.streamSecureFirst(secure)
+		}
+		switch {
+		case a.err != nil:
+		case c.cfg.admitConn != nil:
 			a.reply, a.err = c.cfg.admitConn(c, payload)
-		} else {
+		case c.cfg.admit != nil:
 			a.reply, a.err = c.cfg.admit(c.RemoteAddr(), payload)
 		}
 		st.admitted.Store(&a)
@@ -426,11 +459,21 @@ func (c *Conn) streamDecide(now time.Time, a *admission) {
 	if err == nil && !c.ep.l.roomToAccept() {
 		err = errServerFull
 	}
+	if err == nil && c.sec != nil {
+		c.state.mu.Lock()
+		c.state.syn = c.sec.payload
+		c.state.mu.Unlock()
+		err = c.streamSecureAccept(a.reply, now)
+	}
 	if err != nil {
 		c.streamRefused(err, s.knet)
 		return
 	}
-	if s.knet {
+	if c.sec != nil {
+		c.state.mu.Lock()
+		c.state.synAck = append([]byte(nil), a.reply...)
+		c.state.mu.Unlock()
+	} else if s.knet {
 		s.sendHello(helloAccept, a.reply)
 		c.state.mu.Lock()
 		c.state.synAck = append([]byte(nil), a.reply...)
