@@ -313,7 +313,7 @@ func (c *Conn) streamInput(now time.Time) {
 		streamBufs.Put(bp)
 		c.sched.active = true
 	}
-	if s.gate && s.sawFirst && st.phase == phaseOpening {
+	if s.gate && s.sawFirst && st.phase == phaseOpening && s.err == nil {
 		c.streamFirstFrame(now)
 		if st.phase == phaseOpen {
 			c.streamInput(now) // what came behind it
@@ -327,6 +327,9 @@ func (c *Conn) streamEOF(rerr error) {
 	st, s := c.st, c.st.sess
 	switch {
 	case s.err != nil:
+	case st.phase == phaseOpening && s.fr.buffered() > 0:
+		s.stats.ProtocolErrors++
+		s.err = &ProtocolError{Err: fmt.Errorf("the stream ended inside the peer's first frame (%d bytes of it)", s.fr.buffered())}
 	case st.phase != phaseOpen:
 		if st.client {
 			s.err = fmt.Errorf("%w: the server closed the stream before it answered", ErrRefused)
@@ -398,14 +401,16 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 	case knet && kind == helloSecure:
 		s.knet = true
 		secure = append([]byte(nil), content...)
+	case knet:
+		// A server's hello, or a close, for a first frame.
+		c.streamRefused(fmt.Errorf("knet: a first frame that is no client's hello (kind %d)", kind), true)
+		return
 	default:
-		knet = false
 		c.dialect = DialectReference // before the application sees c
 	}
 	switch {
 	case c.cfg.privateKey != nil && secure == nil:
-		s.err = errors.New("knet: a secure listener takes no plaintext over a stream")
-		c.streamRefused(s.err, knet)
+		c.streamRefused(errors.New("knet: a secure listener takes no plaintext over a stream"), knet)
 		return
 	case c.cfg.privateKey == nil && secure != nil:
 		c.streamRefused(errStreamNotSecure, knet)
@@ -611,6 +616,9 @@ func (c *Conn) streamDone(now time.Time) bool {
 // streamFinish is finish for a stream connection (Conn.end).
 func (c *Conn) streamFinish() {
 	st, s := c.st, c.st.sess
+	if l := c.ep.l; l != nil && !c.isEstablished() && !errors.Is(s.err, ErrRefused) {
+		l.failedStreams.Add(1) // before the peer sees the stream end
+	}
 	st.nc.Close()
 	close(st.wch)
 	s.failQueue()

@@ -108,9 +108,9 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 		}
 		id, payload, ok, err := s.fr.next()
 		if err != nil {
-			s.err = err
+			s.err = &ProtocolError{Err: err}
 			s.stats.ProtocolErrors++
-			return err
+			return s.err
 		}
 		if !ok {
 			switch {
