@@ -247,6 +247,7 @@ func secureRelayed(t *testing.T, up, down func(int, []byte) [][]byte) (c, sc *Co
 	t.Cleanup(func() { c.Close() })
 	sc, err = l.AcceptConn(ctx)
 	require.NoError(t, err)
+	require.True(t, sc.Secure())
 	got = make(chan Message, 100)
 	go func() {
 		defer close(got)
@@ -351,4 +352,92 @@ func TestSecureTCPReplayedAndReorderedFrames(t *testing.T) {
 	c, sc, got = secureRelayed(t, relayHook(1, swap), nil)
 	sendNumbered(t, c, 5)
 	checkCut(t, sc, got, 1)
+}
+
+// Unit: sealed frames open in order on the other side, each direction its
+// own key; any changed byte, a repeat or a skip fails; a frame's size
+// field is its sealed length; the counter refuses to wrap.
+func TestStreamSealOpen(t *testing.T) {
+	cs, ss := securePair(t)
+	c, s := &streamSeal{sec: cs}, &streamSeal{sec: ss}
+	var wire []byte
+	var frames [][]byte
+	for i := range 5 {
+		start := len(wire)
+		var err error
+		wire, err = c.appendFrame(wire, 100+uint32(i), bytes.Repeat([]byte{byte('a' + i)}, 10*i))
+		require.NoError(t, err)
+		frames = append(frames, bytes.Clone(wire[start:]))
+	}
+	fr := newTCPFramer(1 << 10)
+	fr.sealed = true
+	fr.feed(wire)
+	for i := range 5 {
+		_, body, ok, err := fr.next()
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Len(t, frames[i], sizeVLE32(uint32(len(body)))+len(body))
+		id, p, err := s.open(bytes.Clone(body))
+		require.NoError(t, err, "frame %d", i)
+		assert.Equal(t, 100+uint32(i), id)
+		assert.Equal(t, bytes.Repeat([]byte{byte('a' + i)}, 10*i), p)
+	}
+	assert.Equal(t, uint64(5), s.recvN)
+
+	body := func(f []byte) []byte { _, k := consumeVLE32(f); return bytes.Clone(f[k:]) }
+	fresh := func() *streamSeal { return &streamSeal{sec: ss} }
+	// Every byte flipped, in the first frame: none opens.
+	for i := range len(body(frames[1])) {
+		b := body(frames[1])
+		b[i] ^= 0x80
+		z := fresh()
+		_, _, err := z.open(body(frames[0]))
+		require.NoError(t, err)
+		_, _, err = z.open(b)
+		require.ErrorIs(t, err, errStreamOpen, "byte %d", i)
+	}
+	// A repeat, a skip, the other direction's key: none opens.
+	z := fresh()
+	_, _, err := z.open(body(frames[0]))
+	require.NoError(t, err)
+	_, _, err = z.open(body(frames[0]))
+	assert.ErrorIs(t, err, errStreamOpen, "repeated")
+	_, _, err = fresh().open(body(frames[1]))
+	assert.ErrorIs(t, err, errStreamOpen, "skipped")
+	_, _, err = (&streamSeal{sec: cs}).open(body(frames[0]))
+	assert.ErrorIs(t, err, errStreamOpen, "its own direction's key")
+	_, _, err = fresh().open(make([]byte, sealOverhead))
+	assert.ErrorIs(t, err, errStreamSealedSize)
+
+	c.sendN = ^uint64(0)
+	_, err = c.appendFrame(nil, 100, nil)
+	assert.ErrorIs(t, err, errNonceReuse, "the counter does not wrap")
+}
+
+// Config.FallbackTCP with a secure Config and a connect token: UDP blocked,
+// the client gets in over TCP, securely, its token used there.
+func TestSecureFallbackToTCPWithToken(t *testing.T) {
+	deaf := &endpointOptions{listen: func(network string, laddr *net.UDPAddr, reuse bool) (socket, error) {
+		s, err := (&endpointOptions{}).listenSocket(network, laddr, reuse)
+		return deafSocket{s}, err
+	}}
+	scfg, ccfg, _ := secureTCPConfigs(t)
+	key := newTokenKey(t)
+	scfg.TokenKey = key
+	l, err := listenWith("udp", "127.0.0.1:0", scfg, deaf)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	serveEcho(t, l)
+	ccfg.FallbackTCP = true
+	ccfg.Token = issue(t, key, sampleToken(addrPort(t, l.Addr())))
+	ctx := within(t, 20*time.Second)
+	c, err := Dial(ctx, "udp", l.Addr().String(), ccfg)
+	require.NoError(t, err)
+	assert.Equal(t, TransportTCP, c.Transport())
+	assert.True(t, c.Secure())
+	echoOnce(t, c, Message{ID: 100, Payload: []byte("over tcp"), Reliable: true})
+	require.NoError(t, c.Close())
+	ccfg.ConnectTimeout = time.Second // the UDP attempt's, which gets no answer
+	_, err = Dial(ctx, "udp", l.Addr().String(), ccfg)
+	assert.ErrorIs(t, err, ErrTokenRejected, "used once, whichever transport")
 }
