@@ -457,6 +457,10 @@ func (c *Conn) streamAdmit(payload, secure []byte) {
 func (c *Conn) streamDecide(now time.Time, a *admission) {
 	st, s := c.st, c.st.sess
 	err := a.err
+	if errors.Is(err, errKeyExchangeLimited) {
+		s.err = err // dropped unanswered, as over UDP
+		return
+	}
 	if err == nil && s.knet && len(a.reply) > c.cfg.payloadLimit() {
 		err = ErrHandshakeTooLarge
 		c.ep.oversized.Add(1)

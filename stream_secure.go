@@ -41,6 +41,10 @@ var (
 	errStreamOpen       = errors.New("knet: a sealed frame did not authenticate (tampered with, replayed, reordered or another key)")
 	errStreamSealedSize = errors.New("knet: a sealed frame shorter than its tag")
 	errStreamNotSecure  = errors.New("knet: this server has no secure sessions (Config.PrivateKey): it takes no secure hello")
+	// errKeyExchangeLimited ends, unanswered, a stream whose source IP
+	// address had cost as many key exchanges as a UDP one may
+	// (RateLimitedHandshakes).
+	errKeyExchangeLimited = errors.New("knet: too many key exchanges from this address")
 )
 
 // streamSeal seals and opens a secure stream's frames with the keys of its
@@ -144,6 +148,15 @@ func (c *Conn) streamSecureFirst(content []byte) ([]byte, error) {
 	cookie, msg1, ok := splitSecureSyn(content)
 	if !ok || len(cookie) != 0 {
 		return nil, ErrHandshakeFailed
+	}
+	// The same budget per source IP address as over UDP: a TCP peer
+	// cannot spoof its address, but may open many streams.
+	l.mu.Lock()
+	allowed := l.hs.sources.allow(c.raddr.Addr(), time.Now())
+	l.mu.Unlock()
+	if !allowed {
+		l.rateLimited.Add(1)
+		return nil, errKeyExchangeLimited
 	}
 	sec, err := newServerSecure(l.cfg.privateKey, l.cfg.publicKey)
 	if err != nil {

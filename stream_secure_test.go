@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -440,4 +442,32 @@ func TestSecureFallbackToTCPWithToken(t *testing.T) {
 	ccfg.ConnectTimeout = time.Second // the UDP attempt's, which gets no answer
 	_, err = Dial(ctx, "udp", l.Addr().String(), ccfg)
 	assert.ErrorIs(t, err, ErrTokenRejected, "used once, whichever transport")
+}
+
+// Over TCP a source IP address has the key exchange budget it has over UDP
+// (256 at once, 1,000 a second): streams past it are closed unanswered,
+// counted in RateLimitedHandshakes, without a key exchange.
+func TestSecureTCPKeyExchangeRateLimited(t *testing.T) {
+	scfg, _, _ := secureTCPConfigs(t)
+	scfg.ConnectTimeout = 30 * time.Second
+	l := listen(t, scfg)
+	// 127.0.0.1 spends its budget, a minute ahead: no refill meanwhile.
+	ahead := time.Now().Add(time.Minute)
+	l.mu.Lock()
+	for l.hs.sources.allow(netip.MustParseAddr("127.0.0.1"), ahead) {
+	}
+	l.mu.Unlock()
+	garbage := knetHello(helloSecure, appendSecureSyn(nil, nil, bytes.Repeat([]byte{0x55}, 100)))
+	for range 5 {
+		nc := rawTCP(t, l)
+		_, err := nc.Write(garbage)
+		require.NoError(t, err)
+		n, _ := io.ReadFull(nc, make([]byte, 1))
+		assert.Zero(t, n, "closed unanswered")
+	}
+	st := l.Stats()
+	assert.Equal(t, uint64(5), st.RateLimitedHandshakes)
+	assert.Zero(t, st.KeyExchanges)
+	assert.Zero(t, st.RefusedAttempts)
+	assert.Equal(t, uint64(5), st.FailedStreams)
 }
