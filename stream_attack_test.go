@@ -450,3 +450,40 @@ func TestStreamGarbageFirstFrames(t *testing.T) {
 		})
 	}
 }
+
+// On the fake clock: a frame trickled a byte at a time ends the stream a
+// lost timeout after it began, though bytes keep coming; a large frame
+// gaining 4 KiB within each lost timeout goes on, and is delivered.
+func TestStreamSlowFrameGoesOn(t *testing.T) {
+	const lost = time.Second
+	frame := appendTCPFrame(nil, 100, make([]byte, 100<<10))
+
+	h := new(simHost)
+	s := newStreamSession(h, defaultMaxMessageSize, lost, timeZero)
+	now := timeZero
+	for len(frame) > 0 {
+		n := min(len(frame), streamFrameProgress)
+		require.NoError(t, s.received(now, frame[:n]))
+		frame = frame[n:]
+		now = now.Add(lost - time.Millisecond)
+		s.advance(now)
+		require.NoError(t, s.err, "4 KiB within each lost timeout")
+	}
+	require.Len(t, h.msgs, 1)
+	assert.Len(t, h.msgs[0].Payload, 100<<10)
+
+	h = new(simHost)
+	s = newStreamSession(h, defaultMaxMessageSize, lost, timeZero)
+	frame = appendTCPFrame(nil, 100, make([]byte, 1000))
+	now = timeZero
+	for i := 0; s.err == nil && i < len(frame); i++ {
+		s.received(now, frame[i:i+1])
+		now = now.Add(100 * time.Millisecond)
+		s.advance(now)
+	}
+	var te *TimeoutError
+	require.ErrorAs(t, s.err, &te)
+	assert.Equal(t, "frame", te.Op)
+	assert.Equal(t, lost, te.Silent, "a lost timeout after the frame's first byte")
+	assert.Empty(t, h.msgs)
+}

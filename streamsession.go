@@ -41,6 +41,11 @@ const streamPingInterval = 3500 * time.Millisecond
 // until they go, instead of making us hold a reply for each ping.
 const streamCtrlLimit = 1 << 10
 
+// streamFrameProgress is how much of a frame must come within each lost
+// timeout while it is not whole (partialSince): 4 KiB, some 270 bytes a
+// second with the default timeout.
+const streamFrameProgress = 4 << 10
+
 // streamUnreliableLimit is how many bytes may wait to be written before
 // unreliable messages are dropped at the sender.
 const streamUnreliableLimit = 64 << 10
@@ -78,11 +83,14 @@ type streamSession struct {
 	// seal seals and opens frames once a secure session has its keys
 	// (stream_secure.go); nil in clear.
 	seal *streamSeal
-	// partialSince is when the first byte of a frame not yet whole
-	// arrived (zero between frames): a frame must be whole within the
-	// lost timeout, or a peer sending a byte now and then would hold the
-	// connection forever.
+	// partialSince is when the frame not yet whole (zero between
+	// frames) began, or last gained streamFrameProgress bytes; partialAt
+	// how many of it had come then. A frame must come whole, or gain
+	// that much, within each lost timeout: a peer sending a byte now and
+	// then cannot hold a frame open, while a large frame on a slow link
+	// goes on.
 	partialSince time.Time
+	partialAt    int
 }
 
 func newStreamSession(h host, maxMessage int, lostTime time.Duration, now time.Time) *streamSession {
@@ -113,11 +121,11 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 			return s.err
 		}
 		if !ok {
-			switch {
-			case s.fr.buffered() == 0:
+			switch n := s.fr.buffered(); {
+			case n == 0:
 				s.partialSince = time.Time{}
-			case got || s.partialSince.IsZero():
-				s.partialSince = now
+			case got || s.partialSince.IsZero() || n-s.partialAt >= streamFrameProgress:
+				s.partialSince, s.partialAt = now, n
 			}
 			return nil
 		}
