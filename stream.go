@@ -563,6 +563,12 @@ func (c *Conn) streamWrite(now time.Time) {
 	if st.wbuf != nil || st.writeErr != nil || s.err != nil && !st.closing {
 		return // a write under way, or its result not yet taken
 	}
+	if st.finSent {
+		// Nothing goes after our end of the stream: a ping written
+		// there failed, and the failure ended the close before the
+		// peer's end came.
+		return
+	}
 	if st.closing && !st.finSent && !st.byeSent && st.phase == phaseOpen && s.knet && !s.peerClose && len(s.q) == 0 {
 		// A knet peer hears of the close, and why, in a frame: a
 		// WebSocket has no half-close to say it with.

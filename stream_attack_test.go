@@ -231,6 +231,21 @@ func TestStreamSlowloris(t *testing.T) {
 		require.ErrorAs(t, sc.Err(), &te)
 		assert.Equal(t, "frame", te.Op, "a frame not whole within the lost timeout, though bytes came")
 	})
+	t.Run("closing, a frame a byte at a time", func(t *testing.T) {
+		nc, sc, fr := rawOpen(t, l)
+		go sc.Close()
+		for { // the server's close hello: it waits for our end now
+			id, p := readFrame(t, nc, fr)
+			if kind, _, ok := parseStreamHello(p); ok && id == idPingReply && kind == helloClose {
+				break
+			}
+		}
+		trickle(nc, appendTCPFrame(nil, 100, make([]byte, 1000)))
+		<-sc.Done() // not DisconnectTimeout (30 s) later
+		var te *TimeoutError
+		require.ErrorAs(t, sc.Err(), &te)
+		assert.Equal(t, "frame", te.Op)
+	})
 }
 
 // A stream cut inside a frame is a *ProtocolError, in every state where
