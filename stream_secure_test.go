@@ -471,3 +471,23 @@ func TestSecureTCPKeyExchangeRateLimited(t *testing.T) {
 	assert.Zero(t, st.RefusedAttempts)
 	assert.Equal(t, uint64(5), st.FailedStreams)
 }
+
+// BenchmarkStreamSealOpen1200 seals and opens one 1200-byte frame.
+func BenchmarkStreamSealOpen1200(b *testing.B) {
+	cs, ss := securePair(b)
+	c, s := &streamSeal{sec: cs}, &streamSeal{sec: ss}
+	payload := make([]byte, 1200)
+	buf := make([]byte, 0, 2048)
+	b.SetBytes(1200)
+	b.ReportAllocs()
+	for b.Loop() {
+		f, err := c.appendFrame(buf[:0], 100, payload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, k := consumeVLE32(f)
+		if _, _, err := s.open(f[k:]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
