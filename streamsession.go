@@ -112,7 +112,14 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 	got := false
 	for {
 		if s.gate && s.sawFirst {
-			return nil // the admission has not read the first frame yet
+			// The admission has not read the first frame yet; what
+			// follows waits, unless it can never be taken.
+			if err := s.fr.peek(); err != nil {
+				s.err = &ProtocolError{Err: err}
+				s.stats.ProtocolErrors++
+				return s.err
+			}
+			return nil
 		}
 		id, payload, ok, err := s.fr.next()
 		if err != nil {
@@ -141,7 +148,7 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 		if s.gate {
 			s.sawFirst, s.firstID = true, id
 			s.first = append(s.first[:0], payload...)
-			return nil
+			continue // to the check of what follows it
 		}
 		s.dispatch(now, id, payload)
 	}

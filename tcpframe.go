@@ -204,6 +204,29 @@ func (f *tcpFramer) next() (id uint32, payload []byte, ok bool, err error) {
 	return id, payload, true, nil
 }
 
+// peek checks the size field of the next frame, if it has come, without
+// taking the frame: an error (a size of 0, or over the limit, a sealed
+// frame's tag allowed for) is final, as next's. It lets a stream held
+// back (streamSession.gate) end at once on a frame it could never take.
+func (f *tcpFramer) peek() error {
+	if f.err != nil {
+		return f.err
+	}
+	size, k := consumeVLE32(f.buf[f.off:])
+	switch {
+	case k < 0:
+		return nil
+	case size == 0:
+		f.err = errTCPFrameSize0
+	case int64(size) > int64(f.maxFrame)+sealOverhead:
+		f.err = fmt.Errorf("%w: size %d, the limit %d", errTCPFrameTooLarge, size, f.maxFrame)
+	default:
+		return nil
+	}
+	f.buf, f.off = nil, 0
+	return f.err
+}
+
 // buffered is how many received bytes next has not returned: at the end
 // of the stream, more than 0 means the peer stopped inside a frame.
 func (f *tcpFramer) buffered() int { return len(f.buf) - f.off }
