@@ -124,7 +124,7 @@ func TestStreamOversizedFrameEachState(t *testing.T) {
 		nc, sc, _ := rawOpen(t, l)
 		nc.Write(hugeFrame)
 		closedWithin(t, nc, 5*time.Second)
-		<-sc.Done()
+		waitDone(t, sc, 15*time.Second)
 		var pe *ProtocolError
 		require.ErrorAs(t, sc.Err(), &pe)
 		assert.ErrorIs(t, sc.Err(), errTCPFrameTooLarge)
@@ -140,7 +140,7 @@ func TestStreamOversizedFrameEachState(t *testing.T) {
 			}
 		}
 		nc.Write(hugeFrame)
-		<-sc.Done() // not DisconnectTimeout (30 s) later
+		waitDone(t, sc, 15*time.Second) // not DisconnectTimeout (30 s) later
 		assert.ErrorIs(t, sc.Err(), errTCPFrameTooLarge)
 	})
 	assert.Equal(t, uint64(2), l.Stats().FailedStreams, "the two that never opened")
@@ -222,7 +222,7 @@ func TestStreamSlowloris(t *testing.T) {
 		frame := appendTCPFrame(nil, 100, make([]byte, 1000))
 		trickle(nc, frame)
 		closedWithin(t, nc, 10*time.Second)
-		<-sc.Done()
+		waitDone(t, sc, 15*time.Second)
 		var te *TimeoutError
 		require.ErrorAs(t, sc.Err(), &te)
 		assert.Equal(t, "frame", te.Op, "a frame not whole within the lost timeout, though bytes came")
@@ -237,7 +237,7 @@ func TestStreamSlowloris(t *testing.T) {
 			}
 		}
 		trickle(nc, appendTCPFrame(nil, 100, make([]byte, 1000)))
-		<-sc.Done() // not DisconnectTimeout (30 s) later
+		waitDone(t, sc, 15*time.Second) // not DisconnectTimeout (30 s) later
 		var te *TimeoutError
 		require.ErrorAs(t, sc.Err(), &te)
 		assert.Equal(t, "frame", te.Op)
@@ -297,7 +297,7 @@ func TestStreamCutMidFrame(t *testing.T) {
 		f := appendTCPFrame(nil, 100, []byte("a message cut short"))
 		nc.Write(f[:len(f)-4])
 		nc.(*net.TCPConn).CloseWrite()
-		<-sc.Done()
+		waitDone(t, sc, 15*time.Second)
 		var pe *ProtocolError
 		require.ErrorAs(t, sc.Err(), &pe)
 	})
@@ -313,7 +313,7 @@ func TestStreamCutMidFrame(t *testing.T) {
 		f := appendTCPFrame(nil, 100, []byte("a message cut short"))
 		nc.Write(f[:len(f)-4])
 		nc.(*net.TCPConn).CloseWrite()
-		<-sc.Done()
+		waitDone(t, sc, 15*time.Second)
 		var pe *ProtocolError
 		require.ErrorAs(t, sc.Err(), &pe)
 	})

@@ -138,7 +138,7 @@ func TestSecureTCPEchoEveryMode(t *testing.T) {
 
 	echoEveryMode(t, ctx, c)
 	require.NoError(t, c.Close())
-	<-c.Done()
+	waitDone(t, c, 15*time.Second)
 	assert.ErrorIs(t, c.Err(), net.ErrClosed)
 
 	wire := r.seen()
@@ -307,7 +307,7 @@ func checkCut(t *testing.T, sc *Conn, got chan Message, n int) {
 	for m := range got {
 		ms = append(ms, m)
 	}
-	<-sc.Done()
+	waitDone(t, sc, 15*time.Second)
 	require.Len(t, ms, n, "only the messages before the bad frame")
 	for i, m := range ms {
 		assert.Equal(t, byte('0'+i), m.Payload[len(m.Payload)-1])
@@ -336,7 +336,7 @@ func TestSecureTCPTamperedFrame(t *testing.T) {
 	require.NoError(t, sc.Send(Message{ID: 100, Payload: bytes.Repeat([]byte{'q'}, 50), Reliable: true}))
 	_, err := c.Receive(within(t, 10*time.Second))
 	require.Error(t, err, "nothing forged delivered")
-	<-c.Done()
+	waitDone(t, c, 15*time.Second)
 	var pe *ProtocolError
 	require.ErrorAs(t, c.Err(), &pe)
 	assert.ErrorIs(t, c.Err(), errStreamOpen)
