@@ -244,6 +244,8 @@ type Config struct {
 	// port number as its UDP socket, for players whose networks block
 	// UDP: the C++ reference's framing, with knet's hello between knet
 	// peers (see the README's "Players without UDP"). Default: UDP only.
+	// With PrivateKey, its streams are secure too, and take no plaintext
+	// (docs/PROTOCOL.md §9.1).
 	TCP bool
 	// FallbackTCP makes Dial over UDP try TCP to the same address too,
 	// when UDP has no answer within 250 ms (or fails sooner); the first

@@ -216,7 +216,7 @@ var errNilContext = errors.New("knet: nil context")
 // came.
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect", "disconnect", "query" (Query) or "" for an established connection
+	Op     string // "connect", "disconnect", "query" (Query), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout) or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
@@ -227,6 +227,8 @@ func (e *TimeoutError) Error() string {
 		return "knet: no DisconnectAck within " + e.Silent.String()
 	case "query":
 		return "knet: no answer to the server query within " + e.Silent.String()
+	case "frame":
+		return "knet: a frame neither whole nor 4 KiB further after " + e.Silent.String() + " (ConnectionLostTimeout)"
 	}
 	return "knet: peer silent for " + e.Silent.String()
 }

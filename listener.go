@@ -68,8 +68,9 @@ type Listener struct {
 
 	// Config.TCP: the TCP socket on the same port, and the stream
 	// connections (stream_listen.go), true once established (under mu).
-	tcp     *net.TCPListener
-	streams map[*Conn]bool
+	tcp           *net.TCPListener
+	streams       map[*Conn]bool
+	failedStreams atomic.Uint64
 }
 
 // ListenerStats are a Listener's counters.
@@ -103,6 +104,12 @@ type ListenerStats struct {
 	ReplayedHandshakes    uint64 // secure attempts whose handshake message had already cost a key exchange lately: dropped, or refused again (without one) if that failed
 	RateLimitedHandshakes uint64 // secure attempts dropped before their key exchange: their source IP address had cost 256 at once, or 1,000 a second, already
 	DroppedHandshakes     uint64 // secure attempts dropped before their key exchange: too many were waiting for one
+
+	// Streams (Config.TCP, WebSocket) that ended before they were
+	// established, other than by a refusal (RefusedAttempts): garbage or
+	// a cut in their first frame, a frame over MaxMessageSize, no first
+	// frame within ConnectTimeout, the client's close.
+	FailedStreams uint64
 }
 
 // Listen opens a UDP socket on address and accepts kNet connections on it.
@@ -336,6 +343,7 @@ func (l *Listener) Stats() ListenerStats {
 	st.QueriesDropped = l.query.dropped.Load()
 	st.KeyExchanges = l.keyExchanges.Load()
 	st.ReplayedHandshakes = l.replayedHandshakes.Load()
+	st.FailedStreams = l.failedStreams.Load()
 	st.RateLimitedHandshakes = l.rateLimited.Load()
 	st.DroppedHandshakes = l.droppedHandshakes.Load()
 	l.mu.Lock()

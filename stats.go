@@ -19,7 +19,7 @@ type Stats struct {
 	FastRetransmits   uint64 // datagrams taken for lost on ack gaps, before any timeout
 	SpuriousLosses    uint64 // datagrams taken for lost, or resent on a timeout, that were only late
 
-	InvalidDatagrams   uint64 // malformed datagrams dropped
+	InvalidDatagrams   uint64 // malformed datagrams dropped; over a secure stream, the sealed frame that did not authenticate (it ends the connection)
 	DuplicateDatagrams uint64 // dropped as already received
 	// DuplicateMessages counts reliable messages dropped as already
 	// received: in the reference dialect a message is resent in a new

@@ -138,10 +138,24 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 		c.streamOffer()
 	} else {
 		s.gate = true
-		if client {
+		switch {
+		case client && cfg.serverKey != nil:
+			// A secure client: the key exchange in its hello, and
+			// nothing else until the server's answer gives the keys.
+			sec, syn, err := newClientSecure(cfg.serverKey, cfg.token, cfg.connectPayload)
+			if err != nil {
+				s.err = err
+				break
+			}
+			sec.tap = cfg.sealTap
+			c.sec = sec
+			st.needKnet = true
+			s.quiet = true
+			s.sendHello(helloSecure, syn)
+		case client:
 			st.needKnet = len(cfg.connectPayload) > 0
 			s.sendHello(helloClient, cfg.connectPayload)
-		} else {
+		default:
 			s.quiet = true // nothing before the client's first frame
 		}
 	}
@@ -301,7 +315,7 @@ func (c *Conn) streamInput(now time.Time) {
 		streamBufs.Put(bp)
 		c.sched.active = true
 	}
-	if s.gate && s.sawFirst && st.phase == phaseOpening {
+	if s.gate && s.sawFirst && st.phase == phaseOpening && s.err == nil {
 		c.streamFirstFrame(now)
 		if st.phase == phaseOpen {
 			c.streamInput(now) // what came behind it
@@ -315,6 +329,9 @@ func (c *Conn) streamEOF(rerr error) {
 	st, s := c.st, c.st.sess
 	switch {
 	case s.err != nil:
+	case st.phase == phaseOpening && s.fr.buffered() > 0:
+		s.stats.ProtocolErrors++
+		s.err = &ProtocolError{Err: fmt.Errorf("the stream ended inside the peer's first frame (%d bytes of it)", s.fr.buffered())}
 	case st.phase != phaseOpen:
 		if st.client {
 			s.err = fmt.Errorf("%w: the server closed the stream before it answered", ErrRefused)
@@ -350,6 +367,10 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 	if s.firstID == idPingReply {
 		kind, content, knet = parseStreamHello(s.first)
 	}
+	if st.client && c.sec != nil {
+		c.streamSecureAnswer(now, knet, kind, content)
+		return
+	}
 	if st.client {
 		switch {
 		case knet && kind == helloAccept:
@@ -374,12 +395,19 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 		}
 		return
 	}
-	var payload []byte
-	if knet && kind == helloClient {
+	var payload, secure []byte
+	switch {
+	case knet && kind == helloClient:
 		s.knet = true
 		payload = append([]byte(nil), content...)
-	} else {
-		knet = false
+	case knet && kind == helloSecure:
+		s.knet = true
+		secure = append([]byte(nil), content...)
+	case knet:
+		// A server's hello, or a close, for a first frame.
+		c.streamRefused(fmt.Errorf("knet: a first frame that is no client's hello (kind %d)", kind), true)
+		return
+	default:
 		c.dialect = DialectReference // before the application sees c
 	}
 	if l := c.ep.l; !l.open.Load() || l.draining.Load() {
@@ -390,9 +418,12 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 		c.streamRefused(why, knet)
 		return
 	}
-	if c.cfg.privateKey != nil {
-		s.err = errors.New("knet: a secure listener takes no plaintext over a stream")
-		c.streamRefused(s.err, knet)
+	switch {
+	case c.cfg.privateKey != nil && secure == nil:
+		c.streamRefused(errors.New("knet: a secure listener takes no plaintext over a stream"), knet)
+		return
+	case c.cfg.privateKey == nil && secure != nil:
+		c.streamRefused(errStreamNotSecure, knet)
 		return
 	}
 	if knet && len(payload) > c.cfg.synPayloadLimit() {
@@ -403,21 +434,28 @@ func (c *Conn) streamFirstFrame(now time.Time) {
 	c.state.mu.Lock()
 	c.state.syn = payload
 	c.state.mu.Unlock()
-	c.streamAdmit(payload, knet)
+	c.streamAdmit(payload, secure)
 }
 
-// streamAdmit asks the Admit hook, if any, on a goroutine of its own.
-func (c *Conn) streamAdmit(payload []byte, knet bool) {
+// streamAdmit asks the Admit hook, if any, on a goroutine of its own; a
+// secure client's key exchange and token (secure: its hello's content) go
+// first, there too.
+func (c *Conn) streamAdmit(payload, secure []byte) {
 	st := c.st
-	if c.cfg.admitConn == nil && c.cfg.admit == nil {
+	if secure == nil && c.cfg.admitConn == nil && c.cfg.admit == nil {
 		st.admitted.Store(&admission{})
 		return
 	}
 	go func() {
 		var a admission
-		if c.cfg.admitConn != nil {
+		if secure != nil {
+			payload, a.err = c.streamSecureFirst(secure)
+		}
+		switch {
+		case a.err != nil:
+		case c.cfg.admitConn != nil:
 			a.reply, a.err = c.cfg.admitConn(c, payload)
-		} else {
+		case c.cfg.admit != nil:
 			a.reply, a.err = c.cfg.admit(c.RemoteAddr(), payload)
 		}
 		st.admitted.Store(&a)
@@ -429,6 +467,10 @@ func (c *Conn) streamAdmit(payload []byte, knet bool) {
 func (c *Conn) streamDecide(now time.Time, a *admission) {
 	st, s := c.st, c.st.sess
 	err := a.err
+	if errors.Is(err, errKeyExchangeLimited) {
+		s.err = err // dropped unanswered, as over UDP
+		return
+	}
 	if err == nil && s.knet && len(a.reply) > c.cfg.payloadLimit() {
 		err = ErrHandshakeTooLarge
 		c.ep.oversized.Add(1)
@@ -436,11 +478,21 @@ func (c *Conn) streamDecide(now time.Time, a *admission) {
 	if err == nil && !c.ep.l.roomToAccept() {
 		err = errServerFull
 	}
+	if err == nil && c.sec != nil {
+		c.state.mu.Lock()
+		c.state.syn = c.sec.payload
+		c.state.mu.Unlock()
+		err = c.streamSecureAccept(a.reply, now)
+	}
 	if err != nil {
 		c.streamRefused(err, s.knet)
 		return
 	}
-	if s.knet {
+	if c.sec != nil {
+		c.state.mu.Lock()
+		c.state.synAck = append([]byte(nil), a.reply...)
+		c.state.mu.Unlock()
+	} else if s.knet {
 		s.sendHello(helloAccept, a.reply)
 		c.state.mu.Lock()
 		c.state.synAck = append([]byte(nil), a.reply...)
@@ -521,6 +573,12 @@ func (c *Conn) streamWrite(now time.Time) {
 	if st.wbuf != nil || st.writeErr != nil || s.err != nil && !st.closing {
 		return // a write under way, or its result not yet taken
 	}
+	if st.finSent {
+		// Nothing goes after our end of the stream: a ping written
+		// there failed, and the failure ended the close before the
+		// peer's end came.
+		return
+	}
 	if st.closing && !st.finSent && !st.byeSent && st.phase == phaseOpen && s.knet && !s.peerClose && len(s.q) == 0 {
 		// A knet peer hears of the close, and why, in a frame: a
 		// WebSocket has no half-close to say it with.
@@ -578,6 +636,9 @@ func (c *Conn) streamDone(now time.Time) bool {
 // streamFinish is finish for a stream connection (Conn.end).
 func (c *Conn) streamFinish() {
 	st, s := c.st, c.st.sess
+	if l := c.ep.l; l != nil && !c.isEstablished() && !errors.Is(s.err, ErrRefused) {
+		l.failedStreams.Add(1) // before the peer sees the stream end
+	}
 	st.nc.Close()
 	close(st.wch)
 	s.failQueue()

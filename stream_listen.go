@@ -140,9 +140,6 @@ func newStreamEndpoint(cfg *config, o *endpointOptions) *endpoint {
 
 // dialTCP connects to a kNet server over TCP.
 func dialTCP(ctx context.Context, network, address string, rc *config, o *endpointOptions) (*Conn, error) {
-	if rc.serverKey != nil {
-		return nil, errors.New("knet: secure sessions over TCP are not supported yet")
-	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, network, address)
 	if err != nil {
@@ -165,6 +162,9 @@ func dialStream(ctx context.Context, nc net.Conn, tr Transport, rc *config, o *e
 		}
 		return c, nil
 	case <-c.done:
+		if c.sec != nil {
+			return nil, c.sec.dialErr(c.Err())
+		}
 		return nil, c.Err()
 	case <-ctx.Done():
 		c.shutdown()

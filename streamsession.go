@@ -36,6 +36,16 @@ import (
 // streamPingInterval is the reference's ping period over TCP.
 const streamPingInterval = 3500 * time.Millisecond
 
+// streamCtrlLimit bounds the control frames (ping replies) waiting to be
+// written: a peer that pings faster than it reads gets no more replies
+// until they go, instead of making us hold a reply for each ping.
+const streamCtrlLimit = 1 << 10
+
+// streamFrameProgress is how much of a frame must come within each lost
+// timeout while it is not whole (partialSince): 4 KiB, some 270 bytes a
+// second with the default timeout.
+const streamFrameProgress = 4 << 10
+
 // streamUnreliableLimit is how many bytes may wait to be written before
 // unreliable messages are dropped at the sender.
 const streamUnreliableLimit = 64 << 10
@@ -69,6 +79,18 @@ type streamSession struct {
 	knet      bool   // the peer said it is knet (its hello)
 	closeWhy  []byte // a knet peer's reason for closing, once it gave one
 	peerClose bool   // a knet peer's close hello came
+
+	// seal seals and opens frames once a secure session has its keys
+	// (stream_secure.go); nil in clear.
+	seal *streamSeal
+	// partialSince is when the frame not yet whole (zero between
+	// frames) began, or last gained streamFrameProgress bytes; partialAt
+	// how many of it had come then. A frame must come whole, or gain
+	// that much, within each lost timeout: a peer sending a byte now and
+	// then cannot hold a frame open, while a large frame on a slow link
+	// goes on.
+	partialSince time.Time
+	partialAt    int
 }
 
 func newStreamSession(h host, maxMessage int, lostTime time.Duration, now time.Time) *streamSession {
@@ -87,9 +109,17 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 		s.stats.BytesReceived += uint64(len(p))
 		s.fr.feed(p)
 	}
+	got := false
 	for {
 		if s.gate && s.sawFirst {
-			return nil // the admission has not read the first frame yet
+			// The admission has not read the first frame yet; what
+			// follows waits, unless it can never be taken.
+			if err := s.fr.peek(); err != nil {
+				s.err = &ProtocolError{Err: err}
+				s.stats.ProtocolErrors++
+				return s.err
+			}
+			return nil
 		}
 		id, payload, ok, err := s.fr.next()
 		if err != nil {
@@ -98,12 +128,27 @@ func (s *streamSession) received(now time.Time, p []byte) error {
 			return s.err
 		}
 		if !ok {
+			switch n := s.fr.buffered(); {
+			case n == 0:
+				s.partialSince = time.Time{}
+			case got || s.partialSince.IsZero() || n-s.partialAt >= streamFrameProgress:
+				s.partialSince, s.partialAt = now, n
+			}
 			return nil
+		}
+		got = true
+		if s.fr.sealed {
+			if id, payload, err = s.seal.open(payload); err != nil {
+				// A stream cannot skip a frame: the connection ends.
+				s.stats.InvalidDatagrams++
+				s.err = &ProtocolError{Err: err}
+				return s.err
+			}
 		}
 		if s.gate {
 			s.sawFirst, s.firstID = true, id
 			s.first = append(s.first[:0], payload...)
-			return nil
+			continue // to the check of what follows it
 		}
 		s.dispatch(now, id, payload)
 	}
@@ -126,7 +171,11 @@ func (s *streamSession) open(now time.Time, consumed bool) {
 func (s *streamSession) dispatch(now time.Time, id uint32, payload []byte) {
 	switch id {
 	case idPingRequest:
-		if len(payload) >= 1 {
+		switch {
+		case len(payload) < 1:
+		case len(s.ctrl) >= streamCtrlLimit:
+			s.stats.DroppedDatagrams++
+		default:
 			s.ctrl = appendTCPFrame(s.ctrl, idPingReply, payload[:1])
 		}
 	case idPingReply:
@@ -189,6 +238,10 @@ func (s *streamSession) advance(now time.Time) {
 		s.err = &TimeoutError{Silent: silent}
 		return
 	}
+	if !s.partialSince.IsZero() && now.Sub(s.partialSince) >= s.lostTime {
+		s.err = &TimeoutError{Op: "frame", Silent: now.Sub(s.partialSince)}
+		return
+	}
 	if !s.quiet && !now.Before(s.nextPing) {
 		s.pingID++
 		s.pingSent = now
@@ -199,10 +252,11 @@ func (s *streamSession) advance(now time.Time) {
 
 // deadline is when advance must next run.
 func (s *streamSession) deadline() time.Time {
-	if lost := s.lastRecv.Add(s.lostTime); lost.Before(s.nextPing) {
-		return lost
+	next := minTime(s.lastRecv.Add(s.lostTime), s.nextPing)
+	if !s.partialSince.IsZero() {
+		next = minTime(next, s.partialSince.Add(s.lostTime))
 	}
-	return s.nextPing
+	return next
 }
 
 // take frames queued messages, up to about max bytes in all, and returns
@@ -211,15 +265,31 @@ func (s *streamSession) deadline() time.Time {
 // then calls wrote with how many went.
 func (s *streamSession) take(max int) []byte {
 	if len(s.ctrl) > 0 {
-		s.out = append(s.out, s.ctrl...)
+		if s.seal != nil {
+			var err error
+			if s.out, err = s.seal.reseal(s.out, s.ctrl); err != nil && s.err == nil {
+				s.err = err
+			}
+		} else {
+			s.out = append(s.out, s.ctrl...)
+		}
 		s.ctrl = s.ctrl[:0]
 	}
-	for len(s.q) > 0 && len(s.out) < max {
+	for len(s.q) > 0 && len(s.out) < max && s.err == nil {
 		m := s.q[0]
 		s.q[0] = nil
 		s.q = s.q[1:]
 		s.qBytes -= len(m.payload)
-		s.out = appendTCPFrame(s.out, m.id, m.payload)
+		if s.seal != nil {
+			var err error
+			if s.out, err = s.seal.appendFrame(s.out, m.id, m.payload); err != nil {
+				s.err = err
+				s.drop(m, false)
+				break
+			}
+		} else {
+			s.out = appendTCPFrame(s.out, m.id, m.payload)
+		}
 		s.drop(m, true)
 	}
 	return s.out
@@ -291,7 +361,7 @@ func appendStreamHello(b []byte, kind byte, content []byte) []byte {
 
 func parseStreamHello(p []byte) (kind byte, content []byte, ok bool) {
 	n := len(streamHelloMagic)
-	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloClose {
+	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloSecureAccept {
 		return 0, nil, false
 	}
 	return p[n], p[n+1:], true

@@ -111,6 +111,10 @@ type tcpFramer struct {
 	buf      []byte // buf[off:] is received and not yet returned
 	off      int
 	err      error // the first error, returned by every later next
+	// sealed: the frames from here on are a secure stream's, their
+	// MessageID sealed in the body (parseSealedFrame); next returns the
+	// body whole, with id 0.
+	sealed bool
 }
 
 // newTCPFramer returns a framer accepting messages of up to maxMessage
@@ -131,7 +135,7 @@ func tcpMaxFrame(maxMessage int) int {
 
 // maxHeld bounds an incomplete frame: the longest size field and the
 // largest size.
-func (f *tcpFramer) maxHeld() int { return tcpSizeFieldMax + f.maxFrame }
+func (f *tcpFramer) maxHeld() int { return tcpSizeFieldMax + f.maxFrame + sealOverhead }
 
 // feed adds p, the next bytes of the stream, copying them: p may be
 // reused once feed returns. It invalidates the payloads next returned
@@ -182,7 +186,12 @@ func (f *tcpFramer) next() (id uint32, payload []byte, ok bool, err error) {
 	if f.err != nil {
 		return 0, nil, false, f.err
 	}
-	id, payload, n, err := parseTCPFrame(f.buf[f.off:], f.maxFrame)
+	var n int
+	if f.sealed {
+		payload, n, err = parseSealedFrame(f.buf[f.off:], f.maxFrame)
+	} else {
+		id, payload, n, err = parseTCPFrame(f.buf[f.off:], f.maxFrame)
+	}
 	if err != nil {
 		f.err = err
 		f.buf, f.off = nil, 0
@@ -193,6 +202,29 @@ func (f *tcpFramer) next() (id uint32, payload []byte, ok bool, err error) {
 	}
 	f.off += n
 	return id, payload, true, nil
+}
+
+// peek checks the size field of the next frame, if it has come, without
+// taking the frame: an error (a size of 0, or over the limit, a sealed
+// frame's tag allowed for) is final, as next's. It lets a stream held
+// back (streamSession.gate) end at once on a frame it could never take.
+func (f *tcpFramer) peek() error {
+	if f.err != nil {
+		return f.err
+	}
+	size, k := consumeVLE32(f.buf[f.off:])
+	switch {
+	case k < 0:
+		return nil
+	case size == 0:
+		f.err = errTCPFrameSize0
+	case int64(size) > int64(f.maxFrame)+sealOverhead:
+		f.err = fmt.Errorf("%w: size %d, the limit %d", errTCPFrameTooLarge, size, f.maxFrame)
+	default:
+		return nil
+	}
+	f.buf, f.off = nil, 0
+	return f.err
 }
 
 // buffered is how many received bytes next has not returned: at the end
