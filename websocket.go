@@ -2,7 +2,6 @@ package knet
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 
@@ -57,9 +56,6 @@ func DialWebSocket(ctx context.Context, url string, cfg *Config) (*Conn, error) 
 	rc := cfg.resolve()
 	if err := rc.secureDialer(); err != nil {
 		return nil, err
-	}
-	if rc.serverKey != nil {
-		return nil, errors.New("knet: secure sessions over WebSocket are not supported yet")
 	}
 	ws, _, err := websocket.Dial(ctx, url, nil)
 	if err != nil {

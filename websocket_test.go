@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -189,8 +190,41 @@ func TestWebSocketDialErrors(t *testing.T) {
 	//lint:ignore SA1012 the nil context is the point
 	_, err := DialWebSocket(nil, "ws://127.0.0.1:1/", nil) //nolint:staticcheck
 	assert.ErrorIs(t, err, errNilContext)
-	_, err = DialWebSocket(context.Background(), "ws://127.0.0.1:1/", &Config{ServerKey: make([]byte, 32)})
-	assert.ErrorContains(t, err, "not supported")
+	_, err = DialWebSocket(context.Background(), "ws://127.0.0.1:1/", &Config{ServerKey: make([]byte, 5)})
+	assert.Error(t, err, "a ServerKey of the wrong size")
+}
+
+// Secure sessions over WebSocket are those over TCP: the same hellos and
+// sealed frames, the same token and Admit. A secure listener's handler
+// takes a secure client, which echoes in every mode, refuses a replayed
+// token and a plaintext client.
+func TestWebSocketSecure(t *testing.T) {
+	priv, pub, err := GenerateKey()
+	require.NoError(t, err)
+	tokenKey := make([]byte, TokenKeySize)
+	cfg := testConfig()
+	cfg.PrivateKey, cfg.TokenKey = priv, tokenKey
+	cfg.PublicAddrs = []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:7000")}
+	l := listen(t, cfg)
+	defer l.Close()
+	serveEcho(t, l)
+	url := wsServer(t, l)
+	ctx := within(t, 20*time.Second)
+	tok, err := IssueToken(tokenKey, Token{ClientID: 42, Expires: time.Now().Add(time.Minute), Servers: cfg.PublicAddrs})
+	require.NoError(t, err)
+	ccfg := testConfig()
+	ccfg.ServerKey, ccfg.Token = pub, tok
+	c, err := DialWebSocket(ctx, url, ccfg)
+	require.NoError(t, err)
+	assert.True(t, c.Secure())
+	assert.Equal(t, TransportWebSocket, c.Transport())
+	echoEveryMode(t, ctx, c)
+	require.NoError(t, c.Close())
+
+	_, err = DialWebSocket(ctx, url, ccfg)
+	assert.ErrorIs(t, err, ErrTokenRejected, "a token gets in once")
+	_, err = DialWebSocket(ctx, url, testConfig())
+	assert.ErrorIs(t, err, ErrRefused, "no plaintext at a secure listener")
 }
 
 // Closing the Listener ends its WebSocket connections as it does the
