@@ -102,6 +102,7 @@ type result struct {
 	// snapshots sent as deltas; worlds the bots checked, wrong ones, and
 	// snapshots they could not read.
 	sentBytes, fullBytes, deltas int
+	deltaBytes, deltaFull        int // of the snapshots sent as deltas
 	checked, wrong, bad          int
 }
 
@@ -281,6 +282,8 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		res.sentBytes += p.sentBytes
 		res.fullBytes += p.fullBytes
 		res.deltas += p.deltas
+		res.deltaBytes += p.deltaBytes
+		res.deltaFull += p.deltaFull
 		if b.staleScores > 0 {
 			fail("%s got %d scores older than one it had", b.name, b.staleScores)
 		}
@@ -331,6 +334,8 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 	fmt.Fprintf(out, "\ndelivery: snapshots %d/%d (%.1f%%), inputs %d/%d (%.1f%%); reliable: %d events, %d chat lines; %d scores (latest state)\n",
 		res.snapsRecv, res.snapsSent, 100*ratio(res.snapsRecv, res.snapsSent),
 		res.inputsApplied, res.inputsSent, 100*ratio(res.inputsApplied, res.inputsSent), events, chats, scores)
+	fmt.Fprintf(out, "snapshot deltas alone: %.2fx smaller than in full (the rest went in full: no baseline acked yet)\n",
+		float64(res.deltaFull)/float64(max(res.deltaBytes, 1)))
 	fmt.Fprintf(out, "snapshot size: %.0f B on average, %.0f B in full: %.2fx smaller (%d of %d sent as deltas); "+
 		"the bots rebuilt %d worlds, %d wrong, %d unreadable\n",
 		float64(res.sentBytes)/float64(max(res.snapsSent, 1)), float64(res.fullBytes)/float64(max(res.snapsSent, 1)),

@@ -78,8 +78,16 @@ func TestGameServerSmoke(t *testing.T) {
 			if res.deltas == 0 {
 				t.Error("no snapshot went as a delta")
 			}
-			if r := float64(res.fullBytes) / float64(res.sentBytes); r < tc.minRatio {
-				t.Errorf("snapshots %.2fx smaller than in full, want %.1fx", r, tc.minRatio)
+			// The encoding's gain, on the snapshots sent as deltas: the
+			// target (3x at 0% loss). Overall, snapshots before a first
+			// receipt go in full, and how many depends on how fast the
+			// machine runs the bots: under -race beside other packages'
+			// tests it fell to 2.0x once, so overall 1.8x is asked.
+			if r := float64(res.deltaFull) / float64(res.deltaBytes); r < tc.minRatio {
+				t.Errorf("delta snapshots %.2fx smaller than in full, want %.1fx", r, tc.minRatio)
+			}
+			if r := float64(res.fullBytes) / float64(res.sentBytes); r < min(tc.minRatio, 1.8) {
+				t.Errorf("snapshots %.2fx smaller than in full overall, want %.1fx", r, min(tc.minRatio, 1.8))
 			}
 			if res.ageP50 <= 0 || res.ageP99 < res.ageP50 || res.ageP99 > time.Second {
 				t.Errorf("snapshot age p50 %v p99 %v", res.ageP50, res.ageP99)

@@ -48,15 +48,17 @@ type player struct {
 	snapsSent     int // snapshots handed to the connection
 	// Delta snapshots: those sent lately, by the Ref of their message,
 	// and the newest the client is known to have.
-	history     []sentSnap
-	baseTick    uint32 // 0: none
-	fullBytes   int    // what the snapshots sent would have taken in full
-	sentBytes   int    // what they took
-	deltas      int    // snapshots sent as deltas
-	snapsMissed int    // snapshots its full send buffer did not take
-	final       knet.Stats
-	gone        bool // its EventDisconnected came
-	endErr      error
+	history   []sentSnap
+	baseTick  uint32 // 0: none
+	fullBytes int    // what the snapshots sent would have taken in full
+	sentBytes int    // what they took
+	deltas    int    // snapshots sent as deltas
+	// Of those sent as deltas: their bytes, and theirs in full.
+	deltaBytes, deltaFull int
+	snapsMissed           int // snapshots its full send buffer did not take
+	final                 knet.Stats
+	gone                  bool // its EventDisconnected came
+	endErr                error
 }
 
 // sentSnap is a snapshot sent to a player: a baseline for later ones once
@@ -422,6 +424,10 @@ func (s *server) sendSnapshots(now time.Time) {
 		p.snapsSent++
 		p.fullBytes += full
 		p.sentBytes += len(b)
+		if len(b) < full {
+			p.deltaBytes += len(b)
+			p.deltaFull += full
+		}
 		p.remember(sentSnap{ref: ref, tick: tick, ents: ents})
 	}
 }
