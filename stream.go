@@ -611,7 +611,14 @@ func (c *Conn) streamDone(now time.Time) bool {
 	st, s := c.st, c.st.sess
 	switch {
 	case st.writeErr != nil:
-		if s.err == nil && !st.finSent {
+		switch {
+		case s.err != nil || st.finSent:
+		case st.client && st.phase != phaseOpen:
+			// The server dropped the stream before it answered: as
+			// when its end is read first (streamEOF), whichever of
+			// the reader and the writer hears of it first.
+			s.err = fmt.Errorf("%w: the server closed the stream before it answered (%v)", ErrRefused, st.writeErr)
+		default:
 			s.err = st.writeErr
 		}
 		return true
