@@ -710,6 +710,13 @@ func dialOn(ctx context.Context, sock socket, raddr *net.UDPAddr, rc *config, o 
 	ep.conns[c.raddr] = c
 	go ep.readLoop()
 	c.kick()
+	return awaitDialed(ctx, c, rc)
+}
+
+// awaitDialed waits for a dialed connection, over any transport, to be
+// established (and joins it to Config.Group), to fail, or for ctx's end,
+// which abandons it.
+func awaitDialed(ctx context.Context, c *Conn, rc *config) (*Conn, error) {
 	select {
 	case <-c.estab:
 		if rc.group != nil {

@@ -83,13 +83,12 @@ type streamConn struct {
 	needKnet  bool // a client that must reach a knet server (ConnectPayload)
 
 	// The reader's, under mu.
-	mu     sync.Mutex
-	in     []*[]byte
-	inLen  []int
-	inN    int
-	rerr   error
-	room   chan struct{} // capacity 1: the rounds took what was read
-	readOK bool          // the reader may run on (not waiting for room)
+	mu    sync.Mutex
+	in    []*[]byte
+	inLen []int
+	inN   int
+	rerr  error
+	room  chan struct{} // capacity 1: the rounds took what was read
 
 	// The writer's: the round hands it a buffer on wch when writing is
 	// false, and it reports how much went (wn, werr) before clearing it.
@@ -548,7 +547,7 @@ func (c *Conn) streamSendQueue(now time.Time) {
 	c.sendq.flowReq = 0 // the stream has its own
 	c.sendq.mu.Unlock()
 	for i := range q {
-		m := new(outMsg)
+		m := s.newMsg()
 		*m = q[i]
 		s.enqueue(m)
 		q[i] = outMsg{}
@@ -649,9 +648,6 @@ func (c *Conn) streamFinish() {
 	st.nc.Close()
 	close(st.wch)
 	s.failQueue()
-	c.sendq.mu.Lock()
-	closing := c.sendq.closing
-	c.sendq.mu.Unlock()
 	c.recvq.mu.Lock()
 	eof := c.recvq.eof
 	c.recvq.mu.Unlock()
@@ -663,7 +659,6 @@ func (c *Conn) streamFinish() {
 	case eof:
 		err = ErrPeerClosed
 	default:
-		_ = closing
 		err = net.ErrClosed
 	}
 	if l := c.cfg.logger; l != nil && c.isEstablished() {

@@ -155,22 +155,7 @@ func dialStream(ctx context.Context, nc net.Conn, tr Transport, rc *config, o *e
 	ep := newStreamEndpoint(rc, o)
 	c := newStreamConn(ep, nc, tr, rc, true)
 	c.startStream()
-	select {
-	case <-c.estab:
-		if rc.group != nil {
-			rc.group.Add(c)
-		}
-		return c, nil
-	case <-c.done:
-		if c.sec != nil {
-			return nil, c.sec.dialErr(c.Err())
-		}
-		return nil, c.Err()
-	case <-ctx.Done():
-		c.shutdown()
-		<-c.done
-		return nil, ctx.Err()
-	}
+	return awaitDialed(ctx, c, rc)
 }
 
 // fallbackDelay is how long Dial with Config.FallbackTCP waits for an

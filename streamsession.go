@@ -75,10 +75,11 @@ type streamSession struct {
 	sawFirst  bool
 	firstID   uint32
 	first     []byte
-	quiet     bool   // no pings yet: a server waits for the client's first frame
-	knet      bool   // the peer said it is knet (its hello)
-	closeWhy  []byte // a knet peer's reason for closing, once it gave one
-	peerClose bool   // a knet peer's close hello came
+	quiet     bool      // no pings yet: a server waits for the client's first frame
+	knet      bool      // the peer said it is knet (its hello)
+	free      []*outMsg // messages let go, for newMsg
+	closeWhy  []byte    // a knet peer's reason for closing, once it gave one
+	peerClose bool      // a knet peer's close hello came
 
 	// seal seals and opens frames once a secure session has its keys
 	// (stream_secure.go); nil in clear.
@@ -305,6 +306,23 @@ func (s *streamSession) drop(m *outMsg, sent bool) {
 	}
 	putPayload(m.pbuf)
 	*m = outMsg{}
+	if len(s.free) < streamFreeMsgs {
+		s.free = append(s.free, m)
+	}
+}
+
+// streamFreeMsgs is how many let-go messages a session keeps for the
+// next ones (newMsg): a steady sender allocates none.
+const streamFreeMsgs = 64
+
+// newMsg returns an empty message, one let go before if there is one.
+func (s *streamSession) newMsg() *outMsg {
+	if n := len(s.free); n > 0 {
+		m := s.free[n-1]
+		s.free = s.free[:n-1]
+		return m
+	}
+	return new(outMsg)
 }
 
 // dependsOn reports whether m must not leave before o.
