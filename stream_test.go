@@ -298,3 +298,35 @@ func TestDrainStreams(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, "moving you to another server", re.Reason)
 }
+
+// writeFailConn is a stream whose writes fail, as when the server dropped
+// it, and whose reads wait for Close: the writer hears of the end first.
+type writeFailConn struct {
+	net.Conn // nil: only the methods below are used
+	closed   chan struct{}
+}
+
+func (c *writeFailConn) Write([]byte) (int, error) { return 0, errors.New("connection reset by peer") }
+func (c *writeFailConn) Read([]byte) (int, error) {
+	<-c.closed
+	return 0, net.ErrClosed
+}
+func (c *writeFailConn) Close() error {
+	select {
+	case <-c.closed:
+	default:
+		close(c.closed)
+	}
+	return nil
+}
+func (c *writeFailConn) LocalAddr() net.Addr  { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
+func (c *writeFailConn) RemoteAddr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2} }
+
+// A server that drops the stream before answering refuses the client,
+// whether the client's reader or, here, its writer hears of it first.
+func TestStreamDroppedBeforeAnswerIsRefused(t *testing.T) {
+	ctx := within(t, 10*time.Second)
+	_, err := dialStream(ctx, &writeFailConn{closed: make(chan struct{})}, TransportTCP, testConfig().resolve(), &endpointOptions{})
+	require.ErrorIs(t, err, ErrRefused)
+	assert.ErrorContains(t, err, "connection reset by peer", "the cause is kept")
+}
