@@ -68,9 +68,10 @@ type Listener struct {
 
 	// Config.TCP: the TCP socket on the same port, and the stream
 	// connections (stream_listen.go), true once established (under mu).
-	tcp           *net.TCPListener
-	streams       map[*Conn]bool
-	failedStreams atomic.Uint64
+	tcp            *net.TCPListener
+	streams        map[*Conn]bool
+	streamsPending int // streams not yet established (under mu)
+	failedStreams  atomic.Uint64
 }
 
 // ListenerStats are a Listener's counters.

@@ -60,15 +60,11 @@ func (l *Listener) acceptTCP(ln *net.TCPListener) {
 // already: those are closed at once, and counted ignored.
 func (l *Listener) takeStream(nc net.Conn, tr Transport) {
 	l.mu.Lock()
-	pending := 0
-	for _, est := range l.streams {
-		if !est {
-			pending++
-		}
-	}
 	// A closed listener (SetListenOpen, StopAdmitting, Drain) still
-	// takes the stream, to tell a knet client why it refuses it.
-	if l.closing || l.streams == nil || pending >= l.cfg.maxPending {
+	// takes the stream, to tell a knet client why it refuses it. The
+	// count of pending ones is kept, not counted: a flood of
+	// connections must not cost a walk over every player each.
+	if l.closing || l.streams == nil || l.streamsPending >= l.cfg.maxPending {
 		l.mu.Unlock()
 		l.eps[0].ignored.Add(1)
 		nc.Close()
@@ -76,6 +72,7 @@ func (l *Listener) takeStream(nc net.Conn, tr Transport) {
 	}
 	c := newStreamConn(l.eps[0], nc, tr, l.cfg, false)
 	l.streams[c] = false
+	l.streamsPending++
 	l.loops.Add(1) // Done in Conn.end
 	l.mu.Unlock()
 	c.startStream()
@@ -85,15 +82,21 @@ func (l *Listener) takeStream(nc net.Conn, tr Transport) {
 // streams.
 func (l *Listener) streamEstablished(c *Conn) {
 	l.mu.Lock()
-	if _, ok := l.streams[c]; ok {
+	if est, ok := l.streams[c]; ok && !est {
 		l.streams[c] = true
+		l.streamsPending--
 	}
 	l.mu.Unlock()
 }
 
 func (l *Listener) streamEnded(c *Conn) {
 	l.mu.Lock()
-	delete(l.streams, c)
+	if est, ok := l.streams[c]; ok {
+		if !est {
+			l.streamsPending--
+		}
+		delete(l.streams, c)
+	}
 	l.mu.Unlock()
 }
 
