@@ -9,17 +9,42 @@ import (
 	"time"
 )
 
-// A secure listener's admission of a ConnectSyn, before it allocates
-// anything for the attempt (handleNew). The socket's reader does only
-// what is cheap: parsing, the padding rule, the listener's state, the
-// cookie under load, whether the handshake message already cost a key
-// exchange, the source's rate. The key exchange (reading the Noise
-// message: an X25519, 70 to 170 µs on the 2-core test machine) and the
-// token check run on a small pool of handshake workers, which make the
-// connection; the reader, which every connection on the socket waits
-// behind, never runs one. What the listener sends to an unproven address
-// is never more bytes than the ConnectSyn's datagram. See SECURE.md
-// ("Stateless cookies").
+// A listener's admission: the one door through which the network reaches
+// the application, whatever the transport. What someone who has not yet
+// proven anything may make the listener do is decided here, and nowhere
+// else:
+//
+//   - hold a place: every connection attempt, over UDP, TCP or WebSocket,
+//     holds one of MaxPendingConnections places, at most
+//     MaxPendingPerSource of them per source (an IPv4 address, an IPv6
+//     /64), from its first datagram or stream until it is established or
+//     ends (enterLocked, leaveLocked);
+//   - cost a key exchange: a secure handshake message (Noise message 1),
+//     whichever transport brings it, is read at most once while the
+//     listener remembers it (one table, seenHandshakes), on a few workers,
+//     within a rate per source (admitHandshakeLocked, handshakeWorker);
+//   - hold a connection ID while unproven: a share of them per source
+//     (takeCID);
+//   - be established: a connection is offered to Accept or its Group, and
+//     its connect token used, only once its client has proven itself
+//     (establish, Conn.clientProven): in a secure session by its first
+//     datagram or frame that opens under the session's keys, in plaintext
+//     over UDP by answering what the server chose at random, over a
+//     stream by TCP's handshake.
+//
+// The UDP path (listener.go: handleNew, admitSecure) and the streams'
+// (stream_listen.go: takeStream; stream_door.go: the first frames) call
+// these; neither has another way to hand a connection to the application.
+//
+// The socket's reader does only what is cheap: parsing, the padding rule,
+// the listener's state, the cookie under load, whether the handshake
+// message already cost a key exchange, the source's places and rate. The
+// key exchange (reading the Noise message: an X25519, 70 to 170 µs on the
+// 2-core test machine) and the token check run on a small pool of
+// handshake workers; the reader, which every connection on the socket
+// waits behind, never runs one. What the listener sends to an unproven
+// address is never more bytes than the ConnectSyn's datagram. See
+// SECURE.md ("Stateless cookies", "One door").
 
 const (
 	// maxHandshakeQueue bounds the attempts waiting for a handshake
@@ -44,15 +69,120 @@ const (
 	// sourceBuckets is the size of the table of rate limits (16 bytes
 	// each): addresses share a bucket when their keyed hashes collide.
 	sourceBuckets = 4096
+	// maxAttemptsPerMessage is how many attempts one handshake message
+	// may make while none of them is established: the first, and copies
+	// brought by another transport or stream, which the attempt holding
+	// it cannot answer (a stream's answer goes down that stream only).
+	// Each costs a key exchange; whichever client proves itself first
+	// is established, and the others end. A copy beyond it is dropped.
+	maxAttemptsPerMessage = 3
 )
 
-// handshakeJob is an attempt waiting for its key exchange.
+var errNotProven = errors.New("knet: the client has not proven itself")
+
+// ticket is an attempt's place among the listener's pending attempts
+// (enterLocked): its source, and what it holds there. Guarded by the
+// Listener's mu.
+type ticket struct {
+	src     sourceKey
+	pending bool // one of the pending places
+	cid     bool // a connection ID, while unproven (takeCID)
+}
+
+// sourceUse is what a source's attempts hold: pending places, and
+// connection IDs while unproven.
+type sourceUse struct{ pending, cids int32 }
+
+// roomLocked reports whether an attempt from ip may take a place; l.mu is
+// held.
+func (l *Listener) roomLocked(ip netip.Addr) bool {
+	return !l.closing && l.attempts < l.cfg.maxPending && int(l.sources[sourceOf(ip)].pending) < l.cfg.maxPendingPerSource
+}
+
+// enterLocked takes a place for an attempt from ip into t, if there is
+// room (roomLocked); l.mu is held.
+func (l *Listener) enterLocked(ip netip.Addr, t *ticket) bool {
+	if !l.roomLocked(ip) {
+		return false
+	}
+	k := sourceOf(ip)
+	u := l.sources[k]
+	u.pending++
+	l.sources[k] = u
+	l.attempts++
+	*t = ticket{src: k, pending: true}
+	return true
+}
+
+// leaveLocked gives back what t holds; l.mu is held. It may be called
+// again.
+func (l *Listener) leaveLocked(t *ticket) {
+	if !t.pending && !t.cid {
+		return
+	}
+	u := l.sources[t.src]
+	if t.pending {
+		u.pending--
+		l.attempts--
+	}
+	if t.cid {
+		u.cids--
+		l.halfOpenCIDs--
+	}
+	if u == (sourceUse{}) {
+		delete(l.sources, t.src)
+	} else {
+		l.sources[t.src] = u
+	}
+	t.pending, t.cid = false, false
+}
+
+// takeCID gives c, a secure attempt being admitted, its connection ID, if
+// its source may hold one more before its client proves itself: with a
+// short connection ID (Config.ServerID) the IDs are few, and half-open
+// attempts must not take them all. Unproven attempts together hold at
+// most half the IDs, those of one source at most a sixteenth (at least
+// one); established connections, any number.
+func (l *Listener) takeCID(c *Conn) (uint32, error) {
+	space := cidSpace(l.cfg.serverID)
+	l.mu.Lock()
+	u := l.sources[c.ticket.src]
+	if c.ticket.pending && (int64(l.halfOpenCIDs) >= max(1, space/2) || int64(u.cids) >= max(1, space/16)) {
+		l.mu.Unlock()
+		return 0, errNoCID
+	}
+	l.mu.Unlock()
+	id, err := l.newCID(c)
+	if err != nil {
+		return 0, err
+	}
+	l.mu.Lock()
+	if c.ticket.pending {
+		u := l.sources[c.ticket.src]
+		u.cids++
+		l.sources[c.ticket.src] = u
+		l.halfOpenCIDs++
+		c.ticket.cid = true
+	}
+	l.mu.Unlock()
+	return id, nil
+}
+
+// cidSpace is how many connection IDs a listener with serverID can tell
+// apart.
+func cidSpace(serverID []byte) int64 { return 1 << (8 * (cidSize - len(serverID))) }
+
+// handshakeJob is an attempt waiting for its key exchange: a UDP
+// ConnectSyn (ep, addr, p, holding the place t), or a stream's secure
+// hello (c, which holds its place).
 type handshakeJob struct {
 	ep   *endpoint
 	addr netip.AddrPort
 	p    *packet
-	msg1 []byte // the Noise message, in p
+	c    *Conn
+	msg1 []byte // the Noise message, in p or the stream's hello
 	h    uint64 // its hash (seenHandshakes)
+	t    ticket
 }
 
 // handshakes is a secure listener's admission state: the handshake queue
@@ -61,17 +191,16 @@ type handshakeJob struct {
 type handshakes struct {
 	seed       maphash.Seed
 	queue      []handshakeJob
-	busy       map[netip.AddrPort]bool // the addresses of the jobs queued or running
-	active     int                     // jobs queued or running
+	busy       map[netip.AddrPort]bool // the addresses of the UDP jobs queued or running
 	workers    int
 	maxWorkers int
 	maxQueue   int
 	seen       seenHandshakes
 	sources    sourceLimiter
-	// conns are the connections made and not yet established, by the
-	// hash of their handshake message: a copy of it from elsewhere goes
-	// to its connection (repeated).
-	conns map[uint64]*Conn
+	// conns are the attempts made and not yet established, by the hash
+	// of their handshake message: a copy of it from elsewhere goes to a
+	// UDP one (repeated), and once one is established the others end.
+	conns map[uint64][]*Conn
 }
 
 func newHandshakes(window time.Duration) handshakes {
@@ -82,6 +211,7 @@ func newHandshakes(window time.Duration) handshakes {
 		maxQueue:   maxHandshakeQueue,
 		seen:       newSeenHandshakes(maxSeenHandshakes, window, time.Now()),
 		sources:    newSourceLimiter(sourceBuckets, sourceRate, sourceBurst, time.Now()),
+		conns:      make(map[uint64][]*Conn),
 	}
 }
 
@@ -90,6 +220,38 @@ func newHandshakes(window time.Duration) handshakes {
 // ConnectTimeout if longer (how long its connection may wait).
 func seenWindow(cfg *config) time.Duration {
 	return max(cookieLifetime+2*time.Second, cfg.connectTimeout)
+}
+
+// A copy's fate (copyOfLocked): what to do with a handshake message that
+// already cost a key exchange lately.
+type copyFate uint8
+
+const (
+	copyDrop    copyFate = iota // dropped: its connection is made, or it made enough attempts
+	copyRefuse                  // refused again, without a key exchange: the first failed
+	copyToConn                  // handed to the UDP attempt holding it, which answers it where it came from
+	copyAttempt                 // an attempt of its own (a key exchange): the attempts holding it cannot answer it
+)
+
+// copyOfLocked decides on a copy of a handshake message (prev, its hash
+// h) that came over UDP (udp) or a stream; l.mu is held. The copy's own
+// attempt, if it gets one, counts against maxAttemptsPerMessage.
+func (l *Listener) copyOfLocked(prev seenHandshake, h uint64, udp bool) (copyFate, *Conn) {
+	if prev.failed {
+		return copyRefuse, nil
+	}
+	cs := l.hs.conns[h]
+	if udp {
+		for _, c := range cs {
+			if c.st == nil {
+				return copyToConn, c
+			}
+		}
+	}
+	if len(cs) > 0 && prev.attempts < maxAttemptsPerMessage {
+		return copyAttempt, nil
+	}
+	return copyDrop, nil
 }
 
 // admitSecure decides on a ConnectSyn p from addr, a new address, for a
@@ -122,7 +284,7 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 	h := maphash.Bytes(l.hs.seed, msg1)
 	now := time.Now()
 	l.mu.Lock()
-	if l.closing || len(l.pending)+l.hs.active >= l.cfg.maxPending {
+	if !l.roomLocked(addr.Addr()) {
 		l.mu.Unlock()
 		ep.ignored.Add(1)
 		ep.putPacket(p)
@@ -136,13 +298,26 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	prev, seen := l.hs.seen.find(h, now)
-	load := len(l.pending) + l.hs.active + l.load.recent(now)
+	fate, to := copyAttempt, (*Conn)(nil)
+	if seen {
+		fate, to = l.copyOfLocked(prev, h, true)
+	}
+	load := l.attempts + l.load.recent(now)
 	l.mu.Unlock()
 	if seen {
-		if !l.repeated(ep, addr, p, prev, h) {
+		l.replayedHandshakes.Add(1)
+		switch fate {
+		case copyRefuse:
+			l.refuseUnproven(ep, addr, b, prev.reason, false)
 			ep.putPacket(p)
+			return
+		case copyToConn:
+			to.push(p)
+			return
+		case copyDrop:
+			ep.putPacket(p)
+			return
 		}
-		return
 	}
 	if load >= l.cfg.cookieThreshold && !(len(cookie) > 0 && l.cookies.check(cookie, addr, msg1, now)) {
 		var c [cookieSize]byte
@@ -152,27 +327,16 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 		ep.putPacket(p)
 		return
 	}
+	j := handshakeJob{ep: ep, addr: addr, p: p, msg1: msg1, h: h}
 	l.mu.Lock()
 	switch {
-	case l.closing:
-		ep.ignored.Add(1)
 	case l.hs.busy[addr]:
-	case l.hs.seen.has(h, now):
-		// The same message from another socket's reader, meanwhile.
-		l.replayedHandshakes.Add(1)
-	case len(l.hs.queue) >= l.hs.maxQueue:
-		l.droppedHandshakes.Add(1)
-	case !l.hs.sources.allow(addr.Addr(), now):
-		l.rateLimited.Add(1)
+	case !l.admitHandshakeLocked(&j, now, seen):
+	case !l.enterLocked(addr.Addr(), &j.t):
+		ep.ignored.Add(1)
 	default:
-		l.hs.seen.add(h, now)
 		l.hs.busy[addr] = true
-		l.hs.active++
-		l.hs.queue = append(l.hs.queue, handshakeJob{ep: ep, addr: addr, p: p, msg1: msg1, h: h})
-		if l.hs.workers < l.hs.maxWorkers {
-			l.hs.workers++
-			l.startHandshakeWorker()
-		}
+		l.queueLocked(j, now)
 		l.mu.Unlock()
 		return
 	}
@@ -180,29 +344,81 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 	ep.putPacket(p)
 }
 
-// repeated answers an attempt whose handshake message already cost a key
-// exchange lately (prev), and reports whether it took p: never another
-// key exchange. If that one failed (the message was not for our key, the
-// token was bad, the connection was refused), the refusal goes again,
-// statelessly. If its connection is still being made, from another
-// address, p goes to it (Conn.answerSynElsewhere): whoever got the
-// message there first, a replay or the client itself, the client's copy
-// is answered where it is, and the client can open the connection (a move
-// follows, by a path check). Otherwise (made, or gone) it is dropped.
-func (l *Listener) repeated(ep *endpoint, addr netip.AddrPort, p *packet, prev seenHandshake, h uint64) bool {
-	l.replayedHandshakes.Add(1)
-	if prev.failed {
-		l.refuseUnproven(ep, addr, p.b, prev.reason, false)
-		return false
+// admitStreamHello decides on a secure client's hello over the stream of
+// c (its content, a secure ConnectSyn's without a cookie), under the same
+// rules as a UDP ConnectSyn's (admitSecure) and with the same table: it
+// queues it for a handshake worker, which hands c the result (Conn.keyed),
+// or fails, telling whether the client is refused with the error's text
+// (a message that failed before, a malformed one) or dropped unanswered
+// (a copy of a message seen already, a source over its rate, a full
+// queue). A TCP peer cannot spoof its address: no cookie is asked.
+func (l *Listener) admitStreamHello(c *Conn, content []byte) (refuse bool, err error) {
+	cookie, msg1, ok := splitSecureSyn(content)
+	if !ok || len(cookie) != 0 {
+		return true, ErrHandshakeFailed
 	}
+	j := handshakeJob{c: c, msg1: msg1, h: maphash.Bytes(l.hs.seed, msg1)}
+	now := time.Now()
 	l.mu.Lock()
-	c := l.hs.conns[h]
-	l.mu.Unlock()
-	if c == nil {
+	defer l.mu.Unlock()
+	prev, seen := l.hs.seen.find(j.h, now)
+	if seen {
+		l.replayedHandshakes.Add(1)
+		switch fate, _ := l.copyOfLocked(prev, j.h, false); fate {
+		case copyRefuse:
+			return true, errors.New(prev.reason)
+		case copyDrop:
+			return false, errStreamReplay
+		}
+	}
+	if !l.admitHandshakeLocked(&j, now, seen) {
+		return false, errKeyExchangeLimited
+	}
+	l.queueLocked(j, now)
+	return false, nil
+}
+
+// admitHandshakeLocked reports whether the handshake message of j may cost
+// a key exchange now, over any transport: not while the listener closes,
+// not one key-exchanged meanwhile (unless copy: a copy given an attempt of
+// its own), within the queue's bound and its source's rate; l.mu is held.
+// Refusals are counted.
+func (l *Listener) admitHandshakeLocked(j *handshakeJob, now time.Time, copy bool) bool {
+	src := j.addr.Addr()
+	if j.c != nil {
+		src = j.c.raddr.Addr()
+	}
+	switch {
+	case l.closing:
+		return false
+	case !copy && l.hs.seen.has(j.h, now):
+		// The same message from another socket's reader, or stream,
+		// meanwhile.
+		l.replayedHandshakes.Add(1)
+		return false
+	case len(l.hs.queue) >= l.hs.maxQueue:
+		l.droppedHandshakes.Add(1)
+		return false
+	case !l.hs.sources.allow(src, now):
+		l.rateLimited.Add(1)
 		return false
 	}
-	c.push(p)
 	return true
+}
+
+// queueLocked queues j for a handshake worker, and records its message as
+// key-exchanged; l.mu is held.
+func (l *Listener) queueLocked(j handshakeJob, now time.Time) {
+	if l.hs.seen.has(j.h, now) {
+		l.hs.seen.again(j.h)
+	} else {
+		l.hs.seen.add(j.h, now)
+	}
+	l.hs.queue = append(l.hs.queue, j)
+	if l.hs.workers < l.hs.maxWorkers {
+		l.hs.workers++
+		l.startHandshakeWorker()
+	}
 }
 
 // handshakeWorker runs queued key exchanges until the queue is empty or
@@ -225,7 +441,8 @@ func (l *Listener) handshakeWorker() {
 }
 
 // handshake reads an attempt's Noise message (the key exchange) and
-// checks its token, then makes its connection, or refuses it.
+// checks its token, then makes its connection, or refuses it; a stream's
+// connection is handed the result (Conn.keyed).
 func (l *Listener) handshake(j handshakeJob) {
 	if hook := l.keyExchangeHook.Load(); hook != nil {
 		(*hook)()
@@ -241,38 +458,55 @@ func (l *Listener) handshake(j handshakeJob) {
 			err = l.checkSynPayload(sec, inner, now)
 		}
 	}
+	if err == nil {
+		// Kept, so that the connection knows the client's ConnectSyn
+		// when it comes again.
+		sec.msg1 = bytes.Clone(j.msg1)
+	}
 	if err != nil {
 		if errors.Is(err, ErrTokenRejected) {
 			l.rejectedTokens.Add(1)
 		}
 		l.mu.Lock()
-		l.hs.active--
 		l.load.failed(now)
 		l.hs.seen.fail(j.h, err.Error())
-		delete(l.hs.busy, j.addr)
+		if j.c == nil {
+			l.leaveLocked(&j.t)
+			delete(l.hs.busy, j.addr)
+		}
 		l.mu.Unlock()
-		l.refuseUnproven(j.ep, j.addr, j.p.b, err.Error(), true)
-		j.ep.putPacket(j.p)
+		if j.c == nil {
+			l.refuseUnproven(j.ep, j.addr, j.p.b, err.Error(), true)
+			j.ep.putPacket(j.p)
+		}
+	}
+	if j.c != nil {
+		if err == nil {
+			l.mu.Lock()
+			l.hs.conns[j.h] = append(l.hs.conns[j.h], j.c)
+			l.mu.Unlock()
+		}
+		j.c.keyed(sec, err)
 		return
 	}
-	// Kept, so that the connection knows the client's ConnectSyn when it
-	// comes again.
-	sec.msg1 = bytes.Clone(j.msg1)
-	l.startSecure(j, sec)
+	if err == nil {
+		l.startSecure(j, sec)
+	}
 }
 
-// endAttempt forgets c, a connection that ended (why: err), from the
-// pending ones. The handshake message of a secure attempt that was
-// refused is left failed, with the refusal's reason (none with Stealth),
-// so that the client's ConnectSyn, if it comes again, is refused again;
-// one that timed out is forgotten: it may come again, at the cost of a
-// new key exchange, as a new one would.
+// endAttempt forgets c, a connection that ended (why: err) before it was
+// established, from the pending ones, and gives back its place. The
+// handshake message of a secure attempt that was refused is left failed,
+// with the refusal's reason (none with Stealth), so that the client's
+// ConnectSyn, if it comes again, is refused again; one that timed out is
+// forgotten: it may come again, at the cost of a new key exchange, as a
+// new one would.
 func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	l.mu.Lock()
 	if l.pending[c] {
 		delete(l.pending, c)
-		l.dropAttempt(c)
-		if c.sec != nil && c.sec.msg1 != nil {
+		l.leaveLocked(&c.ticket)
+		if others := l.dropAttemptLocked(c); others == 0 && c.sec != nil && c.sec.msg1 != nil {
 			h := maphash.Bytes(l.hs.seed, c.sec.msg1)
 			if errors.Is(err, ErrRefused) {
 				if r, ok := splitRefusalProof(reason, c.sec.msg1); ok {
@@ -287,15 +521,108 @@ func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	l.mu.Unlock()
 }
 
-// dropAttempt forgets c as a connection being made (handshakes.conns);
-// l.mu is held.
-func (l *Listener) dropAttempt(c *Conn) {
+// dropAttemptLocked forgets c as an attempt being made (handshakes.conns),
+// and returns how many other attempts hold its handshake message; l.mu is
+// held.
+func (l *Listener) dropAttemptLocked(c *Conn) int {
 	if c.sec == nil || c.sec.msg1 == nil {
-		return
+		return 0
 	}
-	if h := maphash.Bytes(l.hs.seed, c.sec.msg1); l.hs.conns[h] == c {
+	h := maphash.Bytes(l.hs.seed, c.sec.msg1)
+	cs := l.hs.conns[h]
+	for i, o := range cs {
+		if o == c {
+			cs = append(cs[:i:i], cs[i+1:]...)
+			break
+		}
+	}
+	if len(cs) == 0 {
+		delete(l.hs.conns, h)
+	} else {
+		l.hs.conns[h] = cs
+	}
+	return len(cs)
+}
+
+// clientProven reports whether c's client has proven itself, which its
+// establishment (Listener.establish) requires: a secure connection by a
+// datagram or frame that opened under the session's keys, from the
+// connection's address over UDP; a plaintext one over UDP by answering
+// what the server chose at random (session.addressProven); a plaintext
+// stream by TCP's own handshake, which it took to exist.
+func (c *Conn) clientProven() bool {
+	switch {
+	case c.st != nil && c.sec != nil:
+		return c.st.sealedIn
+	case c.st != nil:
+		return true
+	case c.sec != nil:
+		return c.sec.proven
+	}
+	return c.sess.addressProven()
+}
+
+// establish hands c, a connection of the listener whose client has proven
+// itself, to the application: its connect token is used, the other
+// attempts carrying its handshake message end, and it goes to its Group
+// or the accept backlog. It is the only way a connection the listener
+// made reaches the application, over any transport. It fails when the
+// client has not proven itself, the backlog is full or the token was
+// used meanwhile: the caller then refuses c.
+func (l *Listener) establish(c *Conn) error {
+	if !c.clientProven() {
+		return errNotProven
+	}
+	g := c.cfg.group
+	if g == nil && !l.roomToAccept() {
+		c.ep.refused.Add(1)
+		return errServerFull
+	}
+	if err := l.useToken(c); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	delete(l.pending, c)
+	l.leaveLocked(&c.ticket)
+	var others []*Conn
+	if c.sec != nil && c.sec.msg1 != nil {
+		h := maphash.Bytes(l.hs.seed, c.sec.msg1)
+		for _, o := range l.hs.conns[h] {
+			if o != c {
+				others = append(others, o)
+			}
+		}
 		delete(l.hs.conns, h)
 	}
+	if _, ok := l.streams[c]; ok {
+		l.streams[c] = true
+	}
+	l.mu.Unlock()
+	for _, o := range others {
+		o.abandon()
+	}
+	if g != nil {
+		l.completed.Add(1)
+		c.estOnce.Do(func() { close(c.estab) }) // established before the group hears of it
+		g.Add(c)
+		return nil
+	}
+	select {
+	case l.acceptq <- c:
+		l.completed.Add(1)
+		return nil
+	default:
+		c.ep.refused.Add(1)
+		return errServerFull
+	}
+}
+
+// abandon ends c, an attempt whose handshake message another attempt
+// established (a copy raced it from elsewhere): its next round ends it,
+// unless it was established meanwhile.
+func (c *Conn) abandon() {
+	c.abandoned.Store(true)
+	c.kick()
 }
 
 // checkSynPayload splits the payload of the client's Noise message into
@@ -316,25 +643,25 @@ func (l *Listener) checkSynPayload(sec *secureState, inner []byte, now time.Time
 }
 
 // useToken marks the connect token of c, a server's connection being
-// established, as used, and reports whether it may be: a token is checked
-// at admission but used only here, once the client proved it holds the
-// session's keys, so that an attempt that never completes does not burn
-// it. Another attempt with the same token may have completed first: c is
-// then refused, counted as a rejected token.
-func (l *Listener) useToken(c *Conn) bool {
+// established, as used: a token is checked at admission but used only
+// here, once the client proved it holds the session's keys, so that an
+// attempt that never completes does not burn it. Another attempt with the
+// same token may have completed first: c is then refused, counted as a
+// rejected token.
+func (l *Listener) useToken(c *Conn) error {
 	if l.tokens == nil || c.sec == nil || c.sec.token == nil {
-		return true
+		return nil
 	}
 	err := l.tokens.use(c.sec.tokenID, c.sec.token.Expires.Unix(), time.Now().Unix())
 	if err == nil {
-		return true
+		return nil
 	}
 	l.rejectedTokens.Add(1)
 	c.ep.refused.Add(1)
 	if lg := l.cfg.logger; lg != nil {
 		lg.Info("knet: connection refused", "remote", c.remote.Load(), "reason", err)
 	}
-	return false
+	return err
 }
 
 // refuseUnproven refuses an attempt from an address not proven to be the
@@ -370,128 +697,4 @@ func (l *Listener) sendUnproven(ep *endpoint, addr netip.AddrPort, in, d []byte)
 	}
 	l.unprovenOut.Add(uint64(len(d)))
 	ep.write(d, addr)
-}
-
-// seenHandshakes remembers the handshake messages (Noise message 1, by a
-// keyed 64-bit hash) a listener key-exchanged in the last window, and
-// whether that failed and why: a message costs at most one key exchange
-// in that time, however often it comes, from wherever (a cookie, which
-// binds it, is so good for one handshake). Entries are kept in the order
-// they came, in a ring of at most max; when it is full the oldest goes,
-// live or not: a message so forgotten may cost one more key exchange, but
-// only after max newer ones did. Not safe for concurrent use.
-type seenHandshakes struct {
-	index  map[uint64]int32 // hash -> its entry in ring
-	ring   []seenHandshake
-	next   int // the oldest entry, once the ring is full
-	max    int
-	window time.Duration
-	base   time.Time // what entries' times count from
-}
-
-// seenHandshake is an entry of seenHandshakes: 40 bytes.
-type seenHandshake struct {
-	h      uint64
-	at     time.Duration // since base
-	failed bool
-	reason string // the refusal's, if failed (empty: none)
-}
-
-func newSeenHandshakes(max int, window time.Duration, now time.Time) seenHandshakes {
-	return seenHandshakes{index: make(map[uint64]int32), max: max, window: window, base: now}
-}
-
-// find returns the entry of the message whose hash is h, if it came in the
-// window before now.
-func (s *seenHandshakes) find(h uint64, now time.Time) (seenHandshake, bool) {
-	i, ok := s.index[h]
-	if !ok || now.Sub(s.base)-s.ring[i].at > s.window {
-		return seenHandshake{}, false
-	}
-	return s.ring[i], true
-}
-
-func (s *seenHandshakes) has(h uint64, now time.Time) bool {
-	_, ok := s.find(h, now)
-	return ok
-}
-
-// add records the message whose hash is h, key-exchanged from now.
-func (s *seenHandshakes) add(h uint64, now time.Time) {
-	e := seenHandshake{h: h, at: now.Sub(s.base)}
-	if len(s.ring) < s.max {
-		s.ring = append(s.ring, e)
-		s.index[h] = int32(len(s.ring) - 1)
-		return
-	}
-	if old := s.ring[s.next].h; s.index[old] == int32(s.next) {
-		delete(s.index, old)
-	}
-	s.ring[s.next] = e
-	s.index[h] = int32(s.next)
-	s.next = (s.next + 1) % s.max
-}
-
-// fail records that the key exchange of the message whose hash is h, or
-// its connection, failed, and the reason a refusal gives.
-func (s *seenHandshakes) fail(h uint64, reason string) {
-	if i, ok := s.index[h]; ok {
-		s.ring[i].failed = true
-		s.ring[i].reason = reason
-	}
-}
-
-// forget forgets the message whose hash is h: it may be key-exchanged
-// again.
-func (s *seenHandshakes) forget(h uint64) { delete(s.index, h) }
-
-// sourceLimiter limits the key exchanges each source costs: a token
-// bucket per IP address (IPv6: per /64, what one host usually has),
-// sourceRate a second up to sourceBurst at once. The buckets are a fixed
-// table indexed by a keyed hash of the address, so that nothing is
-// allocated for an attacker's addresses; two addresses whose hashes
-// collide share one (with a random seed, an attacker cannot aim at
-// another's). Not safe for concurrent use.
-type sourceLimiter struct {
-	seed        maphash.Seed
-	rate, burst float64
-	base        time.Time
-	buckets     []sourceBucket
-}
-
-// sourceBucket holds what an address owes: key exchanges not yet paid
-// back by the rate, at a time (since the limiter's base). The zero value
-// is a full bucket.
-type sourceBucket struct {
-	debt float64
-	at   time.Duration
-}
-
-// newSourceLimiter makes a limiter of n buckets (a power of two).
-func newSourceLimiter(n int, rate, burst float64, now time.Time) sourceLimiter {
-	return sourceLimiter{seed: maphash.MakeSeed(), rate: rate, burst: burst, base: now, buckets: make([]sourceBucket, n)}
-}
-
-// allow reports whether ip may cost a key exchange at now, and if so
-// takes it from its bucket.
-func (s *sourceLimiter) allow(ip netip.Addr, now time.Time) bool {
-	var k [9]byte
-	if ip.Is4() || ip.Is4In6() {
-		a := ip.Unmap().As4()
-		k[0] = 4
-		copy(k[1:], a[:])
-	} else {
-		a := ip.As16()
-		k[0] = 6
-		copy(k[1:], a[:8])
-	}
-	b := &s.buckets[maphash.Bytes(s.seed, k[:])&uint64(len(s.buckets)-1)]
-	t := now.Sub(s.base)
-	b.debt = max(0, b.debt-s.rate*max(0, t-b.at).Seconds())
-	b.at = max(b.at, t)
-	if b.debt+1 > s.burst {
-		return false
-	}
-	b.debt++
-	return true
 }

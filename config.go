@@ -152,9 +152,20 @@ type Config struct {
 	// still asks).
 	Stealth bool
 	// MaxPendingConnections bounds the connection attempts a Listener
-	// holds before their handshake completes; more are ignored.
-	// Default 1024.
+	// holds before their handshake completes, over every transport
+	// together; more are ignored. Default 1024.
 	MaxPendingConnections int
+	// MaxPendingPerSource bounds the connection attempts from one source
+	// (an IPv4 address, or an IPv6 /64) that a Listener holds before
+	// their handshake completes, over every transport together: one host
+	// cannot take every place MaxPendingConnections gives. More from that
+	// source are ignored (ListenerStats.IgnoredAttempts) until some
+	// complete or end. Default MaxPendingConnections/16 (64), but at
+	// least 16 (or MaxPendingConnections if smaller); at most
+	// MaxPendingConnections. Raise it for many clients joining at
+	// once from behind one address (a LAN event, a carrier's NAT, a load
+	// test from one machine).
+	MaxPendingPerSource int
 	// AcceptBacklog bounds the established connections waiting for
 	// Accept; attempts beyond it are refused (ignored, with Stealth) until
 	// Accept catches up. Default 512, at most 65536.
@@ -383,6 +394,7 @@ type config struct {
 	maxFragment, maxDatagram, maxMessage       int
 	sendBuffer, recvBuffer, reassemblyBuffer   int
 	maxPending, backlog, sockets               int
+	maxPendingPerSource                        int
 	connectPayload                             []byte
 	tcp, fallbackTCP                           bool
 	admit                                      func(net.Addr, []byte) ([]byte, error)
@@ -494,6 +506,7 @@ func (c *Config) resolve() *config {
 		group:            c.Group,
 		logger:           c.Logger,
 	}
+	r.maxPendingPerSource = min(pick(c.MaxPendingPerSource, max(min(r.maxPending, 16), r.maxPending/16)), r.maxPending)
 	r.datagramSize = r.maxDatagram
 	if c.MaxPathDatagramSize > r.maxDatagram {
 		r.pathExtra = min(c.MaxPathDatagramSize, maxDatagramSizeLimit) - r.maxDatagram

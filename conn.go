@@ -48,6 +48,12 @@ type Conn struct {
 	group   atomic.Pointer[Group]
 	inGroup connInGroup
 
+	// A server's: its place among the listener's pending attempts
+	// (admission.go; guarded by the Listener's mu), and whether another
+	// attempt with its handshake message was established (abandon).
+	ticket    ticket
+	abandoned atomic.Bool
+
 	estOnce    sync.Once
 	estab      chan struct{}
 	userClosed atomic.Bool // Close was called (not only the Listener's)

@@ -253,7 +253,7 @@ func (c *Conn) decide(reply []byte, err error) {
 		err = errServerFull
 	}
 	if err == nil && c.sec != nil {
-		c.sec.cid, err = c.ep.l.newCID(c)
+		c.sec.cid, err = c.ep.l.takeCID(c)
 	}
 	if err == nil && c.sec != nil {
 		reply, err = c.sec.writeSynAck(reply)
@@ -280,6 +280,11 @@ func (c *Conn) decide(reply []byte, err error) {
 
 // handleEvents acts on what the session's last calls did.
 func (c *Conn) handleEvents() {
+	if c.abandoned.Swap(false) && !c.isEstablished() {
+		// Another attempt with its handshake message was established
+		// (Listener.establish): this one ends, unanswered.
+		c.sess.refuse(false)
+	}
 	if a := c.sched.admission.Swap(nil); a != nil {
 		c.decide(a.reply, a.err)
 	}
@@ -553,7 +558,7 @@ func (c *Conn) established() {
 // offer hands an established connection to its application: a server's to
 // Accept or its Group (or refuses it after all), a client's to Dial.
 func (c *Conn) offer() {
-	if l := c.ep.l; l != nil && (!l.useToken(c) || !l.offer(c)) {
+	if l := c.ep.l; l != nil && l.establish(c) != nil {
 		// The backlog filled up since admission, or the connect token
 		// was used meanwhile: refuse after all, with a DisconnectAck
 		// unless the listener is stealthy (DECISIONS §1: a rejected

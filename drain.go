@@ -32,7 +32,8 @@ func (l *Listener) refusal() []byte {
 // connections for good (StopAdmitting(reason); SetListenOpen cannot
 // reopen the listener), closes every connection, established or still
 // being made, as CloseWithReason(reason) does, and waits until each has
-// ended, or until ctx is done, when it returns ctx's error and leaves the
+// ended (but for streams not yet established, which are refused and not
+// waited for), or until ctx is done, when it returns ctx's error and leaves the
 // connections still closing to Close.
 //
 // Each connection closes gracefully: what it sent before the drain is
@@ -59,7 +60,10 @@ func (l *Listener) Drain(ctx context.Context, reason string) error {
 	l.draining.Store(true)
 	l.open.Store(false)
 	for {
-		cs := l.live()
+		cs, streaming := l.live()
+		for _, c := range streaming {
+			c.closeFor(why)
+		}
 		if len(cs) == 0 {
 			return nil
 		}
@@ -83,11 +87,14 @@ func (l *Listener) Drain(ctx context.Context, reason string) error {
 
 // live returns the connections that have not ended: those on the sockets
 // and those just made, not yet there (handleNew adds one to l.pending
-// before its endpoint's map). Once draining is set, no more are made
-// (handleNew, startSecure check it under l.mu).
-func (l *Listener) live() []*Conn {
+// before its endpoint's map), and, apart, the streams not yet
+// established. Once draining is set, no more are made over UDP
+// (handleNew, startSecure check it under l.mu); a stream is still taken,
+// to be told why it is refused, and such attempts are closed but not
+// waited for: silent streams opened one after another must not hold a
+// drain open (Close ends what is left of them).
+func (l *Listener) live() (cs, streaming []*Conn) {
 	seen := make(map[*Conn]bool)
-	var cs []*Conn
 	add := func(c *Conn) {
 		if !seen[c] && !c.ended() {
 			seen[c] = true
@@ -95,6 +102,12 @@ func (l *Listener) live() []*Conn {
 		}
 	}
 	l.mu.Lock()
+	for c, est := range l.streams {
+		if !est && !c.ended() {
+			seen[c] = true
+			streaming = append(streaming, c)
+		}
+	}
 	for c := range l.pending {
 		add(c)
 	}
@@ -109,7 +122,7 @@ func (l *Listener) live() []*Conn {
 		}
 		ep.mu.Unlock()
 	}
-	return cs
+	return cs, streaming
 }
 
 // closeFor starts c's graceful close with why as its reason, unless the

@@ -37,10 +37,15 @@ type Listener struct {
 
 	// mu may be held while an endpoint's mu is taken, never the reverse.
 	mu      sync.Mutex
-	pending map[*Conn]bool // connections not yet established
+	pending map[*Conn]bool // connections not yet established, over any transport
 	closing bool
 	load    handshakeLoad // handshakes that failed lately
 	hs      handshakes    // a secure listener's: key exchanges (admission.go)
+	// The places of the attempts not yet established (admission.go):
+	// how many, and what each source holds.
+	attempts     int
+	halfOpenCIDs int
+	sources      map[sourceKey]sourceUse
 
 	workers sync.WaitGroup // handshake workers
 	// keyExchangeHook, if set, runs before each key exchange (tests).
@@ -68,10 +73,9 @@ type Listener struct {
 
 	// Config.TCP: the TCP socket on the same port, and the stream
 	// connections (stream_listen.go), true once established (under mu).
-	tcp            *net.TCPListener
-	streams        map[*Conn]bool
-	streamsPending int // streams not yet established (under mu)
-	failedStreams  atomic.Uint64
+	tcp           *net.TCPListener
+	streams       map[*Conn]bool
+	failedStreams atomic.Uint64
 }
 
 // ListenerStats are a Listener's counters.
@@ -211,6 +215,7 @@ func startListener(rc *config, laddr *net.UDPAddr, socks []socket, o *endpointOp
 		closeDone: make(chan struct{}),
 		pending:   make(map[*Conn]bool),
 		streams:   make(map[*Conn]bool),
+		sources:   make(map[sourceKey]sourceUse),
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
@@ -349,12 +354,7 @@ func (l *Listener) Stats() ListenerStats {
 	st.DroppedHandshakes = l.droppedHandshakes.Load()
 	l.mu.Lock()
 	st.Pending = len(l.pending)
-	for _, est := range l.streams {
-		st.Connections++
-		if !est {
-			st.Pending++
-		}
-	}
+	st.Connections += len(l.streams)
 	l.mu.Unlock()
 	return st
 }
@@ -378,10 +378,13 @@ func (l *Listener) Close() error {
 	l.mu.Lock()
 	l.closing = true
 	for i, j := range l.hs.queue {
-		j.ep.putPacket(j.p)
+		if j.c == nil {
+			j.ep.putPacket(j.p)
+			l.leaveLocked(&j.t)
+		}
+		// A stream's connection is closed below, with the others.
 		l.hs.queue[i] = handshakeJob{}
 	}
-	l.hs.active -= len(l.hs.queue)
 	l.hs.queue = nil
 	clear(l.hs.busy)
 	l.mu.Unlock()
@@ -466,13 +469,15 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 		return
 	}
 	l.mu.Lock()
-	if l.closing || l.draining.Load() || len(l.pending) >= l.cfg.maxPending {
+	var t ticket
+	if l.draining.Load() || !l.enterLocked(addr.Addr(), &t) {
 		l.mu.Unlock()
 		ep.ignored.Add(1)
 		ep.putPacket(p)
 		return
 	}
 	c := newConn(ep, addr, l.cfg, false, dialect)
+	c.ticket = t
 	l.pending[c] = true
 	l.loops.Add(1)
 	l.mu.Unlock()
@@ -483,10 +488,12 @@ func (l *Listener) handleNew(ep *endpoint, addr netip.AddrPort, p *packet) {
 // worker read (j, sec), as handleNew makes a plaintext one.
 func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
 	l.mu.Lock()
-	l.hs.active--
-	if l.closing || l.draining.Load() || len(l.pending) >= l.cfg.maxPending {
+	if l.closing || l.draining.Load() {
 		// It may come again: the key exchange it cost is forgotten.
-		l.hs.seen.forget(j.h)
+		if len(l.hs.conns[j.h]) == 0 {
+			l.hs.seen.forget(j.h)
+		}
+		l.leaveLocked(&j.t)
 		delete(l.hs.busy, j.addr)
 		l.mu.Unlock()
 		j.ep.ignored.Add(1)
@@ -495,11 +502,9 @@ func (l *Listener) startSecure(j handshakeJob, sec *secureState) {
 	}
 	c := newConn(j.ep, j.addr, l.cfg, false, DialectSpec)
 	c.sec = sec
+	c.ticket = j.t // its place, taken when it was queued
 	l.pending[c] = true
-	if l.hs.conns == nil {
-		l.hs.conns = make(map[uint64]*Conn)
-	}
-	l.hs.conns[j.h] = c
+	l.hs.conns[j.h] = append(l.hs.conns[j.h], c)
 	l.loops.Add(1)
 	// The address is routed to the connection and no longer marked busy
 	// at once: a datagram from it finds one or the other.
@@ -527,14 +532,6 @@ func (l *Listener) startHandshakeWorker() {
 	go l.handshakeWorker()
 }
 
-// established forgets c from the pending connections.
-func (l *Listener) established(c *Conn) {
-	l.mu.Lock()
-	delete(l.pending, c)
-	l.dropAttempt(c)
-	l.mu.Unlock()
-}
-
 // isConnectSyn reports whether b is a well-formed datagram holding a
 // ConnectSyn, and whether it is well-formed at all.
 func isConnectSyn(b []byte) (syn, valid bool) { return holds(b, idConnectSyn) }
@@ -556,25 +553,6 @@ func refuseWith(ep *endpoint, addr netip.AddrPort, in, why []byte) {
 
 // roomToAccept reports whether the accept backlog has room.
 func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) }
-
-// offer queues an established connection for Accept.
-func (l *Listener) offer(c *Conn) bool {
-	l.established(c)
-	if g := c.cfg.group; g != nil {
-		l.completed.Add(1)
-		c.estOnce.Do(func() { close(c.estab) }) // established before the group hears of it
-		g.Add(c)
-		return true
-	}
-	select {
-	case l.acceptq <- c:
-		l.completed.Add(1)
-		return true
-	default:
-		c.ep.refused.Add(1)
-		return false
-	}
-}
 
 // Dial connects to a kNet server at address, over its own UDP socket. The
 // network is "udp", "udp4" or "udp6". It returns once the handshake is

@@ -69,6 +69,10 @@ func (s *session) synAgain(n int) {
 	}
 }
 
+// addressProven reports whether the peer has proven it receives at its
+// address: a client's server, always (it answered what we sent).
+func (s *session) addressProven() bool { return true }
+
 // opened reports whether the handshake completed.
 func (s *session) opened() bool { return s.handshake.wasOpen }
 

@@ -53,14 +53,31 @@ func (c *Conn) Transport() Transport {
 }
 
 // streamReadSize is what the reader asks the stream for at a time, and
-// streamInLimit how much it reads ahead of the rounds before it waits.
+// streamInLimit how much it reads ahead of the rounds before it waits. A
+// server's stream not yet established reads streamHelloReadSize at a time,
+// at most streamHelloInLimit ahead: what a client that has proven nothing
+// makes us hold is about a hello's size (Listener.establish raises them).
 const (
-	streamReadSize = 32 << 10
-	streamInLimit  = 256 << 10
-	streamWriteMax = 64 << 10 // what a round hands the writer at most
+	streamReadSize      = 32 << 10
+	streamInLimit       = 256 << 10
+	streamHelloReadSize = 4 << 10
+	streamHelloInLimit  = 8 << 10
+	streamWriteMax      = 64 << 10 // what a round hands the writer at most
 )
 
-var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamReadSize); return &b }}
+var (
+	streamBufs      = sync.Pool{New: func() any { b := make([]byte, streamReadSize); return &b }}
+	streamHelloBufs = sync.Pool{New: func() any { b := make([]byte, streamHelloReadSize); return &b }}
+)
+
+// putStreamBuf returns a read buffer to its pool.
+func putStreamBuf(bp *[]byte) {
+	if cap(*bp) == streamHelloReadSize {
+		streamHelloBufs.Put(bp)
+	} else {
+		streamBufs.Put(bp)
+	}
+}
 
 // streamConn is a stream Conn's transport state.
 type streamConn struct {
@@ -80,7 +97,10 @@ type streamConn struct {
 	writeErr  error
 	writeFrom time.Time // when the write under way began
 	admitted  atomic.Pointer[admission]
-	needKnet  bool // a client that must reach a knet server (ConnectPayload)
+	keyedRes  atomic.Pointer[keyResult] // a secure hello's key exchange, from a handshake worker
+	needKnet  bool                      // a client that must reach a knet server (ConnectPayload)
+	sealedIn  bool                      // a server's: the client's first sealed frame opened (clientProven)
+	refusal   []byte                    // a server's: the reason it refused the client with
 
 	// The reader's, under mu.
 	mu    sync.Mutex
@@ -89,6 +109,10 @@ type streamConn struct {
 	inN   int
 	rerr  error
 	room  chan struct{} // capacity 1: the rounds took what was read
+
+	// How far the reader reads ahead, and in what pieces: small until a
+	// server's stream is established (streamHelloInLimit).
+	inLimit atomic.Int32
 
 	// The writer's: the round hands it a buffer on wch when writing is
 	// false, and it reports how much went (wn, werr) before clearing it.
@@ -104,7 +128,9 @@ type streamPhase uint8
 
 const (
 	phaseOpening   streamPhase = iota // waiting for the peer's first frame
-	phaseAdmitting                    // the Admit hook has the client's
+	phaseKeying                       // a server's: a handshake worker reads the client's secure hello
+	phaseAdmitting                    // a server's: the Admit hook has the client's first frame
+	phaseProving                      // a secure server's: answered, waiting for the client's first sealed frame
 	phaseOpen
 )
 
@@ -130,6 +156,13 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 		deadline:  now.Add(cfg.connectTimeout),
 	}
 	c.st = st
+	st.inLimit.Store(streamInLimit)
+	if !client {
+		// What a client that has proven nothing may make us hold: a
+		// first frame of a hello's size, read in small pieces.
+		st.inLimit.Store(streamHelloInLimit)
+		s.fr.setLimit(streamHelloLimit)
+	}
 	if client && dialect == DialectReference {
 		// The reference's wire: nothing to wait for, established
 		// from the start.
@@ -182,7 +215,12 @@ func streamAddr(a net.Addr) netip.AddrPort {
 // streamInLimit ahead of them.
 func (st *streamConn) readLoop(c *Conn) {
 	for {
-		bp := streamBufs.Get().(*[]byte)
+		limit := int(st.inLimit.Load())
+		pool := &streamBufs
+		if limit < streamInLimit {
+			pool = &streamHelloBufs
+		}
+		bp := pool.Get().(*[]byte)
 		n, err := st.nc.Read(*bp)
 		st.mu.Lock()
 		if n > 0 {
@@ -190,12 +228,12 @@ func (st *streamConn) readLoop(c *Conn) {
 			st.inLen = append(st.inLen, n)
 			st.inN += n
 		} else {
-			streamBufs.Put(bp)
+			putStreamBuf(bp)
 		}
 		if err != nil {
 			st.rerr = err
 		}
-		full := st.inN >= streamInLimit
+		full := st.inN >= int(st.inLimit.Load())
 		st.mu.Unlock()
 		c.kick()
 		if err != nil {
@@ -241,7 +279,14 @@ func (c *Conn) streamRound() (done bool) {
 			st.writeErr = err
 		}
 	}
+	if c.abandoned.Load() && st.phase != phaseOpen && s.err == nil {
+		// Another attempt with its handshake message was established.
+		c.streamDrop(errors.New("knet: the handshake message was established elsewhere"))
+	}
 	c.streamInput(now)
+	if k := st.keyedRes.Swap(nil); k != nil {
+		c.streamKeyed(now, k)
+	}
 	if a := st.admitted.Swap(nil); a != nil {
 		c.streamDecide(now, a)
 		c.streamInput(now)
@@ -304,18 +349,22 @@ func (c *Conn) streamInput(now time.Time) {
 		bp, n := st.in[0], st.inLen[0]
 		st.in[0] = nil
 		st.in, st.inLen = st.in[1:], st.inLen[1:]
-		wasFull := st.inN >= streamInLimit
+		wasFull := st.inN >= int(st.inLimit.Load())
 		st.inN -= n
 		st.mu.Unlock()
 		if wasFull {
 			signal(st.room)
 		}
 		s.received(now, (*bp)[:n])
-		streamBufs.Put(bp)
+		putStreamBuf(bp)
 		c.sched.active = true
 	}
-	if s.gate && s.sawFirst && st.phase == phaseOpening && s.err == nil {
-		c.streamFirstFrame(now)
+	if s.gate && s.sawFirst && s.err == nil && (st.phase == phaseOpening || st.phase == phaseProving) {
+		if st.phase == phaseOpening {
+			c.streamFirstFrame(now)
+		} else {
+			c.streamProven(now)
+		}
 		if st.phase == phaseOpen {
 			c.streamInput(now) // what came behind it
 		}
@@ -335,13 +384,22 @@ func (c *Conn) streamEOF(rerr error) {
 		if st.client {
 			s.err = fmt.Errorf("%w: the server closed the stream before it answered", ErrRefused)
 		} else {
-			s.err = errors.New("knet: the client closed the stream before its first frame")
+			s.err = errors.New("knet: the client closed the stream before it was established")
 		}
 	case !errors.Is(rerr, io.EOF):
 		s.err = rerr
 	case s.fr.buffered() > 0:
 		s.stats.ProtocolErrors++
 		s.err = &ProtocolError{Err: fmt.Errorf("the stream ended inside a frame (%d bytes of it)", s.fr.buffered())}
+	case s.seal != nil && !s.peerClose && !st.byeSent:
+		// A secure peer says it closes in a sealed frame before its end
+		// of the stream: an end without it, before we said ours, was
+		// cut on the path (a FIN anyone there can send), and what the
+		// peer sent after the cut is lost. (After ours, the end is the
+		// peer's answer: a proxy that ends both ways at the first end
+		// need not pass the peer's close.)
+		s.stats.ProtocolErrors++
+		s.err = &ProtocolError{Err: errors.New("the secure stream ended without the peer's sealed close: cut on the path")}
 	default:
 		c.streamPeerClosed()
 	}
@@ -359,163 +417,67 @@ func (c *Conn) streamPeerClosed() {
 }
 
 // streamFirstFrame reads the peer's first frame: a knet hello, or the
-// reference's first frame (a ping, or application data).
+// reference's first frame (a ping, or application data). A server's goes
+// to its admission (streamClientFirst).
 func (c *Conn) streamFirstFrame(now time.Time) {
 	st, s := c.st, c.st.sess
 	kind, content, knet := byte(0), []byte(nil), false
 	if s.firstID == idPingReply {
 		kind, content, knet = parseStreamHello(s.first)
 	}
-	if st.client && c.sec != nil {
-		c.streamSecureAnswer(now, knet, kind, content)
-		return
-	}
-	if st.client {
-		switch {
-		case knet && kind == helloAccept:
-			s.knet = true
-			c.state.mu.Lock()
-			c.state.syn = append([]byte(nil), c.cfg.connectPayload...)
-			c.state.synAck = append([]byte(nil), content...)
-			c.state.mu.Unlock()
-			st.phase = phaseOpen
-			s.open(now, true)
-			c.streamOffer()
-		case knet && kind == helloRefuse:
-			s.err = refusedErr(content)
-		case st.needKnet:
-			s.err = fmt.Errorf("%w: the server speaks kNet over TCP without knet's hello, and so cannot read ConnectPayload", ErrRefused)
-		default:
-			// The reference: established from the start.
-			c.dialect = DialectReference // before Dial returns c
-			st.phase = phaseOpen
-			s.open(now, false)
-			c.streamOffer()
-		}
-		return
-	}
-	var payload, secure []byte
-	switch {
-	case knet && kind == helloClient:
-		s.knet = true
-		payload = append([]byte(nil), content...)
-	case knet && kind == helloSecure:
-		s.knet = true
-		secure = append([]byte(nil), content...)
-	case knet:
-		// A server's hello, or a close, for a first frame.
-		c.streamRefused(fmt.Errorf("knet: a first frame that is no client's hello (kind %d)", kind), true)
-		return
-	default:
-		c.dialect = DialectReference // before the application sees c
-	}
-	if l := c.ep.l; !l.open.Load() || l.draining.Load() {
-		why := errors.New("knet: the server admits no connections")
-		if r := l.refusal(); len(r) > 0 {
-			why = errors.New(string(r))
-		}
-		c.streamRefused(why, knet)
-		return
-	}
-	switch {
-	case c.cfg.privateKey != nil && secure == nil:
-		c.streamRefused(errors.New("knet: a secure listener takes no plaintext over a stream"), knet)
-		return
-	case c.cfg.privateKey == nil && secure != nil:
-		c.streamRefused(errStreamNotSecure, knet)
-		return
-	}
-	if knet && len(payload) > c.cfg.synPayloadLimit() {
-		c.streamRefused(ErrHandshakeTooLarge, knet)
-		return
-	}
-	st.phase = phaseAdmitting
-	c.state.mu.Lock()
-	c.state.syn = payload
-	c.state.mu.Unlock()
-	c.streamAdmit(payload, secure)
-}
-
-// streamAdmit asks the Admit hook, if any, on a goroutine of its own; a
-// secure client's key exchange and token (secure: its hello's content) go
-// first, there too.
-func (c *Conn) streamAdmit(payload, secure []byte) {
-	st := c.st
-	if secure == nil && c.cfg.admitConn == nil && c.cfg.admit == nil {
-		st.admitted.Store(&admission{})
-		return
-	}
-	go func() {
-		var a admission
-		if secure != nil {
-			payload, a.err = c.streamSecureFirst(secure)
-		}
-		switch {
-		case a.err != nil:
-		case c.cfg.admitConn != nil:
-			a.reply, a.err = c.cfg.admitConn(c, payload)
-		case c.cfg.admit != nil:
-			a.reply, a.err = c.cfg.admit(c.RemoteAddr(), payload)
-		}
-		st.admitted.Store(&a)
-		c.kick()
-	}()
-}
-
-// streamDecide carries out the admission's decision on a server's stream.
-func (c *Conn) streamDecide(now time.Time, a *admission) {
-	st, s := c.st, c.st.sess
-	err := a.err
-	if errors.Is(err, errKeyExchangeLimited) {
-		s.err = err // dropped unanswered, as over UDP
-		return
-	}
-	if err == nil && s.knet && len(a.reply) > c.cfg.payloadLimit() {
-		err = ErrHandshakeTooLarge
-		c.ep.oversized.Add(1)
-	}
-	if err == nil && !c.ep.l.roomToAccept() {
-		err = errServerFull
-	}
-	if err == nil && c.sec != nil {
-		c.state.mu.Lock()
-		c.state.syn = c.sec.payload
-		c.state.mu.Unlock()
-		err = c.streamSecureAccept(a.reply, now)
-	}
-	if err != nil {
-		c.streamRefused(err, s.knet)
+	if !st.client {
+		c.streamClientFirst(now, knet, kind, content)
 		return
 	}
 	if c.sec != nil {
-		c.state.mu.Lock()
-		c.state.synAck = append([]byte(nil), a.reply...)
-		c.state.mu.Unlock()
-	} else if s.knet {
-		s.sendHello(helloAccept, a.reply)
-		c.state.mu.Lock()
-		c.state.synAck = append([]byte(nil), a.reply...)
-		c.state.mu.Unlock()
+		c.streamSecureAnswer(now, knet, kind, content)
+		return
 	}
-	st.phase = phaseOpen
-	s.open(now, s.knet)
-	c.streamOffer()
+	switch {
+	case knet && kind == helloAccept:
+		s.knet = true
+		c.state.mu.Lock()
+		c.state.syn = append([]byte(nil), c.cfg.connectPayload...)
+		c.state.synAck = append([]byte(nil), content...)
+		c.state.mu.Unlock()
+		st.phase = phaseOpen
+		s.open(now, true)
+		c.streamOffer()
+	case knet && kind == helloRefuse:
+		s.err = refusedErr(content)
+	case st.needKnet:
+		s.err = fmt.Errorf("%w: the server speaks kNet over TCP without knet's hello, and so cannot read ConnectPayload", ErrRefused)
+	default:
+		// The reference: established from the start.
+		c.dialect = DialectReference // before Dial returns c
+		st.phase = phaseOpen
+		s.open(now, false)
+		c.streamOffer()
+	}
 }
 
 // streamOffer hands an established stream connection to its application:
-// a server's to Accept or its Group, a client's to Dial.
-func (c *Conn) streamOffer() {
+// a server's, whose client has proven itself, through the listener's
+// admission (Listener.establish) to Accept or its Group; a client's to
+// Dial. It reports whether it did: a server's that could not be is
+// refused.
+func (c *Conn) streamOffer() bool {
 	if l := c.ep.l; l != nil {
-		if !l.offer(c) {
-			c.streamRefused(errServerFull, c.st.sess.knet)
-			return
+		if err := l.establish(c); err != nil {
+			c.streamRefused(err, c.st.sess.knet)
+			return false
 		}
-		l.streamEstablished(c)
+		// Established: the limits of a client that has proven
+		// nothing no longer apply.
+		c.st.sess.fr.setLimit(tcpMaxFrame(c.cfg.maxMessage))
+		c.st.inLimit.Store(streamInLimit)
+		signal(c.st.room)
 	}
 	c.estOnce.Do(func() { close(c.estab) })
 	if l := c.cfg.logger; l != nil {
 		l.Info("knet: connection established", "remote", c.RemoteAddr(), "transport", c.st.transport, "client", c.ep.l == nil)
 	}
+	return true
 }
 
 // streamRefused refuses a server's stream: a knet client hears why
@@ -526,11 +488,25 @@ func (c *Conn) streamRefused(err error, knet bool) {
 	if l := c.cfg.logger; l != nil {
 		l.Info("knet: connection refused", "remote", c.RemoteAddr(), "transport", st.transport, "reason", err)
 	}
+	st.refusal = reasonBytes(err.Error())
 	if knet && !c.cfg.stealth {
-		s.sendHello(helloRefuse, reasonBytes(err.Error()))
+		s.sendHello(helloRefuse, st.refusal)
+	} else {
+		st.refusal = nil
 	}
 	if s.err == nil {
 		s.err = fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	st.closing = true
+	st.deadline = time.Now().Add(c.cfg.disconnect)
+}
+
+// streamDrop ends a server's stream without an answer (counted among the
+// failed streams): what the admission drops over UDP, it drops here too.
+func (c *Conn) streamDrop(err error) {
+	st, s := c.st, c.st.sess
+	if s.err == nil {
+		s.err = err
 	}
 	st.closing = true
 	st.deadline = time.Now().Add(c.cfg.disconnect)
@@ -580,7 +556,8 @@ func (c *Conn) streamWrite(now time.Time) {
 	}
 	if st.closing && !st.finSent && !st.byeSent && st.phase == phaseOpen && s.knet && !s.peerClose && len(s.q) == 0 {
 		// A knet peer hears of the close, and why, in a frame: a
-		// WebSocket has no half-close to say it with.
+		// WebSocket has no half-close to say it with; over a secure
+		// stream, an end without it is a cut (streamEOF).
 		s.sendHello(helloClose, st.reason)
 		st.byeSent = true
 	}
@@ -642,8 +619,11 @@ func (c *Conn) streamDone(now time.Time) bool {
 // streamFinish is finish for a stream connection (Conn.end).
 func (c *Conn) streamFinish() {
 	st, s := c.st, c.st.sess
-	if l := c.ep.l; l != nil && !c.isEstablished() && !errors.Is(s.err, ErrRefused) {
-		l.failedStreams.Add(1) // before the peer sees the stream end
+	if l := c.ep.l; l != nil && !c.isEstablished() {
+		if !errors.Is(s.err, ErrRefused) {
+			l.failedStreams.Add(1) // before the peer sees the stream end
+		}
+		l.endAttempt(c, s.err, st.refusal)
 	}
 	st.nc.Close()
 	close(st.wch)
@@ -679,7 +659,7 @@ func (c *Conn) streamFinish() {
 	c.state.mu.Unlock()
 	st.mu.Lock()
 	for _, bp := range st.in {
-		streamBufs.Put(bp)
+		putStreamBuf(bp)
 	}
 	st.in, st.inLen = nil, nil
 	st.mu.Unlock()

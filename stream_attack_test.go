@@ -325,6 +325,7 @@ func TestStreamCutMidFrame(t *testing.T) {
 func TestStreamConnectionFlood(t *testing.T) {
 	cfg := attackConfig()
 	cfg.MaxPendingConnections = 4
+	cfg.MaxPendingPerSource = 4 // all from 127.0.0.1: the bound overall
 	l := listen(t, cfg)
 	serveEcho(t, l)
 	ctx := within(t, 20*time.Second)

@@ -56,47 +56,37 @@ func (l *Listener) acceptTCP(ln *net.TCPListener) {
 }
 
 // takeStream starts a connection over nc, a stream a client opened (TCP,
-// or a WebSocket), unless the listener is closed or too many are pending
-// already: those are closed at once, and counted ignored.
+// or a WebSocket), if it may take a place among the pending attempts
+// (Listener.enterLocked): others are closed at once, and counted ignored.
 func (l *Listener) takeStream(nc net.Conn, tr Transport) {
+	src := unmap(streamAddr(nc.RemoteAddr()))
 	l.mu.Lock()
 	// A closed listener (SetListenOpen, StopAdmitting, Drain) still
-	// takes the stream, to tell a knet client why it refuses it. The
-	// count of pending ones is kept, not counted: a flood of
-	// connections must not cost a walk over every player each.
-	if l.closing || l.streams == nil || l.streamsPending >= l.cfg.maxPending {
+	// takes the stream, to tell a knet client why it refuses it.
+	var t ticket
+	if l.streams == nil || !l.enterLocked(src.Addr(), &t) {
 		l.mu.Unlock()
 		l.eps[0].ignored.Add(1)
 		nc.Close()
 		return
 	}
 	c := newStreamConn(l.eps[0], nc, tr, l.cfg, false)
+	c.ticket = t
+	if l.draining.Load() {
+		// Only to be told why: it need not wait for long.
+		c.st.deadline = time.Now().Add(min(l.cfg.connectTimeout, l.cfg.disconnect))
+	}
+	l.pending[c] = true
 	l.streams[c] = false
-	l.streamsPending++
 	l.loops.Add(1) // Done in Conn.end
 	l.mu.Unlock()
 	c.startStream()
 }
 
-// streamEstablished and streamEnded keep the listener's account of its
-// streams.
-func (l *Listener) streamEstablished(c *Conn) {
-	l.mu.Lock()
-	if est, ok := l.streams[c]; ok && !est {
-		l.streams[c] = true
-		l.streamsPending--
-	}
-	l.mu.Unlock()
-}
-
+// streamEnded forgets c, a stream connection that ended.
 func (l *Listener) streamEnded(c *Conn) {
 	l.mu.Lock()
-	if est, ok := l.streams[c]; ok {
-		if !est {
-			l.streamsPending--
-		}
-		delete(l.streams, c)
-	}
+	delete(l.streams, c)
 	l.mu.Unlock()
 }
 

@@ -138,69 +138,6 @@ func parseSealedFrame(b []byte, maxSize int) (body []byte, n int, err error) {
 	return b[k:end:end], end, nil
 }
 
-// streamSecureFirst reads a secure client's first frame, on the admission's
-// goroutine: the Noise message 1 in content (the key exchange), and the
-// connect token it carries, checked when the listener takes tokens. It
-// returns the ConnectPayload, and sets c.sec before the Admit hook runs
-// (Conn.Token).
-func (c *Conn) streamSecureFirst(content []byte) ([]byte, error) {
-	l := c.ep.l
-	cookie, msg1, ok := splitSecureSyn(content)
-	if !ok || len(cookie) != 0 {
-		return nil, ErrHandshakeFailed
-	}
-	// The same budget per source IP address as over UDP: a TCP peer
-	// cannot spoof its address, but may open many streams.
-	l.mu.Lock()
-	allowed := l.hs.sources.allow(c.raddr.Addr(), time.Now())
-	l.mu.Unlock()
-	if !allowed {
-		l.rateLimited.Add(1)
-		return nil, errKeyExchangeLimited
-	}
-	sec, err := newServerSecure(l.cfg.privateKey, l.cfg.publicKey)
-	if err != nil {
-		return nil, err
-	}
-	sec.tap = l.cfg.sealTap
-	inner, err := sec.readSyn(msg1)
-	l.keyExchanges.Add(1)
-	if err == nil {
-		err = l.checkSynPayload(sec, inner, time.Now())
-	}
-	if err != nil {
-		if errors.Is(err, ErrTokenRejected) {
-			l.rejectedTokens.Add(1)
-		}
-		return nil, err
-	}
-	if len(sec.payload) > c.cfg.payloadLimit() {
-		return nil, ErrHandshakeTooLarge
-	}
-	c.sec = sec
-	return sec.payload, nil
-}
-
-// streamSecureAccept answers an admitted secure client: the token is used,
-// then Noise message 2 carries the reply, and from then on what goes out
-// is sealed.
-func (c *Conn) streamSecureAccept(reply []byte, now time.Time) error {
-	l, s := c.ep.l, c.st.sess
-	if l.tokens != nil && c.sec.token != nil {
-		if err := l.tokens.use(c.sec.tokenID, c.sec.token.Expires.Unix(), now.Unix()); err != nil {
-			l.rejectedTokens.Add(1)
-			return err
-		}
-	}
-	msg2, err := c.sec.writeSynAck(reply)
-	if err != nil {
-		return err
-	}
-	s.sendHello(helloSecureAccept, msg2)
-	s.startSealing(c.sec)
-	return nil
-}
-
 // startSealing seals every frame after those already queued (in clear:
 // the handshake's hellos), and opens every frame after the one just read.
 func (s *streamSession) startSealing(sec *secureState) {
@@ -231,6 +168,9 @@ func (c *Conn) streamSecureAnswer(now time.Time, knet bool, kind byte, content [
 		c.state.mu.Unlock()
 		s.startSealing(c.sec)
 		c.st.phase = phaseOpen
+		// A sealed ping at once: the server establishes the
+		// connection on the first frame that opens under the keys.
+		s.nextPing = now
 		s.open(now, true)
 		c.streamOffer()
 	case knet && kind == helloRefuse:

@@ -251,9 +251,14 @@ func (s *streamSession) advance(now time.Time) {
 	}
 }
 
-// deadline is when advance must next run.
+// deadline is when advance must next run. A quiet session (a server's
+// before its client's first frame) has no ping to send: an idle stream
+// costs no round until its deadline.
 func (s *streamSession) deadline() time.Time {
-	next := minTime(s.lastRecv.Add(s.lostTime), s.nextPing)
+	next := s.lastRecv.Add(s.lostTime)
+	if !s.quiet {
+		next = minTime(next, s.nextPing)
+	}
 	if !s.partialSince.IsZero() {
 		next = minTime(next, s.partialSince.Add(s.lostTime))
 	}

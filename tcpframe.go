@@ -133,6 +133,10 @@ func tcpMaxFrame(maxMessage int) int {
 	return max(maxMessage, 0) + tcpIDFieldMax
 }
 
+// setLimit changes the largest size field accepted, for the frames from
+// the next one on.
+func (f *tcpFramer) setLimit(maxFrame int) { f.maxFrame = maxFrame }
+
 // maxHeld bounds an incomplete frame: the longest size field and the
 // largest size.
 func (f *tcpFramer) maxHeld() int { return tcpSizeFieldMax + f.maxFrame + sealOverhead }
