@@ -386,7 +386,10 @@ func (c *Conn) streamEOF(rerr error) {
 		} else {
 			s.err = errors.New("knet: the client closed the stream before it was established")
 		}
-	case !errors.Is(rerr, io.EOF):
+	case !errors.Is(rerr, io.EOF) && !(st.transport == TransportWebSocket && (s.peerClose || st.finSent)):
+		// A WebSocket ends with its close handshake, which a browser's
+		// reports as a read on a closed connection: once either end
+		// said its close (knet's hello), that is the end, not a failure.
 		s.err = rerr
 	case s.fr.buffered() > 0:
 		s.stats.ProtocolErrors++

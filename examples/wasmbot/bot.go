@@ -57,7 +57,12 @@ func run() (rep report) {
 	if err != nil {
 		return fail(fmt.Errorf("DialWebSocket %s: %w", url, err))
 	}
-	defer c.CloseWithReason(reason)
+	closed := false
+	defer func() {
+		if !closed {
+			c.CloseWithReason(reason)
+		}
+	}()
 	rep.Transport = c.Transport().String()
 	rep.Dialect = c.Dialect().String()
 	_, welcome := c.Handshake()
@@ -99,7 +104,12 @@ func run() (rep report) {
 			next[name] = k + 1
 		}
 	}
-	rep.OK = rep.BigOK && rep.InOrder && rep.Echoed["reliable"] == perMode &&
+	// A graceful close returns nil, in a browser as natively.
+	closed = true
+	if err := c.CloseWithReason(reason); err != nil {
+		rep.CloseErr = err.Error()
+	}
+	rep.OK = rep.CloseErr == "" && rep.BigOK && rep.InOrder && rep.Echoed["reliable"] == perMode &&
 		rep.Echoed["ordered"] == perMode && rep.Echoed["latest"] >= 1 &&
 		strings.Contains(rep.DialUDP, "DialWebSocket")
 	if !rep.OK {

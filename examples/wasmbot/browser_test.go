@@ -157,6 +157,7 @@ func TestBrowserBotExchange(t *testing.T) {
 	assert.Equal(t, perMode, rep.Echoed["ordered"])
 	assert.True(t, rep.InOrder)
 	assert.True(t, rep.BigOK)
+	assert.Empty(t, rep.CloseErr, "a graceful close returns nil in the browser")
 
 	var v seen
 	select {

@@ -57,6 +57,7 @@ type report struct {
 	InOrder   bool           `json:"inOrder"`      // reliable and ordered came back in order
 	BigOK     bool           `json:"bigOK"`        // the large message came back whole
 	DialUDP   string         `json:"dialUDPError"` // what Dial over UDP says in a browser
+	CloseErr  string         `json:"closeError"`   // what the graceful close returned ("" for nil)
 }
 
 // The page's background once the bot is done.
