@@ -123,3 +123,64 @@ func TestDoorReplayedSecureHello(t *testing.T) {
 		})
 	}
 }
+
+// doorRoundTrip checks that c (a client) and sc (its server's connection)
+// still carry a message each way.
+func doorRoundTrip(t *testing.T, c, sc *Conn, what string) {
+	t.Helper()
+	ctx := within(t, 5*time.Second)
+	require.NoError(t, c.Send(Message{ID: 100, Payload: []byte("up " + what), Reliable: true}))
+	m, err := sc.Receive(ctx)
+	require.NoError(t, err, "up, %s", what)
+	assert.Equal(t, "up "+what, string(m.Payload))
+	require.NoError(t, sc.Send(Message{ID: 100, Payload: []byte("down " + what), Reliable: true}))
+	m, err = c.Receive(ctx)
+	require.NoError(t, err, "down, %s", what)
+	assert.Equal(t, "down "+what, string(m.Payload))
+}
+
+// A secure ConnectSyn seen over UDP, its content put in a stream's secure
+// hello, is the same handshake message: a replay, dropped without a key
+// exchange, an Admit call or an answer, over TCP and over WebSocket; the
+// victim over UDP is served on.
+func TestDoorUDPSynReplayedOverStream(t *testing.T) {
+	l, url, ccfg, admits := doorSecureListener(t, func(c *Config) { c.ConnectTimeout = 5 * time.Second })
+	ccfg.ConnectPayload = []byte("user=alice;password=hunter2")
+	r := newAttackRelay(t, l.Addr())
+	ctx := within(t, 10*time.Second)
+	c, err := Dial(ctx, "udp", r.Addr(), ccfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc, err := l.AcceptConn(ctx)
+	require.NoError(t, err)
+	var content []byte
+	for _, d := range r.datagrams(&r.up) {
+		if content = contentOf(d, idConnectSyn); content != nil {
+			break
+		}
+	}
+	require.NotNil(t, content, "the victim's ConnectSyn")
+	before := l.Stats()
+	require.Equal(t, uint64(1), before.KeyExchanges)
+	require.Equal(t, int32(1), admits.Load())
+
+	hello := knetHello(helloSecure, content)
+	tcp, ws := doorRaw(t, l.Addr().String(), nil), doorRawWS(t, url)
+	start := time.Now()
+	for _, nc := range []net.Conn{tcp, ws} {
+		_, err := nc.Write(hello)
+		require.NoError(t, err)
+	}
+	seen := doorWatchAll([]net.Conn{tcp, ws}, start, start.Add(time.Second))
+	for i, tr := range []string{"tcp", "websocket"} {
+		assert.False(t, seen[i].got(helloSecureAccept), "%s: the replay got the server's Noise message 2", tr)
+		assert.True(t, seen[i].closed, "%s: the replay still open %v after its hello", tr, seen[i].took)
+	}
+	others := doorAcceptedBy(l, 200*time.Millisecond)
+	assert.Zero(t, len(others), "connections AcceptConn returned besides the victim's")
+	st := l.Stats()
+	assert.Equal(t, before.KeyExchanges, st.KeyExchanges, "key exchanges")
+	assert.GreaterOrEqual(t, st.ReplayedHandshakes, before.ReplayedHandshakes+2, "replays counted")
+	assert.Equal(t, int32(1), admits.Load(), "AdmitConn calls")
+	doorRoundTrip(t, c, sc, "after the replays")
+}
