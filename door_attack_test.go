@@ -184,3 +184,113 @@ func TestDoorUDPSynReplayedOverStream(t *testing.T) {
 	assert.Equal(t, int32(1), admits.Load(), "AdmitConn calls")
 	doorRoundTrip(t, c, sc, "after the replays")
 }
+
+// A secure client's ConnectSyn over UDP, seen by an attacker who puts it
+// in a stream's secure hello before it reaches the server (or at once,
+// racing it), must not let the attacker take the client's connect token:
+// the attacker has not the client's keys. The client gets in, over UDP,
+// with its token; the attacker's stream is never accepted and ends within
+// ConnectTimeout.
+func TestDoorTokenNotStolenByStreamReplay(t *testing.T) {
+	const connectTimeout = 2 * time.Second
+	setup := func(t *testing.T) (*Listener, *doorAcceptor, func(id uint64) *Config) {
+		key := newTokenKey(t)
+		l, _, ccfg, _ := doorSecureListener(t, func(c *Config) {
+			c.TokenKey = key
+			c.ConnectTimeout = connectTimeout
+		})
+		ccfg.ConnectTimeout = 5 * time.Second
+		client := func(id uint64) *Config {
+			tok := sampleToken(addrPort(t, l.Addr()))
+			tok.ClientID = id
+			cfg := *ccfg
+			cfg.Token = issue(t, key, tok)
+			return &cfg
+		}
+		return l, doorAcceptAll(t, l), client
+	}
+	type dialed struct {
+		c   *Conn
+		err error
+	}
+	dialVia := func(t *testing.T, r *attackRelay, cfg *Config) chan dialed {
+		res := make(chan dialed, 1)
+		go func() {
+			c, err := Dial(within(t, 10*time.Second), "udp", r.Addr(), cfg)
+			if c != nil {
+				t.Cleanup(func() { c.Close() })
+			}
+			res <- dialed{c, err}
+		}()
+		return res
+	}
+	isSyn := func(e relayEntry) bool { return contentOf(e.b, idConnectSyn) != nil }
+	// checkAccepted checks that a accepted the clients ids over UDP, each
+	// with its token, and nothing else.
+	checkAccepted := func(t *testing.T, a *doorAcceptor, ids []uint64) {
+		doorPollUntil(time.Second, func() bool { return int(a.n.Load()) >= len(ids) })
+		var got []uint64
+		for _, c := range a.accepted() {
+			if c.Transport() != TransportUDP {
+				t.Errorf("accepted a connection over %v from %v (user data %v)", c.Transport(), c.RemoteAddr(), c.UserData())
+				continue
+			}
+			if tok := c.Token(); assert.NotNil(t, tok) {
+				got = append(got, tok.ClientID)
+			}
+		}
+		assert.ElementsMatch(t, ids, got, "the clients accepted over UDP, by their token's ClientID")
+	}
+
+	t.Run("held", func(t *testing.T) {
+		l, acc, client := setup(t)
+		r := newAttackRelay(t, l.Addr())
+		r.setRule(&r.up, holdAll)
+		res := dialVia(t, r, client(1))
+		_, syn := r.mustAwait(t, &r.up, 0, "ConnectSyn", isSyn)
+		w := &doorWatcher{nc: doorRaw(t, l.Addr().String(), nil)}
+		start := time.Now()
+		_, err := w.nc.Write(knetHello(helloSecure, contentOf(syn, idConnectSyn)))
+		require.NoError(t, err)
+		early := w.watch(start, start.Add(300*time.Millisecond), true)
+		t.Logf("the attacker's stream after %v: hellos %v, closed %v", early.took, early.kinds, early.closed)
+		r.pass(&r.up)
+		d := <-res
+		assert.NoError(t, d.err, "the victim's Dial")
+		seen := w.watch(start, start.Add(connectTimeout+time.Second), false)
+		assert.True(t, seen.closed, "the attacker's stream still open %v after its hello (hellos %v)", seen.took, seen.kinds)
+		checkAccepted(t, acc, []uint64{1})
+	})
+	t.Run("raced", func(t *testing.T) {
+		l, acc, client := setup(t)
+		const rounds = 10
+		var ws []*doorWatcher
+		var ids []uint64
+		var last time.Time
+		for i := range rounds {
+			id := uint64(100 + i)
+			r := newAttackRelay(t, l.Addr())
+			w := &doorWatcher{nc: doorRaw(t, l.Addr().String(), nil)}
+			res := dialVia(t, r, client(id))
+			_, syn := r.mustAwait(t, &r.up, 0, "ConnectSyn", isSyn)
+			last = time.Now()
+			_, err := w.nc.Write(knetHello(helloSecure, contentOf(syn, idConnectSyn)))
+			require.NoError(t, err)
+			ws = append(ws, w)
+			d := <-res
+			if assert.NoError(t, d.err, "round %d: the victim's Dial", i) {
+				ids = append(ids, id)
+				d.c.Close()
+			}
+		}
+		open := 0
+		for _, w := range ws {
+			if s := w.watch(last, last.Add(connectTimeout+time.Second), false); !s.closed {
+				open++
+			}
+		}
+		assert.Zero(t, open, "the attacker's streams still open ConnectTimeout + 1 s after its last hello (of %d)", rounds)
+		assert.Len(t, ids, rounds, "victims that got in")
+		checkAccepted(t, acc, ids)
+	})
+}

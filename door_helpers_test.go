@@ -64,47 +64,60 @@ func (s doorSeen) got(kind byte) bool { return bytes.IndexByte(s.kinds, kind) >=
 // frames in clear (those after a helloSecureAccept are sealed: not
 // parsed). took counts from since.
 func doorWatch(nc net.Conn, since, until time.Time) doorSeen {
-	var s doorSeen
-	var buf []byte
-	sealed := false
+	return (&doorWatcher{nc: nc}).watch(since, until, false)
+}
+
+// doorWatcher watches a raw stream, in several steps if need be.
+type doorWatcher struct {
+	nc     net.Conn
+	s      doorSeen
+	buf    []byte
+	sealed bool
+}
+
+// watch reads the stream until the server ends it or until, or if first
+// until something came; the result counts everything read so far.
+func (w *doorWatcher) watch(since, until time.Time, first bool) doorSeen {
 	rb := make([]byte, 32<<10)
-	nc.SetReadDeadline(until)
-	defer nc.SetReadDeadline(time.Time{})
-	for {
-		n, err := nc.Read(rb)
-		s.bytes += n
-		if !sealed {
-			buf = append(buf, rb[:n]...)
-			for !sealed {
-				size, k := consumeVLE32(buf)
-				if k < 0 || size == 0 || len(buf) < k+int(size) {
+	w.nc.SetReadDeadline(until)
+	defer w.nc.SetReadDeadline(time.Time{})
+	for !w.s.closed {
+		n, err := w.nc.Read(rb)
+		w.s.bytes += n
+		if !w.sealed {
+			w.buf = append(w.buf, rb[:n]...)
+			for !w.sealed {
+				size, k := consumeVLE32(w.buf)
+				if k < 0 || size == 0 || len(w.buf) < k+int(size) {
 					break
 				}
-				body := buf[k : k+int(size)]
-				buf = buf[k+int(size):]
+				body := w.buf[k : k+int(size)]
+				w.buf = w.buf[k+int(size):]
 				id, m := consumeVLE32(body)
 				if m < 0 || id != idPingReply {
 					continue
 				}
 				if kind, _, ok := parseStreamHello(body[m:]); ok {
-					s.kinds = append(s.kinds, kind)
-					sealed = kind == helloSecureAccept
+					w.s.kinds = append(w.s.kinds, kind)
+					w.sealed = kind == helloSecureAccept
 				}
 			}
 		}
+		w.s.took = time.Since(since)
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.Canceled) {
 				// The deadline (a WebSocket's NetConn cancels its
 				// read's context at the deadline).
-				s.took = time.Since(since)
-				return s
+				break
 			}
-			s.closed = true
-			s.took = time.Since(since)
-			return s
+			w.s.closed = true
+		}
+		if first && n > 0 {
+			break
 		}
 	}
+	return w.s
 }
 
 // doorWatchAll watches every stream of ncs at once (doorWatch), each from
