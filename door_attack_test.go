@@ -4,6 +4,8 @@ package knet
 
 import (
 	"net"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -343,4 +345,132 @@ func TestDoorReplayedStreamEndsByConnectTimeout(t *testing.T) {
 	assert.True(t, seen.closed, "the replay still open %v after its hello (hellos %v)", seen.took, seen.kinds)
 	others := doorAcceptedBy(l, 200*time.Millisecond)
 	assert.Zero(t, len(others), "connections AcceptConn returned besides the victim's")
+}
+
+// doorHeap is the live heap, after a collection.
+func doorHeap() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC() // the pools' victims too
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// A stream's first frame (and a secure stream's first sealed frame) is
+// small: at most 4096 bytes. Streams announcing 16 MiB in it and sending
+// 15 MiB are ended at once, and hold nothing of it; a first frame over
+// 4096 bytes (a knet hello) is refused at once, before the Admit hook and
+// any key exchange.
+func TestDoorFirstFrameBounded(t *testing.T) {
+	const (
+		streams  = 16
+		announce = 16 << 20
+		send     = 15 << 20
+		chunk    = 64 << 10
+	)
+	for _, tt := range []struct {
+		name           string
+		secure, sealed bool
+	}{
+		{"plaintext", false, false},
+		{"secure", true, false},
+		{"secure, the first sealed frame", true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, ccfg := tcpConfig(), testConfig()
+			if tt.secure {
+				cfg, ccfg = secureConfigs(t)
+				cfg.TCP = true
+			}
+			// Longer than the writers write (1.5 s): a timeout ends no
+			// stream here.
+			cfg.ConnectTimeout = 5 * time.Second
+			cfg.ConnectionLostTimeout = 5 * time.Second
+			cfg.DisconnectTimeout = time.Second
+			var admits atomic.Int32
+			cfg.AdmitConn = func(*Conn, []byte) ([]byte, error) { admits.Add(1); return nil, nil }
+			l := listen(t, cfg)
+
+			ncs := make([]net.Conn, streams)
+			for i := range ncs {
+				ncs[i] = doorRaw(t, l.Addr().String(), nil)
+				if !tt.sealed {
+					continue
+				}
+				_, syn, err := newClientSecure(ccfg.ServerKey, nil, nil)
+				require.NoError(t, err)
+				_, err = ncs[i].Write(knetHello(helloSecure, syn))
+				require.NoError(t, err)
+				id, p := readFrame(t, ncs[i], newTCPFramer(1<<20))
+				kind, _, ok := parseStreamHello(p)
+				require.True(t, ok && id == idPingReply && kind == helloSecureAccept, "the server's Noise message 2")
+			}
+			failed := l.Stats().FailedStreams
+			before := doorHeap()
+			start := time.Now()
+			buf := make([]byte, chunk)
+			var writers sync.WaitGroup
+			var sent atomic.Int64
+			seen := make([]doorSeen, streams)
+			var readers sync.WaitGroup
+			for i, nc := range ncs {
+				nc.SetWriteDeadline(start.Add(1500 * time.Millisecond))
+				_, err := nc.Write(appendVLE32(nil, announce))
+				require.NoError(t, err)
+				writers.Go(func() {
+					for n := 0; n < send; n += chunk {
+						if _, err := nc.Write(buf); err != nil {
+							return
+						}
+						sent.Add(chunk)
+					}
+				})
+				readers.Go(func() { seen[i] = doorWatch(nc, start, start.Add(1250*time.Millisecond)) })
+			}
+			writers.Wait()
+			grew := doorHeap() - before
+			readers.Wait()
+			open, late := 0, 0
+			var slowest time.Duration
+			for _, s := range seen {
+				switch {
+				case !s.closed:
+					open++
+				case s.took > time.Second:
+					late++
+				}
+				slowest = max(slowest, s.took)
+			}
+			t.Logf("%d MiB sent in all; the heap grew %d MiB", sent.Load()>>20, grew>>20)
+			assert.Zero(t, open+late, "streams not closed within 1 s (%d still open after 1.25 s, %d later than 1 s; slowest %v)", open, late, slowest)
+			assert.Less(t, grew, int64(8<<20), "the heap's growth while the streams sent their first frame")
+			assert.True(t, doorPollUntil(time.Second, func() bool { return l.Stats().FailedStreams >= failed+streams }),
+				"FailedStreams %d, want %d more than %d", l.Stats().FailedStreams, streams, failed)
+			others := doorAcceptedBy(l, 100*time.Millisecond)
+			assert.Zero(t, len(others), "streams accepted")
+
+			if tt.sealed {
+				return
+			}
+			// A knet hello over 4096 bytes.
+			var hello []byte
+			if tt.secure {
+				_, syn, err := newClientSecure(ccfg.ServerKey, nil, make([]byte, 4900))
+				require.NoError(t, err)
+				hello = knetHello(helloSecure, syn)
+			} else {
+				hello = knetHello(helloClient, make([]byte, 5000))
+			}
+			admitted, exchanged := admits.Load(), l.Stats().KeyExchanges
+			nc := doorRaw(t, l.Addr().String(), nil)
+			start = time.Now()
+			_, err := nc.Write(hello)
+			require.NoError(t, err)
+			s := doorWatch(nc, start, start.Add(time.Second))
+			assert.True(t, s.closed, "a first frame of %d bytes: still open after %v", len(hello), s.took)
+			assert.Equal(t, admitted, admits.Load(), "AdmitConn calls")
+			assert.Equal(t, exchanged, l.Stats().KeyExchanges, "key exchanges")
+			assert.Zero(t, len(doorAcceptedBy(l, 100*time.Millisecond)), "accepted")
+		})
+	}
 }
