@@ -3,13 +3,16 @@
 package knet
 
 import (
+	"context"
 	"net"
+	"net/http"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -471,6 +474,85 @@ func TestDoorFirstFrameBounded(t *testing.T) {
 			assert.Equal(t, admitted, admits.Load(), "AdmitConn calls")
 			assert.Equal(t, exchanged, l.Stats().KeyExchanges, "key exchanges")
 			assert.Zero(t, len(doorAcceptedBy(l, 100*time.Millisecond)), "accepted")
+		})
+	}
+}
+
+// doorDialFrom connects a client (cfg) to l over tr, its stream from the
+// local address from: TCP to l's port, or a WebSocket to url.
+func doorDialFrom(ctx context.Context, l *Listener, url string, tr Transport, from net.IP, cfg *Config) (*Conn, error) {
+	rc := cfg.resolve()
+	if err := rc.secureDialer(); err != nil {
+		return nil, err
+	}
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: from}}
+	if tr == TransportWebSocket {
+		tp := &http.Transport{DialContext: d.DialContext}
+		defer tp.CloseIdleConnections()
+		ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: tp}})
+		if err != nil {
+			return nil, err
+		}
+		return dialStream(ctx, newWSConn(ws, rc), TransportWebSocket, rc, &endpointOptions{})
+	}
+	nc, err := d.DialContext(ctx, "tcp", l.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	nc.(*net.TCPConn).SetNoDelay(true)
+	return dialStream(ctx, nc, TransportTCP, rc, &endpointOptions{})
+}
+
+var (
+	doorLocalhost = net.IPv4(127, 0, 0, 1)
+	doorOther     = net.IPv4(127, 0, 0, 2)
+)
+
+// One source address cannot take every pending place of a listener:
+// MaxPendingConnections silent TCP streams from 127.0.0.1 leave room for
+// a client from 127.0.0.2, over TCP or WebSocket; what one source opens
+// past its share (MaxPendingConnections/16) is closed at once and counted
+// ignored.
+func TestDoorOneSourceCannotFillPending(t *testing.T) {
+	const flood = defaultMaxPending
+	for _, tt := range []struct {
+		name   string
+		secure bool
+		tr     Transport
+	}{
+		{"tcp", false, TransportTCP},
+		{"tcp, secure", true, TransportTCP},
+		{"websocket", false, TransportWebSocket},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, ccfg := tcpConfig(), testConfig()
+			if tt.secure {
+				cfg, ccfg = secureConfigs(t)
+				cfg.TCP = true
+			}
+			cfg.ConnectTimeout = 30 * time.Second
+			cfg.DisconnectTimeout = time.Second
+			l := listen(t, cfg)
+			serveEcho(t, l)
+			url := wsServer(t, l)
+			for range flood {
+				doorRaw(t, l.Addr().String(), doorLocalhost)
+			}
+			took := doorPollUntil(5*time.Second, func() bool {
+				st := l.Stats()
+				return uint64(st.Pending)+st.IgnoredAttempts >= flood
+			})
+			st := l.Stats()
+			require.True(t, took, "the listener took the flood's streams: pending %d, ignored %d", st.Pending, st.IgnoredAttempts)
+			t.Logf("after the flood: pending %d, ignored %d", st.Pending, st.IgnoredAttempts)
+			assert.Positive(t, st.IgnoredAttempts, "streams of the flood closed at once and counted")
+
+			ctx := within(t, 2*time.Second)
+			c, err := doorDialFrom(ctx, l, url, tt.tr, doorOther, ccfg)
+			if assert.NoError(t, err, "a client from 127.0.0.2 over %v", tt.tr) {
+				echoOnce(t, c, Message{ID: 100, Payload: []byte("in"), Reliable: true})
+				c.Close()
+			}
 		})
 	}
 }
