@@ -594,3 +594,62 @@ func TestDoorIdleStreamsCostNoCPU(t *testing.T) {
 	assert.Less(t, cores, 0.1, "cores used by idle streams")
 	assert.Equal(t, sources*perSource, l.Stats().Pending, "the streams are still pending")
 }
+
+// Handshakes begun and never completed do not hold the connection IDs a
+// client needs: with a 3-byte ServerID (256 IDs), 256 secure ConnectSyns
+// from 127.0.0.1 left half open still let a client from 127.0.0.2 in.
+func TestDoorHalfOpenCannotExhaustIDs(t *testing.T) {
+	const attempts, batch = 256, 32
+	scfg, ccfg := secureConfigs(t)
+	scfg.ServerID = []byte{0x12, 0x34, 0x56}
+	scfg.CookieThreshold = 1 << 30 // no cookies
+	scfg.ConnectTimeout = 10 * time.Second
+	scfg.DisconnectTimeout = 500 * time.Millisecond
+	l := listen(t, scfg)
+	serveEcho(t, l)
+	server := l.Addr().(*net.UDPAddr)
+
+	pcs := make([]*net.UDPConn, attempts)
+	for i := range pcs {
+		pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: doorLocalhost})
+		require.NoError(t, err)
+		t.Cleanup(func() { pc.Close() })
+		pcs[i] = pc
+		_, syn, err := newClientSecure(ccfg.ServerKey, nil, nil)
+		require.NoError(t, err)
+		// As a secure client sends it (session_specsend.go: control).
+		d := appendPadding(clearDatagram(0, false, message{id: idConnectSyn, payload: syn}), synPadTo)
+		require.Len(t, d, synPadTo)
+		_, err = pc.WriteToUDP(d, server)
+		require.NoError(t, err)
+		if (i+1)%batch == 0 {
+			// In batches, so that the listener's socket buffer
+			// drops none.
+			require.True(t, doorPollUntil(5*time.Second, func() bool { return l.Stats().KeyExchanges >= uint64(i+1) }),
+				"key exchanges: %+v", l.Stats())
+		}
+	}
+	buf := make([]byte, 2048)
+	for i, pc := range pcs {
+		pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := pc.Read(buf)
+		require.NoError(t, err, "the answer to attempt %d", i)
+		require.NotNil(t, contentOf(buf[:n], idConnectSynAck), "attempt %d answered with a ConnectSynAck", i)
+	}
+	st := l.Stats()
+	t.Logf("half open: pending %d, key exchanges %d, refused %d", st.Pending, st.KeyExchanges, st.RefusedAttempts)
+
+	o := &endpointOptions{dial: func(network string, raddr *net.UDPAddr) (socket, error) {
+		pc, err := net.DialUDP(network, &net.UDPAddr{IP: doorOther}, raddr)
+		if err != nil {
+			return nil, err
+		}
+		return newUDPSocket(pc, true), nil
+	}}
+	c, err := dialWith(within(t, 5*time.Second), "udp", l.Addr().String(), ccfg, o)
+	if assert.NoError(t, err, "a client from 127.0.0.2") {
+		assert.Equal(t, doorOther.String(), c.LocalAddr().(*net.UDPAddr).IP.String())
+		echoOnce(t, c, Message{ID: 100, Payload: []byte("in"), Reliable: true})
+		c.Close()
+	}
+}
