@@ -653,3 +653,60 @@ func TestDoorHalfOpenCannotExhaustIDs(t *testing.T) {
 		c.Close()
 	}
 }
+
+// Streams opened while a listener drains and that never say anything do
+// not hold the Drain: with a UDP and a TCP client, and a new silent TCP
+// stream every 300 ms meanwhile, Drain returns nil within 3 s
+// (DisconnectTimeout 1 s).
+func TestDoorDrainNotHeldBySilentStreams(t *testing.T) {
+	cfg := tcpConfig()
+	cfg.DisconnectTimeout = time.Second
+	cfg.ConnectTimeout = 30 * time.Second
+	l := listen(t, cfg)
+	serveEcho(t, l)
+	ctx := within(t, 10*time.Second)
+	for _, network := range []string{"udp", "tcp"} {
+		c, err := Dial(ctx, network, l.Addr().String(), testConfig())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		echoOnce(t, c, Message{ID: 100, Payload: []byte(network), Reliable: true})
+	}
+
+	// The first silent stream comes as the Drain begins: the listener
+	// has taken it.
+	silent := []net.Conn{doorRaw(t, l.Addr().String(), nil)}
+	require.True(t, doorPollUntil(5*time.Second, func() bool { return l.Stats().Pending == 1 }), "the first silent stream pending")
+	dctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	drained := make(chan error, 1)
+	start := time.Now()
+	go func() { drained <- l.Drain(dctx, "bye") }()
+	var err error
+	var took time.Duration
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(3 * time.Second)
+	defer deadline.Stop()
+wait:
+	for range 100 {
+		select {
+		case err = <-drained:
+			took = time.Since(start)
+			break wait
+		case <-tick.C:
+			if nc, err := net.Dial("tcp", l.Addr().String()); err == nil {
+				silent = append(silent, nc)
+				t.Cleanup(func() { nc.Close() })
+			}
+		case <-deadline.C:
+			cancel() // Drain returns ctx's error now
+			err = <-drained
+			took = time.Since(start)
+			t.Errorf("Drain still waiting after %v", took)
+			break wait
+		}
+	}
+	t.Logf("Drain returned %v after %v; %d silent streams opened meanwhile", err, took, len(silent))
+	assert.NoError(t, err, "Drain")
+	assert.Less(t, took, 3*time.Second)
+}
