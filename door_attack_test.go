@@ -4,6 +4,8 @@ package knet
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -709,4 +711,74 @@ wait:
 	t.Logf("Drain returned %v after %v; %d silent streams opened meanwhile", err, took, len(silent))
 	assert.NoError(t, err, "Drain")
 	assert.Less(t, took, 3*time.Second)
+}
+
+// doorNotGraceful checks that err, how a connection ended, does not read
+// as a graceful end.
+func doorNotGraceful(t *testing.T, err error, who string) {
+	t.Helper()
+	assert.Error(t, err, who)
+	assert.False(t, doorGraceful(err), "%s: a graceful end (%v, %T)", who, err, err)
+}
+
+// A FIN that a relay injects in a secure stream, cutting the client's
+// messages short, is no close of the client's: a secure peer's close is
+// said in a sealed frame. The server reads the messages that came, then
+// an error, not io.EOF, and neither end reads the cut as graceful. A
+// close said by either end still is.
+func TestDoorInjectedFINIsNotGraceful(t *testing.T) {
+	scfg, ccfg, _ := secureTCPConfigs(t)
+	l := listen(t, scfg)
+	ctx := within(t, 15*time.Second)
+	// A sealed control frame (ping, ping reply) is 18 bytes after its
+	// size field; the client's messages here are longer.
+	control := 1 + 1 + sealOverhead
+	apps := 0
+	relay := newDoorCutRelay(t, l.Addr().String(), func(i int, f []byte) bool {
+		if size, _ := consumeVLE32(f); i == 0 || int(size) == control {
+			return true // the hello, a ping
+		}
+		apps++
+		return apps <= 2
+	})
+	c, err := Dial(ctx, "tcp", relay, ccfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc, err := l.AcceptConn(ctx)
+	require.NoError(t, err)
+	for i := range 5 {
+		require.NoError(t, c.Send(Message{ID: 100, Payload: fmt.Appendf(nil, "message %d of 5, numbered", i), Reliable: true}))
+	}
+	for i := range 2 {
+		m, err := sc.Receive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("message %d of 5, numbered", i), string(m.Payload))
+	}
+	_, err = sc.Receive(ctx)
+	assert.Error(t, err, "the server's Receive after the cut")
+	assert.NotErrorIs(t, err, io.EOF, "the server's Receive after the cut")
+	waitDone(t, sc, 5*time.Second)
+	doorNotGraceful(t, sc.Err(), "the server's connection")
+	waitDone(t, c, 5*time.Second)
+	doorNotGraceful(t, c.Err(), "the client's connection")
+
+	for _, clientCloses := range []bool{true, false} {
+		c, err := Dial(ctx, "tcp", l.Addr().String(), ccfg)
+		require.NoError(t, err)
+		sc, err := l.AcceptConn(ctx)
+		require.NoError(t, err)
+		closer, peer := c, sc
+		if !clientCloses {
+			closer, peer = sc, c
+		}
+		require.NoError(t, closer.Send(Message{ID: 100, Payload: []byte("last words"), Reliable: true}))
+		assert.NoError(t, closer.Close(), "client closes: %v", clientCloses)
+		m, err := peer.Receive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "last words", string(m.Payload))
+		_, err = peer.Receive(ctx)
+		assert.ErrorIs(t, err, io.EOF, "client closes: %v", clientCloses)
+		waitDone(t, peer, 5*time.Second)
+		assert.ErrorIs(t, peer.Err(), ErrPeerClosed, "client closes: %v", clientCloses)
+	}
 }

@@ -304,3 +304,67 @@ func doorCount(seen []doorSeen) (answered, open int) {
 	}
 	return answered, open
 }
+
+// newDoorCutRelay passes TCP streams to server: the server's bytes as they
+// come (its FIN too), the client's frame by frame (the size fields are in
+// clear, on a secure stream too) while pass says so. At the first frame
+// pass refuses, it half-closes its stream to the server, a FIN as if the
+// client had ended its side there, and drops all that follows.
+func newDoorCutRelay(t testing.TB, server string, pass func(i int, f []byte) bool) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			a, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", server)
+			if err != nil {
+				a.Close()
+				continue
+			}
+			wg.Go(func() {
+				io.Copy(a, b)
+				a.(*net.TCPConn).CloseWrite()
+			})
+			wg.Go(func() {
+				defer a.Close()
+				defer b.Close()
+				var buf []byte
+				rb := make([]byte, 32<<10)
+				cut := false
+				for i := 0; ; {
+					n, err := a.Read(rb)
+					if !cut {
+						buf = append(buf, rb[:n]...)
+					}
+					for !cut {
+						size, k := consumeVLE32(buf)
+						if k < 0 || len(buf) < k+int(size) {
+							break
+						}
+						f := buf[:k+int(size)]
+						if !pass(i, f) {
+							cut = true
+							b.(*net.TCPConn).CloseWrite()
+							buf = nil
+							break
+						}
+						if _, err := b.Write(f); err != nil {
+							return
+						}
+						buf = buf[len(f):]
+						i++
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return ln.Addr().String()
+}
