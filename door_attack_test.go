@@ -782,3 +782,59 @@ func TestDoorInjectedFINIsNotGraceful(t *testing.T) {
 		assert.ErrorIs(t, peer.Err(), ErrPeerClosed, "client closes: %v", clientCloses)
 	}
 }
+
+// Config.Dialect holds over a stream as over UDP: a DialectSpec listener
+// takes no reference-dialect stream (a first frame that is no knet hello),
+// and a DialectReference listener no knet client.
+func TestDoorStreamDialect(t *testing.T) {
+	t.Run("spec listener, reference stream", func(t *testing.T) {
+		cfg := tcpConfig()
+		cfg.Dialect = DialectSpec
+		cfg.ConnectTimeout = 5 * time.Second
+		l := listen(t, cfg)
+		for _, f := range []struct {
+			name  string
+			frame []byte
+		}{
+			{"a PingRequest", appendTCPFrame(nil, idPingRequest, []byte{1})},
+			{"an application frame", appendTCPFrame(nil, 100, []byte("hello"))},
+		} {
+			before := l.Stats()
+			nc := doorRaw(t, l.Addr().String(), nil)
+			start := time.Now()
+			_, err := nc.Write(f.frame)
+			require.NoError(t, err)
+			s := doorWatch(nc, start, start.Add(time.Second))
+			assert.True(t, s.closed, "%s first: the stream still open after %v", f.name, s.took)
+			others := doorAcceptedBy(l, 100*time.Millisecond)
+			for _, o := range others {
+				t.Logf("%s first: accepted %v, dialect %v", f.name, o.RemoteAddr(), o.Dialect())
+			}
+			assert.Zero(t, len(others), "%s first: connections accepted", f.name)
+			after := l.Stats()
+			assert.Equal(t, before.FailedStreams+before.RefusedAttempts+1, after.FailedStreams+after.RefusedAttempts,
+				"%s first: counted failed or refused", f.name)
+		}
+	})
+	t.Run("reference listener, knet client", func(t *testing.T) {
+		cfg := tcpConfig()
+		cfg.Dialect = DialectReference
+		l := listen(t, cfg)
+		ccfg := testConfig()
+		ccfg.ConnectTimeout = time.Second
+		c, err := Dial(within(t, 5*time.Second), "tcp", l.Addr().String(), ccfg)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			select {
+			case <-c.Done():
+			case <-time.After(time.Second):
+				t.Errorf("a knet client's Dial to a DialectReference listener returned a connection that is still up 1 s later (dialect %v)", c.Dialect())
+			}
+		}
+		others := doorAcceptedBy(l, 200*time.Millisecond)
+		for _, o := range others {
+			t.Logf("accepted %v, dialect %v", o.RemoteAddr(), o.Dialect())
+		}
+		assert.Zero(t, len(others), "connections accepted")
+	})
+}
