@@ -734,7 +734,7 @@ func TestDoorInjectedFINIsNotGraceful(t *testing.T) {
 	// size field; the client's messages here are longer.
 	control := 1 + 1 + sealOverhead
 	apps := 0
-	relay := newDoorCutRelay(t, l.Addr().String(), func(i int, f []byte) bool {
+	relay := doorCutRelay(t, l.Addr().String(), func(i int, f []byte) bool {
 		if size, _ := consumeVLE32(f); i == 0 || int(size) == control {
 			return true // the hello, a ping
 		}

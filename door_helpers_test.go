@@ -305,12 +305,12 @@ func doorCount(seen []doorSeen) (answered, open int) {
 	return answered, open
 }
 
-// newDoorCutRelay passes TCP streams to server: the server's bytes as they
+// doorCutRelay passes TCP streams to server: the server's bytes as they
 // come (its FIN too), the client's frame by frame (the size fields are in
 // clear, on a secure stream too) while pass says so. At the first frame
 // pass refuses, it half-closes its stream to the server, a FIN as if the
 // client had ended its side there, and drops all that follows.
-func newDoorCutRelay(t testing.TB, server string, pass func(i int, f []byte) bool) string {
+func doorCutRelay(t testing.TB, server string, pass func(i int, f []byte) bool) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	var wg sync.WaitGroup
