@@ -144,10 +144,8 @@ func (l *Listener) leaveLocked(t *ticket) {
 // most half the IDs, those of one source at most a sixteenth (at least
 // one); established connections, any number.
 func (l *Listener) takeCID(c *Conn) (uint32, error) {
-	space := cidSpace(l.cfg.serverID)
 	l.mu.Lock()
-	u := l.sources[c.ticket.src]
-	if c.ticket.pending && (int64(l.halfOpenCIDs) >= max(1, space/2) || int64(u.cids) >= max(1, space/16)) {
+	if c.ticket.pending && l.cidsSpentLocked(c.ticket.src) {
 		l.mu.Unlock()
 		return 0, errNoCID
 	}
@@ -166,6 +164,14 @@ func (l *Listener) takeCID(c *Conn) (uint32, error) {
 	}
 	l.mu.Unlock()
 	return id, nil
+}
+
+// cidsSpentLocked reports whether unproven attempts, or those of src, hold
+// all the connection IDs they may (takeCID); l.mu is held. An attempt
+// from such a source is dropped before its key exchange (admitSecure).
+func (l *Listener) cidsSpentLocked(src sourceKey) bool {
+	space := cidSpace(l.cfg.serverID)
+	return int64(l.halfOpenCIDs) >= max(1, space/2) || int64(l.sources[src].cids) >= max(1, space/16)
 }
 
 // cidSpace is how many connection IDs a listener with serverID can tell
@@ -284,7 +290,7 @@ func (l *Listener) admitSecure(ep *endpoint, addr netip.AddrPort, p *packet) {
 	h := maphash.Bytes(l.hs.seed, msg1)
 	now := time.Now()
 	l.mu.Lock()
-	if !l.roomLocked(addr.Addr()) {
+	if !l.roomLocked(addr.Addr()) || l.cidsSpentLocked(sourceOf(addr.Addr())) {
 		l.mu.Unlock()
 		ep.ignored.Add(1)
 		ep.putPacket(p)

@@ -627,17 +627,33 @@ func TestDoorHalfOpenCannotExhaustIDs(t *testing.T) {
 		if (i+1)%batch == 0 {
 			// In batches, so that the listener's socket buffer
 			// drops none.
-			require.True(t, doorPollUntil(5*time.Second, func() bool { return l.Stats().KeyExchanges >= uint64(i+1) }),
-				"key exchanges: %+v", l.Stats())
+			require.True(t, doorPollUntil(5*time.Second, func() bool {
+				st := l.Stats()
+				return st.KeyExchanges+st.IgnoredAttempts >= uint64(i+1)
+			}), "key exchanges: %+v", l.Stats())
 		}
 	}
+	// Those answered got a ConnectSynAck; once the source holds its
+	// share of the IDs, the rest are dropped before their key exchange
+	// (or, raced, refused after it).
 	buf := make([]byte, 2048)
+	answered := 0
+	deadline := time.Now().Add(time.Second) // for them all
 	for i, pc := range pcs {
-		pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		pc.SetReadDeadline(deadline)
 		n, err := pc.Read(buf)
-		require.NoError(t, err, "the answer to attempt %d", i)
-		require.NotNil(t, contentOf(buf[:n], idConnectSynAck), "attempt %d answered with a ConnectSynAck", i)
+		if err != nil {
+			continue
+		}
+		if contentOf(buf[:n], idConnectSynAck) != nil {
+			answered++
+		} else {
+			require.True(t, holdsID(buf[:n], idDisconnectAck), "attempt %d answered with a ConnectSynAck or a refusal", i)
+		}
 	}
+	t.Logf("%d of %d half-open attempts got a connection ID", answered, attempts)
+	assert.Positive(t, answered)
+	assert.LessOrEqual(t, answered, 256/16, "one source holds at most a sixteenth of the IDs")
 	st := l.Stats()
 	t.Logf("half open: pending %d, key exchanges %d, refused %d", st.Pending, st.KeyExchanges, st.RefusedAttempts)
 
