@@ -310,47 +310,54 @@ func TestDoorTokenNotStolenByStreamReplay(t *testing.T) {
 // not ConnectionLostTimeout, and never accepted.
 func TestDoorReplayedStreamEndsByConnectTimeout(t *testing.T) {
 	const connectTimeout = time.Second
-	l, url, ccfg, _ := doorSecureListener(t, func(c *Config) {
-		c.ConnectTimeout = connectTimeout
-		c.ConnectionLostTimeout = 10 * time.Second
-	})
-	c, sc, hello := doorVictim(t, l, url, TransportTCP, ccfg)
-	require.NoError(t, c.Close())
-	waitDone(t, sc, 5*time.Second)
-	doorForget(t, l, hello)
+	// A size over the first sealed frame's limit ends the stream at
+	// once; one within it, trickled, by ConnectTimeout from the hello.
+	for _, size := range []uint32{60000, 4000} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			l, url, ccfg, _ := doorSecureListener(t, func(c *Config) {
+				c.ConnectTimeout = connectTimeout
+				c.ConnectionLostTimeout = 10 * time.Second
+			})
+			c, sc, hello := doorVictim(t, l, url, TransportTCP, ccfg)
+			require.NoError(t, c.Close())
+			waitDone(t, sc, 5*time.Second)
+			doorForget(t, l, hello)
 
-	w := &doorWatcher{nc: doorRaw(t, l.Addr().String(), nil)}
-	start := time.Now()
-	_, err := w.nc.Write(hello)
-	require.NoError(t, err)
-	first := w.watch(start, start.Add(connectTimeout), true)
-	t.Logf("the replay after %v: hellos %v, closed %v", first.took, first.kinds, first.closed)
-	stop := make(chan struct{})
-	trickled := make(chan struct{})
-	go func() {
-		defer close(trickled)
-		if _, err := w.nc.Write(appendVLE32(nil, 60000)); err != nil {
-			return
-		}
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for range 60000 {
-			select {
-			case <-tick.C:
-			case <-stop:
-				return
-			}
-			if _, err := w.nc.Write([]byte{0x5a}); err != nil {
-				return
-			}
-		}
-	}()
-	seen := w.watch(start, start.Add(connectTimeout+time.Second), false)
-	close(stop)
-	<-trickled
-	assert.True(t, seen.closed, "the replay still open %v after its hello (hellos %v)", seen.took, seen.kinds)
-	others := doorAcceptedBy(l, 200*time.Millisecond)
-	assert.Zero(t, len(others), "connections AcceptConn returned besides the victim's")
+			w := &doorWatcher{nc: doorRaw(t, l.Addr().String(), nil)}
+			start := time.Now()
+			_, err := w.nc.Write(hello)
+			require.NoError(t, err)
+			first := w.watch(start, start.Add(connectTimeout), true)
+			t.Logf("the replay after %v: hellos %v, closed %v", first.took, first.kinds, first.closed)
+			stop := make(chan struct{})
+			trickled := make(chan struct{})
+			go func() {
+				defer close(trickled)
+				if _, err := w.nc.Write(appendVLE32(nil, size)); err != nil {
+					return
+				}
+				tick := time.NewTicker(50 * time.Millisecond)
+				defer tick.Stop()
+				for range size {
+					select {
+					case <-tick.C:
+					case <-stop:
+						return
+					}
+					if _, err := w.nc.Write([]byte{0x5a}); err != nil {
+						return
+					}
+				}
+			}()
+			seen := w.watch(start, start.Add(connectTimeout+time.Second), false)
+			close(stop)
+			<-trickled
+			assert.True(t, seen.closed, "the replay still open %v after its hello (hellos %v)", seen.took, seen.kinds)
+			t.Logf("closed %v after the hello", seen.took)
+			others := doorAcceptedBy(l, 200*time.Millisecond)
+			assert.Zero(t, len(others), "connections AcceptConn returned besides the victim's")
+		})
+	}
 }
 
 // doorHeap is the live heap, after a collection.
