@@ -347,16 +347,16 @@ type mxRelay struct {
 	ready    chan struct{} // closed when connectUp is done
 	upLocal  netip.AddrPort
 
-	vc, sc       net.Conn
-	vws, sws     *websocket.Conn
-	ln           net.Listener
-	srv          *httptest.Server
-	acceptOnce   sync.Once
-	connectOnce  sync.Once
-	connectErr   error
-	wg           sync.WaitGroup
-	closeOnce    sync.Once
-	closing      chan struct{}
+	vc, sc      net.Conn
+	vws, sws    *websocket.Conn
+	ln          net.Listener
+	srv         *httptest.Server
+	acceptOnce  sync.Once
+	connectOnce sync.Once
+	connectErr  error
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	closing     chan struct{}
 }
 
 func newMxRelay(t testing.TB, tr Transport, serverTCP, serverWS string, holdUpFrom int) *mxRelay {

@@ -148,7 +148,7 @@ type mxFrame struct {
 	// frames behind it fill; injected, the server can only time the
 	// frame out (a *TimeoutError).
 	swallows bool
-	build     func(m mxMaterial, injected bool) []mxOp
+	build    func(m mxMaterial, injected bool) []mxOp
 }
 
 func mxFrames() []mxFrame {
