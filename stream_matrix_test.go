@@ -11,25 +11,37 @@ package knet
 //   - no connection from an attacker is accepted;
 //   - the victim survives: a round trip, then a graceful close both ways
 //     (closing, draining: its last message still taken, then the close
-//     completes gracefully);
+//     completes gracefully); in hello-sent, its connection is not offered
+//     before its first sealed frame;
 //   - a replayed secure hello, or a victim's UDP ConnectSyn in one, costs
 //     no key exchange while the original is remembered, is counted in
-//     ReplayedHandshakes and gets no kind-6 answer;
-//   - every attacker stream is closed by the server within ConnectTimeout
-//     + 1 s, one whose first frame announces more than 4096 bytes within
-//     1 s, and leaves no stream connection behind (ListenerStats.Pending
-//     comes back to zero).
+//     ReplayedHandshakes and gets no kind-6 answer (not in pending, where
+//     the attacker's copy of the held hello reaches the server first);
+//   - the server ends every attacker stream, its side and its Conn, while
+//     the attacker keeps its own side open, within ConnectTimeout + 1 s,
+//     and one whose first frame announces more than 4096 bytes within 1 s;
+//     no stream is left pending (ListenerStats.Pending back to zero).
 //
-// Bytes injected into the victim's own secure stream must end it with a
-// *ProtocolError (a *TimeoutError too for a size field, 16 MiB's or
-// garbage's, that the victim's frames never fill), nothing forged delivered, never a
-// graceful end; plaintext cannot tell injected bytes from the victim's,
-// by design, and those cells are skipped.
+// Bytes injected into the victim's own secure stream must end the
+// server's side never gracefully: with a *ProtocolError (or a
+// *TimeoutError for a size field, 16 MiB's or garbage's, that the
+// victim's frames never fill), nothing forged delivered; before the
+// opening the connection is never offered; and the client, unless the
+// server said goodbye before the injection (closing, draining), must not
+// end gracefully either. In pending the injected bytes come first, and
+// any non-graceful refusal will do. Plaintext cannot tell injected bytes
+// from the victim's, by design: those cells are skipped. On a plaintext
+// listener a hello that is a client's valid opening (a copy of the
+// victim's, or the attacker's own) opens a connection of the attacker's
+// own, by design: those cells only assert that it is not the victim's.
 //
 // Names: transport/security/state/frame/source, e.g.
-// tcp/secure/open/replay-hello/from-other-ip. Groups and cells run
-// concurrently (t.Run from goroutines, not t.Parallel, which -parallel
-// would hold to two at a time): each group has its own listener.
+// tcp/secure/open/replay-hello/from-other-ip; group-level checks are
+// transport/security/state/victim (the victim shared by the cells from
+// elsewhere) and .../leftovers. Groups and cells run concurrently (t.Run
+// from goroutines, not t.Parallel, which -parallel would hold to two at a
+// time): each group has its own listener, and its pre-open states last at
+// most the listener's ConnectTimeout, which the attacks must fit in.
 
 import (
 	"bytes"
@@ -641,6 +653,8 @@ func (v *mxVictim) cut(t *testing.T, c *mxCell) {
 		// The attacker's bytes came first: the server refuses them as
 		// a first frame.
 		assert.True(t, mxNonGraceful(err), "the server's side ended with %v", err)
+	case mxGraceful(err):
+		assert.Fail(t, "the server's side of the victim's stream ended gracefully after an injection", "%v", err)
 	default:
 		assert.True(t, errors.As(err, &pe) || c.frame.swallows && errors.As(err, &te),
 			"the server's side of the victim's stream ended with %v (%T), not a *ProtocolError", err, err)
@@ -791,14 +805,20 @@ func (env *mxEnv) externalCell(t *testing.T, c *mxCell) {
 			if c.frame.oversized {
 				deadline = wrote.Add(time.Second)
 			}
+			// Closed: the server ended its side and dropped its
+			// connection, while the attacker kept its own side open (a
+			// half-close alone leaves the server's Conn to the
+			// attacker).
 			closed, at := s.awaitClosed(deadline)
-			if c.frame.oversized {
-				assert.True(t, closed, "a first frame announcing 16 MiB: the stream is still open 1 s later")
-			} else {
-				assert.True(t, closed, "the attacker's stream is still open %v after it opened", mxConnectTimeout+time.Second)
-			}
-			if closed {
+			gone := closed && mxPoll(time.Until(deadline), func() bool { return mxConnFrom(env.l, s.local) == nil })
+			switch {
+			case closed && gone:
 				t.Logf("closed by the server %v after it opened", at.Sub(s.opened).Round(time.Millisecond))
+			case c.frame.oversized:
+				assert.Fail(t, "a first frame announcing 16 MiB: the stream is still open 1 s later", "the server's side ended: %v", closed)
+			default:
+				assert.Fail(t, "the attacker's stream is still open "+(mxConnectTimeout+time.Second).String()+" after it opened",
+					"the server's side ended: %v (a half-close, its Conn still up)", closed)
 			}
 			if replay {
 				assert.NotContains(t, mxHellos(s.got), byte(helloSecureAccept), "a replayed secure hello got a kind-6 answer")
