@@ -815,10 +815,10 @@ func (env *mxEnv) externalCell(t *testing.T, c *mxCell) {
 			case closed && gone:
 				t.Logf("closed by the server %v after it opened", at.Sub(s.opened).Round(time.Millisecond))
 			case c.frame.oversized:
-				assert.Fail(t, "a first frame announcing 16 MiB: the stream is still open 1 s later", "the server's side ended: %v", closed)
+				assert.Fail(t, "a first frame announcing 16 MiB: the stream is still open 1 s later", "the server ended its side of the stream: %v; its Conn is still up", closed)
 			default:
 				assert.Fail(t, "the attacker's stream is still open "+(mxConnectTimeout+time.Second).String()+" after it opened",
-					"the server's side ended: %v (a half-close, its Conn still up)", closed)
+					"the server ended its side of the stream: %v; its Conn is still up", closed)
 			}
 			if replay {
 				assert.NotContains(t, mxHellos(s.got), byte(helloSecureAccept), "a replayed secure hello got a kind-6 answer")
