@@ -14,9 +14,12 @@ package knet
 //     completes gracefully); in hello-sent, its connection is not offered
 //     before its first sealed frame;
 //   - a replayed secure hello, or a victim's UDP ConnectSyn in one, costs
-//     no key exchange while the original is remembered, is counted in
-//     ReplayedHandshakes and gets no kind-6 answer (not in pending, where
-//     the attacker's copy of the held hello reaches the server first);
+//     no key exchange while the original is remembered and established,
+//     is counted in ReplayedHandshakes (but by a draining listener, which
+//     refuses before reading it) and gets no kind-6 answer; a copy of a
+//     hello whose attempt is not yet established (pending, hello-sent,
+//     admit-deciding) gets one attempt of its own by design (admission.go,
+//     maxAttemptsPerMessage): at most one key exchange, never established;
 //   - the server ends every attacker stream, its side and its Conn, while
 //     the attacker keeps its own side open, within ConnectTimeout + 1 s,
 //     and one whose first frame announces more than 4096 bytes within 1 s;
@@ -26,10 +29,11 @@ package knet
 // server's side never gracefully: with a *ProtocolError (or a
 // *TimeoutError for a size field, 16 MiB's or garbage's, that the
 // victim's frames never fill), nothing forged delivered; before the
-// opening the connection is never offered; and the client, unless the
-// server said goodbye before the injection (closing, draining), must not
-// end gracefully either. In pending the injected bytes come first, and
-// any non-graceful refusal will do. Plaintext cannot tell injected bytes
+// establishment the connection is never offered, and any end but a
+// graceful one will do (a failed attempt); the client, unless the server
+// said goodbye before the injection (closing, draining), must not end
+// gracefully either. A FIN injected after the server's sealed close reads
+// as the client's answer, by design (stream.go, streamEOF): logged. Plaintext cannot tell injected bytes
 // from the victim's, by design: those cells are skipped. On a plaintext
 // listener a hello that is a client's valid opening (a copy of the
 // victim's, or the attacker's own) opens a connection of the attacker's
