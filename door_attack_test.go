@@ -113,7 +113,7 @@ func TestDoorReplayedSecureHello(t *testing.T) {
 				assert.GreaterOrEqual(t, st.ReplayedHandshakes, uint64(2*replays), "replays counted")
 			})
 			t.Run("forgotten", func(t *testing.T) {
-				const connectTimeout = time.Second
+				const connectTimeout = 2 * time.Second
 				l, url, ccfg, _ := doorSecureListener(t, func(c *Config) { c.ConnectTimeout = connectTimeout })
 				ccfg.ConnectPayload = []byte("user=alice;password=hunter2")
 				c, sc, hello := doorVictim(t, l, url, tr, ccfg)

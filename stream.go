@@ -504,15 +504,13 @@ func (c *Conn) streamRefused(err error, knet bool) {
 	st.deadline = time.Now().Add(c.cfg.disconnect)
 }
 
-// streamDrop ends a server's stream without an answer (counted among the
-// failed streams): what the admission drops over UDP, it drops here too.
+// streamDrop ends a server's stream at once, without an answer (counted
+// among the failed streams): what the admission drops over UDP, it drops
+// here too.
 func (c *Conn) streamDrop(err error) {
-	st, s := c.st, c.st.sess
-	if s.err == nil {
+	if s := c.st.sess; s.err == nil {
 		s.err = err
 	}
-	st.closing = true
-	st.deadline = time.Now().Add(c.cfg.disconnect)
 }
 
 // streamSendQueue hands the session the application's messages, and
@@ -539,6 +537,16 @@ func (c *Conn) streamSendQueue(now time.Time) {
 		if st.phase != phaseOpen {
 			// Nothing to say goodbye to yet.
 			s.failQueue()
+			if !st.client && s.err == nil {
+				// A server's attempt (a Drain, the Listener's Close):
+				// refused, told why if it said hello, and ended once
+				// that is written, not waiting for its peer's end.
+				reason := "knet: the server closed the connection"
+				if len(why) > 0 {
+					reason = string(why)
+				}
+				c.streamRefused(errors.New(reason), s.knet)
+			}
 		}
 	}
 }
