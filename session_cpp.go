@@ -204,7 +204,9 @@ func (w *cppWire) recvOpen(now time.Time, d *cppDatagram) {
 // reliable number missing) gets in.
 func (w *cppWire) admits(msgs []cppMessage) bool {
 	s := w.s
-	over := s.host.recvUsed()+w.relHeldBytes >= s.cfg.recvBuffer
+	// Over the budget (budget.go), only the datagram filling the hole
+	// gets in.
+	over := s.overBudget(s.host.recvUsed()) || s.host.recvUsed()+w.relHeldBytes >= s.cfg.recvBuffer
 	appContent, fills := false, false
 	for i := range msgs {
 		m := &msgs[i]

@@ -1,0 +1,219 @@
+package knet
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/knet-go/knet/internal/udp"
+)
+
+// holeSocket loses, for good, the first reliable datagram carrying an
+// application message that its client sends, and every copy of it (a
+// datagram keeps its PacketID when sent again): the server holds all that
+// follows it in order, which is what issue 31's finding 14 did to a
+// Listener with six clients.
+type holeSocket struct {
+	socket
+	hole atomic.Int64 // the PacketID lost, -1 until chosen
+}
+
+func newHoleSocket(s socket) *holeSocket {
+	h := &holeSocket{socket: s}
+	h.hole.Store(-1)
+	return h
+}
+
+// lost reports whether b is to be lost.
+func (h *holeSocket) lost(b []byte) bool {
+	d, _, err := parseDatagram(b)
+	if err != nil || !d.header.reliable {
+		return false
+	}
+	if pid := int64(d.header.packetID); pid == h.hole.Load() {
+		return true
+	}
+	for _, m := range d.msgs {
+		if m.id >= MinMessageID && m.id <= MaxMessageID && h.hole.CompareAndSwap(-1, int64(d.header.packetID)) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *holeSocket) WriteTo(b []byte, to netip.AddrPort) error {
+	if h.lost(b) {
+		return nil
+	}
+	return h.socket.WriteTo(b, to)
+}
+
+func (h *holeSocket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
+	var first error
+	for i := range ps {
+		if h.lost(ps[i].Buf) {
+			continue
+		}
+		if err := h.socket.WriteTo(ps[i].Buf, ps[i].Addr); err != nil {
+			ps[i].Err = err
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// served is what serveAll saw.
+type served struct {
+	wg   sync.WaitGroup
+	over atomic.Int32 // connections that ended with ErrOverBudget
+}
+
+// overBudget is how many connections ended with ErrOverBudget.
+func (s *served) overBudget() int {
+	s.wg.Wait()
+	return int(s.over.Load())
+}
+
+// serveAll reads every connection l accepts until it ends, handing each
+// message to got (which may be nil), until l is closed.
+func serveAll(l *Listener, got func(c *Conn, m Message)) *served {
+	s := new(served)
+	s.wg.Go(func() {
+		for {
+			c, err := l.AcceptConn(context.Background())
+			if err != nil {
+				return
+			}
+			s.wg.Go(func() {
+				for {
+					m, err := c.Receive(context.Background())
+					if err != nil {
+						break
+					}
+					if got != nil {
+						got(c, m)
+					}
+				}
+				<-c.Done()
+				if errors.Is(c.Err(), ErrOverBudget) {
+					s.over.Add(1)
+				}
+			})
+		}
+	})
+	return s
+}
+
+// The finding: six UDP clients that each keep one hole open in a reliable
+// ordered stream (a relay loses one of their datagrams for good) make the
+// server hold all they send behind it, up to heldCap ReceiveBuffers each,
+// and nothing bounded the sum. With a receive budget, the sum stays within
+// it (and a step and a datagram per connection: see budget.go), the six
+// are refused once it is spent, then closed with the reason; an honest
+// client's messages all arrive meanwhile, in order.
+//
+// Without the budget (the code before it, or ReceiveBudget 1<<40 here),
+// the six held 181 MiB, 31 MiB each, and nobody was closed.
+func TestBudgetHoleHolders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const budget = 8 << 20
+		nw := memNet(t)
+		cfg := testConfig()
+		cfg.ReceiveBudget = budget
+		l := nw.listen(t, cfg)
+		var honestGot []uint32
+		var mu sync.Mutex
+		var honestConn atomic.Pointer[Conn]
+		srv := serveAll(l, func(c *Conn, m Message) {
+			if m.ID == 7 {
+				honestConn.Store(c)
+				mu.Lock()
+				honestGot = append(honestGot, binary.BigEndian.Uint32(m.Payload))
+				mu.Unlock()
+			}
+		})
+
+		const hostile = 6
+		nw.wrapDial = func(s socket) socket { return newHoleSocket(s) }
+		var holders []*Conn
+		hcfg := testConfig()
+		hcfg.MaxMessageSendCount = 1 << 30 // they never give up on the hole
+		for range hostile {
+			holders = append(holders, nw.dial(t, l.Addr().String(), hcfg))
+		}
+		nw.wrapDial = nil
+		honest := nw.dial(t, l.Addr().String(), testConfig())
+
+		ctx, stop := context.WithCancel(context.Background())
+		var senders sync.WaitGroup
+		for _, c := range holders {
+			senders.Go(func() {
+				p := make([]byte, 1000)
+				for c.SendContext(ctx, Message{ID: 6, Payload: p, Reliable: true, InOrder: true}) == nil {
+				}
+			})
+		}
+		const honestMessages = 1000
+		senders.Go(func() {
+			p := make([]byte, 1000)
+			for i := range honestMessages {
+				binary.BigEndian.PutUint32(p, uint32(i))
+				if honest.SendContext(ctx, Message{ID: 7, Payload: p, Reliable: true, InOrder: true}) != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+
+		peak := 0
+		for range 300 { // 30s on the bubble's clock
+			time.Sleep(100 * time.Millisecond)
+			synctest.Wait()
+			peak = max(peak, l.Stats().ReceiveHeld)
+		}
+		st := l.Stats()
+		t.Logf("budget %d KiB: peak held %d KiB; closed over budget %d; honest got %d of %d",
+			budget>>10, peak>>10, st.ClosedOverBudget, len(honestGot), honestMessages)
+		// The budget, its eighth past which nobody takes more, and a
+		// step and a datagram per connection (budget.go).
+		slack := budget/8 + (hostile+1)*(budgetStep+defaultMaxDatagramSize)
+		assert.LessOrEqual(t, peak, budget+slack, "held past the budget")
+		assert.Greater(t, peak, budget*7/8, "the six spent it")
+		assert.Equal(t, uint64(hostile), st.ClosedOverBudget, "the six are closed")
+		for i, c := range holders {
+			var de *DisconnectError
+			if assert.ErrorAs(t, c.Err(), &de, "holder %d", i) {
+				assert.Equal(t, budgetReason, de.Reason, "holder %d", i)
+			}
+		}
+		assert.NoError(t, honest.Err(), "the honest client goes on")
+		if sc := honestConn.Load(); assert.NotNil(t, sc) {
+			assert.NoError(t, sc.Err())
+		}
+		mu.Lock()
+		assert.Len(t, honestGot, honestMessages, "every honest message arrives")
+		for i, v := range honestGot {
+			if uint32(i) != v {
+				t.Fatalf("honest message %d arrived as %d", v, i)
+			}
+		}
+		mu.Unlock()
+		stop()
+		senders.Wait()
+		for _, c := range append(holders, honest) {
+			c.Close()
+		}
+		l.Close()
+		assert.Equal(t, hostile, srv.overBudget(), "the server's six end with ErrOverBudget")
+	})
+}
