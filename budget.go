@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
@@ -248,7 +249,9 @@ func (c *Conn) budgetRound() {
 }
 
 // closeOverBudget closes the connection as CloseWithReason does, telling
-// the peer budgetReason; it takes nothing more meanwhile.
+// the peer budgetReason; it takes nothing more meanwhile. A stream, which
+// is not read any more, ends once the reason and its end are written, as
+// a refused one does, instead of waiting for the peer's end.
 func (c *Conn) closeOverBudget() {
 	p := c.sess.budget
 	p.closing = true
@@ -257,7 +260,22 @@ func (c *Conn) closeOverBudget() {
 	if l := c.cfg.logger; l != nil {
 		l.Warn("knet: closing a connection over the receive budget", "remote", c.RemoteAddr(), "holding", p.charged, "share", p.b.share())
 	}
-	c.closeFor(reasonBytes(budgetReason))
+	why := reasonBytes(budgetReason)
+	if st := c.st; st != nil {
+		switch s := st.sess; {
+		case s.err != nil:
+		case st.phase != phaseOpen:
+			c.streamRefused(errors.New(budgetReason), s.knet)
+		default:
+			st.closing, st.reason = true, why
+			if s.knet && !s.peerClose && !st.byeSent {
+				s.sendHello(helloClose, why)
+				st.byeSent = true
+			}
+			s.err = ErrOverBudget
+		}
+	}
+	c.closeFor(why)
 }
 
 // leaveBudget runs as the connection ends: the budget no longer counts it,
@@ -276,7 +294,9 @@ func (c *Conn) leaveBudget() {
 		return
 	}
 	if c.st != nil {
-		c.st.sess.err = ErrOverBudget
+		if !errors.Is(c.st.sess.err, ErrRefused) { // refused before it opened
+			c.st.sess.err = ErrOverBudget
+		}
 	} else {
 		c.sess.err = ErrOverBudget
 	}
