@@ -24,7 +24,7 @@ import (
 //
 // Where it is counted: each connection adds the change in what it holds to
 // the Listener's sum (receiveBudget.held) at the end of each round, and in
-// the round whenever it grew or shrank by budgetStep since (admits, and a
+// the round whenever it grew or shrank by a step since (admits, and a
 // stream's input), so that one round's datagrams cannot take the sum far
 // past the budget unseen. A datagram costs a few additions and the load of
 // a flag that changes only when the budget becomes spent or stops being.
@@ -43,13 +43,14 @@ import (
 // theirs wait for their close: past the budget by an eighth (full), every
 // connection takes nothing more but what makes progress, until the sum is
 // back under. The sum thus stays below the budget and an eighth, plus, for
-// each round running at once, budgetStep and a datagram, and for each
+// each round running at once, a step and a datagram, and for each
 // stream not read what its reader reads ahead (streamInLimit and a
 // read).
 
 // receiveBudget is a Listener's budget. It is safe for concurrent use.
 type receiveBudget struct {
-	limit, ceiling int64 // spent, full (see budgetLevel)
+	limit, ceiling int64 // spent, full (see budgetUnder)
+	step           int   // see maxBudgetStep
 	grace          time.Duration
 	_              [64]byte
 	// level is what held was, as the last report left it: loaded for
@@ -75,9 +76,10 @@ const (
 	budgetFull
 )
 
-// budgetStep is how far what a connection holds may move within a round
-// before it tells the budget.
-const budgetStep = 64 << 10
+// maxBudgetStep is how far what a connection holds may move within a
+// round before it tells the budget: a 64th of the budget (an eighth of its
+// headroom), at most this.
+const maxBudgetStep = 64 << 10
 
 // budgetReason is what a connection closed over the budget tells its peer.
 const budgetReason = "knet: over the server's receive budget"
@@ -89,7 +91,7 @@ var ErrOverBudget = fmt.Errorf("knet: the peer held more than its share of the r
 
 func newReceiveBudget(cfg *config) *receiveBudget {
 	limit := int64(cfg.receiveBudget)
-	return &receiveBudget{limit: limit, ceiling: limit + limit/8, grace: budgetGrace(cfg)}
+	return &receiveBudget{limit: limit, ceiling: limit + limit/8, step: int(min(limit/64, maxBudgetStep)), grace: budgetGrace(cfg)}
 }
 
 // budgetGrace is how long a connection may stay over its share while the
@@ -142,9 +144,9 @@ func (p *budgetShare) report(mine int) {
 // refuses reports whether the connection, holding mine, is to take
 // nothing more: it is being closed over the budget, the budget is full, or
 // it is spent and the connection holds more than its share. It first
-// reports mine if it moved by budgetStep since the last report.
+// reports mine if it moved by a step since the last report.
 func (p *budgetShare) refuses(mine int) bool {
-	if d := mine - p.charged; d >= budgetStep || d <= -budgetStep {
+	if d := mine - p.charged; d >= p.b.step || d <= -p.b.step {
 		p.report(mine)
 	}
 	switch p.b.level.Load() {
@@ -217,9 +219,25 @@ func (c *Conn) streamOverBudget() bool {
 	return p != nil && p.refuses(c.holding())
 }
 
+// watch follows a connection holding mine at now, once a round: it
+// reports whether the connection has been over its share of a spent
+// budget for the grace (expired), and otherwise, when it is over, how long
+// until then (wait).
+func (p *budgetShare) watch(mine int, now time.Time) (wait time.Duration, expired bool) {
+	if p.closing || !p.over(mine) {
+		p.overSince = time.Time{}
+		return 0, false
+	}
+	if p.overSince.IsZero() {
+		p.overSince = now
+	}
+	wait = p.b.grace - now.Sub(p.overSince)
+	return wait, wait <= 0
+}
+
 // budgetRound ends each round of a Listener's connection: it reports what
 // the connection holds, and closes it once it has been over its share of a
-// spent budget for the grace.
+// spent budget for the grace. The clock is read only for one that is.
 func (c *Conn) budgetRound() {
 	p := c.sess.budget
 	if p == nil {
@@ -227,24 +245,21 @@ func (c *Conn) budgetRound() {
 	}
 	mine := c.holding()
 	p.report(mine)
-	if p.closing || !p.over(mine) {
-		if !p.overSince.IsZero() {
-			p.overSince = time.Time{}
-			p.timer.Stop()
-		}
+	if p.overSince.IsZero() && (p.closing || !p.over(mine)) {
 		return
 	}
-	now := time.Now()
+	wait, expired := p.watch(mine, time.Now())
 	switch {
-	case p.overSince.IsZero():
-		p.overSince = now
-		if p.timer == nil {
-			p.timer = time.AfterFunc(p.b.grace, c.kick)
-		} else {
-			p.timer.Reset(p.b.grace)
-		}
-	case now.Sub(p.overSince) >= p.b.grace:
+	case expired:
 		c.closeOverBudget()
+	case wait <= 0: // no longer over
+		if p.timer != nil {
+			p.timer.Stop()
+		}
+	case p.timer == nil:
+		p.timer = time.AfterFunc(wait, c.kick)
+	default:
+		p.timer.Reset(wait)
 	}
 }
 

@@ -188,7 +188,7 @@ func TestBudgetHoleHolders(t *testing.T) {
 			budget>>10, peak>>10, st.ClosedOverBudget, len(honestGot), honestMessages)
 		// The budget, its eighth past which nobody takes more, and a
 		// step and a datagram per connection (budget.go).
-		slack := budget/8 + (hostile+1)*(budgetStep+defaultMaxDatagramSize)
+		slack := budget/8 + (hostile+1)*(maxBudgetStep+defaultMaxDatagramSize)
 		assert.LessOrEqual(t, peak, budget+slack, "held past the budget")
 		assert.Greater(t, peak, budget*7/8, "the six spent it")
 		assert.Equal(t, uint64(hostile), st.ClosedOverBudget, "the six are closed")
@@ -324,7 +324,7 @@ func TestBudgetStreamPartialFrames(t *testing.T) {
 	t.Logf("budget %d KiB: peak held %d KiB; closed over budget %d", budget>>10, peak>>10, st.ClosedOverBudget)
 	// The budget and its eighth, and for each stream what its reader
 	// reads ahead and a step (budget.go).
-	slack := budget/8 + streams*(streamInLimit+streamReadSize+budgetStep)
+	slack := budget/8 + streams*(streamInLimit+streamReadSize+maxBudgetStep)
 	assert.LessOrEqual(t, peak, budget+slack, "held past the budget")
 	assert.Greater(t, peak, budget*7/8, "the streams spent it")
 	assert.Equal(t, uint64(streams), st.ClosedOverBudget)
@@ -332,4 +332,131 @@ func TestBudgetStreamPartialFrames(t *testing.T) {
 	require.NoError(t, honest.Close())
 	l.Close()
 	assert.Equal(t, streams, srv.overBudget(), "the server's streams end with ErrOverBudget")
+}
+
+// The accounting and the selection, on their own: what each connection
+// reports makes the sum and the level (spent at the budget until back
+// under seven eighths of it, full past an eighth more), the share is the
+// budget divided among the connections, only those over it are refused
+// while it is spent, everyone once it is full, and one over it for the
+// grace is to be closed.
+func TestBudgetSelection(t *testing.T) {
+	cfg := (&Config{ReceiveBudget: 800 << 10, DatagramTimeout: time.Second}).resolve()
+	b := newReceiveBudget(cfg)
+	require.Equal(t, 2*time.Second, b.grace)
+	shares := make([]*budgetShare, 4)
+	for i := range shares {
+		shares[i] = &budgetShare{b: b}
+		b.conns.Add(1)
+	}
+	require.EqualValues(t, 200<<10, b.share())
+	a, c, d := shares[0], shares[1], shares[2]
+
+	a.report(500 << 10)
+	c.report(100 << 10)
+	assert.EqualValues(t, 600<<10, b.held.Load())
+	assert.Equal(t, budgetUnder, b.level.Load())
+	assert.False(t, a.refuses(500<<10), "under the budget, nobody is refused")
+
+	d.report(200 << 10) // 800 KiB: spent
+	assert.Equal(t, budgetSpent, b.level.Load())
+	assert.True(t, a.refuses(500<<10), "over its share")
+	assert.False(t, c.refuses(100<<10), "under its share")
+	assert.False(t, d.refuses(200<<10), "at its share")
+
+	// Growth within a round is reported once it reaches a step.
+	require.Equal(t, 800<<10/64, b.step, "a 64th of the budget")
+	assert.False(t, c.refuses(100<<10+b.step-1))
+	assert.EqualValues(t, 800<<10, b.held.Load(), "less than a step: not yet")
+	assert.False(t, c.refuses(100<<10+b.step))
+	assert.EqualValues(t, 800<<10+b.step, b.held.Load(), "a step: reported")
+
+	c.report(200 << 10) // 900 KiB: an eighth past the budget, full
+	assert.Equal(t, budgetFull, b.level.Load())
+	assert.True(t, c.refuses(200<<10), "full: everyone is refused")
+	assert.True(t, shares[3].refuses(0), "even one holding nothing")
+
+	c.report(100 << 10) // 800 KiB
+	assert.Equal(t, budgetSpent, b.level.Load(), "under the ceiling: spent again")
+	c.report(0) // 700 KiB: seven eighths, still spent
+	assert.Equal(t, budgetSpent, b.level.Load(), "spent until under seven eighths")
+	d.report(100 << 10) // 600 KiB
+	assert.Equal(t, budgetUnder, b.level.Load())
+	assert.False(t, a.refuses(500<<10))
+
+	// The grace: over its share of a spent budget for b.grace.
+	d.report(300 << 10) // 800 KiB: spent
+	now := timeZero
+	wait, expired := a.watch(500<<10, now)
+	assert.Equal(t, b.grace, wait)
+	assert.False(t, expired)
+	wait, expired = a.watch(500<<10, now.Add(b.grace/2))
+	assert.Equal(t, b.grace/2, wait)
+	assert.False(t, expired)
+	_, expired = d.watch(300<<10, now)
+	assert.False(t, expired, "d is over too, its clock starting now")
+	_, expired = a.watch(500<<10, now.Add(b.grace))
+	assert.True(t, expired, "over for the grace")
+	// Under its share again, the clock starts anew.
+	wait, expired = d.watch(100<<10, now.Add(b.grace))
+	assert.Zero(t, wait)
+	assert.False(t, expired)
+	assert.True(t, d.overSince.IsZero())
+
+	// A connection closed over the budget takes nothing more, whatever
+	// the level; its end lets go of what it held.
+	a.closing = true
+	d.report(0) // 500 KiB: under
+	assert.True(t, a.refuses(500<<10))
+	a.report(0)
+	assert.Zero(t, b.held.Load())
+}
+
+// A spent budget costs the connections under their share no allocation:
+// each datagram measures what its connection holds and reads the budget's
+// level and share, each round reports.
+func TestBudgetSpentNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
+	}
+	cfg := &Config{DisconnectTimeout: time.Second, ReceiveBudget: 1 << 20, DatagramTimeout: time.Minute}
+	l := listen(t, cfg)
+	ctx := context.Background()
+	accept := func() *Conn {
+		c, err := l.AcceptConn(within(t, 5*time.Second))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// The holder's messages wait for an application that never reads:
+	// 1,000 of 1,072 bytes as the receive queue counts them, past the
+	// budget, within its ceiling.
+	holder := dial(t, l.Addr().String(), cfg)
+	accept()
+	for range 1000 {
+		require.NoError(t, holder.Send(Message{ID: 6, Payload: make([]byte, 1024), Reliable: true}))
+	}
+	client := dial(t, l.Addr().String(), cfg)
+	server := accept()
+	require.Eventually(t, func() bool { return l.budget.spent() }, 5*time.Second, time.Millisecond, "the holder spends the budget")
+
+	buf := make([]byte, 2048)
+	small := make([]byte, 32)
+	for _, m := range []Message{
+		{ID: 6, Payload: small, Reliable: true},
+		{ID: 7, Payload: small},
+		{ID: 8, Payload: small, Reliable: true, InOrder: true, Channel: 3},
+	} {
+		run := func() {
+			require.NoError(t, client.Send(m))
+			_, _, err := server.ReceiveInto(ctx, buf)
+			require.NoError(t, err)
+		}
+		for range 2000 {
+			run()
+		}
+		assert.Zero(t, testing.AllocsPerRun(2000, run), "message %d", m.ID)
+	}
+	assert.True(t, l.budget.spent(), "spent all along")
+	assert.Zero(t, l.Stats().ClosedOverBudget)
 }
