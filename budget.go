@@ -111,9 +111,15 @@ type budgetShare struct {
 	b         *receiveBudget
 	charged   int         // what b.held counts for this connection
 	overSince time.Time   // since when it has been over its share, zero if not
-	timer     *time.Timer // kicks the connection when its grace runs out
+	timer     *time.Timer // kicks the connection when its grace runs out, or to look again
 	closing   bool        // closed over the budget (closeOverBudget)
+	stalled   bool        // a stream left unread this round (streamOverBudget)
 }
+
+// budgetRecheck is how soon a stream left unread for the budget looks
+// again: nothing else wakes it when the budget has room again, as a UDP
+// peer's resent datagrams do.
+const budgetRecheck = 100 * time.Millisecond
 
 // report makes the budget count mine for this connection.
 func (p *budgetShare) report(mine int) {
@@ -216,7 +222,11 @@ func (c *Conn) holding() int {
 // budget (budgetShare.refuses).
 func (c *Conn) streamOverBudget() bool {
 	p := c.sess.budget
-	return p != nil && p.refuses(c.holding())
+	if p == nil || !p.refuses(c.holding()) {
+		return false
+	}
+	p.stalled = true
+	return true
 }
 
 // watch follows a connection holding mine at now, once a round: it
@@ -245,13 +255,20 @@ func (c *Conn) budgetRound() {
 	}
 	mine := c.holding()
 	p.report(mine)
-	if p.overSince.IsZero() && (p.closing || !p.over(mine)) {
+	stalled := p.stalled && !p.closing
+	p.stalled = false
+	if !stalled && p.overSince.IsZero() && (p.closing || !p.over(mine)) {
 		return
 	}
 	wait, expired := p.watch(mine, time.Now())
-	switch {
-	case expired:
+	if expired {
 		c.closeOverBudget()
+		return
+	}
+	if stalled && (wait <= 0 || wait > budgetRecheck) {
+		wait = budgetRecheck
+	}
+	switch {
 	case wait <= 0: // no longer over
 		if p.timer != nil {
 			p.timer.Stop()

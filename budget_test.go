@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,65 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/knet-go/knet/internal/udp"
 )
-
-// holeSocket loses, for good, the first reliable datagram carrying an
-// application message that its client sends, and every copy of it (a
-// datagram keeps its PacketID when sent again): the server holds all that
-// follows it in order, which is what issue 31's finding 14 did to a
-// Listener with six clients.
-type holeSocket struct {
-	socket
-	hole atomic.Int64 // the PacketID lost, -1 until chosen
-}
-
-func newHoleSocket(s socket) *holeSocket {
-	h := &holeSocket{socket: s}
-	h.hole.Store(-1)
-	return h
-}
-
-// lost reports whether b is to be lost.
-func (h *holeSocket) lost(b []byte) bool {
-	d, _, err := parseDatagram(b)
-	if err != nil || !d.header.reliable {
-		return false
-	}
-	if pid := int64(d.header.packetID); pid == h.hole.Load() {
-		return true
-	}
-	for _, m := range d.msgs {
-		if m.id >= MinMessageID && m.id <= MaxMessageID && h.hole.CompareAndSwap(-1, int64(d.header.packetID)) {
-			return true
-		}
-	}
-	return false
-}
-
-func (h *holeSocket) WriteTo(b []byte, to netip.AddrPort) error {
-	if h.lost(b) {
-		return nil
-	}
-	return h.socket.WriteTo(b, to)
-}
-
-func (h *holeSocket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
-	var first error
-	for i := range ps {
-		if h.lost(ps[i].Buf) {
-			continue
-		}
-		if err := h.socket.WriteTo(ps[i].Buf, ps[i].Addr); err != nil {
-			ps[i].Err = err
-			if first == nil {
-				first = err
-			}
-		}
-	}
-	return first
-}
 
 // served is what serveAll saw.
 type served struct {
@@ -459,4 +401,34 @@ func TestBudgetSpentNoAllocs(t *testing.T) {
 	}
 	assert.True(t, l.budget.spent(), "spent all along")
 	assert.Zero(t, l.Stats().ClosedOverBudget)
+}
+
+func init() {
+	budgetHeld = func(l *Listener) string {
+		st := l.Stats()
+		return fmt.Sprintf(", held %d MiB, closed over budget %d", st.ReceiveHeld>>20, st.ClosedOverBudget)
+	}
+}
+
+// BenchmarkBudgetAdmit is what the budget adds to each reliable datagram
+// of application data (specWire.admits): measuring what the connection
+// holds and reading the budget's level, and its share once spent.
+func BenchmarkBudgetAdmit(b *testing.B) {
+	for _, spent := range []bool{false, true} {
+		b.Run(fmt.Sprintf("spent=%v", spent), func(b *testing.B) {
+			cfg := (&Config{ReceiveBudget: 1 << 20}).resolve()
+			s := newSession(cfg, new(simHost), false, DialectSpec, timeZero)
+			s.budget = &budgetShare{b: newReceiveBudget(cfg)}
+			s.budget.b.conns.Add(2)
+			if spent {
+				(&budgetShare{b: s.budget.b}).report(1 << 20)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if s.overBudget(1000) {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
 }

@@ -102,22 +102,28 @@ type Config struct {
 	ReassemblyBuffer int
 	// ReceiveBudget bounds, on a Listener, what all its connections
 	// together hold of what their peers sent and the application has
-	// not taken: received messages waiting to be read, messages held
-	// for those they depend on, unfinished fragmented transfers, and
-	// over TCP and WebSocket the unfinished frame and what was read
-	// ahead of it. ReceiveBuffer, ReassemblyBuffer and MaxMessageSize
-	// bound each connection; this bounds their sum. While it is spent,
-	// a connection holding more than its share (the budget divided
-	// among the connections holding anything) takes nothing more:
-	// reliable datagrams that would add to what it holds go unacked, to
-	// come again later, unreliable messages are dropped
-	// (Stats.DroppedDatagrams, Stats.DroppedMessages), a stream is not
-	// read. One still over its share twice DatagramTimeout later (4s by
-	// default, at least 1s) is closed with a reason its peer hears (a
-	// knet peer's Err is then a *DisconnectError), Err reports
-	// ErrOverBudget, and ListenerStats.ClosedOverBudget counts it. The
-	// others go on. Default 128 MiB: a thousand players holding 128 KiB
-	// each at once, or a few large messages arriving. Dial ignores it.
+	// not taken, in bytes: received messages waiting to be read,
+	// messages held for those they depend on, unfinished fragmented
+	// transfers, and over TCP and WebSocket the unfinished frame and
+	// what was read ahead of it. ReceiveBuffer, ReassemblyBuffer and
+	// MaxMessageSize bound each connection; this bounds their sum
+	// (ListenerStats.ReceiveHeld). While it is spent, a connection
+	// holding more than its share (the budget divided among the
+	// Listener's connections) takes nothing more: reliable datagrams
+	// that would add to what it holds go unacked, to come again later,
+	// unreliable messages are dropped (Stats.DroppedDatagrams,
+	// Stats.DroppedMessages), a stream is not read; the others go on,
+	// unless the sum passes the budget by an eighth (then nobody takes
+	// more until it is back under). A connection still over its share
+	// of a spent budget after twice DatagramTimeout (4s by default, at
+	// least 1s) is closed with a reason its peer hears (a knet peer's
+	// Err is then a *DisconnectError), ends with ErrOverBudget, and
+	// ListenerStats.ClosedOverBudget counts it. The budget stays spent
+	// until the sum is back under seven eighths of it. Default 128 MiB:
+	// a thousand players each holding 64 KiB at once (a round trip of
+	// a reliable stream behind a loss, or what the game has yet to read
+	// of a tick), and four messages of 16 MiB arriving. Dial ignores
+	// it.
 	ReceiveBudget int
 	// ReorderWindow is how long a received unreliable in-order message
 	// waits for a missing predecessor before it is delivered without it
