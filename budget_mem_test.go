@@ -233,4 +233,3 @@ func (h *holeSocket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
 	}
 	return first
 }
-
