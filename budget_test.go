@@ -161,6 +161,97 @@ func TestBudgetHoleHolders(t *testing.T) {
 	})
 }
 
+// The reference dialect's wire keeps its own held messages (in-order
+// ones behind a missing reliable number): two raw peers that never send
+// their number 0 and send what follows hold within the budget together,
+// and are closed over it.
+func TestBudgetReferenceDialect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const budget = 256 << 10
+		l := nw.listen(t, &Config{ReceiveBudget: budget, DatagramTimeout: 500 * time.Millisecond, DisconnectTimeout: 200 * time.Millisecond})
+		var sends []func(d *cppDatagram)
+		var srvs []*Conn
+		for range 2 {
+			c := nw.rawSocket(t, l.Addr())
+			c.Write(cppOpening[:])
+			_, err := c.Read(make([]byte, 2048))
+			require.NoError(t, err)
+			pid := uint32(1)
+			send := func(d *cppDatagram) {
+				d.packetID = pid
+				pid++
+				c.Write(appendCppDatagram(nil, d))
+			}
+			send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
+			sends = append(sends, send)
+			srvs = append(srvs, serverConn(t, l))
+		}
+		require.Equal(t, DialectReference, srvs[0].Dialect())
+		payload := make([]byte, 1000)
+		peak := 0
+		for rel := uint32(1); rel <= 300; rel++ { // 0 never comes
+			for _, send := range sends {
+				send(&cppDatagram{cppHeader: cppHeader{reliable: true, inOrder: true, relBase: rel},
+					msgs: []cppMessage{{reliable: true, inOrder: true, relNum: rel, id: 6, payload: payload}}})
+			}
+			if rel%16 == 0 {
+				synctest.Wait()
+				peak = max(peak, l.Stats().ReceiveHeld)
+			}
+		}
+		time.Sleep(5 * time.Second) // the grace, twice DatagramTimeout, and the close
+		synctest.Wait()
+		st := l.Stats()
+		t.Logf("peak held %d KiB of %d; closed over budget %d", peak>>10, budget>>10, st.ClosedOverBudget)
+		assert.LessOrEqual(t, peak, budget+budget/8+2*(budget/64+2048), "held past the budget")
+		assert.Greater(t, peak, budget*7/8, "the two spent it")
+		assert.Equal(t, uint64(2), st.ClosedOverBudget)
+		for i, c := range srvs {
+			<-c.Done()
+			assert.ErrorIs(t, c.Err(), ErrOverBudget, "server's connection %d", i)
+		}
+	})
+}
+
+// Unreliable messages to an application that does not read are dropped
+// once the budget is spent, for a connection over its share: each peer's
+// receive queue would otherwise grow to ReceiveBuffer.
+func TestBudgetUnreliable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		const budget = 256 << 10
+		l := nw.listen(t, &Config{ReceiveBudget: budget, DatagramTimeout: 500 * time.Millisecond, DisconnectTimeout: 200 * time.Millisecond})
+		var peers []*rawPeer
+		var srvs []*Conn
+		for range 2 {
+			peers = append(peers, nw.dialRaw(t, l.Addr()))
+			srvs = append(srvs, serverConn(t, l))
+		}
+		payload := make([]byte, 1000)
+		peak := 0
+		for k := range 300 {
+			for _, p := range peers {
+				p.send(false, message{id: 6, payload: payload})
+			}
+			if k%16 == 0 {
+				synctest.Wait()
+				peak = max(peak, l.Stats().ReceiveHeld)
+			}
+		}
+		synctest.Wait()
+		peak = max(peak, l.Stats().ReceiveHeld)
+		t.Logf("peak held %d KiB of %d; dropped %d and %d", peak>>10, budget>>10, srvs[0].Stats().DroppedMessages, srvs[1].Stats().DroppedMessages)
+		assert.LessOrEqual(t, peak, budget+budget/8+2*(budget/64+2048), "held past the budget")
+		for i, c := range srvs {
+			assert.Positive(t, c.Stats().DroppedMessages, "connection %d", i)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, uint64(2), l.Stats().ClosedOverBudget)
+	})
+}
+
 // The accounting and the selection, on their own: what each connection
 // reports makes the sum and the level (spent at the budget until back
 // under seven eighths of it, full past an eighth more), the share is the
