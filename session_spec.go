@@ -207,9 +207,10 @@ func (w *specWire) admits(msgs []message) bool {
 	}
 	h := &s.sc().rd.header
 	if refused || used+s.recv.res.bytes >= heldCap*s.cfg.recvBuffer {
-		// Past the hard limit, nothing more is held: only a datagram
-		// whose messages all apply at once gets in. A peer filling one
-		// hole per datagram and opening new ones gets no further.
+		// Past the hard limit, or over the Listener's budget, nothing
+		// more is held: only a datagram whose messages all apply at
+		// once gets in. A peer filling one hole per datagram and
+		// opening new ones gets no further.
 		for i := range msgs {
 			if m := &msgs[i]; !m.fragment || m.fragStart {
 				deps := appendDeps(s.sc().deps[:0], h, m)
