@@ -100,6 +100,31 @@ type Config struct {
 	// transfers a peer may make us hold, beyond the one oldest transfer,
 	// which may always grow to MaxMessageSize. Default 4 MiB.
 	ReassemblyBuffer int
+	// ReceiveBudget bounds, on a Listener, what all its connections
+	// together hold of what their peers sent and the application has
+	// not taken, in bytes: received messages waiting to be read,
+	// messages held for those they depend on, unfinished fragmented
+	// transfers, and over TCP and WebSocket the unfinished frame and
+	// what was read ahead of it. ReceiveBuffer, ReassemblyBuffer and
+	// MaxMessageSize bound each connection; this bounds their sum
+	// (ListenerStats.ReceiveHeld). While it is spent, a connection
+	// holding more than its share (the budget divided among the
+	// Listener's connections) takes nothing more: reliable datagrams
+	// that would add to what it holds go unacked, to come again later,
+	// unreliable messages are dropped (Stats.DroppedDatagrams,
+	// Stats.DroppedMessages), a stream is not read; the others go on,
+	// unless the sum passes the budget by an eighth (then nobody takes
+	// more until it is back under). A connection still over its share
+	// of a spent budget after twice DatagramTimeout (4s by default, at
+	// least 1s) is closed with a reason its peer hears (a knet peer's
+	// Err is then a *DisconnectError), ends with ErrOverBudget, and
+	// ListenerStats.ClosedOverBudget counts it. The budget stays spent
+	// until the sum is back under seven eighths of it. Default 128 MiB:
+	// a thousand players each holding 64 KiB at once (a round trip of
+	// a reliable stream behind a loss, or what the game has yet to read
+	// of a tick), and four messages of 16 MiB arriving. Dial ignores
+	// it.
+	ReceiveBudget int
 	// ReorderWindow is how long a received unreliable in-order message
 	// waits for a missing predecessor before it is delivered without it
 	// (the predecessor is then dropped if it comes). Default: derived from
@@ -393,6 +418,7 @@ type config struct {
 	maxSendCount                               int
 	maxFragment, maxDatagram, maxMessage       int
 	sendBuffer, recvBuffer, reassemblyBuffer   int
+	receiveBudget                              int
 	maxPending, backlog, sockets               int
 	maxPendingPerSource                        int
 	connectPayload                             []byte
@@ -438,6 +464,7 @@ const (
 	defaultSendBuffer          = 4 << 20
 	defaultReceiveBuffer       = 32 << 20
 	defaultReassemblyBuffer    = 4 << 20
+	defaultReceiveBudget       = 128 << 20
 	defaultMaxPending          = 1024
 	defaultBacklog             = 512
 
@@ -488,6 +515,7 @@ func (c *Config) resolve() *config {
 		sendBuffer:       pick(c.SendBuffer, defaultSendBuffer),
 		recvBuffer:       pick(c.ReceiveBuffer, defaultReceiveBuffer),
 		reassemblyBuffer: pick(c.ReassemblyBuffer, defaultReassemblyBuffer),
+		receiveBudget:    pick(c.ReceiveBudget, defaultReceiveBudget),
 		maxPending:       pick(c.MaxPendingConnections, defaultMaxPending),
 		backlog:          min(pick(c.AcceptBacklog, defaultBacklog), maxBacklog),
 		sockets:          min(pick(c.Sockets, 1), maxSockets),

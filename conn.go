@@ -182,6 +182,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 	c.readDL.init(c.recvq.ready)
 	c.writeDL.init(c.sendq.space)
 	c.sess = newSession(cfg, c, client, dialect, time.Now())
+	c.joinBudget()
 	// A secure connection's c.sec is set by its maker: Dial, or the
 	// listener once the client's handshake message and token are read
 	// (admitSecure).

@@ -53,6 +53,7 @@ const maxInbox = 2048
 // end runs once the session is done: the connection ends.
 func (c *Conn) end() {
 	c.sched.timer.Stop()
+	c.leaveBudget()
 	if c.st != nil {
 		c.streamFinish()
 	} else {
@@ -382,6 +383,7 @@ func (c *Conn) snapshot() Stats {
 
 // publish hands the round's results to the application side.
 func (c *Conn) publish() {
+	c.budgetRound()
 	if c.sendq.released > 0 {
 		c.sendq.mu.Lock()
 		c.sendq.used -= c.sendq.released

@@ -66,6 +66,9 @@ type Listener struct {
 	// Server queries (query.go): the info they are answered with.
 	query queryState
 
+	// budget bounds what all the connections hold (budget.go).
+	budget *receiveBudget
+
 	// Secure connections by connection ID (migration.go), across sockets:
 	// a client that moved may reach another of them.
 	cidMu sync.Mutex
@@ -115,6 +118,13 @@ type ListenerStats struct {
 	// a cut in their first frame, a frame over MaxMessageSize, no first
 	// frame within ConnectTimeout, the client's close.
 	FailedStreams uint64
+
+	// The receive budget (Config.ReceiveBudget): what the connections
+	// hold of what their peers sent, as they last counted it, and how
+	// many were closed for holding more than their share of it while it
+	// was spent (each also ended with ErrOverBudget).
+	ReceiveHeld      int
+	ClosedOverBudget uint64
 }
 
 // Listen opens a UDP socket on address and accepts kNet connections on it.
@@ -216,6 +226,7 @@ func startListener(rc *config, laddr *net.UDPAddr, socks []socket, o *endpointOp
 		pending:   make(map[*Conn]bool),
 		streams:   make(map[*Conn]bool),
 		sources:   make(map[sourceKey]sourceUse),
+		budget:    newReceiveBudget(rc),
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
@@ -352,6 +363,7 @@ func (l *Listener) Stats() ListenerStats {
 	st.FailedStreams = l.failedStreams.Load()
 	st.RateLimitedHandshakes = l.rateLimited.Load()
 	st.DroppedHandshakes = l.droppedHandshakes.Load()
+	l.budget.fill(&st)
 	l.mu.Lock()
 	st.Pending = len(l.pending)
 	st.Connections += len(l.streams)

@@ -52,6 +52,10 @@ type session struct {
 	// x holds what few connections use, made on first use: receipts
 	// owed, reliable latest state sent and taken.
 	x *extras
+
+	// budget is a Listener's connection's share of its receive budget
+	// (budget.go), a stream connection's too; nil on a dialed one.
+	budget *budgetShare
 }
 
 // sessState is where a session is in the connection's life.

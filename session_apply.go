@@ -64,7 +64,7 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 		s.cascade(now, ref)
 		return
 	}
-	if !reliable && s.host.recvUsed()+s.recv.res.bytes+heldCost(len(payload), len(deps)) > s.cfg.recvBuffer {
+	if !reliable && (s.host.recvUsed()+s.recv.res.bytes+heldCost(len(payload), len(deps)) > s.cfg.recvBuffer || s.dropOverBudget()) {
 		// No room to hold it: an unreliable message may be dropped, and
 		// what names it later finds it arrived (not held) and goes on.
 		s.stats.DroppedMessages++
@@ -139,6 +139,10 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 	switch kind {
 	case heldApp:
 		if s.state != stateOK && s.state != stateClosing {
+			return
+		}
+		if !reliable && s.dropOverBudget() {
+			s.stats.DroppedMessages++
 			return
 		}
 		if s.host.deliver(id, payload, s.takeLent(payload), reliable, inOrder) {

@@ -204,7 +204,10 @@ func (w *cppWire) recvOpen(now time.Time, d *cppDatagram) {
 // reliable number missing) gets in.
 func (w *cppWire) admits(msgs []cppMessage) bool {
 	s := w.s
-	over := s.host.recvUsed()+w.relHeldBytes >= s.cfg.recvBuffer
+	// Over the Listener's budget (budget.go), as over the buffer, only
+	// the datagram filling the hole gets in.
+	used := s.host.recvUsed()
+	over := s.overBudget(used) || used+w.relHeldBytes >= s.cfg.recvBuffer
 	appContent, fills := false, false
 	for i := range msgs {
 		m := &msgs[i]
@@ -223,7 +226,7 @@ func (w *cppWire) admits(msgs []cppMessage) bool {
 		}
 		appContent = appContent || cppAppID(m.id)
 	}
-	if s.host.recvUsed()+w.relHeldBytes >= heldCap*s.cfg.recvBuffer && appContent {
+	if used+w.relHeldBytes >= heldCap*s.cfg.recvBuffer && appContent {
 		return false // the hard limit: see heldCap
 	}
 	// The next reliable number lets a datagram in past the buffer only

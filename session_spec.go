@@ -186,7 +186,8 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 func (w *specWire) admits(msgs []message) bool {
 	s := w.s
 	used := s.host.recvUsed()
-	over := used+s.recv.res.bytes >= s.cfg.recvBuffer
+	refused := s.overBudget(used) // budget.go: then only progress gets in
+	over := refused || used+s.recv.res.bytes >= s.cfg.recvBuffer
 	appContent := false
 	for i := range msgs {
 		m := &msgs[i]
@@ -205,10 +206,11 @@ func (w *specWire) admits(msgs []message) bool {
 		return true
 	}
 	h := &s.sc().rd.header
-	if used+s.recv.res.bytes >= heldCap*s.cfg.recvBuffer {
-		// Past the hard limit, nothing more is held: only a datagram
-		// whose messages all apply at once gets in. A peer filling one
-		// hole per datagram and opening new ones gets no further.
+	if refused || used+s.recv.res.bytes >= heldCap*s.cfg.recvBuffer {
+		// Past the hard limit, or over the Listener's budget, nothing
+		// more is held: only a datagram whose messages all apply at
+		// once gets in. A peer filling one hole per datagram and
+		// opening new ones gets no further.
 		for i := range msgs {
 			if m := &msgs[i]; !m.fragment || m.fragStart {
 				deps := appendDeps(s.sc().deps[:0], h, m)
@@ -218,7 +220,7 @@ func (w *specWire) admits(msgs []message) bool {
 			}
 		}
 	}
-	appRoom := used < s.cfg.recvBuffer
+	appRoom := !refused && used < s.cfg.recvBuffer
 	for i := range msgs {
 		m := &msgs[i]
 		ref := msgRef{h.packetID, uint16(i)}

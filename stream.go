@@ -333,7 +333,7 @@ func minTime(a, b time.Time) time.Time {
 func (c *Conn) streamInput(now time.Time) {
 	st, s := c.st, c.st.sess
 	for {
-		if s.err != nil || s.gate && s.sawFirst || c.recvUsed() >= c.cfg.recvBuffer {
+		if s.err != nil || s.gate && s.sawFirst || c.recvUsed() >= c.cfg.recvBuffer || c.streamOverBudget() {
 			break
 		}
 		st.mu.Lock()
