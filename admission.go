@@ -272,6 +272,9 @@ func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	if l.pending[c] {
 		delete(l.pending, c)
 		l.dropAttempt(c)
+		if errors.Is(err, errWrongProof) {
+			c.ep.invalid.Add(1) // its proof named nothing sent to its address
+		}
 		if c.sec != nil && c.sec.msg1 != nil {
 			h := maphash.Bytes(l.hs.seed, c.sec.msg1)
 			if errors.Is(err, ErrRefused) {
