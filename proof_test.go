@@ -492,6 +492,13 @@ func TestDoorPlaintextNoReflection(t *testing.T) {
 			}
 			t.Logf("the victim's address sent %d bytes, got %d (%.2fx)", sent, got, float64(got)/float64(sent))
 			assert.LessOrEqual(t, got, 3*sent, "reflected past 3x")
+			assert.Eventually(t, func() bool { return l.Stats().Pending == 0 }, 3*time.Second, 10*time.Millisecond,
+				"the attempt ends (ConnectTimeout)")
+			st := l.Stats()
+			assert.Zero(t, st.Established)
+			if tt.name == "guessed ack" {
+				assert.Equal(t, uint64(1), st.InvalidDatagrams, "the wrong guess is counted")
+			}
 		})
 	}
 }
