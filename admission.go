@@ -512,6 +512,9 @@ func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	if l.pending[c] {
 		delete(l.pending, c)
 		l.leaveLocked(&c.ticket)
+		if errors.Is(err, errWrongProof) {
+			c.ep.invalid.Add(1) // its proof named nothing sent to its address
+		}
 		if others := l.dropAttemptLocked(c); others == 0 && c.sec != nil && c.sec.msg1 != nil {
 			h := maphash.Bytes(l.hs.seed, c.sec.msg1)
 			if errors.Is(err, ErrRefused) {

@@ -217,8 +217,9 @@ func cppRawPeer(t *testing.T, nw *testNet, buffer int) (*Conn, func(d *cppDatagr
 	c := nw.rawSocket(t, l.Addr())
 	c.Write(cppOpening[:])
 	buf := make([]byte, 2048)
-	_, err := c.Read(buf)
+	n, err := c.Read(buf)
 	require.NoError(t, err)
+	ping := cppPingOf(t, buf[:n])
 	pid := uint32(1)
 	send := func(d *cppDatagram) int {
 		d.packetID = pid
@@ -227,7 +228,7 @@ func cppRawPeer(t *testing.T, nw *testNet, buffer int) (*Conn, func(d *cppDatagr
 		c.Write(b)
 		return len(b)
 	}
-	send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
+	send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{ping}}}})
 	return serverConn(t, l), send
 }
 
@@ -333,4 +334,20 @@ func TestHeldWaitOnAnchorPastFullBuffer(t *testing.T) {
 		require.NoError(t, err, "the held messages never came out")
 		assert.Equal(t, uint32(6), m.ID)
 	})
+}
+
+// cppPingOf returns the ID of the PingRequest in b, a reference-dialect
+// server's answer to the opening: what the client's PingReply must echo
+// (takeProof).
+func cppPingOf(t testing.TB, b []byte) byte {
+	t.Helper()
+	var d cppDatagram
+	require.NoError(t, parseCppInto(b, &d))
+	for _, m := range d.msgs {
+		if !m.fragment && m.id == idPingRequest && len(m.payload) == 1 {
+			return m.payload[0]
+		}
+	}
+	t.Fatalf("no PingRequest in the answer % x", b)
+	return 0
 }

@@ -24,10 +24,17 @@ import (
 // rawPeer speaks the wire directly, through our codec but none of our
 // session's rules: it acks only when told, and sends whatever it is given.
 type rawPeer struct {
-	t    testing.TB
-	c    rawConn
-	next uint32
-	buf  []byte
+	t      testing.TB
+	c      rawConn
+	next   uint32
+	buf    []byte
+	synAck uint32 // the PacketID of the server's ConnectSynAck
+}
+
+// connectAck is the ConnectAck, with the ack of the server's ConnectSynAck
+// that proves the peer is at its address (takeProof).
+func (p *rawPeer) connectAck() []message {
+	return []message{{id: idConnectAck}, {id: idPacketAck, payload: appendPacketAck(nil, packetAck{base: p.synAck})}}
 }
 
 // dialRaw opens a socket to addr and completes the handshake.
@@ -45,7 +52,8 @@ func (n *testNet) dialRaw(t testing.TB, addr net.Addr) *rawPeer {
 	for time.Now().Before(deadline) {
 		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
 		if d, ok := p.recv(200 * time.Millisecond); ok && len(d.msgs) > 0 && d.msgs[0].id == idConnectSynAck {
-			p.send(true, message{id: idConnectAck})
+			p.synAck = d.packetID
+			p.send(true, p.connectAck()...)
 			return p
 		}
 	}
@@ -595,6 +603,7 @@ func (n *testNet) synRaw(t testing.TB, addr net.Addr) *rawPeer {
 	for range 25 {
 		p.send(false, message{id: idConnectSyn, payload: make([]byte, 64)})
 		if d, ok := p.recv(200 * time.Millisecond); ok && len(d.msgs) > 0 && d.msgs[0].id == idConnectSynAck {
+			p.synAck = d.packetID
 			return p
 		}
 	}
@@ -618,7 +627,7 @@ func TestStealthNeverAnswersBacklogRefusal(t *testing.T) {
 				l := nw.listen(t, cfg)
 				peers := []*rawPeer{nw.synRaw(t, l.Addr()), nw.synRaw(t, l.Addr())}
 				for _, p := range peers {
-					p.send(true, message{id: idConnectAck})
+					p.send(true, p.connectAck()...)
 				}
 				// The refused connection's goroutine has ended: anything it
 				// had to send is on its way already.

@@ -270,6 +270,12 @@ func parsePacketAck(p []byte) (a packetAck, ok bool) {
 	return packetAck{base: v & packetIDMask, more: uint64(v>>22) | uint64(w)<<2}, true
 }
 
+// names reports whether a acks id.
+func (a packetAck) names(id uint32) bool {
+	k := (id - a.base) & packetIDMask
+	return k == 0 || k <= packetAckBits && a.more>>(k-1)&1 != 0
+}
+
 // each calls f for every PacketID a names, in increasing order.
 func (a packetAck) each(f func(id uint32)) {
 	f(a.base)

@@ -117,6 +117,12 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 		sess.handshakeDone(now, len(b), s.payload, reply)
 		return true
 	}
+	if plaintextSynAck(b) {
+		// A plaintext server's answer: not ours to read, but Dial
+		// says what it was (dialErr).
+		s.badSynAcks++
+		return false
+	}
 	if _, content, ok := handshakeContent(b, idDisconnectAck); ok {
 		// A refusal is in clear, its reason unauthenticated; it must at
 		// least prove it answers our ConnectSyn (splitRefusalProof).
@@ -133,6 +139,19 @@ func (s *secureState) handshakeIn(sess *session, now time.Time, b []byte) bool {
 		return true
 	}
 	return false
+}
+
+// plaintextSynAck reports whether b is a plaintext server's ConnectSynAck:
+// its datagram is reliable (takeProof), a secure server's never is.
+func plaintextSynAck(b []byte) bool {
+	var h header
+	first := true
+	synAck := false
+	err := scanDatagram(b, &h, func(m message) {
+		synAck = synAck || first && !m.fragment && m.id == idConnectSynAck
+		first = false
+	})
+	return err == nil && synAck && h.reliable
 }
 
 // A secure listener's refusals go in clear (it may not hold the keys: a

@@ -210,6 +210,10 @@ func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time
 		// Both ends number from 0; the handshake's datagrams, in clear,
 		// are no part of the window (recvWindow.startAt).
 		s.recv.win.startAt(0)
+	} else if !client && dialect != DialectReference {
+		// A plaintext server numbers from a random PacketID: its
+		// ConnectSynAck's, which the client's ack must name (takeProof).
+		s.startPIDAt(randomBits(packetIDMask))
 	}
 	s.recv.reasm.budget = cfg.reassemblyBuffer
 	s.recv.reasm.maxMessage = cfg.maxMessage

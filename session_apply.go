@@ -138,7 +138,12 @@ func (s *session) applyHeld(now time.Time, hm *held) {
 func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
 	switch kind {
 	case heldApp:
-		if s.state != stateOK && s.state != stateClosing {
+		// A server's messages that come before its peer proved its
+		// address (stateSynAck: a plaintext server's, see takeProof)
+		// wait in the receive queue like any: the client is open and
+		// sent them once, and the application sees them, and the
+		// connection, only once it is established.
+		if s.state != stateOK && s.state != stateClosing && (s.client || s.state != stateSynAck) {
 			return
 		}
 		if !reliable && s.dropOverBudget() {

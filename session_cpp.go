@@ -14,8 +14,10 @@ import (
 // A reference client opens with 8 zero bytes, no datagram, and takes the
 // connection as open on the first datagram back; the server answers the
 // opening with a PingRequest (the reference sends two, but a server owes
-// an unproven address no more bytes than it sent) and takes the client's
-// first datagram for the end of the handshake. Both count PacketIDs from 1.
+// an unproven address no more bytes than it sent) whose ID is random, and
+// takes the PingReply echoing it for the end of the handshake: the proof
+// that the client is at its address (takeProof). Both count PacketIDs
+// from 1.
 //
 // Reliable messages carry reliable numbers, counted per connection,
 // fragments each their own: a receiver drops a message whose number came
@@ -105,6 +107,9 @@ func (w *cppWire) read(now time.Time, b []byte) {
 		// Nothing comes before our answer to the opening; a stray
 		// datagram waits for the application's decision like any.
 	case stateSynAck:
+		// Any datagram says the client is open, but only with the
+		// PingReply to our answer is the connection established
+		// (handleMessage).
 		s.establishServer(now)
 		w.recvOpen(now, d)
 	case stateLinger:
@@ -129,7 +134,7 @@ func (w *cppWire) opening(now time.Time, n int) {
 		s.stats.InvalidDatagrams++
 		return
 	}
-	if !s.handshake.wasOpen {
+	if !s.addressProven() {
 		s.handshake.preIn += n
 	}
 	switch s.state {
@@ -260,6 +265,12 @@ func (w *cppWire) handleMessage(now time.Time, pid uint32, m *cppMessage) {
 	if m.fragment {
 		w.handleFragment(now, pid, m)
 		return
+	}
+	if m.id == idPingReply && s.awaitsProof() {
+		right := len(m.payload) == 1 && uint32(m.payload[0]) == s.handshake.challenge
+		if !s.takeProof(now, right) {
+			return
+		}
 	}
 	if s.handlePing(now, m.id, m.payload) {
 		return

@@ -25,8 +25,12 @@ func (w *cppWire) control(buf []byte, id uint32, _ []byte) []byte {
 	var one [1]byte
 	switch id {
 	case idConnectSynAck:
-		one[0] = s.live.nextPingID
-		s.live.nextPingID++
+		// The same random ID every time it goes: the PingReply echoing
+		// it proves the client is at its address (takeProof).
+		if s.handshake.synAckSends == 0 {
+			s.handshake.challenge = randomBits(0xff)
+		}
+		one[0] = byte(s.handshake.challenge)
 		m.id, m.payload = idPingRequest, one[:]
 	case idDisconnect:
 		if !w.hasDiscRel {

@@ -1,21 +1,35 @@
 package knet
 
-import "time"
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"time"
+)
 
 // handshakeState is the opening of the connection: the ConnectSyn and its
-// answer, the client's resends, the server's wait for its application,
-// and what a server may send an address not yet proven.
+// answer, the client's resends, the server's wait for its application
+// and for the client's proof of its address, and what a server may send
+// an address not yet proven.
 type handshakeState struct {
-	syn, synAck   []byte
-	admitWaiting  bool      // server: ConnectSyn in, Admit not yet run
-	wasOpen       bool      // the handshake completed
-	started       time.Time // the attempt's start (server: its admission)
-	synResend     time.Time // client: when the ConnectSyn goes again
+	syn, synAck  []byte
+	admitWaiting bool // server: ConnectSyn in, Admit not yet run
+	wasOpen      bool // the handshake completed
+	proven       bool // server: the peer proved it is at its address (addressProven)
+	confirmed    bool // server: the client said it is open (establishServer)
+	// challenge is what a plaintext server's peer must echo to prove its
+	// address, set as the ConnectSynAck first goes (takeProof): its
+	// PacketID (the spec's wire), its PingRequest's ID (the reference's).
+	challenge uint32
+	started   time.Time // the attempt's start (server: its admission)
+	// synResend is when our side of the opening goes again: a client's
+	// ConnectSyn, a plaintext server's ConnectSynAck until the proof.
+	synResend     time.Time
 	synBackoff    time.Duration
 	synSends      int
 	synAckSent    time.Time
 	synAckSends   int
-	preIn, preOut int // server: bytes from and to the peer before the handshake completed
+	preIn, preOut int // server: bytes from and to the peer before it proved its address
 }
 
 // The handshake as the secure layer drives it (secure_layer.go): it reads the
@@ -68,10 +82,6 @@ func (s *session) synAgain(n int) {
 		s.owed.owe(oweSynAck)
 	}
 }
-
-// addressProven reports whether the peer has proven it receives at its
-// address: a client's server, always (it answered what we sent).
-func (s *session) addressProven() bool { return true }
 
 // opened reports whether the handshake completed.
 func (s *session) opened() bool { return s.handshake.wasOpen }
@@ -143,10 +153,24 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 	s.events |= evEstablished
 }
 
-// establishServer completes the server side of the handshake: a ConnectAck
-// or any application message does it.
+// establishServer completes the server side of the handshake: the
+// client says it is open (DECISIONS §1: a ConnectAck or any application
+// message; on the reference's wire, any datagram), and it has proven its
+// address (addressProven), in either order. A secure session's caller
+// proves it: its message came in a datagram that opened under the
+// session's keys. A plaintext session's proof is takeProof's; a
+// ConnectAck or an application message before it establishes nothing
+// (anyone can send one from any address), though its datagram is taken:
+// its messages wait in the receive queue.
 func (s *session) establishServer(now time.Time) {
 	if s.client || s.state != stateSynAck {
+		return
+	}
+	s.handshake.confirmed = true
+	if s.secure {
+		s.handshake.proven = true
+	}
+	if !s.handshake.proven {
 		return
 	}
 	s.state = stateOK
@@ -157,6 +181,73 @@ func (s *session) establishServer(now time.Time) {
 	}
 	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
+}
+
+// addressProven reports whether the peer has proven that it is at the
+// connection's address, and not someone spoofing it (issue 31): a client
+// always has; a secure server once a datagram opened under the session's
+// keys (establishServer); a plaintext server once the peer echoed the
+// challenge its ConnectSynAck carried (takeProof). Until then a server's
+// connection is not established, so never offered to Accept or a Group,
+// and it sends the address no more bytes than it received from there
+// (amplifies).
+func (s *session) addressProven() bool { return s.client || s.handshake.proven }
+
+// awaitsProof reports whether the session is a plaintext server that
+// answered the ConnectSyn and waits for its peer's proof.
+func (s *session) awaitsProof() bool {
+	return !s.client && !s.secure && s.state == stateSynAck && !s.handshake.proven
+}
+
+// errWrongProof ends a plaintext server's attempt whose peer acked, or
+// echoed, what the server never sent its address: a blind guess by a
+// sender spoofing that address. Nobody hears of it (the connection was
+// never offered) but ListenerStats.InvalidDatagrams.
+var errWrongProof = errors.New("knet: the peer's proof of its address named nothing sent to it")
+
+// takeProof takes, on a plaintext server awaiting it (awaitsProof), the
+// peer's answer to the challenge its ConnectSynAck carried, right says
+// whether the answer names it: in the spec's wire a PacketAck naming the
+// ConnectSynAck's PacketID (the datagram is reliable, its first PacketID
+// random: 22 bits), in the reference's the PingReply echoing the
+// PingRequest's ID (random: 8 bits). The right answer establishes the
+// connection, once the client said it is open (establishServer); a wrong
+// one ends the attempt silently: a blind sender gets one guess per
+// ConnectSyn (35 PacketIDs, one PacketAck's worth; one ping ID in 256),
+// each bounded by what the address sent (amplifies). It reports right.
+func (s *session) takeProof(now time.Time, right bool) bool {
+	if !right || s.handshake.synAckSends == 0 {
+		s.stats.InvalidDatagrams++
+		s.fail(errWrongProof)
+		return false
+	}
+	s.handshake.proven = true
+	if s.handshake.confirmed {
+		s.establishServer(now)
+	}
+	return true
+}
+
+// randomBits returns a number from crypto/rand, masked by mask.
+func randomBits(mask uint32) uint32 {
+	var b [4]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return binary.LittleEndian.Uint32(b[:]) & mask
+}
+
+// synAckWent records a ConnectSynAck going out. A plaintext server sends
+// it again on a timer, backing off as a client's ConnectSyn does, until
+// the peer's proof (a client whose ack or PingReply was lost is open and
+// has nothing to resend that carries it), and never past what the
+// address sent (amplifies); a secure one only to the client's ConnectSyn
+// sent again.
+func (s *session) synAckWent(now time.Time) {
+	s.handshake.synAckSent = now
+	s.handshake.synAckSends++
+	if !s.secure && s.handshake.synAckSends == 1 {
+		s.handshake.synBackoff = firstSynResend
+		s.handshake.synResend = now.Add(s.handshake.synBackoff)
+	}
 }
 
 // admitted records the application's decision on the ConnectSyn.
@@ -183,21 +274,28 @@ func (s *session) admitted(now time.Time, reply []byte, ok bool) {
 }
 
 // handshakeDeadline adds the handshake's timers (states stateSyn,
-// stateAdmit, stateSynAck): ConnectTimeout, and a client's next ConnectSyn.
+// stateAdmit, stateSynAck): ConnectTimeout, a client's next ConnectSyn,
+// and a plaintext server's next ConnectSynAck.
 func (s *session) handshakeDeadline(t *deadlines) {
-	if s.state == stateSyn {
+	if s.state == stateSyn || s.awaitsProof() {
 		t.at(s.handshake.synResend)
 	}
 	t.at(s.handshake.started.Add(s.cfg.connectTimeout))
 }
 
 // advanceHandshake gives up the handshake after ConnectTimeout; until
-// then a client sends the ConnectSyn again, backing off.
+// then a client sends the ConnectSyn again, backing off, and a plaintext
+// server its ConnectSynAck (synAckWent).
 func (s *session) advanceHandshake(now time.Time) {
-	if !now.Before(s.handshake.started.Add(s.cfg.connectTimeout)) {
+	switch {
+	case !now.Before(s.handshake.started.Add(s.cfg.connectTimeout)):
 		s.fail(&TimeoutError{Op: "connect", Silent: s.cfg.connectTimeout})
-	} else if s.state == stateSyn && !now.Before(s.handshake.synResend) {
+	case s.state == stateSyn && !now.Before(s.handshake.synResend):
 		s.owed.owe(oweSyn)
+		s.handshake.synBackoff = min(2*s.handshake.synBackoff, maxSynBackoff)
+		s.handshake.synResend = now.Add(s.handshake.synBackoff)
+	case s.awaitsProof() && !s.handshake.synResend.IsZero() && !now.Before(s.handshake.synResend):
+		s.owed.owe(oweSynAck)
 		s.handshake.synBackoff = min(2*s.handshake.synBackoff, maxSynBackoff)
 		s.handshake.synResend = now.Add(s.handshake.synBackoff)
 	}

@@ -63,11 +63,12 @@ func (s *session) recvLinger(now time.Time, disconnect bool) {
 }
 
 // countIn counts a well-formed datagram of n bytes in, and, on a server
-// not yet open, the credit it earns (anti-amplification).
+// whose peer has not proven its address, the credit it earns
+// (anti-amplification).
 func (s *session) countIn(n int) {
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(n)
-	if !s.client && !s.handshake.wasOpen {
+	if !s.addressProven() {
 		s.handshake.preIn += n
 	}
 }

@@ -201,8 +201,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		if s.owed.take(oweSynAck) {
 			b := s.wire.control(buf, idConnectSynAck, s.handshake.synAck)
 			if b != nil {
-				s.handshake.synAckSent = now
-				s.handshake.synAckSends++
+				s.synAckWent(now)
 			}
 			return b
 		}
@@ -281,11 +280,13 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 	return nil
 }
 
-// amplifies reports whether a server may send b before the connection is
-// open, and counts it: an endpoint not yet proven to be the sender gets no
-// more bytes than it sent (a resent ConnectSyn or opening adds credit).
+// amplifies reports whether a server may send b before the peer proved
+// its address (addressProven), and counts it: an address not yet proven
+// to be the sender's gets no more bytes than it sent (every datagram from
+// it adds credit: a resent ConnectSyn or opening, a ConnectAck). Nothing
+// but the ConnectSynAck (or a refusal) goes before the proof anyway.
 func (s *session) amplifies(b []byte) bool {
-	if s.client || s.handshake.wasOpen {
+	if s.addressProven() {
 		return true
 	}
 	if s.handshake.preOut+len(b) > s.handshake.preIn {

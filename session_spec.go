@@ -303,8 +303,14 @@ func heldKindOf(id uint32) heldKind {
 	return heldApp
 }
 
+// handlePacketAck takes a PacketAck; on a plaintext server waiting for
+// its peer's proof, the first one is the proof (takeProof), or ends the
+// attempt.
 func (w *specWire) handlePacketAck(now time.Time, p []byte) {
 	if a, ok := parsePacketAck(p); ok {
+		if w.s.awaitsProof() && !w.s.takeProof(now, a.names(w.s.handshake.challenge)) {
+			return
+		}
 		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
 		if w.s.rcptOf().awaitsAck() {
 			a.each(w.s.ackedUnreliable)

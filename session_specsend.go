@@ -10,6 +10,14 @@ import "time"
 // control builds an unreliable datagram holding one connection control
 // message. Disconnect and DisconnectAck are in-order messages: their
 // datagram has the InOrder flag, with no dependency left to name.
+//
+// A plaintext server's ConnectSynAck is the exception: its datagram is
+// flagged Reliable, so that the client acks it (spec "Reliable
+// Datagrams": the other end is expected to), and its PacketID, the
+// session's first, is random (newSession); the ack naming it proves the
+// client is at its address (takeProof). It goes again as it was, the same
+// PacketID, as a reliable datagram does (DECISIONS §4), but it is no part
+// of loss recovery: the handshake's timer resends it (synAckWent).
 func (w *specWire) control(buf []byte, id uint32, payload []byte) []byte {
 	s := w.s
 	if s.spanFull() {
@@ -19,6 +27,14 @@ func (w *specWire) control(buf []byte, id uint32, payload []byte) []byte {
 	// order after, and the flag's count byte would make the answer larger
 	// than the smallest ConnectSyn.
 	h := header{packetID: s.send.nextPID, inOrder: s.handshake.wasOpen && (id == idDisconnect || id == idDisconnectAck)}
+	again := false
+	if id == idConnectSynAck && !s.secure {
+		if s.handshake.synAckSends == 0 {
+			s.handshake.challenge = h.packetID
+		}
+		h.packetID, h.reliable = s.handshake.challenge, true
+		again = s.handshake.synAckSends > 0
+	}
 	b := appendHeader(buf[:0], &h)
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
@@ -26,6 +42,11 @@ func (w *specWire) control(buf []byte, id uint32, payload []byte) []byte {
 	}
 	if !s.amplifies(b) {
 		return nil
+	}
+	if again {
+		s.stats.DatagramsSent++
+		s.stats.BytesSent += uint64(len(b))
+		return b
 	}
 	s.sentUnreliable(b)
 	return b
