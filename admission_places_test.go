@@ -71,7 +71,7 @@ func TestAdmissionPlacesPerSource(t *testing.T) {
 // least 16 (or MaxPendingConnections if smaller).
 func TestMaxPendingPerSourceDefault(t *testing.T) {
 	for _, tt := range []struct{ pending, perSource, want int }{
-		{0, 0, 64},    // the defaults: 1024/16
+		{0, 0, 64}, // the defaults: 1024/16
 		{4096, 0, 256},
 		{100, 0, 16},
 		{4, 0, 4},

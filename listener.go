@@ -86,7 +86,7 @@ type ListenerStats struct {
 	Connections      int    // connections on the socket(s) that have not ended, pending ones included: what a Drain waits for
 	Pending          int    // connections whose handshake is not complete
 	Established      uint64 // connections whose handshake completed and that were handed to Accept (or the Group), since Listen
-	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped
+	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped; and plaintext attempts ended because their proof of address (an ack or a PingReply) named nothing sent to them
 	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
 	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
 	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog, or by a secure listener for their handshake or token

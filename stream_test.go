@@ -319,8 +319,12 @@ func (c *writeFailConn) Close() error {
 	}
 	return nil
 }
-func (c *writeFailConn) LocalAddr() net.Addr  { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
-func (c *writeFailConn) RemoteAddr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2} }
+func (c *writeFailConn) LocalAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}
+}
+func (c *writeFailConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2}
+}
 
 // A server that drops the stream before answering refuses the client,
 // whether the client's reader or, here, its writer hears of it first.
