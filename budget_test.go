@@ -175,15 +175,17 @@ func TestBudgetReferenceDialect(t *testing.T) {
 		for range 2 {
 			c := nw.rawSocket(t, l.Addr())
 			c.Write(cppOpening[:])
-			_, err := c.Read(make([]byte, 2048))
+			buf := make([]byte, 2048)
+			n, err := c.Read(buf)
 			require.NoError(t, err)
+			ping := cppPingOf(t, buf[:n])
 			pid := uint32(1)
 			send := func(d *cppDatagram) {
 				d.packetID = pid
 				pid++
 				c.Write(appendCppDatagram(nil, d))
 			}
-			send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{0}}}})
+			send(&cppDatagram{msgs: []cppMessage{{id: idPingReply, payload: []byte{ping}}}})
 			sends = append(sends, send)
 			srvs = append(srvs, serverConn(t, l))
 		}
