@@ -367,14 +367,15 @@ func (env *mxEnv) serve(sv *mxServed) {
 	}
 }
 
-// accepted returns what the application accepted from addr, waiting up
-// to d for it.
+// accepted returns what the application accepted from addr over a
+// stream, waiting up to d for it. (A UDP connection may come from the same
+// address and port number: the UDP victim, through its relay.)
 func (env *mxEnv) accepted(addr netip.AddrPort, d time.Duration) *mxServed {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
 		env.mu.Lock()
-		i := slices.IndexFunc(env.served, func(sv *mxServed) bool { return sv.from == addr })
+		i := slices.IndexFunc(env.served, func(sv *mxServed) bool { return sv.from == addr && sv.c.Transport() != TransportUDP })
 		changed := env.changed
 		var sv *mxServed
 		if i >= 0 {
