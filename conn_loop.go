@@ -281,7 +281,7 @@ func (c *Conn) decide(reply []byte, err error) {
 
 // handleEvents acts on what the session's last calls did.
 func (c *Conn) handleEvents() {
-	if c.abandoned.Swap(false) && !c.isEstablished() {
+	if c.abandoned.Load() && c.abandoned.Swap(false) && !c.isEstablished() {
 		// Another attempt with its handshake message was established
 		// (Listener.establish): this one ends, unanswered.
 		c.sess.refuse(false)
