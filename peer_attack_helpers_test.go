@@ -1,0 +1,455 @@
+package knet
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// The malicious peer of issue 38: a peer that completed the handshake,
+// plaintext or secure (it holds the session keys: it made them), and now
+// speaks the wire as it likes to make the other end flood or burn CPU. It
+// is scripted from the package's own codec and secure layer, with no
+// session of its own: peerEvil.
+
+// peerUDPOverhead is what IPv4 and UDP add to every datagram on the wire.
+const peerUDPOverhead = 28
+
+// peerEvil is a scripted peer on the network in memory: as a client, it
+// connects to a Listener (peerDialEvil); as a server, a dialed Conn
+// connects to it (peerListenEvil). In a secure session it holds the keys
+// its handshake made, and seals and opens with the secure layer's own
+// secureState (seal, open), numbering its datagrams itself: PacketID and
+// packet number are one, counting up from 1.
+type peerEvil struct {
+	t      testing.TB
+	sock   *netsim.Socket
+	client bool
+
+	mu     sync.Mutex // guards what follows: the reader and the senders share sec
+	to     netip.AddrPort
+	sec    *secureState // nil: plaintext
+	next   uint32       // the PacketID (and packet number) of our next datagram
+	newest uint32       // the newest PacketID the victim sent us
+	seen   bool
+	got    []uint32 // reliable PacketIDs received and not yet acked (honest acks)
+	in     []peerDgram
+	inWire int // bytes received, on the wire (peerUDPOverhead each)
+	inN    int
+	outN   int
+	out    int          // bytes sent, on the wire
+	open   bool         // the handshake is over: what comes is the session's
+	synAck chan []byte  // the ConnectSynAck's content, while a client waits for it
+	syn    chan peerSyn // the ConnectSyn, while a server waits for it
+	done   chan struct{}
+}
+
+// peerDgram is what the victim sent: the header and message IDs.
+type peerDgram struct {
+	pid      uint32
+	reliable bool
+	ids      []uint32
+	size     int
+}
+
+type peerSyn struct {
+	from    netip.AddrPort
+	content []byte
+}
+
+// peerPaths puts the datagrams from the victim to the evil peer through a
+// link with parameters down and those back through one with up, and
+// returns the links. victim may be zero (any address: a dialed victim's
+// address is known only once it dials).
+func peerPaths(nw *testNet, victim, evil netip.AddrPort, down, up netsim.Params) (toEvil, fromEvil *netsim.Link) {
+	return nw.mem.SetLink(victim, evil, &down), nw.mem.SetLink(evil, victim, &up)
+}
+
+// newPeerEvil makes the peer around its socket and starts its reader.
+func newPeerEvil(t testing.TB, sock *netsim.Socket, client bool) *peerEvil {
+	e := &peerEvil{t: t, sock: sock, client: client, next: 1, synAck: make(chan []byte, 1), syn: make(chan peerSyn, 1), done: make(chan struct{})}
+	t.Cleanup(func() {
+		sock.Close()
+		<-e.done
+	})
+	go e.read()
+	return e
+}
+
+// peerEvilSocket opens the evil peer's socket: connected to server, or
+// listening if server is zero.
+func peerEvilSocket(t testing.TB, nw *testNet, server netip.AddrPort) *netsim.Socket {
+	t.Helper()
+	var s *netsim.Socket
+	var err error
+	if server.IsValid() {
+		s, err = nw.mem.Dial(netip.AddrPort{}, server)
+	} else {
+		s, err = nw.mem.Listen(netip.AddrPort{})
+	}
+	require.NoError(t, err)
+	return s
+}
+
+// peerDialEvil has the evil peer, on sock (connected to the Listener at
+// server), complete a handshake, secure if pub is not nil (the Listener's
+// public key): ConnectSyn, ConnectSynAck, then the ConnectAck after
+// ackDelay. It returns once the ConnectAck went.
+func peerDialEvil(t testing.TB, sock *netsim.Socket, server netip.AddrPort, pub []byte, ackDelay time.Duration) *peerEvil {
+	t.Helper()
+	e := newPeerEvil(t, sock, true)
+	e.to = server
+	content := []byte("evil")
+	if pub != nil {
+		sec, syn, err := newClientSecure(pub, nil, content)
+		require.NoError(t, err)
+		e.sec, content = sec, syn
+	}
+	syn := appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSyn, payload: content}}})
+	syn = appendPadding(syn, synPadTo)
+	var synAck []byte
+	for try, got := 0, false; !got; try++ {
+		require.Less(t, try, 20, "no ConnectSynAck")
+		e.writeRaw(syn)
+		select {
+		case synAck = <-e.synAck:
+			got = true
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if pub != nil {
+		e.mu.Lock()
+		_, err := e.sec.readSynAck(synAck)
+		e.mu.Unlock()
+		require.NoError(t, err)
+	}
+	e.mu.Lock()
+	e.open = true
+	e.mu.Unlock()
+	time.Sleep(ackDelay)
+	e.send(true, header{}, message{id: idConnectAck})
+	return e
+}
+
+// peerListenEvil has the evil peer answer the first ConnectSyn on sock, a
+// listening socket, as a secure server if priv is not nil. It returns at
+// once; accept waits for the handshake.
+func peerListenEvil(t testing.TB, sock *netsim.Socket) *peerEvil {
+	return newPeerEvil(t, sock, false)
+}
+
+// accept answers the first ConnectSyn with a ConnectSynAck, secure with
+// the key pair priv, pub if priv is not nil. It reports what went wrong,
+// for goroutines other than the test's.
+func (e *peerEvil) accept(priv, pub []byte, d time.Duration) error {
+	var s peerSyn
+	select {
+	case s = <-e.syn:
+	case <-time.After(d):
+		return errors.New("no ConnectSyn")
+	}
+	reply := []byte("ok")
+	e.mu.Lock()
+	e.to = s.from
+	if priv != nil {
+		_, msg1, ok := splitSecureSyn(s.content)
+		if !ok {
+			e.mu.Unlock()
+			return errors.New("not a secure ConnectSyn")
+		}
+		sec, err := newServerSecure(priv, pub)
+		if err == nil {
+			_, err = sec.readSyn(msg1)
+		}
+		if err == nil {
+			sec.cid = 0x5eed0038
+			reply, err = sec.writeSynAck(nil)
+		}
+		if err != nil {
+			e.mu.Unlock()
+			return err
+		}
+		e.sec = sec
+	}
+	e.open = true
+	e.mu.Unlock()
+	e.writeRaw(appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSynAck, payload: reply}}}))
+	return nil
+}
+
+// read takes what the victim sends until the socket closes: the handshake
+// message awaited, then datagrams, opened if secure.
+func (e *peerEvil) read() {
+	defer close(e.done)
+	buf := make([]byte, 1<<16)
+	for {
+		n, from, err := e.sock.ReadFrom(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		b := append([]byte(nil), buf[:n]...)
+		e.mu.Lock()
+		e.inN++
+		e.inWire += n + peerUDPOverhead
+		if !e.open {
+			e.mu.Unlock()
+			e.handshakeIn(from, b)
+			continue
+		}
+		pt := b
+		if e.sec != nil {
+			pt, _ = e.sec.open(b)
+		}
+		if pt != nil {
+			e.note(pt)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// handshakeIn takes a clear handshake datagram.
+func (e *peerEvil) handshakeIn(from netip.AddrPort, b []byte) {
+	if e.client {
+		if _, content, ok := handshakeContent(b, idConnectSynAck); ok {
+			select {
+			case e.synAck <- append([]byte(nil), content...):
+			default:
+			}
+		}
+		return
+	}
+	if _, content, ok := handshakeContent(b, idConnectSyn); ok {
+		select {
+		case e.syn <- peerSyn{from, append([]byte(nil), content...)}:
+		default:
+		}
+	}
+}
+
+// note records a datagram of the victim's, in plaintext; e.mu is held.
+func (e *peerEvil) note(b []byte) {
+	var d datagram
+	if parseInto(b, &d) != nil {
+		return
+	}
+	pid := d.header.packetID
+	if !e.seen || seqLess(e.newest, pid) {
+		e.newest, e.seen = pid, true
+	}
+	if d.header.reliable {
+		e.got = append(e.got, pid)
+	}
+	if len(e.in) < 1<<16 {
+		ids := make([]uint32, 0, len(d.msgs))
+		for i := range d.msgs {
+			if !d.msgs[i].fragment {
+				ids = append(ids, d.msgs[i].id)
+			}
+		}
+		e.in = append(e.in, peerDgram{pid: pid, reliable: d.header.reliable, ids: ids, size: len(b)})
+	}
+}
+
+// newestSeen returns the newest PacketID the victim sent us.
+func (e *peerEvil) newestSeen() (uint32, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.newest, e.seen
+}
+
+// writeRaw sends b as it is.
+func (e *peerEvil) writeRaw(b []byte) {
+	e.mu.Lock()
+	to := e.to
+	e.outN++
+	e.out += len(b) + peerUDPOverhead
+	e.mu.Unlock()
+	e.sock.WriteTo(b, to)
+}
+
+// send sends msgs in a datagram with header h under our next PacketID,
+// sealed in a secure session, and returns its PacketID.
+func (e *peerEvil) send(reliable bool, h header, msgs ...message) uint32 {
+	e.mu.Lock()
+	pid := e.next
+	e.next = (e.next + 1) & packetIDMask
+	e.mu.Unlock()
+	e.sendAs(pid, reliable, h, msgs...)
+	return pid
+}
+
+// sendAs is send under PacketID pid, which must be above every one sent
+// before in a secure session (it is the packet number).
+func (e *peerEvil) sendAs(pid uint32, reliable bool, h header, msgs ...message) {
+	h.packetID, h.reliable = pid, reliable
+	b := appendDatagram(nil, &datagram{header: h, msgs: msgs})
+	e.mu.Lock()
+	if e.sec != nil {
+		var err error
+		if b, err = e.sec.seal(nil, b, uint64(pid), true); err != nil {
+			e.mu.Unlock()
+			e.t.Errorf("seal: %v", err)
+			return
+		}
+	}
+	if seqLess(e.next, pid) || e.next == pid {
+		e.next = (pid + 1) & packetIDMask
+	}
+	to := e.to
+	e.outN++
+	e.out += len(b) + peerUDPOverhead
+	e.mu.Unlock()
+	e.sock.WriteTo(b, to)
+}
+
+// skip reserves n PacketIDs, never sent, and returns the first.
+func (e *peerEvil) skip(n uint32) uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	first := e.next
+	e.next = (e.next + n) & packetIDMask
+	return first
+}
+
+// traffic returns the bytes (on the wire) and datagrams each way so far.
+func (e *peerEvil) traffic() (in, inN, out, outN int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.inWire, e.inN, e.out, e.outN
+}
+
+// peerAckMsgs returns PacketAcks naming every PacketID from first to last.
+func peerAckMsgs(first, last uint32) []message {
+	var msgs []message
+	for base := first; !seqLess(last, base); base = (base + packetAckSpan) & packetIDMask {
+		more := uint64(1)<<packetAckBits - 1
+		if d := seqDiff(base, last); d < packetAckBits {
+			more = uint64(1)<<uint(d) - 1
+		}
+		msgs = append(msgs, message{id: idPacketAck, payload: appendPacketAck(nil, packetAck{base: base, more: more})})
+	}
+	return msgs
+}
+
+// ackOptimistic acks every PacketID from back before the newest the
+// victim sent us to ahead after it, received or not, and the reliable
+// datagrams received outside that range (resends of old PacketIDs).
+func (e *peerEvil) ackOptimistic(back, ahead uint32) {
+	e.mu.Lock()
+	newest, ok, got := e.newest, e.seen, e.got
+	e.got = nil
+	e.mu.Unlock()
+	if !ok {
+		return
+	}
+	first := uint32(1)
+	if newest > back {
+		first = newest - back
+	}
+	last := (newest + ahead) & packetIDMask
+	msgs := peerAckMsgs(first, last)
+	var extra []uint32
+	for _, id := range got {
+		if seqLess(id, first) || seqLess(last, id) {
+			extra = append(extra, id)
+		}
+	}
+	msgs = append(msgs, peerAckList(extra)...)
+	e.sendAcks(msgs)
+}
+
+// ackHonest acks exactly the reliable datagrams received since the last
+// call.
+func (e *peerEvil) ackHonest() {
+	e.mu.Lock()
+	ids := e.got
+	e.got = nil
+	e.mu.Unlock()
+	e.sendAcks(peerAckList(ids))
+}
+
+// peerAckList returns PacketAcks naming exactly ids.
+func peerAckList(ids []uint32) []message {
+	if len(ids) == 0 {
+		return nil
+	}
+	sortSerial(ids)
+	acks, _ := packAcks(nil, ids, len(ids), packetAckBits)
+	msgs := make([]message, len(acks))
+	for i, a := range acks {
+		msgs[i] = message{id: idPacketAck, payload: appendPacketAck(nil, a)}
+	}
+	return msgs
+}
+
+// peerAcksPerDatagram is how many PacketAcks (10 bytes each) the evil
+// peer puts in one datagram: within the default MaxDatagramSize.
+const peerAcksPerDatagram = 120
+
+// sendAcks sends PacketAck messages, unreliable, as many per datagram as
+// fit.
+func (e *peerEvil) sendAcks(msgs []message) {
+	for len(msgs) > 0 {
+		n := min(len(msgs), peerAcksPerDatagram)
+		e.send(false, header{}, msgs[:n]...)
+		msgs = msgs[n:]
+	}
+}
+
+// peerDownload has c send reliable messages, each filling a datagram, as
+// fast as it may until stop is called: a large download.
+func peerDownload(c *Conn) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p := make([]byte, c.MaxUnreliablePayload())
+		for ctx.Err() == nil {
+			if err := c.SendContext(ctx, Message{ID: 6, Payload: p, Reliable: true}); err != nil && !errors.Is(err, context.Canceled) {
+				return
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// peerProtocolError reports whether c ended with a *ProtocolError.
+func peerProtocolError(c *Conn) bool {
+	if !isDone(c) {
+		return false
+	}
+	var pe *ProtocolError
+	return errors.As(c.Err(), &pe)
+}
+
+// peerSecureMode names the session kinds the attacks run in.
+type peerSecureMode struct {
+	name   string
+	secure bool
+}
+
+var peerModes = []peerSecureMode{{"plaintext", false}, {"secure", true}}
+
+// peerKeys returns a key pair for a secure mode, nils otherwise.
+func peerKeys(t testing.TB, secure bool) (priv, pub []byte) {
+	if !secure {
+		return nil, nil
+	}
+	priv, pub, err := GenerateKey()
+	require.NoError(t, err)
+	return priv, pub
+}

@@ -1,0 +1,218 @@
+package knet
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/knet-go/knet/internal/netsim"
+)
+
+// Issue 38: a peer that completed the handshake, plaintext or secure (it
+// holds the session keys), tries to make the other end flood the path or
+// burn CPU. Each test asserts the bound the fix is to keep; the helpers
+// (the scripted peer, peerEvil) are in peer_attack_helpers_test.go.
+
+// The path of the optimistic-ack tests: 1 Mbit/s with a queue of 50ms
+// (netsim's default) and 20ms each way.
+const (
+	peerPathRate  = 125_000 // bytes per second
+	peerPathDelay = 20 * time.Millisecond
+)
+
+// peerSide says which end of the connection the victim, the end sending
+// the download, is: the Listener's (the evil peer dials it) or a dialed
+// Conn (the evil peer listens).
+type peerSide struct {
+	name     string
+	listener bool
+}
+
+var peerSides = []peerSide{{"listener", true}, {"dialer", false}}
+
+// peerVictim is a connection from the victim to the evil peer, and the
+// link carrying what the victim sends it.
+type peerVictim struct {
+	c      *Conn
+	e      *peerEvil
+	toEvil *netsim.Link
+	l      *Listener // the victim's Listener, when it is the listener's side
+}
+
+// peerConnect connects the evil peer and a victim over a path whose
+// victim-to-evil direction has down and the other up. cfg is the victim's
+// Config (its keys are set here); ackDelay delays the evil client's
+// ConnectAck.
+func peerConnect(t *testing.T, nw *testNet, side peerSide, secure bool, cfg Config, down, up netsim.Params, ackDelay time.Duration) *peerVictim {
+	t.Helper()
+	priv, pub := peerKeys(t, secure)
+	v := &peerVictim{}
+	if side.listener {
+		cfg.PrivateKey = priv
+		v.l = nw.listen(t, &cfg)
+		server := addrOf(v.l.Addr())
+		sock := peerEvilSocket(t, nw, server)
+		v.toEvil, _ = peerPaths(nw, server, sock.Addr(), down, up)
+		v.e = peerDialEvil(t, sock, server, pub, ackDelay)
+		v.c = serverConn(t, v.l)
+		return v
+	}
+	cfg.ServerKey = pub
+	sock := peerEvilSocket(t, nw, netip.AddrPort{})
+	v.toEvil, _ = peerPaths(nw, netip.AddrPort{}, sock.Addr(), down, up)
+	v.e = peerListenEvil(t, sock)
+	errc := make(chan error, 1)
+	go func() { errc <- v.e.accept(priv, pub, 5*time.Second) }()
+	v.c = nw.dial(t, sock.Addr().String(), &cfg)
+	require.NoError(t, <-errc)
+	return v
+}
+
+// peerAcker is how the evil peer acks: honestly (what arrived), or
+// optimistically every cadence.
+type peerAcker struct {
+	name    string
+	cadence time.Duration
+	honest  bool
+}
+
+// How far around the newest PacketID received the optimistic acks reach:
+// ahead, what the victim sends in a round trip and a queue at many times
+// the path's rate, so that every datagram sent by the time an ack arrives
+// is acked; back as much again, for those an ack reached before they
+// went (the newest received jumps by what the queue dropped).
+const (
+	peerOptimisticAhead = 2048
+	peerOptimisticBack  = 2048
+)
+
+// peerAckLoop runs the evil peer's acks every cadence until stop is
+// closed; done is closed when it returns.
+func peerAckLoop(e *peerEvil, a peerAcker, stop <-chan struct{}) (done chan struct{}) {
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(a.cadence):
+			}
+			if a.honest {
+				e.ackHonest()
+			} else {
+				e.ackOptimistic(peerOptimisticBack, peerOptimisticAhead)
+			}
+		}
+	}()
+	return done
+}
+
+// peerFlood is what a download did over the measurement window: the
+// bytes the victim offered the path, as a multiple of the path's rate,
+// and whether the victim's connection ended with a *ProtocolError.
+type peerFlood struct {
+	ratio     float64
+	protoErr  bool
+	err       error
+	sent      uint64
+	delivered uint64
+	drops     uint64
+	window    time.Duration
+	early     time.Duration // when the window ended early, over budget
+}
+
+func (f peerFlood) String() string {
+	over := ""
+	if f.early > 0 {
+		over = fmt.Sprintf(" (at least: over budget after %v, the window stopped %v later; %.0fx the path's rate meanwhile)",
+			f.early, 100*time.Millisecond, float64(f.sent)/(peerPathRate*(f.early+100*time.Millisecond).Seconds()))
+	}
+	return fmt.Sprintf("%.1fx the path's rate over %v%s: %d bytes offered, %d datagrams delivered, %d dropped at the queue; end: %v",
+		f.ratio, f.window, over, f.sent, f.delivered, f.drops, f.err)
+}
+
+// peerMeasureFlood has v's victim send a download while the evil peer acks
+// as a says, and measures what the victim offers the path over window,
+// from the download's start. Once it has offered more than limit times
+// the path's rate for the whole window, the bound is broken: the window
+// ends a grace period later (a flood of 200 times the path costs the race
+// detector seconds a step), time enough for the connection to end with a
+// *ProtocolError if the victim sees through the acks.
+func peerMeasureFlood(t *testing.T, v *peerVictim, a peerAcker, window time.Duration, limit float64) peerFlood {
+	const grace = 100 * time.Millisecond
+	s0, t0 := v.toEvil.Stats(), time.Now()
+	stopDownload := peerDownload(v.c)
+	defer stopDownload()
+	stop := make(chan struct{})
+	acking := peerAckLoop(v.e, a, stop)
+	defer func() {
+		close(stop)
+		<-acking
+	}()
+	budget := uint64(limit * peerPathRate * window.Seconds())
+	f := peerFlood{window: window}
+	end := t0.Add(window)
+	for time.Now().Before(end) && !isDone(v.c) {
+		select {
+		case <-v.c.Done():
+		case <-time.After(min(10*time.Millisecond, time.Until(end))):
+		}
+		if s := v.toEvil.Stats(); f.early == 0 && s.Bytes-s0.Bytes > budget {
+			f.early = time.Since(t0)
+			end = time.Now().Add(grace)
+		}
+	}
+	s1 := v.toEvil.Stats()
+	f.sent, f.delivered, f.drops = s1.Bytes-s0.Bytes, s1.Delivered-s0.Delivered, s1.QueueDrops-s0.QueueDrops
+	f.ratio = float64(f.sent) / (peerPathRate * window.Seconds())
+	f.protoErr = peerProtocolError(v.c)
+	if isDone(v.c) {
+		f.err = v.c.Err()
+	}
+	return f
+}
+
+// A connected peer acks every PacketID around the newest it saw, received
+// or not (PacketIDs count up by one: easy to guess). An ack of a datagram
+// the path dropped frees it as delivered, and the delivery rate the
+// controller hears is the peer's word: with a 1 Mbit/s, 20ms path the
+// victim pours many times the path into its queue, where it is dropped.
+// The fix: the sender skips a PacketID now and then at random, and an ack
+// naming a PacketID never sent (skipped, or beyond the newest sent) ends
+// the connection with a *ProtocolError. Either way, over the window the
+// victim offers the path at most twice its rate, or the connection ends
+// with a *ProtocolError. (The honest acker is the control: it acks what
+// arrived, and holds today.)
+func TestPeerOptimisticAcks(t *testing.T) {
+	ackers := []peerAcker{
+		{"honest", 5 * time.Millisecond, true},
+		{"every1ms", time.Millisecond, false},
+		{"every5ms", 5 * time.Millisecond, false},
+		{"every20ms", 20 * time.Millisecond, false},
+	}
+	for _, mode := range peerModes {
+		for _, side := range peerSides {
+			for _, a := range ackers {
+				t.Run(mode.name+"/"+side.name+"/"+a.name, func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						nw := memNet(t)
+						down := netsim.Params{Delay: peerPathDelay, Bandwidth: peerPathRate}
+						up := netsim.Params{Delay: peerPathDelay}
+						v := peerConnect(t, nw, side, mode.secure, Config{DisconnectTimeout: 200 * time.Millisecond}, down, up, 0)
+						f := peerMeasureFlood(t, v, a, 3*time.Second, 2)
+						t.Logf("%s acks: %v", a.name, f)
+						if !f.protoErr {
+							assert.LessOrEqual(t, f.ratio, 2.0, "the victim offered the path %.1fx its rate: %v", f.ratio, f)
+						}
+					})
+				})
+			}
+		}
+	}
+}
