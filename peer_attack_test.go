@@ -216,3 +216,49 @@ func TestPeerOptimisticAcks(t *testing.T) {
 		}
 	}
 }
+
+// An ack naming a PacketID beyond the newest the victim sent is a lie:
+// no honest peer can have received it. Today it is ignored without a
+// word (lossState.ackOne finds nothing); after the fix it ends the
+// connection with a *ProtocolError, on either side, plaintext or secure.
+func TestPeerAckOfUnsentPacketID(t *testing.T) {
+	beyond := []struct {
+		name string
+		by   uint32
+	}{{"next", 1}, {"far", 5000}}
+	for _, mode := range peerModes {
+		for _, side := range peerSides {
+			for _, b := range beyond {
+				t.Run(mode.name+"/"+side.name+"/"+b.name, func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						nw := memNet(t)
+						path := netsim.Params{Delay: peerPathDelay}
+						v := peerConnect(t, nw, side, mode.secure, Config{DisconnectTimeout: 200 * time.Millisecond}, path, path, 0)
+						for i := range 5 {
+							require.NoError(t, v.c.Send(numbered(6, i, 100)))
+						}
+						// Everything the victim had to send has arrived, and
+						// its acks have come back: nothing is in flight.
+						for range 10 {
+							time.Sleep(100 * time.Millisecond)
+							v.e.ackHonest()
+						}
+						time.Sleep(100 * time.Millisecond)
+						synctest.Wait()
+						require.Zero(t, v.c.Stats().InFlight, "the victim still waits for acks")
+						newest, ok := v.e.newestSeen()
+						require.True(t, ok)
+						lie := (newest + b.by) & packetIDMask
+						v.e.send(false, header{}, message{id: idPacketAck, payload: appendPacketAck(nil, packetAck{base: lie})})
+						select {
+						case <-v.c.Done():
+						case <-time.After(2 * time.Second):
+						}
+						t.Logf("acked PacketID %d, the newest sent %d: the victim's end: %v (done %v); %+v", lie, newest, v.c.Err(), isDone(v.c), v.c.Stats())
+						assert.True(t, peerProtocolError(v.c), "an ack of PacketID %d, never sent (the newest %d), did not end the connection with a *ProtocolError: %v", lie, newest, v.c.Err())
+					})
+				})
+			}
+		}
+	}
+}
