@@ -262,3 +262,89 @@ func TestPeerAckOfUnsentPacketID(t *testing.T) {
 		}
 	}
 }
+
+// peerGapSpacing is how far apart the gap-opening datagrams' PacketIDs
+// are: one more than a PacketAck names (packetAckSpan), so that no two of
+// their acks share one.
+const peerGapSpacing = packetAckSpan + 1
+
+// peerOpenGaps sends an empty reliable datagram (its header alone) every
+// cadence for d, each PacketID peerGapSpacing after the last: each opens
+// a gap, which the victim acks at once (oweAckNow). It returns how many
+// went.
+func peerOpenGaps(e *peerEvil, cadence, d time.Duration) int {
+	n := 0
+	for end := time.Now().Add(d); time.Now().Before(end); n++ {
+		e.skip(peerGapSpacing - 1)
+		e.send(true, header{})
+		time.Sleep(cadence)
+	}
+	return n
+}
+
+// peerAmplification is what the victim sent back for what the evil peer
+// sent, on the wire (UDP and IPv4 headers counted: peerUDPOverhead).
+type peerAmplification struct {
+	in, inN, out, outN int
+	srtt               time.Duration
+}
+
+func (a peerAmplification) ratio() float64 { return float64(a.out) / float64(max(a.in, 1)) }
+
+func (a peerAmplification) String() string {
+	return fmt.Sprintf("%.1fx: %d datagrams, %d bytes from the peer; %d datagrams, %d bytes back (%.0f bytes each); the victim's smoothed RTT %v",
+		a.ratio(), a.inN, a.in, a.outN, a.out, float64(a.out)/float64(max(a.outN, 1)), a.srtt)
+}
+
+// peerMeasureGaps runs peerOpenGaps and counts what came back, until the
+// last answers are in.
+func peerMeasureGaps(v *peerVictim, cadence, d time.Duration) peerAmplification {
+	back0 := v.toEvil.Stats()
+	_, _, out0, outN0 := v.e.traffic()
+	peerOpenGaps(v.e, cadence, d)
+	time.Sleep(4 * peerPathDelay) // the answers on their way
+	back1 := v.toEvil.Stats()
+	_, _, out1, outN1 := v.e.traffic()
+	a := peerAmplification{in: out1 - out0, inN: outN1 - outN0, outN: int(back1.Sent - back0.Sent), srtt: v.c.Stats().RTT}
+	a.out = int(back1.Bytes-back0.Bytes) + peerUDPOverhead*a.outN
+	return a
+}
+
+// Empty reliable datagrams (3 bytes, 19-23 sealed) whose PacketIDs are 36
+// apart each open a gap, which the victim acks at once, and each answer
+// repeats every ack sent in the last half round trip (up to ~139 of
+// them): ack-only datagrams are neither paced nor under congestion
+// control. A peer whose ConnectAck comes 9s late makes the smoothed RTT
+// 9s, and every answer repeats all it can hold. The fix bounds what the
+// victim sends back to three times what the peer sent, on the wire.
+func TestPeerAckAmplification(t *testing.T) {
+	// At the normal round trip (40ms) the repeats are those of the last
+	// 20ms: the peer sends fast. With the round trip taken for 9s, a
+	// datagram every 5ms is enough.
+	variants := []struct {
+		name     string
+		side     peerSide
+		ackDelay time.Duration
+		cadence  time.Duration
+		d        time.Duration
+	}{
+		{"listener", peerSides[0], 0, 300 * time.Microsecond, time.Second},
+		{"dialer", peerSides[1], 0, 300 * time.Microsecond, time.Second},
+		{"listener/lateConnectAck", peerSides[0], 9 * time.Second, 5 * time.Millisecond, 2 * time.Second},
+	}
+	for _, mode := range peerModes {
+		for _, vr := range variants {
+			t.Run(mode.name+"/"+vr.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					nw := memNet(t)
+					path := netsim.Params{Delay: peerPathDelay}
+					v := peerConnect(t, nw, vr.side, mode.secure, Config{DisconnectTimeout: 200 * time.Millisecond}, path, path, vr.ackDelay)
+					a := peerMeasureGaps(v, vr.cadence, vr.d)
+					t.Logf("gap-opening datagrams: %v", a)
+					assert.LessOrEqual(t, a.ratio(), 3.0, "the victim sent back %.1fx what the peer sent: %v", a.ratio(), a)
+					assert.NoError(t, v.c.Err())
+				})
+			})
+		}
+	}
+}
