@@ -453,3 +453,258 @@ func peerKeys(t testing.TB, secure bool) (priv, pub []byte) {
 	require.NoError(t, err)
 	return priv, pub
 }
+
+// Costly datagrams (issue 38, finding 3): a server session driven directly,
+// one shape of datagram after another, its CPU per byte measured.
+
+// peerSinkHost is a receive queue nobody reads but the bench, between
+// batches: deliveries cost what a Conn's cost (recvQueue.push under its
+// lock), and the queue never fills.
+type peerSinkHost struct {
+	mu sync.Mutex
+	q  recvQueue
+}
+
+func (h *peerSinkHost) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if buf != nil {
+		h.q.pushOwned(id, payload, buf, reliable, inOrder)
+	} else {
+		h.q.push(id, payload, reliable, inOrder)
+	}
+	return true
+}
+
+func (h *peerSinkHost) recvUsed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.q.charged()
+}
+
+func (h *peerSinkHost) sendDone(int)    {}
+func (h *peerSinkHost) receipt(Receipt) {}
+func (h *peerSinkHost) drain() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.q.len() > 0 {
+		h.q.pop()
+	}
+}
+
+// peerShape is a kind of datagram a peer sends: next builds the next one
+// from the peer's next PacketID (and moves it on); setup readies the
+// server session first; settle is how long after a batch the session's
+// timers run (held messages given up on), part of what is measured.
+type peerShape struct {
+	name   string
+	setup  func(b *peerBench)
+	next   func(b *peerBench) []byte
+	settle time.Duration
+}
+
+// peerBench is a server session, connected, taking one shape of datagram.
+// In a secure pair, the peer seals what it sends with the client's keys
+// and the server's secure layer opens it, as a Conn's does (takeSecure).
+type peerBench struct {
+	t      testing.TB
+	shape  peerShape
+	p      *simPair
+	srv    *session
+	secure bool
+	host   *peerSinkHost
+	now    time.Time
+	pid    uint32 // the peer's next PacketID
+	n      uint32 // datagrams built so far
+	batch  [][]byte
+	size   int // bytes of the datagrams of the last batch
+	buf    []byte
+	spare  []byte
+}
+
+// newPeerBench connects a pair of sessions, secure or not, and takes the
+// server's.
+func newPeerBench(t testing.TB, sh peerShape, secure bool) *peerBench {
+	var p *simPair
+	if secure {
+		p = newSecureSimPair(t, nil, nil, perfect, perfect)
+	} else {
+		p = newSimPair(t, nil, nil, perfect, perfect)
+	}
+	p.connect()
+	p.run(100*time.Millisecond, nil)
+	if secure {
+		// The pair's nonce ledger hashes every datagram sealed: not
+		// what a connection does.
+		p.sec[0].tap, p.sec[1].tap = nil, nil
+	}
+	b := &peerBench{t: t, shape: sh, p: p, srv: p.server(), secure: secure, host: new(peerSinkHost), now: p.now,
+		pid: p.client().send.nextPID, buf: make([]byte, 0, 65536), spare: make([]byte, 0, 65536+wireOverhead)}
+	b.srv.host = b.host
+	if sh.setup != nil {
+		sh.setup(b)
+	}
+	b.tidy()
+	return b
+}
+
+// prepare builds the next n datagrams, sealed in a secure pair.
+func (b *peerBench) prepare(n int) {
+	b.batch = b.batch[:0]
+	b.size = 0
+	for range n {
+		d := b.shape.next(b)
+		b.n++
+		if b.secure {
+			var h header
+			_, err := parseHeader(d, &h)
+			require.NoError(b.t, err)
+			d, err = b.p.sec[0].seal(nil, d, uint64(h.packetID), true)
+			require.NoError(b.t, err)
+		}
+		b.batch = append(b.batch, d)
+		b.size += len(d)
+	}
+}
+
+// peerBenchStep is the time between two datagrams of the peer's: a
+// thousand a second. (All at one instant, each ack datagram repeats all
+// the acks sent before it, ackRepeatWindow: the honest datagram's cost
+// was mostly that.)
+const peerBenchStep = time.Millisecond
+
+// handle has the server take the batch prepared, each datagram a round of
+// its own as a connection's round takes it, peerBenchStep apart: the
+// timers due run, the datagram is opened if secure and handled, and what
+// it calls for is sent (acks, sealed if secure); the timers run again
+// settle after the last (held messages given up on).
+func (b *peerBench) handle() {
+	for _, d := range b.batch {
+		b.now = b.now.Add(peerBenchStep)
+		if !b.srv.nextDeadline(b.now).After(b.now) {
+			b.srv.advance(b.now)
+		}
+		b.srv.beginRound()
+		if b.secure {
+			if pt, fresh := b.p.sec[1].in(b.srv, b.now, d, true); pt != nil {
+				b.srv.handleSealed(b.now, pt, fresh)
+			}
+		} else {
+			b.srv.handleDatagram(b.now, d)
+		}
+		b.flush()
+	}
+	if b.shape.settle > 0 {
+		b.now = b.now.Add(b.shape.settle)
+		b.srv.advance(b.now)
+		b.flush()
+	}
+}
+
+// flush sends what the server has to send, sealed if secure.
+func (b *peerBench) flush() {
+	for range 1 << 16 {
+		d := b.srv.poll(b.now, b.buf)
+		if d == nil {
+			return
+		}
+		if b.secure {
+			if _, err := b.p.sec[1].sealOut(b.srv, d, b.spare); err != nil {
+				b.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// tidy does what the application does between rounds, unmeasured: reads
+// what was delivered.
+func (b *peerBench) tidy() {
+	b.flush()
+	b.srv.takeEvents()
+	b.host.drain()
+}
+
+// perByte times one batch of n datagrams and returns the CPU per byte, in
+// nanoseconds.
+func (b *peerBench) perByte(n int) float64 {
+	b.prepare(n)
+	t0 := time.Now()
+	b.handle()
+	d := time.Since(t0)
+	b.tidy()
+	return float64(d) / float64(b.size)
+}
+
+// peerHonestPayload fills a 1200-byte reliable datagram.
+const peerHonestPayload = 1200 - minHeaderSize - 2 - 1
+
+// peerShapes are the datagrams of finding 3, honest first.
+func peerShapes() []peerShape {
+	payload := make([]byte, peerHonestPayload)
+	// 255 entries naming messages 0-254 of the datagram before, never
+	// sent; two unreliable messages naming all of them.
+	deltas, indices, multi := make([]uint16, maxDeps), make([]uint16, maxDeps), make([]byte, maxDeps)
+	for i := range multi {
+		indices[i], multi[i] = uint16(i), byte(i)
+	}
+	empties := make([]message, 465)
+	for i := range empties {
+		empties[i] = message{id: 6}
+	}
+	return []peerShape{
+		{name: "honest", next: func(b *peerBench) []byte {
+			b.pid++
+			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1, reliable: true}, msgs: []message{{id: 6, payload: payload}}})
+		}},
+		{name: "inOrder255", settle: 300 * time.Millisecond, next: func(b *peerBench) []byte {
+			b.pid += 2 // the one before is never sent
+			h := header{packetID: b.pid - 1, inOrder: true, deltas: deltas, indices: indices}
+			m := message{id: 6, order: orderMulti, orderMulti: multi}
+			return appendDatagram(nil, &datagram{header: h, msgs: []message{m, m}})
+		}},
+		{name: "acksAhead", setup: peerInFlight(3000), next: func(b *peerBench) []byte {
+			b.pid++
+			ahead := b.srv.send.nextPID
+			msgs := make([]message, 139)
+			for i := range msgs {
+				a := packetAck{base: (ahead + uint32(i)*packetAckSpan) & packetIDMask, more: 1<<packetAckBits - 1}
+				msgs[i] = message{id: idPacketAck, payload: appendPacketAck(nil, a)}
+			}
+			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1}, msgs: msgs})
+		}},
+		{name: "emptyFragments", next: func(b *peerBench) []byte {
+			b.pid++
+			const count = 260
+			tid := uint8(b.n % 200)
+			msgs := make([]message, count)
+			// The first carries a byte: a transfer of nothing at all
+			// never completes (reassembly returns its nil arena).
+			msgs[0] = message{fragStart: true, fragment: true, id: 6, fragCount: count, transferID: tid, payload: []byte{0}}
+			for i := 1; i < count; i++ {
+				msgs[i] = message{fragment: true, transferID: tid, fragNumber: uint32(i)}
+			}
+			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1, reliable: true}, msgs: msgs})
+		}},
+		{name: "emptyMessages", next: func(b *peerBench) []byte {
+			b.pid++
+			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1, reliable: true}, msgs: empties})
+		}},
+	}
+}
+
+// peerInFlight puts n reliable datagrams of the server's in flight, none
+// of which the peer acks.
+func peerInFlight(n int) func(b *peerBench) {
+	return func(b *peerBench) {
+		s := b.srv
+		for range n {
+			d := appendDatagram(make([]byte, 0, 1200), &datagram{header: header{packetID: s.send.nextPID, reliable: true}, msgs: []message{{id: 6, payload: make([]byte, 1100)}}})
+			s.sentReliable(b.now, s.send.nextPID, d, &packing{})
+			if b.secure {
+				_, err := b.p.sec[1].sealOut(s, d, b.spare) // resends must have been sealed once
+				require.NoError(b.t, err)
+			}
+		}
+		require.Equal(b.t, n, s.loss.sent.count)
+	}
+}

@@ -3,6 +3,7 @@ package knet
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -348,3 +349,95 @@ func TestPeerAckAmplification(t *testing.T) {
 		}
 	}
 }
+
+// peerBatch is how many datagrams of a shape one measured batch holds:
+// about 64 KiB of costly ones, 300 KiB of honest ones.
+func peerBatch(sh peerShape) int {
+	if sh.name == "honest" {
+		return 256
+	}
+	return 48
+}
+
+// peerMedian returns the median of xs.
+func peerMedian(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// Datagrams a peer can make costly to handle, in CPU per byte, against an
+// honest 1200-byte reliable datagram: in-order messages naming 255
+// never-sent entries, held, then given up on; 139 PacketAcks naming
+// PacketIDs ahead of what was sent, with 3,000 datagrams in flight; a
+// transfer of empty fragments; 465 empty messages. The server's session is
+// driven directly, batches of each shape in turn, the median of several
+// rounds taken, and each costly shape compared with the honest one of the
+// same run. The fix keeps each within 10 times the honest one's CPU per
+// byte.
+func TestPeerCostlyDatagrams(t *testing.T) {
+	for _, mode := range peerModes {
+		t.Run(mode.name, func(t *testing.T) {
+			shapes := peerShapes()
+			benches := make([]*peerBench, len(shapes))
+			for i, sh := range shapes {
+				benches[i] = newPeerBench(t, sh, mode.secure)
+			}
+			const rounds = 7
+			per := make([][]float64, len(shapes))
+			for range rounds {
+				for i, b := range benches {
+					per[i] = append(per[i], b.perByte(peerBatch(b.shape)))
+				}
+			}
+			honest := peerMedian(per[0])
+			size := func(b *peerBench) int { return b.size / len(b.batch) }
+			t.Logf("honest: %.2fns per byte (%.1fµs a %d-byte datagram)", honest, honest*float64(size(benches[0]))/1e3, size(benches[0]))
+			for i, b := range benches[1:] {
+				m := peerMedian(per[i+1])
+				ratio := m / honest
+				t.Logf("%s: %.2fns per byte (%.1fµs a %d-byte datagram), %.1fx honest; the session's end: %v", b.shape.name, m, m*float64(size(b))/1e3, size(b), ratio, b.srv.err)
+				assert.LessOrEqual(t, ratio, 10.0, "%s: %.1fx the honest datagram's CPU per byte", b.shape.name, ratio)
+			}
+		})
+	}
+}
+
+// peerBenchmark measures the server session's handling of one shape of
+// datagram (see TestPeerCostlyDatagrams), in a plaintext and a secure
+// session: ns/op is per datagram, MB/s its bytes.
+func peerBenchmark(b *testing.B, name string) {
+	i := slices.IndexFunc(peerShapes(), func(sh peerShape) bool { return sh.name == name })
+	sh := peerShapes()[i]
+	for _, mode := range peerModes {
+		b.Run(mode.name, func(b *testing.B) {
+			pb := newPeerBench(b, sh, mode.secure)
+			pb.prepare(1)
+			b.SetBytes(int64(pb.size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				b.StopTimer()
+				if pb.srv.state == stateDone {
+					// Ended (the retransmission limit of the datagrams
+					// in flight, or the fix's *ProtocolError): a new
+					// one, as the attacker would dial again.
+					pb = newPeerBench(b, sh, mode.secure)
+				}
+				n := min(peerBatch(sh), b.N-done)
+				pb.prepare(n)
+				b.StartTimer()
+				pb.handle()
+				b.StopTimer()
+				pb.tidy()
+				done += n
+			}
+		})
+	}
+}
+
+func BenchmarkPeerCostlyDatagram_honest(b *testing.B)         { peerBenchmark(b, "honest") }
+func BenchmarkPeerCostlyDatagram_inOrder255(b *testing.B)     { peerBenchmark(b, "inOrder255") }
+func BenchmarkPeerCostlyDatagram_acksAhead(b *testing.B)      { peerBenchmark(b, "acksAhead") }
+func BenchmarkPeerCostlyDatagram_emptyFragments(b *testing.B) { peerBenchmark(b, "emptyFragments") }
+func BenchmarkPeerCostlyDatagram_emptyMessages(b *testing.B)  { peerBenchmark(b, "emptyMessages") }
