@@ -3,6 +3,7 @@ package knet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -499,8 +500,17 @@ func (h *peerSinkHost) drain() {
 type peerShape struct {
 	name   string
 	setup  func(b *peerBench)
-	next   func(b *peerBench) []byte
+	next   func(g *peerGen) []byte
 	settle time.Duration
+}
+
+// peerGen is what a shape's datagrams are built from: the peer's next
+// PacketID, how many were built, and the PacketID the server sends next
+// (what acks ahead of what was sent start from).
+type peerGen struct {
+	pid   uint32
+	n     uint32
+	ahead func() uint32
 }
 
 // peerBench is a server session, connected, taking one shape of datagram.
@@ -514,8 +524,7 @@ type peerBench struct {
 	secure bool
 	host   *peerSinkHost
 	now    time.Time
-	pid    uint32 // the peer's next PacketID
-	n      uint32 // datagrams built so far
+	gen    peerGen
 	batch  [][]byte
 	size   int // bytes of the datagrams of the last batch
 	buf    []byte
@@ -539,7 +548,8 @@ func newPeerBench(t testing.TB, sh peerShape, secure bool) *peerBench {
 		p.sec[0].tap, p.sec[1].tap = nil, nil
 	}
 	b := &peerBench{t: t, shape: sh, p: p, srv: p.server(), secure: secure, host: new(peerSinkHost), now: p.now,
-		pid: p.client().send.nextPID, buf: make([]byte, 0, 65536), spare: make([]byte, 0, 65536+wireOverhead)}
+		buf: make([]byte, 0, 65536), spare: make([]byte, 0, 65536+wireOverhead)}
+	b.gen = peerGen{pid: p.client().send.nextPID, ahead: func() uint32 { return b.srv.send.nextPID }}
 	b.srv.host = b.host
 	if sh.setup != nil {
 		sh.setup(b)
@@ -553,8 +563,8 @@ func (b *peerBench) prepare(n int) {
 	b.batch = b.batch[:0]
 	b.size = 0
 	for range n {
-		d := b.shape.next(b)
-		b.n++
+		d := b.shape.next(&b.gen)
+		b.gen.n++
 		if b.secure {
 			var h header
 			_, err := parseHeader(d, &h)
@@ -652,30 +662,30 @@ func peerShapes() []peerShape {
 		empties[i] = message{id: 6}
 	}
 	return []peerShape{
-		{name: "honest", next: func(b *peerBench) []byte {
-			b.pid++
-			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1, reliable: true}, msgs: []message{{id: 6, payload: payload}}})
+		{name: "honest", next: func(g *peerGen) []byte {
+			g.pid++
+			return appendDatagram(nil, &datagram{header: header{packetID: g.pid - 1, reliable: true}, msgs: []message{{id: 6, payload: payload}}})
 		}},
-		{name: "inOrder255", settle: 300 * time.Millisecond, next: func(b *peerBench) []byte {
-			b.pid += 2 // the one before is never sent
-			h := header{packetID: b.pid - 1, inOrder: true, deltas: deltas, indices: indices}
+		{name: "inOrder255", settle: 300 * time.Millisecond, next: func(g *peerGen) []byte {
+			g.pid += 2 // the one before is never sent
+			h := header{packetID: g.pid - 1, inOrder: true, deltas: deltas, indices: indices}
 			m := message{id: 6, order: orderMulti, orderMulti: multi}
 			return appendDatagram(nil, &datagram{header: h, msgs: []message{m, m}})
 		}},
-		{name: "acksAhead", setup: peerInFlight(3000), next: func(b *peerBench) []byte {
-			b.pid++
-			ahead := b.srv.send.nextPID
+		{name: "acksAhead", setup: peerInFlight(3000), next: func(g *peerGen) []byte {
+			g.pid++
+			ahead := g.ahead()
 			msgs := make([]message, 139)
 			for i := range msgs {
 				a := packetAck{base: (ahead + uint32(i)*packetAckSpan) & packetIDMask, more: 1<<packetAckBits - 1}
 				msgs[i] = message{id: idPacketAck, payload: appendPacketAck(nil, a)}
 			}
-			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1}, msgs: msgs})
+			return appendDatagram(nil, &datagram{header: header{packetID: g.pid - 1}, msgs: msgs})
 		}},
-		{name: "emptyFragments", next: func(b *peerBench) []byte {
-			b.pid++
+		{name: "emptyFragments", next: func(g *peerGen) []byte {
+			g.pid++
 			const count = 260
-			tid := uint8(b.n % 200)
+			tid := uint8(g.n % 200)
 			msgs := make([]message, count)
 			// The first carries a byte: a transfer of nothing at all
 			// never completes (reassembly returns its nil arena).
@@ -683,11 +693,11 @@ func peerShapes() []peerShape {
 			for i := 1; i < count; i++ {
 				msgs[i] = message{fragment: true, transferID: tid, fragNumber: uint32(i)}
 			}
-			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1, reliable: true}, msgs: msgs})
+			return appendDatagram(nil, &datagram{header: header{packetID: g.pid - 1, reliable: true}, msgs: msgs})
 		}},
-		{name: "emptyMessages", next: func(b *peerBench) []byte {
-			b.pid++
-			return appendDatagram(nil, &datagram{header: header{packetID: b.pid - 1, reliable: true}, msgs: empties})
+		{name: "emptyMessages", next: func(g *peerGen) []byte {
+			g.pid++
+			return appendDatagram(nil, &datagram{header: header{packetID: g.pid - 1, reliable: true}, msgs: empties})
 		}},
 	}
 }
@@ -706,5 +716,135 @@ func peerInFlight(n int) func(b *peerBench) {
 			}
 		}
 		require.Equal(b.t, n, s.loss.sent.count)
+	}
+}
+
+// sendBuilt sends d, a datagram built whole (its PacketID set), sealed in
+// a secure session; our next PacketID moves past it.
+func (e *peerEvil) sendBuilt(d []byte) {
+	var h header
+	if _, err := parseHeader(d, &h); err != nil {
+		e.t.Errorf("sendBuilt: %v", err)
+		return
+	}
+	e.mu.Lock()
+	if e.sec != nil {
+		var err error
+		if d, err = e.sec.seal(nil, d, uint64(h.packetID), true); err != nil {
+			e.mu.Unlock()
+			e.t.Errorf("seal: %v", err)
+			return
+		}
+	}
+	if !seqLess(h.packetID, e.next) {
+		e.next = (h.packetID + 1) & packetIDMask
+	}
+	to := e.to
+	e.outN++
+	e.out += len(d) + peerUDPOverhead
+	e.mu.Unlock()
+	e.sock.WriteTo(d, to)
+}
+
+// peerMatrix is a Listener with two connections: the evil peer's, whose
+// server side is the victim, and an honest client's, served an echo; each
+// has a path of its own (the evil peer's down capped at 1 Mbit/s).
+type peerMatrix struct {
+	*peerVictim
+	honest *Conn
+}
+
+// newPeerMatrix sets up the Listener, the honest client and the evil peer.
+func newPeerMatrix(t *testing.T, nw *testNet, secure bool) *peerMatrix {
+	t.Helper()
+	priv, pub := peerKeys(t, secure)
+	l := nw.listen(t, &Config{PrivateKey: priv, DisconnectTimeout: 200 * time.Millisecond})
+	server := addrOf(l.Addr())
+	sock := peerEvilSocket(t, nw, server)
+	evilAddr := sock.Addr()
+	// The honest client's path, and anyone's but the evil peer's.
+	honestPath := netsim.Params{Delay: peerPathDelay}
+	nw.mem.SetLink(server, netip.AddrPort{}, &honestPath)
+	nw.mem.SetLink(netip.AddrPort{}, server, &honestPath)
+	m := &peerMatrix{peerVictim: &peerVictim{l: l}}
+	m.toEvil, _ = peerPaths(nw, server, evilAddr, netsim.Params{Delay: peerPathDelay, Bandwidth: peerPathRate}, netsim.Params{Delay: peerPathDelay})
+	victims := make(chan *Conn, 1)
+	go func() {
+		for {
+			c, err := l.AcceptConn(context.Background())
+			if err != nil {
+				return
+			}
+			if addrOf(c.RemoteAddr()) == evilAddr {
+				victims <- c
+				continue
+			}
+			go func() {
+				for {
+					msg, err := c.Receive(context.Background())
+					if err != nil || c.Send(msg) != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	m.honest = nw.dial(t, l.Addr().String(), &Config{ServerKey: pub, DisconnectTimeout: 200 * time.Millisecond})
+	echoThrough(t, m.honest, "before", time.Second)
+	m.e = peerDialEvil(t, sock, server, pub, 0)
+	select {
+	case m.c = <-victims:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the evil peer's connection was not accepted")
+	}
+	return m
+}
+
+// peerEcho is an echo of the honest client's during an attack.
+type peerEcho struct {
+	took time.Duration
+	err  error
+}
+
+// echoing has the honest client echo a message every 100ms until the
+// function returned is called, which returns what each took.
+func (m *peerMatrix) echoing() func() []peerEcho {
+	stop, done := make(chan struct{}), make(chan []peerEcho)
+	go func() {
+		var es []peerEcho
+		defer func() { done <- es }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			es = append(es, peerEchoOnce(m.honest, fmt.Sprintf("during %d", i)))
+		}
+	}()
+	return func() []peerEcho {
+		close(stop)
+		return <-done
+	}
+}
+
+// peerEchoOnce sends a reliable message and waits up to a second for its
+// echo.
+func peerEchoOnce(c *Conn, tag string) peerEcho {
+	t0 := time.Now()
+	p := []byte("ECHO:" + tag)
+	if err := c.Send(Message{ID: 7, Payload: p, Reliable: true}); err != nil {
+		return peerEcho{err: err}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for {
+		msg, err := c.Receive(ctx)
+		if err != nil {
+			return peerEcho{took: time.Since(t0), err: err}
+		}
+		if string(msg.Payload) == string(p) {
+			return peerEcho{took: time.Since(t0)}
+		}
 	}
 }

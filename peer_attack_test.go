@@ -378,29 +378,38 @@ func peerMedian(xs []float64) float64 {
 func TestPeerCostlyDatagrams(t *testing.T) {
 	for _, mode := range peerModes {
 		t.Run(mode.name, func(t *testing.T) {
-			shapes := peerShapes()
-			benches := make([]*peerBench, len(shapes))
-			for i, sh := range shapes {
-				benches[i] = newPeerBench(t, sh, mode.secure)
-			}
-			const rounds = 7
-			per := make([][]float64, len(shapes))
-			for range rounds {
-				for i, b := range benches {
-					per[i] = append(per[i], b.perByte(peerBatch(b.shape)))
-				}
-			}
-			honest := peerMedian(per[0])
-			size := func(b *peerBench) int { return b.size / len(b.batch) }
-			t.Logf("honest: %.2fns per byte (%.1fµs a %d-byte datagram)", honest, honest*float64(size(benches[0]))/1e3, size(benches[0]))
-			for i, b := range benches[1:] {
-				m := peerMedian(per[i+1])
-				ratio := m / honest
-				t.Logf("%s: %.2fns per byte (%.1fµs a %d-byte datagram), %.1fx honest; the session's end: %v", b.shape.name, m, m*float64(size(b))/1e3, size(b), ratio, b.srv.err)
-				assert.LessOrEqual(t, ratio, 10.0, "%s: %.1fx the honest datagram's CPU per byte", b.shape.name, ratio)
+			for name, ratio := range peerCostRatios(t, mode.secure, 7) {
+				assert.LessOrEqual(t, ratio, 10.0, "%s: %.1fx the honest datagram's CPU per byte", name, ratio)
 			}
 		})
 	}
+}
+
+// peerCostRatios measures each costly shape's CPU per byte against the
+// honest one's, batches of each in turn for rounds rounds, the median of
+// each, and returns the ratios by shape.
+func peerCostRatios(t *testing.T, secure bool, rounds int) map[string]float64 {
+	shapes := peerShapes()
+	benches := make([]*peerBench, len(shapes))
+	for i, sh := range shapes {
+		benches[i] = newPeerBench(t, sh, secure)
+	}
+	per := make([][]float64, len(shapes))
+	for range rounds {
+		for i, b := range benches {
+			per[i] = append(per[i], b.perByte(peerBatch(b.shape)))
+		}
+	}
+	honest := peerMedian(per[0])
+	size := func(b *peerBench) int { return b.size / len(b.batch) }
+	t.Logf("honest: %.2fns per byte (%.1fµs a %d-byte datagram)", honest, honest*float64(size(benches[0]))/1e3, size(benches[0]))
+	ratios := make(map[string]float64)
+	for i, b := range benches[1:] {
+		m := peerMedian(per[i+1])
+		ratios[b.shape.name] = m / honest
+		t.Logf("%s: %.2fns per byte (%.1fµs a %d-byte datagram), %.1fx honest; the session's end: %v", b.shape.name, m, m*float64(size(b))/1e3, size(b), m/honest, b.srv.err)
+	}
+	return ratios
 }
 
 // peerBenchmark measures the server session's handling of one shape of
@@ -441,3 +450,111 @@ func BenchmarkPeerCostlyDatagram_inOrder255(b *testing.B)     { peerBenchmark(b,
 func BenchmarkPeerCostlyDatagram_acksAhead(b *testing.B)      { peerBenchmark(b, "acksAhead") }
 func BenchmarkPeerCostlyDatagram_emptyFragments(b *testing.B) { peerBenchmark(b, "emptyFragments") }
 func BenchmarkPeerCostlyDatagram_emptyMessages(b *testing.B)  { peerBenchmark(b, "emptyMessages") }
+
+// The malicious-peer column of the attacker harness: a peer with an
+// established connection to a Listener, plaintext or secure, runs each
+// attack of issue 38 while an honest client of the same Listener echoes
+// every 100ms. Each cell asserts its finding's bound (what the victim
+// offers the path at most 2x its rate, or a *ProtocolError; what it sends
+// back at most 3x what the peer sent; the impossible ack a *ProtocolError;
+// each costly shape at most 10x an honest datagram's CPU per byte), and
+// the honest client's echoes all come back, within half a second (its
+// path's round trip is 40ms). (Time is the bubble's: CPU burnt does not
+// delay the echo, and what this shows of the other connections is that
+// nothing the peer does ends or stalls them.)
+func TestPeerMaliciousMatrix(t *testing.T) {
+	cells := []struct {
+		name string
+		run  func(t *testing.T, m *peerMatrix, secure bool)
+		// outside runs first, outside the bubble: what needs real time.
+		outside func(t *testing.T, secure bool)
+	}{
+		{"optimisticAcks", func(t *testing.T, m *peerMatrix, _ bool) {
+			f := peerMeasureFlood(t, m.peerVictim, peerAcker{"every5ms", 5 * time.Millisecond, false}, 3*time.Second, 2)
+			t.Logf("optimistic acks every 5ms: %v", f)
+			if !f.protoErr {
+				assert.LessOrEqual(t, f.ratio, 2.0, "the victim offered the path %.1fx its rate: %v", f.ratio, f)
+			}
+		}, nil},
+		{"gapOpening", func(t *testing.T, m *peerMatrix, _ bool) {
+			a := peerMeasureGaps(m.peerVictim, 300*time.Microsecond, time.Second)
+			t.Logf("gap-opening datagrams: %v", a)
+			assert.LessOrEqual(t, a.ratio(), 3.0, "the victim sent back %.1fx what the peer sent: %v", a.ratio(), a)
+		}, nil},
+		{"impossibleAcks", func(t *testing.T, m *peerMatrix, _ bool) {
+			for i := range 5 {
+				require.NoError(t, m.c.Send(numbered(6, i, 100)))
+			}
+			for range 5 {
+				time.Sleep(100 * time.Millisecond)
+				m.e.ackHonest()
+			}
+			newest, ok := m.e.newestSeen()
+			require.True(t, ok)
+			m.e.send(false, header{}, peerAckMsgs((newest+1)&packetIDMask, (newest+packetAckSpan)&packetIDMask)...)
+			select {
+			case <-m.c.Done():
+			case <-time.After(2 * time.Second):
+			}
+			t.Logf("acked PacketIDs %d-%d, the newest sent %d: the victim's end: %v", newest+1, newest+packetAckSpan, newest, m.c.Err())
+			assert.True(t, peerProtocolError(m.c), "acks of PacketIDs never sent did not end the connection with a *ProtocolError: %v", m.c.Err())
+		}, nil},
+		{"costlyShapes", func(t *testing.T, m *peerMatrix, secure bool) {
+			// The shapes through the Listener, with datagrams of the
+			// victim's in flight (never acked).
+			for i := range 300 {
+				require.NoError(t, m.c.Send(numbered(6, i, 1000)))
+			}
+			time.Sleep(time.Second)
+			for _, sh := range peerShapes()[1:] {
+				if isDone(m.c) {
+					break
+				}
+				g := peerGen{pid: m.e.skip(0), ahead: func() uint32 {
+					n, _ := m.e.newestSeen()
+					return (n + 1) & packetIDMask
+				}}
+				for range 200 {
+					m.e.sendBuilt(sh.next(&g))
+					g.n++
+					if g.n%50 == 0 {
+						synctest.Wait()
+					}
+				}
+				time.Sleep(sh.settle)
+				synctest.Wait()
+				t.Logf("%s: 200 datagrams through the Listener; the victim: %v, %d protocol errors", sh.name, m.c.Err(), m.c.Stats().ProtocolErrors)
+			}
+		}, func(t *testing.T, secure bool) {
+			// The bound, on the server session driven directly, in real
+			// time.
+			for name, ratio := range peerCostRatios(t, secure, 5) {
+				assert.LessOrEqual(t, ratio, 10.0, "%s: %.1fx the honest datagram's CPU per byte", name, ratio)
+			}
+		}},
+	}
+	for _, mode := range peerModes {
+		for _, cell := range cells {
+			t.Run(mode.name+"/"+cell.name, func(t *testing.T) {
+				if cell.outside != nil {
+					cell.outside(t, mode.secure)
+				}
+				synctest.Test(t, func(t *testing.T) {
+					m := newPeerMatrix(t, memNet(t), mode.secure)
+					stopEcho := m.echoing()
+					cell.run(t, m, mode.secure)
+					echoes := stopEcho()
+					var slowest time.Duration
+					for i, e := range echoes {
+						assert.NoError(t, e.err, "the honest client's echo %d", i)
+						slowest = max(slowest, e.took)
+					}
+					t.Logf("the honest client: %d echoes during the attack, the slowest %v", len(echoes), slowest)
+					assert.LessOrEqual(t, slowest, 500*time.Millisecond, "the honest client's echoes slowed down")
+					echoThrough(t, m.honest, "after", time.Second)
+					assert.NoError(t, m.honest.Err())
+				})
+			})
+		}
+	}
+}
