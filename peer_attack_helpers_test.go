@@ -42,8 +42,7 @@ type peerEvil struct {
 	newest uint32       // the newest PacketID the victim sent us
 	seen   bool
 	got    []uint32 // reliable PacketIDs received and not yet acked (honest acks)
-	in     []peerDgram
-	inWire int // bytes received, on the wire (peerUDPOverhead each)
+	inWire int      // bytes received, on the wire (peerUDPOverhead each)
 	inN    int
 	outN   int
 	out    int          // bytes sent, on the wire
@@ -51,14 +50,6 @@ type peerEvil struct {
 	synAck chan []byte  // the ConnectSynAck's content, while a client waits for it
 	syn    chan peerSyn // the ConnectSyn, while a server waits for it
 	done   chan struct{}
-}
-
-// peerDgram is what the victim sent: the header and message IDs.
-type peerDgram struct {
-	pid      uint32
-	reliable bool
-	ids      []uint32
-	size     int
 }
 
 type peerSyn struct {
@@ -107,13 +98,16 @@ func peerEvilSocket(t testing.TB, nw *testNet, server netip.AddrPort) *netsim.So
 func peerDialEvil(t testing.TB, sock *netsim.Socket, server netip.AddrPort, pub []byte, ackDelay time.Duration) *peerEvil {
 	t.Helper()
 	e := newPeerEvil(t, sock, true)
-	e.to = server
 	content := []byte("evil")
+	var sec *secureState
 	if pub != nil {
-		sec, syn, err := newClientSecure(pub, nil, content)
+		var err error
+		sec, content, err = newClientSecure(pub, nil, content)
 		require.NoError(t, err)
-		e.sec, content = sec, syn
 	}
+	e.mu.Lock()
+	e.to, e.sec = server, sec
+	e.mu.Unlock()
 	syn := appendDatagram(nil, &datagram{msgs: []message{{id: idConnectSyn, payload: content}}})
 	syn = appendPadding(syn, synPadTo)
 	var synAck []byte
@@ -140,9 +134,8 @@ func peerDialEvil(t testing.TB, sock *netsim.Socket, server netip.AddrPort, pub 
 	return e
 }
 
-// peerListenEvil has the evil peer answer the first ConnectSyn on sock, a
-// listening socket, as a secure server if priv is not nil. It returns at
-// once; accept waits for the handshake.
+// peerListenEvil makes the evil peer a server on sock, a listening
+// socket; accept answers the ConnectSyn.
 func peerListenEvil(t testing.TB, sock *netsim.Socket) *peerEvil {
 	return newPeerEvil(t, sock, false)
 }
@@ -250,15 +243,6 @@ func (e *peerEvil) note(b []byte) {
 	}
 	if d.header.reliable {
 		e.got = append(e.got, pid)
-	}
-	if len(e.in) < 1<<16 {
-		ids := make([]uint32, 0, len(d.msgs))
-		for i := range d.msgs {
-			if !d.msgs[i].fragment {
-				ids = append(ids, d.msgs[i].id)
-			}
-		}
-		e.in = append(e.in, peerDgram{pid: pid, reliable: d.header.reliable, ids: ids, size: len(b)})
 	}
 }
 
