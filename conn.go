@@ -52,6 +52,7 @@ type Conn struct {
 	// (admission.go; guarded by the Listener's mu), and whether another
 	// attempt with its handshake message was established (abandon).
 	ticket    ticket
+	silent    bool // a stream that has said nothing yet (evictSilentLocked)
 	abandoned atomic.Bool
 
 	estOnce    sync.Once

@@ -46,6 +46,7 @@ type Listener struct {
 	attempts     int
 	halfOpenCIDs int
 	sources      map[sourceKey]sourceUse
+	silent       []*Conn // streams that have said nothing yet, oldest first (lazily pruned)
 
 	workers sync.WaitGroup // handshake workers
 	// keyExchangeHook, if set, runs before each key exchange (tests).

@@ -280,8 +280,10 @@ func (c *Conn) streamRound() (done bool) {
 		}
 	}
 	if c.abandoned.Load() && st.phase != phaseOpen && s.err == nil {
-		// Another attempt with its handshake message was established.
-		c.streamDrop(errors.New("knet: the handshake message was established elsewhere"))
+		// Another attempt took its place: one with its handshake
+		// message was established, or it gave way, silent, to a new
+		// stream (Listener.evictSilentLocked).
+		c.streamDrop(errAttemptGaveWay)
 	}
 	c.streamInput(now)
 	if k := st.keyedRes.Swap(nil); k != nil {
