@@ -28,7 +28,11 @@ import "encoding/binary"
 // acked, and the versions in it that are still the newest of their state
 // queue again, to go in a new datagram under a new PacketID (their tag
 // keeps the number, so that the receiver drops a copy when the first one
-// comes late); those replaced meanwhile go no more. A version too large
+// comes late); those replaced meanwhile go no more. A probe timeout
+// passes over a datagram whose versions were all replaced (it would send
+// nothing, and earn no ack) to the oldest that would send something: after
+// a blackout, the datagrams of every version sent during it are in flight,
+// and the newest goes again at the first probe. A version too large
 // for one datagram travels as an ordinary fragmented transfer, its tag
 // before its first fragment, and is resent until acked.
 
@@ -304,6 +308,37 @@ func (s *session) abandonLatest(d *sent) {
 	// (spanFull), and with the span full no datagram could go to earn
 	// that ack.
 	s.loss.sent.trim(s.trimmed)
+}
+
+// versionsReplaced reports whether d is a datagram of versions of which
+// every one was replaced since (a newer version of its state was queued):
+// found lost, nothing of it would go again (abandonLatest). A probe passes
+// over it (lossState.onProbeTimeout).
+func (s *session) versionsReplaced(d *sent) bool {
+	rl := s.rlOf()
+	if len(d.latest) == 0 || rl == nil {
+		return false
+	}
+	dg, _, err := parseDatagram(d.b)
+	if err != nil {
+		return false
+	}
+	for i := 0; i+1 < len(dg.msgs); i++ {
+		tm := &dg.msgs[i]
+		if tm.fragment || tm.id != idExt {
+			continue
+		}
+		tag, ok := parseLatestTag(tm.payload)
+		if !ok {
+			continue
+		}
+		i++
+		key := contentKey{dg.msgs[i].id, tag.content}
+		if rl.newest[key] == tag.ver && rl.queued[key] == nil {
+			return false // still the newest: it would go again
+		}
+	}
+	return true
 }
 
 // latestSeen is a receiver's record of the newest version taken of each

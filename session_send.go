@@ -68,7 +68,7 @@ func (s *session) advanceSend(now time.Time) {
 // onProbeTimeout runs when nothing was acked for a probe timeout (see
 // lossState.onProbeTimeout).
 func (s *session) onProbeTimeout(now time.Time) {
-	probed, ok := s.loss.onProbeTimeout(now)
+	probed, ok := s.loss.onProbeTimeout(now, s.versionsReplaced)
 	if !ok {
 		s.fail(ErrRetransmitLimit)
 		return
