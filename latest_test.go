@@ -2,7 +2,6 @@ package knet
 
 import (
 	"encoding/binary"
-	"fmt"
 	"testing"
 	"time"
 
@@ -311,94 +310,4 @@ func TestReliableLatestStateReplacedInQueue(t *testing.T) {
 		}
 	}
 	assert.Equal(t, states, got)
-}
-
-// A path that drops everything one way while every version of a state is
-// sent, one every 5ms (issue 32): each version leaves in a datagram of its
-// own, all lost. Once the path is back, the newest must go again, promptly,
-// and arrive once; what was replaced goes no more. Versions in flight are
-// probed oldest first, and a probe that finds only replaced versions sends
-// nothing, so that, before the fix, the newest of 300 went 150 backed-off
-// probe timeouts later (a minute and more), with nothing sent meanwhile.
-// The blackout ends with the last version, a little after it (within the
-// RTO: the probe has not fired yet), or long after it (the probe timer has
-// backed off; past the keepalive, whose pings are lost too); it covers
-// every version or only the last ones; it cuts the sender's direction, in
-// plaintext or secure, from the client or from the server.
-func TestReliableLatestStateBlackout(t *testing.T) {
-	const versions, every = 300, 5 * time.Millisecond
-	const rto = 33 * time.Millisecond // MaxAckDelay's, the floor
-	sending := versions * every
-	for _, c := range []struct {
-		name string
-		// The blackout, from the first version's send.
-		from, until time.Duration
-		// How soon after the path is back the newest must arrive: the
-		// first probe, an RTO (33ms) after the last send; or, after
-		// probes lost in the blackout, the next, backed off (up to
-		// maxProbeBackoff).
-		within time.Duration
-	}{
-		{"every version", 0, sending, 2 * rto},
-		{"every version, past the last by less than the RTO", 0, sending + 20*time.Millisecond, 2 * rto},
-		{"every version, past the last by 3 RTOs", 0, sending + 100*time.Millisecond, 5 * rto},
-		{"every version, past the keepalive", 0, sending + 2500*time.Millisecond, maxProbeBackoff + 2*rto},
-		{"the last 4, shorter than the RTO", sending - 20*time.Millisecond, sending, 2 * rto},
-		{"the last 40, longer than the RTO", sending - 200*time.Millisecond, sending, 2 * rto},
-	} {
-		for _, secure := range []bool{false, true} {
-			for _, from := range []int{0, 1} {
-				name := fmt.Sprintf("%s/%s/%s", c.name, map[bool]string{false: "plain", true: "secure"}[secure], [2]string{"client", "server"}[from])
-				t.Run(name, func(t *testing.T) {
-					// A keepalive of 2s: the longest blackout outlasts it.
-					cfg := &Config{ConnectionLostTimeout: 6 * time.Second}
-					path := netsim.Params{Delay: time.Millisecond}
-					var p *simPair
-					if secure {
-						p = newSecureSimPair(t, cfg, cfg, path, path)
-					} else {
-						p = newSimPair(t, cfg, cfg, path, path)
-					}
-					p.connect()
-					to := 1 - from
-					p.send(from, Message{ID: 119, Payload: []byte("warm-up"), Reliable: true})
-					require.True(t, p.run(time.Second, func() bool { return len(p.h[to].msgs) == 1 }), "the warm-up arrives")
-					p.run(100*time.Millisecond, nil)
-					start := p.now
-					cut := func() { p.cut[from] = !p.now.Before(start.Add(c.from)) && p.now.Before(start.Add(c.until)) }
-					for v := 1; v <= versions; v++ {
-						cut()
-						p.send(from, Message{ID: 120, Payload: versionPayload(v, 4), Reliable: true, ContentID: 1})
-						p.run(every, nil)
-					}
-					cut()
-					if p.cut[from] {
-						p.run(start.Add(c.until).Sub(p.now), nil)
-						p.cut[from] = false
-					}
-					back := p.now
-					newest := func() bool {
-						for _, m := range p.h[to].msgs {
-							if m.ID == 120 && binary.LittleEndian.Uint32(m.Payload) == versions {
-								return true
-							}
-						}
-						return false
-					}
-					s := p.s[from]
-					arrived := p.run(3*time.Second, newest)
-					took := p.now.Sub(back)
-					p.run(time.Second, nil)
-					require.True(t, arrived, "the newest version arrives once the path is back: in flight %d, sent %d, retransmits %d, replaced %d",
-						s.loss.sent.count, s.snapshot().DatagramsSent, s.snapshot().Retransmits, s.snapshot().ReplacedMessages)
-					require.Equal(t, rto, s.loss.rto())
-					assert.LessOrEqual(t, took, c.within, "promptly")
-					checkVersions(t, p.h[to], map[uint32]int{120: versions})
-					assert.Equal(t, stateOK, s.state)
-					assert.Zero(t, s.loss.sent.count, "nothing left in flight")
-					assert.Zero(t, s.latestQueued())
-				})
-			}
-		}
-	}
 }
