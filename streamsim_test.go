@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -184,5 +185,77 @@ func TestStreamSimulateClose(t *testing.T) {
 				t.Fatal("Close did not return")
 			}
 		})
+	}
+}
+
+// loopSimPair is a loopback TCP connection, its dialing end behind a
+// simulated path of sim.
+func loopSimPair(t *testing.T, sim *Simulation, disconnect time.Duration) (w net.Conn, r *net.TCPConn) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer ln.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	r, err = ln.AcceptTCP()
+	require.NoError(t, err)
+	t.Cleanup(func() { nc.Close(); r.Close() })
+	cfg := (&Config{Simulate: sim, DisconnectTimeout: disconnect}).resolve()
+	return simulateStream(&endpoint{}, nc, cfg, true), r
+}
+
+// CloseWrite's FIN goes after every byte written before it, however long
+// the path holds them.
+func TestSimConnFinAfterData(t *testing.T) {
+	const delay = 50 * time.Millisecond
+	w, r := loopSimPair(t, &Simulation{Delay: delay, Bandwidth: 100_000}, time.Second)
+	data := make([]byte, 20_000)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	start := time.Now()
+	n, err := w.Write(data)
+	require.NoError(t, err)
+	require.Equal(t, len(data), n)
+	require.NoError(t, w.(interface{ CloseWrite() error }).CloseWrite())
+	_, err = w.Write([]byte{1})
+	assert.ErrorIs(t, err, net.ErrClosed, "nothing after the FIN")
+	got, err := io.ReadAll(r)
+	require.NoError(t, err, "the end, after the bytes")
+	assert.Equal(t, data, got)
+	assert.GreaterOrEqual(t, time.Since(start), delay+150*time.Millisecond, "at the path's pace")
+	require.NoError(t, w.Close())
+	<-w.(simTCPConn).done
+}
+
+// Close lets the path deliver what it holds, but no longer than the
+// disconnect timeout: a peer that reads nothing does not keep the
+// stream, nor its goroutine, and a writer waiting for room is let go.
+func TestSimConnCloseIsBounded(t *testing.T) {
+	const wait = 200 * time.Millisecond
+	w, _ := loopSimPair(t, &Simulation{Delay: time.Millisecond}, wait)
+	wrote := make(chan error, 1)
+	go func() {
+		var err error
+		for err == nil {
+			_, err = w.Write(make([]byte, 64<<10)) // until the socket's and the path's buffers are full
+		}
+		wrote <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	require.NoError(t, w.Close())
+	assert.Less(t, time.Since(start), 10*time.Millisecond, "Close returns at once")
+	select {
+	case err := <-wrote:
+		assert.ErrorIs(t, err, net.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer is still waiting")
+	}
+	select {
+	case <-w.(simTCPConn).done:
+		assert.Less(t, time.Since(start), wait+time.Second)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the path's goroutine outlived the close")
 	}
 }
