@@ -135,14 +135,16 @@ func TestStreamSimulateRTT(t *testing.T) {
 }
 
 // A bandwidth cap of 200 KB/s caps what a writer that sends as fast as it
-// can gets through, within 20%.
+// can gets through, within 20%. (Half a second of queue at the cap, so
+// that a loaded test machine, slow to refill the send buffer, does not
+// leave the path idle.)
 func TestStreamSimulateBandwidth(t *testing.T) {
 	const bw, size, n = 200_000, 2000, 150
 	for _, tr := range streamTransports {
 		t.Run(tr.String(), func(t *testing.T) {
 			ctx := within(t, 30*time.Second)
 			cli := testConfig()
-			cli.Simulate = &Simulation{Bandwidth: bw, Delay: 5 * time.Millisecond, Seed: 3}
+			cli.Simulate = &Simulation{Bandwidth: bw, QueueBytes: bw / 2, Delay: 5 * time.Millisecond, Seed: 3}
 			client, server := streamPair(t, ctx, tr, testConfig(), cli)
 			go func() {
 				for i := range n {
