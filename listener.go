@@ -80,6 +80,7 @@ type Listener struct {
 	tcp           *net.TCPListener
 	streams       map[*Conn]bool
 	failedStreams atomic.Uint64
+	simStreams    atomic.Uint64 // streams given a simulated path, each its own seed (streamsim.go)
 }
 
 // ListenerStats are a Listener's counters.

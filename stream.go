@@ -138,6 +138,7 @@ const (
 // the client's first frame; a client's says hello unless it speaks the
 // reference dialect.
 func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client bool) *Conn {
+	nc = simulateStream(ep, nc, cfg, client) // Config.Simulate (streamsim.go)
 	dialect := DialectSpec
 	if cfg.dialect == DialectReference {
 		dialect = DialectReference
