@@ -624,6 +624,13 @@ func (c *Conn) streamDone(now time.Time) bool {
 	case s.err != nil:
 		// A refusal's answer goes out first.
 		return !st.closing || st.finSent || !s.queued()
+	case st.finSent && !st.eof && !now.Before(st.deadline) && (s.knet || s.fr.buffered() > 0):
+		// A knet peer answers our close with its end within
+		// DisconnectTimeout; one that did not, or that left a frame
+		// unfinished, did not close: as over UDP, a timeout (the
+		// reference answers a FIN only when its application closes).
+		s.err = &TimeoutError{Op: "disconnect", Silent: c.cfg.disconnect}
+		return true
 	case st.finSent:
 		return st.eof || !now.Before(st.deadline)
 	}
