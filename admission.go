@@ -174,13 +174,14 @@ func (l *Listener) spoke(c *Conn) {
 // source if any), giving back its place at once, and reports whether
 // there was one; l.mu is held.
 func (l *Listener) evictSilentLocked(k sourceKey, any bool) bool {
+	now := time.Now()
 	kept := l.silent[:0]
 	evicted := false
 	for _, c := range l.silent {
 		switch {
 		case !c.silent:
 			continue // spoke, or ended: forgotten here
-		case !evicted && (any || c.ticket.src == k):
+		case !evicted && (any || c.ticket.src == k) && c.st.evictable(now):
 			evicted = true
 			c.silent = false
 			l.leaveLocked(&c.ticket)

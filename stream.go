@@ -96,6 +96,7 @@ type streamConn struct {
 	eof       bool   // the peer ended its side
 	writeErr  error
 	writeFrom time.Time // when the write under way began
+	born      time.Time // when the stream was taken
 	admitted  atomic.Pointer[admission]
 	keyedRes  atomic.Pointer[keyResult] // a secure hello's key exchange, from a handshake worker
 	needKnet  bool                      // a client that must reach a knet server (ConnectPayload)
@@ -155,6 +156,7 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 		room:      make(chan struct{}, 1),
 		wch:       make(chan []byte, 1),
 		deadline:  now.Add(cfg.connectTimeout),
+		born:      now,
 	}
 	c.st = st
 	st.inLimit.Store(streamInLimit)
@@ -211,6 +213,22 @@ func streamAddr(a net.Addr) netip.AddrPort {
 	ap, _ := addrPortOf(a)
 	return ap
 }
+
+// evictable reports whether a server's stream whose first frame has not
+// been read may give its place to a new one (Listener.evictSilentLocked):
+// one that sent nothing, or that has been sending its first frame for a
+// while; not one whose first bytes just came (a client's hello comes
+// right behind its connection, before a round reads it).
+func (st *streamConn) evictable(now time.Time) bool {
+	st.mu.Lock()
+	heard := st.inN > 0 || st.rerr != nil
+	st.mu.Unlock()
+	return !heard || now.Sub(st.born) > streamHelloGrace
+}
+
+// streamHelloGrace is how long a stream that began its first frame keeps
+// its place against new streams.
+const streamHelloGrace = time.Second
 
 // readLoop reads the stream into buffers for the rounds, at most
 // streamInLimit ahead of them.
