@@ -258,20 +258,12 @@ func (s *session) latestDue() bool {
 func (s *session) abandonLatest(d *sent) {
 	rl := s.rlOf()
 	s.loss.abandon(d)
-	dg, _, err := parseDatagram(d.b)
 	requeued := 0
 	k := 0
-	for i := 0; err == nil && i+1 < len(dg.msgs) && k < len(d.latest); i++ {
-		tm := &dg.msgs[i]
-		if tm.fragment || tm.id != idExt {
-			continue
+	eachVersion(d, func(tag latestTag, m *message) bool {
+		if k >= len(d.latest) {
+			return false
 		}
-		tag, ok := parseLatestTag(tm.payload)
-		if !ok {
-			continue
-		}
-		i++
-		m := &dg.msgs[i]
 		e := d.latest[k]
 		k++
 		key := contentKey{m.id, tag.content}
@@ -283,7 +275,7 @@ func (s *session) abandonLatest(d *sent) {
 			}
 			s.stats.ReplacedMessages++
 			s.replacedVersion(e.ref, e.t)
-			continue
+			return true
 		}
 		o := s.newMsg()
 		pbuf := getPayload(len(m.payload))
@@ -297,7 +289,8 @@ func (s *session) abandonLatest(d *sent) {
 		rl.queued[key] = o
 		rl.q.push(o)
 		requeued += len(m.payload)
-	}
+		return true
+	})
 	if r := d.appBytes - requeued; r > 0 {
 		s.host.sendDone(r)
 	}
@@ -319,6 +312,21 @@ func (s *session) versionsReplaced(d *sent) bool {
 	if len(d.latest) == 0 || rl == nil {
 		return false
 	}
+	replaced := true
+	parsed := eachVersion(d, func(tag latestTag, m *message) bool {
+		key := contentKey{m.id, tag.content}
+		if rl.newest[key] == tag.ver && rl.queued[key] == nil {
+			replaced = false // still the newest: it would go again
+		}
+		return replaced
+	})
+	return parsed && replaced
+}
+
+// eachVersion calls f with each version in d, a datagram of versions, and
+// its tag, in the datagram's order, until f returns false. It reports
+// whether d parsed.
+func eachVersion(d *sent, f func(tag latestTag, m *message) bool) bool {
 	dg, _, err := parseDatagram(d.b)
 	if err != nil {
 		return false
@@ -333,9 +341,8 @@ func (s *session) versionsReplaced(d *sent) bool {
 			continue
 		}
 		i++
-		key := contentKey{dg.msgs[i].id, tag.content}
-		if rl.newest[key] == tag.ver && rl.queued[key] == nil {
-			return false // still the newest: it would go again
+		if !f(tag, &dg.msgs[i]) {
+			break
 		}
 	}
 	return true
