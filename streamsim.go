@@ -9,8 +9,9 @@ import (
 )
 
 // Config.Simulate on a stream connection (TCP, WebSocket). TCP hides a
-// lost segment from both ends and shows it as time: the segment comes a
-// retransmission timeout later, and everything behind it waits. So what
+// lost segment from both ends and shows it as time: the segment comes
+// once the sender learns of its loss (about a round trip later, or a
+// retransmission timeout for a tail), and everything behind it waits. So what
 // the connection writes goes through a netsim.Stream, which says when
 // each byte reaches the peer, before it goes to the socket: a loss is a
 // stall, a delay is a delay, a bandwidth cap makes the writer wait for

@@ -2,6 +2,7 @@ package netsim
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 )
 
@@ -23,13 +24,21 @@ import (
 //     or corrupted (Corrupt), which TCP's checksum turns into a loss.
 //     Otherwise it arrives Delay plus a uniform 0..Jitter later, plus
 //     ReorderDelay if Reorder draws it.
-//   - A lost transmission is sent again one retransmission timeout after it
-//     left, the timeout doubling for each loss of the same segment (TCP's
-//     backoff, up to MaxRTO); after MaxRetries losses the segment is given
-//     up and the stream stalls for good, as a TCP connection that resets.
-//     The timeout is RTT + max(4·RTTVAR, MinRTO) (RFC 6298 with Linux's
-//     floor), for RTT = 2·Delay + Jitter plus the segment's wait at the
-//     bottleneck and RTTVAR = Jitter/2: the path taken as symmetric.
+//   - A lost transmission is sent again as soon as the sender can tell it
+//     was lost: when the acknowledgement of a transmission that left after
+//     it comes back (a selective one: Delay + Jitter/2 after that one
+//     arrives), plus a reordering window of a quarter of the RTT (RACK, RFC
+//     8985, Linux's default: a stream that keeps writing recovers in about
+//     an RTT). Failing that, when nothing was sent after it (a tail), one
+//     retransmission timeout after it left, the timeout doubling for each
+//     loss of the same segment (TCP's backoff, up to MaxRTO). After
+//     MaxRetries losses the segment is given up and the stream stalls for
+//     good, as a TCP connection that resets. The timeout is RTT +
+//     max(4·RTTVAR, MinRTO) (RFC 6298 with Linux's floor), for RTT = 2·Delay
+//   - Jitter plus the segment's wait at the bottleneck and RTTVAR =
+//     Jitter/2: the path taken as symmetric. (Linux's tail loss probe,
+//     which would resend a tail sooner, is left out: the model errs on the
+//     slow side there.)
 //   - Bytes are delivered in order: a segment arrives no earlier than the
 //     one before it (so that jitter and Reorder never reorder, they only
 //     hold back), and a lost one holds everything behind it.
@@ -55,6 +64,7 @@ type Stream struct {
 	free     time.Time // when the bottleneck is free
 	events   attempts
 	eventSeq uint64
+	waiting  []int64 // segments lost, their next transmission not yet left
 	stats    StreamStats
 }
 
@@ -89,6 +99,8 @@ type segment struct {
 	arrive time.Time // when a transmission arrives, once one does
 	ack    time.Time // when its acknowledgement reaches the sender, once delivered
 	lost   bool      // given up
+	left   time.Time // when its last transmission left, while it waits to go again
+	due    time.Time // its next transmission, while it waits: other attempts are stale
 }
 
 // attempt is a segment's transmission, due at at.
@@ -174,7 +186,14 @@ func (s *Stream) Write(now time.Time, n int) int {
 func (s *Stream) Advance(now time.Time) {
 	for len(s.events) > 0 && !s.events[0].at.After(now) {
 		a := heap.Pop(&s.events).(attempt)
-		s.transmit(a.at, &s.segs[a.seg-s.base], a.seg)
+		if a.seg < s.base {
+			continue // superseded by an earlier one, and long gone
+		}
+		g := &s.segs[a.seg-s.base]
+		if g.tries > 0 && (!a.at.Equal(g.due) || !g.arrive.IsZero() || g.lost) {
+			continue // superseded by an earlier one
+		}
+		s.transmit(a.at, g, a.seg)
 	}
 	for s.next < len(s.segs) {
 		g := &s.segs[s.next]
@@ -216,9 +235,13 @@ func (s *Stream) transmit(t time.Time, g *segment, seq int64) {
 		left = start.Add(time.Duration(float64(g.size) / float64(s.p.Bandwidth) * float64(time.Second)))
 		s.free = left
 	}
+	if g.tries > 0 {
+		s.waiting = slices.DeleteFunc(s.waiting, func(w int64) bool { return w == seq })
+	}
 	lost, d := s.link.decideSegment(start, g.size)
 	if !lost {
 		g.arrive = left.Add(d)
+		s.detect(left, g.arrive)
 		return
 	}
 	g.tries++
@@ -232,8 +255,31 @@ func (s *Stream) transmit(t time.Time, g *segment, seq int64) {
 	for range g.tries - 1 {
 		rto = min(2*rto, MaxRTO)
 	}
+	g.left, g.due = left, left.Add(rto)
+	s.waiting = append(s.waiting, seq)
+	s.schedule(g.due, seq)
+}
+
+// detect brings forward the next transmission of each lost segment that
+// left before a transmission that left at left and arrives at arrive:
+// the sender learns of the loss from that one's acknowledgement, a
+// reordering window later (RACK).
+func (s *Stream) detect(left, arrive time.Time) {
+	rtt := 2*s.p.Delay + s.p.Jitter
+	at := arrive.Add(s.p.Delay + s.p.Jitter/2 + rtt/4)
+	for _, w := range s.waiting {
+		g := &s.segs[w-s.base]
+		if g.left.Before(left) && at.Before(g.due) {
+			g.due = at
+			s.schedule(at, w)
+		}
+	}
+}
+
+// schedule queues a transmission of segment seq at at.
+func (s *Stream) schedule(at time.Time, seq int64) {
 	s.eventSeq++
-	heap.Push(&s.events, attempt{at: left.Add(rto), n: s.eventSeq, seg: seq})
+	heap.Push(&s.events, attempt{at: at, n: s.eventSeq, seg: seq})
 }
 
 // rto is the retransmission timeout of a segment that waited wait at the
