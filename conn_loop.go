@@ -461,6 +461,7 @@ func (c *Conn) finish() {
 		}
 		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote.Load(), "reason", err)
 	}
+	c.endUnacked() // unacked.go
 	st := c.snapshot()
 	c.state.mu.Lock()
 	c.state.err = err

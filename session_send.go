@@ -598,6 +598,7 @@ func (s *session) afterAcks(now time.Time) {
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)
+	s.settleKept() // unacked.go
 	s.checkReliableReceipts()
 	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 }
