@@ -34,6 +34,7 @@ type Conn struct {
 	run      atomic.Int32  // runIdle, runQueued, ... (sched.go)
 	parked   atomic.Bool   // idle for parkAfter, until the next round
 	refusals atomic.Uint32 // port unreachable reports, from the reader
+	readOn   atomic.Bool   // a Listener's Drain closed it: Receive goes on until the end (drain.go)
 	userData atomic.Value  // SetUserData's
 
 	// The three ways in and out of the rounds, each behind its own mutex.

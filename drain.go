@@ -68,6 +68,7 @@ func (l *Listener) Drain(ctx context.Context, reason string) error {
 			return nil
 		}
 		for _, c := range cs {
+			c.readOn.Store(true) // it reads on until its player is done (session_close.go)
 			c.closeFor(why)
 		}
 		for _, c := range cs {

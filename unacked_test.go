@@ -3,7 +3,9 @@ package knet
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -175,5 +177,64 @@ func TestUnacknowledgedIncludesUnackedArrivals(t *testing.T) {
 		<-c.Done()
 		assert.Equal(t, sent, got(), "they arrived")
 		assert.Equal(t, sent, c.Unacknowledged(), "unacked all the same")
+	})
+}
+
+// A player that cannot deliver what it had in flight when a drain
+// reached it (its path to the server went a moment before) answers after
+// its DisconnectTimeout, and its Unacknowledged returns exactly what the
+// server's application did not get: the tail of its stream, in order.
+func TestUnacknowledgedAfterDrainTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		got, _ := unackedServer(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		toServer := &netsim.Params{Delay: 10 * time.Millisecond}
+		nw.mem.SetLink(udpAddrOf(c.LocalAddr()), udpAddrOf(l.Addr()), toServer)
+		var accepted uint32
+		sending := make(chan struct{})
+		go func() {
+			defer close(sending)
+			for n := uint32(0); c.Send(seqMessage(n)) == nil; n++ {
+				accepted = n + 1
+				time.Sleep(time.Millisecond)
+			}
+		}()
+		learned := make(chan time.Time, 1)
+		go func() {
+			for {
+				if _, err := c.Receive(context.Background()); err != nil {
+					assert.Equal(t, io.EOF, err)
+					learned <- time.Now()
+					return
+				}
+			}
+		}()
+		time.Sleep(500 * time.Millisecond)
+		cutLinks(nw, udpAddrOf(c.LocalAddr()), udpAddrOf(l.Addr()), true, false)
+		time.Sleep(100 * time.Millisecond)
+		drained := make(chan error, 1)
+		go func() { drained <- l.Drain(context.Background(), "bye") }()
+		at := <-learned
+		<-sending
+		<-c.Done()
+		took := time.Since(at)
+		assert.GreaterOrEqual(t, took, testConfig().DisconnectTimeout, "the player gave up after its DisconnectTimeout")
+		assert.Less(t, took, testConfig().DisconnectTimeout+time.Second)
+		var de *DisconnectError
+		require.True(t, errors.As(c.Err(), &de), "%v", c.Err())
+		assert.Equal(t, "bye", de.Reason)
+		require.NoError(t, <-drained)
+
+		server := uint32(len(got()))
+		left := c.Unacknowledged()
+		require.NotEmpty(t, left)
+		assert.Greater(t, len(left), 50, "the messages of the last 100ms")
+		assert.Equal(t, server, binary.BigEndian.Uint32(left[0].Payload), "from the first the server did not get")
+		for i, m := range left {
+			assert.Equal(t, seqMessage(server+uint32(i)), m)
+		}
+		assert.Equal(t, accepted, server+uint32(len(left)), "up to the last Send accepted")
 	})
 }
