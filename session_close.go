@@ -39,7 +39,15 @@ func (s *session) requestClose(now time.Time) {
 	case stateSyn, stateAdmit, stateSynAck:
 		s.fail(net.ErrClosed)
 	case stateLinger:
-		s.state = stateDone
+		if s.secure || s.cfg.stealth {
+			// Nothing answers the peer's resent Disconnect once the
+			// session is gone (its datagrams are sealed; a stealthy
+			// listener answers nobody): the linger runs its course,
+			// lest a lost DisconnectAck leave the peer to its
+			// DisconnectTimeout. Close waits for it, lingerTime at most.
+			return
+		}
+		s.state = stateDone // the socket answers statelessly (disconnectAnswer)
 	case stateOK:
 		if !s.closing.asked {
 			s.closing.asked = true
