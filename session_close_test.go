@@ -25,7 +25,9 @@ func TestSessionCloseOnEOFKeepsLingering(t *testing.T) {
 		name string
 		pair func(cfg, scfg *Config, link netsim.Params) *simPair
 	}{
-		{"secure", func(cfg, scfg *Config, link netsim.Params) *simPair { return newSecureSimPair(t, cfg, scfg, link, link) }},
+		{"secure", func(cfg, scfg *Config, link netsim.Params) *simPair {
+			return newSecureSimPair(t, cfg, scfg, link, link)
+		}},
 		{"stealth", func(cfg, scfg *Config, link netsim.Params) *simPair {
 			scfg.Stealth = true
 			return newSimPair(t, cfg, scfg, link, link)
