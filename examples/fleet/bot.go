@@ -21,7 +21,7 @@ type bot struct {
 	id      int
 	servers []int         // the servers it played on, in order
 	moves   int           // times it moved after a drain
-	offline time.Duration // without a server, between a drain and the next connection
+	offline time.Duration // without a server: from the news of a drain to the next connection
 	sent    uint32        // messages its Send accepted, numbered 0, 1, 2...
 	// unacked counts what its connections left unacknowledged as they
 	// ended (Conn.Unacknowledged): none, when every end was a drain or
@@ -51,19 +51,19 @@ func (b *bot) play(play context.Context, mm *matchmaker, serverKey []byte, every
 			lostAt = time.Time{}
 		}
 		b.servers = append(b.servers, mm.serverAt(c.RemoteAddr().String()))
-		drained := b.connected(play, c, every)
+		drained, at := b.connected(play, c, every)
 		b.unacked += len(c.Unacknowledged())
 		if !drained {
 			break
 		}
 		b.moves++
-		lostAt = time.Now()
+		lostAt = at
 	}
 }
 
 // connected plays on c until the round ends or the server drains; it
-// reports whether the server drained.
-func (b *bot) connected(play context.Context, c *knet.Conn, every time.Duration) (drained bool) {
+// reports whether the server drained, and when the bot heard of it.
+func (b *bot) connected(play context.Context, c *knet.Conn, every time.Duration) (drained bool, at time.Time) {
 	gone := make(chan struct{})
 	go func() {
 		// The server's echoes, until io.EOF: the server closed.
@@ -85,22 +85,23 @@ func (b *bot) connected(play context.Context, c *knet.Conn, every time.Duration)
 		case <-gone:
 			// The server closed: Send fails from now on, and the
 			// connection ends once what Send accepted is delivered.
+			at = time.Now()
 			<-c.Done()
 			var de *knet.DisconnectError
 			if errors.As(c.Err(), &de) && de.Reason == drainReason {
-				return true
+				return true, at
 			}
 			if play.Err() == nil {
 				b.err = c.Err()
 			}
-			return false
+			return false, at
 		case <-play.Done():
 			// The round is over: what is in flight is delivered, then
 			// the Disconnect goes.
 			if err := c.Close(); err != nil {
 				b.err = err
 			}
-			return false
+			return false, time.Time{}
 		}
 	}
 }
