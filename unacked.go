@@ -25,6 +25,7 @@ import "slices"
 type unackedState struct {
 	msgs  []keptMsg // in send order from head, each until known delivered
 	head  int
+	sweep int       // when more than this many are kept, sweepKept runs
 	ended bool      // the end made left: later refusals join it
 	left  []Message // what the end left unacknowledged, in send order
 	state bool      // left has a latest-state version
@@ -53,6 +54,9 @@ func (s *session) keep(m *outMsg) {
 	}
 	m.keep = true
 	k.msgs = append(k.msgs, keptMsg{m: m, ref: m.ref})
+	if len(k.msgs)-k.head > max(k.sweep, minKeptSweep) {
+		s.sweepKept(k)
+	}
 }
 
 // delivered reports whether kept message e is known delivered, or no
@@ -94,6 +98,29 @@ func (s *session) settleKept() {
 		clear(k.msgs[n:])
 		k.msgs, k.head = k.msgs[:n], 0
 	}
+}
+
+// minKeptSweep is how many kept messages there may be before sweepKept
+// looks past the first one not delivered.
+const minKeptSweep = 256
+
+// sweepKept lets go of the kept messages replaced (or delivered) behind
+// one not yet delivered: a state that changes fast while the peer acks
+// nothing would otherwise hold the storage of every version (the send
+// buffer no longer counts them). keep runs it when the list has doubled
+// since the last sweep, which makes its cost a constant per message kept.
+func (s *session) sweepKept(k *unackedState) {
+	live := k.msgs[:0]
+	for _, e := range k.msgs[k.head:] {
+		if s.delivered(e) {
+			s.letGo(e)
+			continue
+		}
+		live = append(live, e)
+	}
+	clear(k.msgs[len(live):])
+	k.msgs, k.head = live, 0
+	k.sweep = 2 * len(live)
 }
 
 // letGo ends the record's hold on e's storage: it is recycled here if

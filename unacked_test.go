@@ -238,3 +238,30 @@ func TestUnacknowledgedAfterDrainTimeout(t *testing.T) {
 		assert.Equal(t, accepted, server+uint32(len(left)), "up to the last Send accepted")
 	})
 }
+
+// A state sent again and again while the peer acks nothing (its
+// versions replaced in the queue): what the connection keeps for
+// Unacknowledged stays within a few hundred messages, not one per version
+// sent, and the end leaves the first message and the newest version.
+func TestUnacknowledgedLetsGoOfReplacedVersions(t *testing.T) {
+	link := netsim.Params{Delay: time.Millisecond}
+	p := newSimPair(t, nil, nil, link, link)
+	p.connect()
+	p.cut[0] = true // nothing the client sends arrives
+	first := Message{ID: 100, Payload: []byte("first"), Reliable: true}
+	p.send(0, first)
+	var last Message
+	most := 0
+	for i := range uint32(20000) {
+		last = Message{ID: 101, ContentID: 7, Reliable: true, Payload: binary.BigEndian.AppendUint32(nil, i)}
+		p.send(0, last)
+		if i%100 == 0 {
+			p.run(time.Millisecond, nil)
+		}
+		k := p.client().keptOf()
+		most = max(most, len(k.msgs)-k.head)
+	}
+	assert.Less(t, most, 4*minKeptSweep, "kept at most")
+	p.client().fail(ErrRetransmitLimit)
+	assert.Equal(t, []Message{first, last}, p.client().keptOf().left)
+}
