@@ -334,7 +334,11 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 // acked, then the Disconnect/DisconnectAck exchange runs, all within
 // DisconnectTimeout, after which Close returns. Receive and Send fail from
 // the moment Close is called. Close is safe from any goroutine, and every
-// call waits for the end.
+// call waits for the end. After the peer closed (Receive returned io.EOF)
+// the end may still be a moment away: the connection first delivers what
+// Send accepted if the peer reads on (a Listener's Drain), and a secure
+// one then stays to answer the peer's Disconnect again should its answer
+// have been lost (nothing else can).
 //
 // Close returns nil when the connection ended gracefully (this close, or
 // the peer's), and otherwise the reason it ended, before Close or during
