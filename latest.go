@@ -50,10 +50,11 @@ const maxLatestStates = 4096
 
 // extras is what few connections use, made on first use.
 type extras struct {
-	rcpt *receipts    // receipts owed (receipts.go)
-	rl   *relLatest   // reliable latest state sent
-	seen *latestSeen  // reliable latest state taken
-	fair [2]fairQueue // channel weights: the unreliable queue's, the reliable one's
+	rcpt *receipts     // receipts owed (receipts.go)
+	rl   *relLatest    // reliable latest state sent
+	seen *latestSeen   // reliable latest state taken
+	fair [2]fairQueue  // channel weights: the unreliable queue's, the reliable one's
+	kept *unackedState // a dialed connection's reliable messages, until delivered (unacked.go)
 }
 
 func (s *session) ext() *extras {
