@@ -34,7 +34,11 @@ func (l *Listener) refusal() []byte {
 // being made, as CloseWithReason(reason) does, and waits until each has
 // ended (but for streams not yet established, which are refused and not
 // waited for), or until ctx is done, when it returns ctx's error and leaves the
-// connections still closing to Close.
+// connections still closing to Close. A connection over UDP that the
+// server has answered, whose client may be playing already, is closed as
+// an established one once its client proves its address (or ends at its
+// ConnectTimeout); one still before its answer (Admit deciding) is
+// dropped, and the client's next try is refused with reason.
 //
 // Each connection closes gracefully: what the server sent before the
 // drain is delivered and acked, then the Disconnect tells the player

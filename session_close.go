@@ -36,7 +36,18 @@ type closeState struct {
 // acked, then Disconnect, all within DisconnectTimeout.
 func (s *session) requestClose(now time.Time) {
 	switch s.state {
-	case stateSyn, stateAdmit, stateSynAck:
+	case stateSynAck:
+		if !s.client && s.closing.readOn {
+			// A drain: the client may hold our ConnectSynAck and play
+			// already. Once it proves itself, the session closes as an
+			// established one, with the drain's notice and reason
+			// (stateOK below), so that the player hears why and moves on
+			// with what its Send took; one that never does ends at its
+			// ConnectTimeout.
+			return
+		}
+		s.fail(net.ErrClosed)
+	case stateSyn, stateAdmit:
 		s.fail(net.ErrClosed)
 	case stateLinger:
 		if s.secure || s.cfg.stealth {
