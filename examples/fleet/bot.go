@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/knet-go/knet"
@@ -32,18 +33,29 @@ type bot struct {
 }
 
 // play runs the bot until play is done, then closes its connection
-// (which delivers what is in flight) and leaves.
+// (which delivers what is in flight) and leaves. A bot whose server
+// drained moves on even if the round ended meanwhile: it connects to its
+// next server, then leaves at once.
 func (b *bot) play(play context.Context, mm *matchmaker, serverKey []byte, every time.Duration, sim *knet.Simulation) {
 	var lostAt time.Time
-	for play.Err() == nil {
+	for play.Err() == nil || !lostAt.IsZero() {
 		tok, err := mm.token(b.id)
 		if err != nil {
 			b.err = err
 			break
 		}
-		c, err := knet.Dial(play, "udp", "", &knet.Config{ServerKey: serverKey, Token: tok, DisconnectTimeout: 3 * time.Second, Simulate: sim})
+		dial, stop := play, context.CancelFunc(func() {})
+		if play.Err() != nil {
+			dial, stop = context.WithTimeout(context.Background(), 10*time.Second)
+		}
+		c, err := knet.Dial(dial, "udp", "", &knet.Config{ServerKey: serverKey, Token: tok, DisconnectTimeout: 3 * time.Second, Simulate: sim})
+		stop()
 		if err != nil {
 			b.dialErrs++
+			if play.Err() != nil && !lostAt.IsZero() {
+				b.err = fmt.Errorf("moving after the round: %w", err)
+				break
+			}
 			continue
 		}
 		if !lostAt.IsZero() {

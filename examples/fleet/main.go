@@ -118,7 +118,9 @@ func run(o options, out io.Writer) error {
 	// The round: the bots play until play ends, then close their
 	// connections.
 	start := time.Now()
-	play, endPlay := context.WithTimeout(context.Background(), o.duration)
+	// The round lasts o.duration, and at least until the drain is over:
+	// every player of the drained server has heard of it.
+	play, endPlay := context.WithCancel(context.Background())
 	defer endPlay()
 	bots := make([]*bot, o.players)
 	var wg sync.WaitGroup
@@ -132,10 +134,7 @@ func run(o options, out io.Writer) error {
 	// the server drains.
 	var drainLog []string
 	var drained string
-	select {
-	case <-time.After(o.duration / 2):
-	case <-play.Done():
-	}
+	time.Sleep(o.duration / 2)
 	mm.mu.Lock()
 	for _, s := range mm.servers {
 		fmt.Fprintf(out, "server %d: %d players placed\n", s.id, mm.load[s.id])
@@ -166,6 +165,8 @@ func run(o options, out io.Writer) error {
 	fmt.Fprintf(out, "server %d drained at %.2fs in %v (players left: %s), then exited (Agones: SDK.Shutdown); joined, echoed: %s\n",
 		victim.id, drainAt.Seconds(), drainTook.Round(time.Millisecond), strings.Join(drainLog, " "), drained)
 
+	time.Sleep(time.Until(start.Add(o.duration)))
+	endPlay()
 	wg.Wait()
 	stopAll()
 	return report(out, bots, victim.id, got)
