@@ -137,6 +137,64 @@ func (l *Listener) leaveLocked(t *ticket) {
 	t.pending, t.cid = false, false
 }
 
+// A stream that has said nothing yet (silent: no first frame) holds a
+// place it may lose: when its source, or the listener, has no place left
+// for a new stream, the oldest silent stream there gives way to it
+// (evictSilentLocked). Streams that never speak (a host opening hundreds
+// and renewing them) so cannot keep a client out, from their own address
+// either: the client's hello comes right behind its connection, and once
+// it spoke its place is kept. Guarded by the Listener's mu.
+
+// silentLocked records c, a stream just taken, as silent; l.mu is held.
+// Those that spoke or ended are pruned as the list doubles past the
+// attempts pending: amortised, a constant per stream.
+func (l *Listener) silentLocked(c *Conn) {
+	if len(l.silent) > 2*l.attempts+16 {
+		kept := l.silent[:0]
+		for _, o := range l.silent {
+			if o.silent {
+				kept = append(kept, o)
+			}
+		}
+		clear(l.silent[len(kept):])
+		l.silent = kept
+	}
+	c.silent = true
+	l.silent = append(l.silent, c)
+}
+
+// spoke records that c, a stream, has said its first frame (or ended).
+func (l *Listener) spoke(c *Conn) {
+	l.mu.Lock()
+	c.silent = false
+	l.mu.Unlock()
+}
+
+// evictSilentLocked ends the oldest silent stream of source k (of any
+// source if any), giving back its place at once, and reports whether
+// there was one; l.mu is held.
+func (l *Listener) evictSilentLocked(k sourceKey, any bool) bool {
+	now := time.Now()
+	kept := l.silent[:0]
+	evicted := false
+	for _, c := range l.silent {
+		switch {
+		case !c.silent:
+			continue // spoke, or ended: forgotten here
+		case !evicted && (any || c.ticket.src == k) && c.st.evictable(now):
+			evicted = true
+			c.silent = false
+			l.leaveLocked(&c.ticket)
+			c.abandon()
+			continue
+		}
+		kept = append(kept, c)
+	}
+	clear(l.silent[len(kept):])
+	l.silent = kept
+	return evicted
+}
+
 // takeCID gives c, a secure attempt being admitted, its connection ID, if
 // its source may hold one more before its client proves itself: with a
 // short connection ID (Config.ServerID) the IDs are few, and half-open
@@ -509,6 +567,7 @@ func (l *Listener) handshake(j handshakeJob) {
 // new one would.
 func (l *Listener) endAttempt(c *Conn, err error, reason []byte) {
 	l.mu.Lock()
+	c.silent = false
 	if l.pending[c] {
 		delete(l.pending, c)
 		l.leaveLocked(&c.ticket)
@@ -596,6 +655,7 @@ func (l *Listener) establish(c *Conn) error {
 	var others []*Conn
 	if c.sec != nil && c.sec.msg1 != nil {
 		h := maphash.Bytes(l.hs.seed, c.sec.msg1)
+		l.hs.seen.established(h)
 		for _, o := range l.hs.conns[h] {
 			if o != c {
 				others = append(others, o)

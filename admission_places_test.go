@@ -3,6 +3,7 @@ package knet
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -120,4 +121,23 @@ func TestCopyOfHandshakeMessage(t *testing.T) {
 		assert.Same(t, tt.to, to, tt.name)
 		delete(l.hs.conns, h)
 	}
+}
+
+// A handshake message is remembered for the window, but one whose
+// connection was established for as long as the table keeps it: a copy,
+// however late, is a replay, and costs no key exchange.
+func TestSeenHandshakesEstablishedOutlastWindow(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := newSeenHandshakes(4, 10*time.Second, now)
+	s.add(1, now)
+	s.add(2, now)
+	s.established(2)
+	later := now.Add(time.Minute)
+	assert.False(t, s.has(1, later), "past the window")
+	assert.True(t, s.has(2, later), "established: remembered")
+	// The ring still bounds it: four newer messages push it out.
+	for h := uint64(3); h <= 6; h++ {
+		s.add(h, later)
+	}
+	assert.False(t, s.has(2, later), "pushed out by newer ones")
 }

@@ -13,10 +13,13 @@ import (
 // keyed 64-bit hash) a listener key-exchanged in the last window, and
 // whether that failed and why: a message costs at most one key exchange
 // in that time, however often it comes, from wherever (a cookie, which
-// binds it, is so good for one handshake). Entries are kept in the order
-// they came, in a ring of at most max; when it is full the oldest goes,
-// live or not: a message so forgotten may cost one more key exchange, but
-// only after max newer ones did. Not safe for concurrent use.
+// binds it, is so good for one handshake). A message whose connection was
+// established is remembered past the window: a copy of it, however late,
+// is a replay (its client never sends it again). Entries are kept in the
+// order they came, in a ring of at most max; when it is full the oldest
+// goes, live or not: a message so forgotten may cost one more key
+// exchange, but only after max newer ones did. Not safe for concurrent
+// use.
 type seenHandshakes struct {
 	index  map[uint64]int32 // hash -> its entry in ring
 	ring   []seenHandshake
@@ -28,11 +31,12 @@ type seenHandshakes struct {
 
 // seenHandshake is an entry of seenHandshakes: 40 bytes.
 type seenHandshake struct {
-	h        uint64
-	at       time.Duration // since base
-	failed   bool
-	attempts uint8  // attempts made with it (maxAttemptsPerMessage)
-	reason   string // the refusal's, if failed (empty: none)
+	h           uint64
+	at          time.Duration // since base
+	failed      bool
+	established bool   // its connection was established: remembered past the window
+	attempts    uint8  // attempts made with it (maxAttemptsPerMessage)
+	reason      string // the refusal's, if failed (empty: none)
 }
 
 func newSeenHandshakes(max int, window time.Duration, now time.Time) seenHandshakes {
@@ -40,10 +44,10 @@ func newSeenHandshakes(max int, window time.Duration, now time.Time) seenHandsha
 }
 
 // find returns the entry of the message whose hash is h, if it came in the
-// window before now.
+// window before now, or was established.
 func (s *seenHandshakes) find(h uint64, now time.Time) (seenHandshake, bool) {
 	i, ok := s.index[h]
-	if !ok || now.Sub(s.base)-s.ring[i].at > s.window {
+	if !ok || !s.ring[i].established && now.Sub(s.base)-s.ring[i].at > s.window {
 		return seenHandshake{}, false
 	}
 	return s.ring[i], true
@@ -74,6 +78,14 @@ func (s *seenHandshakes) add(h uint64, now time.Time) {
 func (s *seenHandshakes) again(h uint64) {
 	if i, ok := s.index[h]; ok && s.ring[i].attempts < 255 {
 		s.ring[i].attempts++
+	}
+}
+
+// established records that the connection of the message whose hash is h
+// was established.
+func (s *seenHandshakes) established(h uint64) {
+	if i, ok := s.index[h]; ok {
+		s.ring[i].established = true
 	}
 }
 

@@ -35,49 +35,11 @@ func benchTCPPair(tb testing.TB, cfg *Config) (client, server *Conn) {
 // BenchmarkTCPOneWay1200 is BenchmarkOneWay1200 over kNet over TCP.
 func BenchmarkTCPOneWay1200(b *testing.B) {
 	client, server := benchTCPPair(b, &Config{DisconnectTimeout: time.Second})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 1200)
-		for range b.N {
-			if _, _, err := server.ReceiveInto(context.Background(), buf); err != nil {
-				return
-			}
-		}
-	}()
-	payload := make([]byte, 1200)
-	b.SetBytes(1200)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		if err := client.Send(Message{ID: 6, Payload: payload, Reliable: true}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	<-done
+	benchOneWayOn(b, 1200, client, server)
 }
 
 // BenchmarkTCPPingPong is BenchmarkPingPong over kNet over TCP.
 func BenchmarkTCPPingPong(b *testing.B) {
 	client, server := benchTCPPair(b, &Config{DisconnectTimeout: time.Second})
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			m, _, err := server.ReceiveInto(context.Background(), buf)
-			if err != nil {
-				return
-			}
-			server.Send(m)
-		}
-	}()
-	payload := make([]byte, 32)
-	buf := make([]byte, 64)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		client.Send(Message{ID: 6, Payload: payload, Reliable: true})
-		if _, _, err := client.ReceiveInto(context.Background(), buf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchPingPongOn(b, client, server)
 }

@@ -48,6 +48,12 @@ func BenchmarkSecureOneWay1200(b *testing.B) {
 
 func benchOneWayWith(b *testing.B, size int, cfg *Config) {
 	client, server := benchPair(b, cfg)
+	benchOneWayOn(b, size, client, server)
+}
+
+// benchOneWayOn sends b.N reliable messages of size bytes from client to
+// server.
+func benchOneWayOn(b *testing.B, size int, client, server *Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -89,6 +95,12 @@ func BenchmarkSecurePingPong(b *testing.B) {
 
 func benchPingPong(b *testing.B, cfg *Config) {
 	client, server := benchPair(b, cfg)
+	benchPingPongOn(b, client, server)
+}
+
+// benchPingPongOn runs b.N round trips of 32 bytes between client and
+// server.
+func benchPingPongOn(b *testing.B, client, server *Conn) {
 	go func() {
 		buf := make([]byte, 64)
 		for {

@@ -36,6 +36,10 @@ import (
 //	go test -run 'TestChaos/ordered/loss10reorder30/2' .
 //	go test -run 'TestChaos/.*/burst20dup2' .
 //
+// The reliable latest-state column also runs through blackouts
+// (chaosBlackoutConds), with a tighter bound: every reliable message in
+// soon after the path is back.
+//
 // More seeds: -knet.chaos.seeds=20. The default is 3 with -short and 6
 // without; 1 MB transfers are in every fragmented cell, and in -short only
 // in the client's direction. A failing cell's report starts with its
@@ -68,16 +72,51 @@ type chaosCond struct {
 	name  string
 	p     netsim.Params
 	clean bool // every unreliable message must arrive too
+	// blackout, if set, has the path drop everything for a while, one
+	// way or both.
+	blackout *chaosBlackout
+}
+
+// chaosBlackout is a seeded blackout of a cell's path: each direction it
+// cuts (the client's, the server's, or both, drawn) drops everything
+// from a send of its side's plan, drawn among the first upTo of them (0:
+// from the first send, so that every message of the plan is sent inside
+// it), until past its last send by a time drawn below past. Once the
+// path is back, every reliable message must be in within prompt.
+type chaosBlackout struct {
+	upTo   float64
+	past   time.Duration
+	prompt time.Duration
+	// whole makes every message of the plans small enough for one
+	// datagram. A fragmented one in flight after the blackout is resent
+	// until acked, and its ack shows the datagrams sent before it lost,
+	// the newest versions' among them: it hid issue 32.
+	whole bool
+}
+
+// chaosBlackoutConds are the reliable latest-state column's blackouts,
+// longer than the RTO (33ms) by far: every version of the plan sent
+// inside one (issue 32: the newest was never sent again), or only the
+// last ones, among 5% loss. Once the path is back, the newest version of
+// each state goes at the next probe: within maxProbeBackoff, the timer
+// backed off by the probes lost in the blackout, and again if lost.
+var chaosBlackoutConds = []chaosCond{
+	{name: "blackout-whole", p: netsim.Params{Delay: 2 * time.Millisecond},
+		blackout: &chaosBlackout{past: 1500 * time.Millisecond, prompt: time.Second, whole: true}},
+	{name: "blackout", p: netsim.Params{Delay: 2 * time.Millisecond},
+		blackout: &chaosBlackout{past: 1500 * time.Millisecond, prompt: time.Second}},
+	{name: "blackout-tail-whole-loss5", p: netsim.Params{Loss: 0.05, Delay: 2 * time.Millisecond, Jitter: 2 * time.Millisecond},
+		blackout: &chaosBlackout{upTo: 0.5, past: 1500 * time.Millisecond, prompt: 3 * time.Second, whole: true}},
 }
 
 var chaosConds = []chaosCond{
-	{"clean", netsim.Params{Delay: 2 * time.Millisecond}, true},
-	{"loss5", netsim.Params{Loss: 0.05, Delay: 2 * time.Millisecond}, false},
-	{"loss10reorder30", netsim.Params{Loss: 0.10, Reorder: 0.30, ReorderDelay: 8 * time.Millisecond, Delay: 2 * time.Millisecond}, false},
-	{"burst20dup2", netsim.Params{Loss: 0.20, BurstLen: 3, Duplicate: 0.02, Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond}, false},
-	{"jitter", netsim.Params{Delay: 5 * time.Millisecond, Jitter: 10 * time.Millisecond}, false},
+	{name: "clean", p: netsim.Params{Delay: 2 * time.Millisecond}, clean: true},
+	{name: "loss5", p: netsim.Params{Loss: 0.05, Delay: 2 * time.Millisecond}},
+	{name: "loss10reorder30", p: netsim.Params{Loss: 0.10, Reorder: 0.30, ReorderDelay: 8 * time.Millisecond, Delay: 2 * time.Millisecond}},
+	{name: "burst20dup2", p: netsim.Params{Loss: 0.20, BurstLen: 3, Duplicate: 0.02, Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond}},
+	{name: "jitter", p: netsim.Params{Delay: 5 * time.Millisecond, Jitter: 10 * time.Millisecond}},
 	// Bursts in time, as on a real link: 10% of the time, 20ms on average.
-	{"burst10time", netsim.Params{Loss: 0.10, BurstDuration: 20 * time.Millisecond, Duplicate: 0.02, Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond}, false},
+	{name: "burst10time", p: netsim.Params{Loss: 0.10, BurstDuration: 20 * time.Millisecond, Duplicate: 0.02, Delay: 5 * time.Millisecond, Jitter: 2 * time.Millisecond}},
 }
 
 // chaosKind is how a message travels.
@@ -291,6 +330,9 @@ type chaosMode struct {
 	specOnly bool
 	// weights, if set, is both sides' Config.ChannelWeights.
 	weights map[uint8]int
+	// conds are network conditions of this column only, after
+	// chaosConds.
+	conds []chaosCond
 }
 
 var chaosModes = []chaosMode{
@@ -314,7 +356,7 @@ var chaosModes = []chaosMode{
 	{name: "contentid-large", n: 200, next: (*chaosGen).largeContent},
 	// Reliable latest state is the spec dialect's: the reference's wire
 	// has no ContentID, and its reliable messages are plain ones.
-	{name: "contentid-reliable", n: 300, next: (*chaosGen).relContent, specOnly: true},
+	{name: "contentid-reliable", n: 300, next: (*chaosGen).relContent, specOnly: true, conds: chaosBlackoutConds},
 	{name: "fragmented", n: 150, bigs: []int{5 << 10, 9 << 10, 20 << 10, 47 << 10, 100 << 10, 250 << 10, 1 << 20},
 		next: func(g *chaosGen) chaosMsg {
 			switch g.rng.IntN(3) {
@@ -791,7 +833,7 @@ func runChaosMatrix(t *testing.T, dialect Dialect, seeds, short int) {
 			continue
 		}
 		t.Run(mode.name, func(t *testing.T) {
-			for _, cond := range chaosConds {
+			for _, cond := range slices.Concat(chaosConds, mode.conds) {
 				t.Run(cond.name, func(t *testing.T) {
 					for seed := range uint64(seeds) {
 						t.Run(fmt.Sprint(seed+1), func(t *testing.T) {
@@ -835,6 +877,15 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 		chaosPlan(mode, seed, 0, true),
 		chaosPlan(mode, seed, 1, !testing.Short()),
 	}
+	if b := cond.blackout; b != nil && b.whole {
+		for _, plan := range plans {
+			for i := range plan {
+				if m := &plan[i]; m.size >= chaosFragmented {
+					m.size = chaosHeader + m.size%1000
+				}
+			}
+		}
+	}
 	// recv[i] checks what side i receives.
 	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
 	take := func() {
@@ -860,6 +911,27 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	// Each side starts its plan the moment it is established, as a
 	// program does once Dial or Accept returns.
 	var start [2]time.Time
+	var cut [2][2]time.Duration // each direction's blackout, from its side's start; none if empty
+	if b := cond.blackout; b != nil {
+		rng := rand.New(rand.NewPCG(chaosSeed(mode.name, cond.name, seed, "blackout"), 3))
+		dirs := rng.IntN(3) // the client's, the server's, both
+		for i := range cut {
+			if dirs != 2 && dirs != i {
+				continue
+			}
+			plan := plans[i]
+			cut[i][0] = plan[rng.IntN(1+int(b.upTo*float64(len(plan)-1)))].at
+			cut[i][1] = plan[len(plan)-1].at + time.Duration(rng.Int64N(int64(b.past)))
+		}
+		setupDrop := p.drop
+		p.drop = func(from int, d []byte) bool {
+			at := p.now.Sub(start[from])
+			if !start[from].IsZero() && at >= cut[from][0] && at < cut[from][1] {
+				return true
+			}
+			return setupDrop != nil && setupDrop(from, d)
+		}
+	}
 	var next [2]int
 	refs := [2][]Ref{make([]Ref, len(plans[0])), make([]Ref, len(plans[1]))}
 	buf := make([]byte, 0, 64<<10)
@@ -902,6 +974,16 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	bound := chaosProgressBound
 	if dialect == DialectReference {
 		bound = chaosReferenceProgressBound
+	}
+	if b := cond.blackout; b != nil {
+		// Promptly once the path is back.
+		back := lastSend
+		for i := range cut {
+			if end := start[i].Add(cut[i][1]); end.After(back) {
+				back = end
+			}
+		}
+		bound = back.Add(b.prompt).Sub(lastSend)
 	}
 	progress := p.run(bound, func() bool {
 		take()

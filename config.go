@@ -288,10 +288,17 @@ type Config struct {
 	// connection established wins (Conn.Transport says which).
 	FallbackTCP bool
 
-	// Simulate, when not nil, makes every datagram this Conn or Listener
-	// sends cross a simulated bad network first: to test a game under
-	// loss, latency, reordering and the rest without a real one. Give each
-	// side its own to shape both directions.
+	// Simulate, when not nil, makes what this Conn or Listener sends
+	// cross a simulated bad network first: to test a game under loss,
+	// latency, reordering and the rest without a real one. Give each side
+	// its own to shape both directions. Over UDP it shapes each datagram.
+	// Over TCP and WebSocket it shapes what the connection writes (a
+	// Listener's, each stream it serves, on a path of its own; Dial's and
+	// DialWebSocket's, their own) as TCP would show that network: delay,
+	// jitter and bursts as delay, never out of order; Bandwidth as a cap,
+	// behind which the writer waits; and a segment that Loss or Corrupt
+	// loses as a stall of a retransmission timeout (at least 200ms), which
+	// holds everything behind it. See Simulation.
 	Simulate *Simulation
 
 	// Dialect is the wire a connection speaks. Default DialectAuto: a
@@ -348,6 +355,25 @@ func (c *Config) MaxUnreliablePayload() int { return c.resolve().wholeLimit() }
 // is a perfect network; every choice is drawn from Seed, so a run can be
 // replayed. Out-of-range values are clamped: probabilities to 0..1 (NaN is
 // 0), durations to 0..1h, negative sizes to 0.
+//
+// Over TCP and WebSocket, the datagrams are TCP's segments: what the
+// connection writes is cut into segments of 1448 bytes at most, each
+// takes Delay and its Jitter, in order (a segment never arrives before
+// the one written before it), and crosses the Bandwidth cap behind the
+// others. A segment that Loss or its bursts, or Corrupt (for TCP's
+// checksum), would lose arrives one retransmission timeout later, and
+// everything behind it waits for it: the timeout is RTT + max(4·RTTVAR,
+// 200ms) for RTT = 2·Delay + Jitter (the path taken as symmetric) plus
+// the segment's wait at the cap, and RTTVAR = Jitter/2, doubling each
+// time the same segment is lost again, as TCP's backoff does; a burst
+// holds everything until a retransmission after its end gets through.
+// The send buffer holds what was written until its acknowledgement would
+// come back, Delay + Jitter/2 after it arrived: with a cap, the
+// bandwidth-delay product and QueueBytes; without, 4 MiB. A writer waits
+// for room in it, as on a socket, and nothing is dropped at the cap.
+// Reorder holds a segment, and those behind it, ReorderDelay longer;
+// Duplicate, JitterKeepsOrder and MaxSize do nothing (TCP drops
+// duplicates, keeps order, and sizes its segments to the path).
 type Simulation struct {
 	// Loss is the probability that a datagram is lost. With BurstLen
 	// above 1, losses come in bursts of that mean length in datagrams (a

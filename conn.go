@@ -34,6 +34,7 @@ type Conn struct {
 	run      atomic.Int32  // runIdle, runQueued, ... (sched.go)
 	parked   atomic.Bool   // idle for parkAfter, until the next round
 	refusals atomic.Uint32 // port unreachable reports, from the reader
+	readOn   atomic.Bool   // a Listener's Drain closed it: Receive goes on until the end (drain.go)
 	userData atomic.Value  // SetUserData's
 
 	// The three ways in and out of the rounds, each behind its own mutex.
@@ -52,6 +53,7 @@ type Conn struct {
 	// (admission.go; guarded by the Listener's mu), and whether another
 	// attempt with its handshake message was established (abandon).
 	ticket    ticket
+	silent    bool // a stream that has said nothing yet (evictSilentLocked)
 	abandoned atomic.Bool
 
 	estOnce    sync.Once
@@ -332,7 +334,11 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 // acked, then the Disconnect/DisconnectAck exchange runs, all within
 // DisconnectTimeout, after which Close returns. Receive and Send fail from
 // the moment Close is called. Close is safe from any goroutine, and every
-// call waits for the end.
+// call waits for the end. After the peer closed (Receive returned io.EOF)
+// the end may still be a moment away: the connection first delivers what
+// Send accepted if the peer reads on (a Listener's Drain), and a secure
+// one then stays to answer the peer's Disconnect again should its answer
+// have been lost (nothing else can).
 //
 // Close returns nil when the connection ended gracefully (this close, or
 // the peer's), and otherwise the reason it ended, before Close or during

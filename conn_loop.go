@@ -178,6 +178,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	q := c.sendq.msgs
 	c.sendq.msgs = c.sendq.spare[:0]
 	closing, why := c.sendq.closing, c.sendq.closeReason
+	gone := c.sendq.peerGone // Send refuses from now on: q is its last
 	flow := c.sendq.flowReq
 	c.sendq.flowReq = 0
 	c.sendq.mu.Unlock()
@@ -198,9 +199,17 @@ func (c *Conn) drainSendQueue(now time.Time) {
 		q[i] = outMsg{}
 	}
 	c.sendq.spare = q[:0]
+	if gone {
+		c.sess.closing.sealed = true // session_close.go
+	}
 	if closing {
 		if c.sess.closing.reason == nil && c.dialect != DialectReference {
 			c.sess.closing.reason = why
+		}
+		if !c.sess.closing.asked && c.dialect != DialectReference {
+			// A drain reads on after its Disconnect, and says so
+			// (session_close.go); the reference's wire cannot.
+			c.sess.closing.readOn = c.readOn.Load() && !c.userClosed.Load()
 		}
 		c.sess.requestClose(now)
 	}
@@ -461,6 +470,7 @@ func (c *Conn) finish() {
 		}
 		l.Log(context.Background(), level, "knet: connection ended", "remote", c.remote.Load(), "reason", err)
 	}
+	c.endUnacked() // unacked.go
 	st := c.snapshot()
 	c.state.mu.Lock()
 	c.state.err = err
@@ -583,4 +593,11 @@ func (c *Conn) peerClosed() {
 	c.sendq.mu.Unlock()
 	c.recvq.delivered = true
 	signal(c.sendq.space)
+	if c.st == nil {
+		// The next round takes what Send queued before it refused, and
+		// tells the session that nothing more comes (drainSendQueue):
+		// a connection delivering it before its DisconnectAck waits
+		// for that.
+		c.kick()
+	}
 }

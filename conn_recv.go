@@ -46,7 +46,7 @@ func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, e
 func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 	for {
 		c.recvq.mu.Lock()
-		if c.isClosed() {
+		if c.isClosed() && !c.readsOn() {
 			c.recvq.mu.Unlock()
 			signal(c.recvq.ready) // pass the news to the next waiting reader
 			return net.ErrClosed
@@ -97,3 +97,8 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		}
 	}
 }
+
+// readsOn reports whether a closed connection still hands its
+// application what arrives: one a Listener's Drain closed, until the
+// application closes it too.
+func (c *Conn) readsOn() bool { return c.readOn.Load() && !c.userClosed.Load() }

@@ -204,6 +204,10 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 			sb.WriteString(" ack-request")
 			return
 		}
+		if len(p) == 1 && p[0] == extDrain {
+			sb.WriteString(" drain-notice")
+			return
+		}
 		if len(p) > 0 {
 			sb.WriteString(" len=" + strconv.Itoa(len(p)))
 		}

@@ -67,6 +67,8 @@ func TestDescribeDatagram(t *testing.T) {
 			DialectSpec, []string{"spec PacketID=0, 100 bytes: ConnectSyn; Padding len=88"}},
 		{"spec ack request", appendDatagram(nil, &datagram{header: header{packetID: 9}, msgs: []message{{id: 100, payload: []byte{1}}, {id: idExt, payload: ackRequest[:]}}}),
 			DialectSpec, []string{"ack-request"}},
+		{"spec drain notice", appendDatagram(nil, &datagram{header: header{packetID: 9, inOrder: true}, msgs: []message{{id: idExt, payload: drainNotice[:]}, {id: idDisconnect, payload: []byte("bye")}}}),
+			DialectSpec, []string{"drain-notice", `Disconnect len=3 "bye"`}},
 		{"spec binary payload", appendDatagram(nil, &datagram{msgs: []message{{id: 200, payload: []byte{0, 1, 0xff}}}}),
 			DialectSpec, []string{"ID=200 len=3 hex:0001ff"}},
 		{"spec truncated", []byte{0x01, 0x00, 0x00, 0x09, 0x00, 0x64}, DialectSpec,

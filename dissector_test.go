@@ -183,7 +183,7 @@ type msgView struct {
 	Rate                int // FlowControlRequest
 	Acked               []uint32
 	// knet's extensions in ID 5: 1 an ack request, 2 a latest-state
-	// tag and what it says.
+	// tag and what it says, 3 the drain notice.
 	ExtKind                      int
 	LatestContent, LatestVersion uint32
 }
@@ -212,8 +212,8 @@ func reservedView(v *msgView, payload []byte, cpp bool) bool {
 		if cpp {
 			break
 		}
-		if len(payload) == 1 && payload[0] == extAckRequest {
-			v.ExtKind = extAckRequest
+		if len(payload) == 1 && (payload[0] == extAckRequest || payload[0] == extDrain) {
+			v.ExtKind = int(payload[0])
 		} else if tag, ok := parseLatestTag(payload); ok {
 			v.ExtKind, v.LatestContent, v.LatestVersion = extLatest, tag.content, tag.ver
 		}
@@ -389,7 +389,8 @@ func (tr *trace) add(what string, src, dst uint16, b []byte, want wireView) {
 
 // simulate runs a session pair through handshake, reliable, unreliable,
 // in-order and latest-state messages, a fragmented message, pings and a
-// close, and returns every datagram sent, client's first.
+// close (in the spec dialect, the server's, as a drain), and returns every
+// datagram sent, client's first.
 func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 	link := netsim.Params{Delay: 20 * time.Millisecond}
 	p := newSimPairIn(t, dialect, &Config{ConnectPayload: []byte("let me in"), Receipts: true}, nil, link, link)
@@ -421,7 +422,13 @@ func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 	p.send(0, Message{ID: 70000, Payload: big, Reliable: true, InOrder: true, Channel: 1})
 	// Past PingInterval, so that both sides ping.
 	require.True(t, p.run(7*time.Second, func() bool { return len(p.h[1].msgs) >= 41 && p.now.Sub(timeZero) > 6*time.Second }), "delivered %d %d, now %v, states %v %v, %+v", len(p.h[1].msgs), len(p.h[0].msgs), p.now.Sub(timeZero), p.client().state, p.server().state, p.server().snapshot())
-	p.client().requestClose(p.now)
+	if dialect == DialectSpec {
+		// The server drains: its Disconnect comes with the drain notice.
+		p.server().closing.readOn = true
+		p.server().requestClose(p.now)
+	} else {
+		p.client().requestClose(p.now)
+	}
 	require.True(t, p.run(10*time.Second, func() bool { return p.client().done() && p.server().done() }))
 	return sent
 }
@@ -565,6 +572,8 @@ func TestDissector(t *testing.T) {
 				covered["ack request"] = true
 			case extLatest:
 				covered["latest-state tag"] = true
+			case extDrain:
+				covered["drain notice"] = true
 			}
 		}
 	}
@@ -575,7 +584,7 @@ func TestDissector(t *testing.T) {
 		"reference PacketAck", "reference PingRequest", "reference PingReply", "reference Disconnect",
 		"reference DisconnectAck", "reference FragmentStart", "reference FragmentNumber", "reference malformed",
 		"reliable number above 32767", "reference FlowControlRequest", "spec PacketID above 16 bits", "reference PacketID above 16 bits",
-		"PacketID wrap", "ack request", "latest-state tag",
+		"PacketID wrap", "ack request", "latest-state tag", "drain notice",
 	} {
 		assert.True(t, covered[k], "no datagram exercised %q", k)
 	}

@@ -34,23 +34,40 @@ func (l *Listener) refusal() []byte {
 // being made, as CloseWithReason(reason) does, and waits until each has
 // ended (but for streams not yet established, which are refused and not
 // waited for), or until ctx is done, when it returns ctx's error and leaves the
-// connections still closing to Close.
+// connections still closing to Close. A connection over UDP that the
+// server has answered, whose client may be playing already, is closed as
+// an established one once its client proves its address (or ends at its
+// ConnectTimeout); one still before its answer (Admit deciding) is
+// dropped, and the client's next try is refused with reason.
 //
-// Each connection closes gracefully: what it sent before the drain is
-// delivered and acked, then the Disconnect tells the peer reason, which a
-// knet peer sees as a *DisconnectError, all within DisconnectTimeout. A
-// player that does not answer ends after DisconnectTimeout, so a ctx that
-// outlasts it lets Drain return nil whatever the players do. Messages
-// the players were still sending when the Disconnect reached them are
-// not delivered: a game that must keep them ends its match first.
+// Each connection closes gracefully: what the server sent before the
+// drain is delivered and acked, then the Disconnect tells the player
+// reason, which a knet player sees as a *DisconnectError. The server
+// reads on meanwhile: a knet player over UDP (the spec dialect, plaintext
+// or secure) answers the Disconnect only once every reliable message its
+// Send accepted before it learned of the drain (before its Send failed
+// with ErrPeerClosed and its Receive returned io.EOF) is delivered and
+// acked, and over TCP and WebSocket it writes what it has queued before
+// its end of the stream: a drain loses none of the players' messages. A
+// player that cannot deliver them within its DisconnectTimeout answers
+// anyway, and its Conn.Unacknowledged then returns the rest. A player
+// that does not answer ends after the server's DisconnectTimeout, so a
+// ctx that outlasts it (and the players') lets Drain return nil whatever
+// the players do. In the reference dialect, which cannot say that the
+// server reads on, a player answers at once and drops what it had in
+// flight (its Unacknowledged still returns it); so does a peer that
+// speaks only the specification.
 //
 // Stats().Connections counts the connections yet to end while it waits
 // (and how many were left when ctx ended it); RefusedAttempts counts the
-// attempts refused meanwhile. A connection a Group holds reports
-// EventDisconnected there as it ends; one from Accept sees Receive and
-// Send fail at once, as after Close. Drain returns nil at once on a
-// listener without connections, and may be called again, after it
-// returned ctx's error, to wait some more. Close still has to be called.
+// attempts refused meanwhile. A connection a Group holds delivers what
+// its player still sends, then reports EventDisconnected as it ends; one
+// from Accept sees Send fail at once, and Receive return what the player
+// still sends, then an error wrapping net.ErrClosed as the connection
+// ends (its Close, called meanwhile, stops it reading, as ever). Drain
+// returns nil at once on a listener without connections, and may be
+// called again, after it returned ctx's error, to wait some more. Close
+// still has to be called.
 func (l *Listener) Drain(ctx context.Context, reason string) error {
 	if ctx == nil {
 		return errNilContext
@@ -68,6 +85,7 @@ func (l *Listener) Drain(ctx context.Context, reason string) error {
 			return nil
 		}
 		for _, c := range cs {
+			c.readOn.Store(true) // it reads on until its player is done (session_close.go)
 			c.closeFor(why)
 		}
 		for _, c := range cs {

@@ -28,7 +28,11 @@ import "encoding/binary"
 // acked, and the versions in it that are still the newest of their state
 // queue again, to go in a new datagram under a new PacketID (their tag
 // keeps the number, so that the receiver drops a copy when the first one
-// comes late); those replaced meanwhile go no more. A version too large
+// comes late); those replaced meanwhile go no more. A probe timeout
+// passes over a datagram whose versions were all replaced (it would send
+// nothing, and earn no ack) to the oldest that would send something: after
+// a blackout, the datagrams of every version sent during it are in flight,
+// and the newest goes again at the first probe. A version too large
 // for one datagram travels as an ordinary fragmented transfer, its tag
 // before its first fragment, and is resent until acked.
 
@@ -46,10 +50,11 @@ const maxLatestStates = 4096
 
 // extras is what few connections use, made on first use.
 type extras struct {
-	rcpt *receipts    // receipts owed (receipts.go)
-	rl   *relLatest   // reliable latest state sent
-	seen *latestSeen  // reliable latest state taken
-	fair [2]fairQueue // channel weights: the unreliable queue's, the reliable one's
+	rcpt *receipts     // receipts owed (receipts.go)
+	rl   *relLatest    // reliable latest state sent
+	seen *latestSeen   // reliable latest state taken
+	fair [2]fairQueue  // channel weights: the unreliable queue's, the reliable one's
+	kept *unackedState // a dialed connection's reliable messages, until delivered (unacked.go)
 }
 
 func (s *session) ext() *extras {
@@ -254,20 +259,12 @@ func (s *session) latestDue() bool {
 func (s *session) abandonLatest(d *sent) {
 	rl := s.rlOf()
 	s.loss.abandon(d)
-	dg, _, err := parseDatagram(d.b)
 	requeued := 0
 	k := 0
-	for i := 0; err == nil && i+1 < len(dg.msgs) && k < len(d.latest); i++ {
-		tm := &dg.msgs[i]
-		if tm.fragment || tm.id != idExt {
-			continue
+	eachVersion(d, func(tag latestTag, m *message) bool {
+		if k >= len(d.latest) {
+			return false
 		}
-		tag, ok := parseLatestTag(tm.payload)
-		if !ok {
-			continue
-		}
-		i++
-		m := &dg.msgs[i]
 		e := d.latest[k]
 		k++
 		key := contentKey{m.id, tag.content}
@@ -279,7 +276,7 @@ func (s *session) abandonLatest(d *sent) {
 			}
 			s.stats.ReplacedMessages++
 			s.replacedVersion(e.ref, e.t)
-			continue
+			return true
 		}
 		o := s.newMsg()
 		pbuf := getPayload(len(m.payload))
@@ -293,7 +290,8 @@ func (s *session) abandonLatest(d *sent) {
 		rl.queued[key] = o
 		rl.q.push(o)
 		requeued += len(m.payload)
-	}
+		return true
+	})
 	if r := d.appBytes - requeued; r > 0 {
 		s.host.sendDone(r)
 	}
@@ -304,6 +302,51 @@ func (s *session) abandonLatest(d *sent) {
 	// (spanFull), and with the span full no datagram could go to earn
 	// that ack.
 	s.loss.sent.trim(s.trimmed)
+}
+
+// versionsReplaced reports whether d is a datagram of versions of which
+// every one was replaced since (a newer version of its state was queued):
+// found lost, nothing of it would go again (abandonLatest). A probe passes
+// over it (lossState.onProbeTimeout).
+func (s *session) versionsReplaced(d *sent) bool {
+	rl := s.rlOf()
+	if len(d.latest) == 0 || rl == nil {
+		return false
+	}
+	replaced := true
+	parsed := eachVersion(d, func(tag latestTag, m *message) bool {
+		key := contentKey{m.id, tag.content}
+		if rl.newest[key] == tag.ver && rl.queued[key] == nil {
+			replaced = false // still the newest: it would go again
+		}
+		return replaced
+	})
+	return parsed && replaced
+}
+
+// eachVersion calls f with each version in d, a datagram of versions, and
+// its tag, in the datagram's order, until f returns false. It reports
+// whether d parsed.
+func eachVersion(d *sent, f func(tag latestTag, m *message) bool) bool {
+	dg, _, err := parseDatagram(d.b)
+	if err != nil {
+		return false
+	}
+	for i := 0; i+1 < len(dg.msgs); i++ {
+		tm := &dg.msgs[i]
+		if tm.fragment || tm.id != idExt {
+			continue
+		}
+		tag, ok := parseLatestTag(tm.payload)
+		if !ok {
+			continue
+		}
+		i++
+		if !f(tag, &dg.msgs[i]) {
+			break
+		}
+	}
+	return true
 }
 
 // latestSeen is a receiver's record of the newest version taken of each

@@ -46,6 +46,7 @@ type Listener struct {
 	attempts     int
 	halfOpenCIDs int
 	sources      map[sourceKey]sourceUse
+	silent       []*Conn // streams that have said nothing yet, oldest first (lazily pruned)
 
 	workers sync.WaitGroup // handshake workers
 	// keyExchangeHook, if set, runs before each key exchange (tests).
@@ -79,6 +80,7 @@ type Listener struct {
 	tcp           *net.TCPListener
 	streams       map[*Conn]bool
 	failedStreams atomic.Uint64
+	simStreams    atomic.Uint64 // streams given a simulated path, each its own seed (streamsim.go)
 }
 
 // ListenerStats are a Listener's counters.

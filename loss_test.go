@@ -138,7 +138,7 @@ func TestLossProbeTimeout(t *testing.T) {
 	at, ok := l.nextTimeout(false)
 	require.True(t, ok)
 	assert.Equal(t, timeZero.Add(time.Second), at, "the initial RTO before any sample")
-	probed, ok := l.onProbeTimeout(at)
+	probed, ok := l.onProbeTimeout(at, nil)
 	assert.True(t, probed)
 	assert.True(t, ok)
 	for _, want := range []uint32{0, 1} {
@@ -152,11 +152,42 @@ func TestLossProbeTimeout(t *testing.T) {
 	closing, _ := l.nextTimeout(true)
 	assert.Equal(t, l.cfg.disconnect/8, closing.Sub(at), "at most an eighth of DisconnectTimeout while closing")
 	// The third send of 0 is its last: the next probe finds it spent.
-	l.onProbeTimeout(next)
+	l.onProbeTimeout(next, nil)
 	l.resend(next, l.nextResend())
 	l.resend(next, l.nextResend())
-	_, ok = l.onProbeTimeout(next.Add(time.Hour))
+	_, ok = l.onProbeTimeout(next.Add(time.Hour), nil)
 	assert.False(t, ok, "MaxMessageSendCount reached")
+}
+
+// A probe passes over the datagrams that would send nothing again (versions
+// of latest state all replaced since): they are queued, to be given up,
+// and the two oldest that still carry something are the probe. With none
+// such, nothing is probed and the timer does not back off.
+func TestLossProbePassesOverObsolete(t *testing.T) {
+	l := newLoss(&Config{MaxMessageSendCount: 3})
+	ds := sendN(l, timeZero, 0, 6, 100)
+	obsolete := map[*sent]bool{ds[0]: true, ds[1]: true, ds[3]: true, ds[5]: true}
+	ds[0].lostSends = 5 // past the limit, but it goes no more: not the connection's end
+	at, _ := l.nextTimeout(false)
+	probed, ok := l.onProbeTimeout(at, func(d *sent) bool { return obsolete[d] })
+	require.True(t, ok)
+	assert.True(t, probed)
+	assert.Equal(t, 1, l.ptoCount)
+	var order []uint32
+	for d := l.nextResend(); d != nil; d = l.nextResend() {
+		order = append(order, d.packetID)
+		l.abandon(d)
+	}
+	assert.Equal(t, []uint32{0, 1, 2, 3, 4}, order, "obsolete ones queued in turn, up to the second probe")
+	assert.Equal(t, 100, l.inflight, "the one after the probes is still in flight")
+	// Only an obsolete one left: no probe.
+	at, _ = l.nextTimeout(false)
+	probed, ok = l.onProbeTimeout(at, func(d *sent) bool { return obsolete[d] })
+	require.True(t, ok)
+	assert.False(t, probed)
+	assert.Equal(t, 1, l.ptoCount, "no back-off for a probe that sends nothing")
+	_, armed := l.nextTimeout(false)
+	assert.False(t, armed, "nothing left in flight to time")
 }
 
 func TestLossProbeBackoffCap(t *testing.T) {
@@ -174,7 +205,7 @@ func TestLossRetryNowIsNoProbe(t *testing.T) {
 	sendN(l, timeZero, 0, 2, 100)
 	assert.True(t, l.retryNow(timeZero), "nothing backed off: nothing to do")
 	assert.Nil(t, l.nextResend())
-	l.onProbeTimeout(timeZero.Add(time.Second))
+	l.onProbeTimeout(timeZero.Add(time.Second), nil)
 	l.resend(timeZero.Add(time.Second), l.nextResend())
 	l.resend(timeZero.Add(time.Second), l.nextResend())
 	now := timeZero.Add(1500 * time.Millisecond)

@@ -179,7 +179,7 @@ func (o *sendOrder) add(m *outMsg) {
 		}
 		m.latest = !m.inOrder && len(m.after) == 0 && !reliable
 	}
-	if !m.tracked && !m.inOrder && !hasKey {
+	if !m.tracked && !m.inOrder && !hasKey && !m.keep { // a kept message's tells when it is delivered (unacked.go)
 		m.track = nil
 		return
 	}

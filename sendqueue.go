@@ -73,6 +73,9 @@ type outMsg struct {
 	track     *track
 	done      bool // fully packed
 	receipted bool // its receipt is in the session's record (receipts.go)
+	// keep: the session keeps it until it is known delivered, for
+	// Conn.Unacknowledged (unacked.go); left: its queue let go of it.
+	keep, left bool
 	// A reliable latest-state version (latest.go), and its number.
 	relLatest bool
 	version   uint32
@@ -158,6 +161,7 @@ func (s *session) enqueue(m *outMsg) {
 	if s.state == stateDone || s.state == stateLinger || s.closing.stopAccepting {
 		s.host.sendDone(len(m.payload))
 		s.stats.DroppedMessages++
+		s.refusedKept(m)
 		s.putMsg(m)
 		return
 	}
@@ -191,6 +195,7 @@ func (s *session) enqueue(m *outMsg) {
 	}
 	s.weighShare(m)
 	latest := s.queueLatest(m)
+	s.keep(m)
 	s.send.order.add(m)
 	if (m.reliable || m.frag) && s.wantsReceipt(m) {
 		s.queuedForReceipt(m)
@@ -279,6 +284,10 @@ func (s *session) freeQueued(m *outMsg) {
 		if s.send.latestQueued[k] == m {
 			delete(s.send.latestQueued, k)
 		}
+	}
+	if m.keep {
+		m.left = true // the record recycles it (unacked.go)
+		return
 	}
 	s.putMsg(m)
 }

@@ -246,6 +246,7 @@ func (s *session) fail(err error) {
 
 // dropSending forgets everything queued or in flight.
 func (s *session) dropSending() {
+	s.endKept() // unacked.go: what it was sending, for Unacknowledged
 	s.endReceipts()
 	released := 0
 	var latestQ *sendQueue

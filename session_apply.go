@@ -156,25 +156,7 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 			s.stats.DroppedMessages++
 		}
 	case heldDisconnect:
-		s.owed.owe(oweDiscAck)
-		if len(payload) > 0 && s.closing.peerReason == nil {
-			s.closing.peerReason = reasonBytes(string(payload))
-		}
-		switch s.state {
-		case stateOK:
-			if s.closing.asked {
-				// Both sides closing at once: our answer ends it.
-				s.state = stateDone
-				s.dropSending()
-				return
-			}
-			s.events |= evPeerClosed
-			s.dropSending()
-			s.state = stateLinger
-			s.closing.lingerUntil = now.Add(s.lingerTime())
-		case stateClosing:
-			s.closeDone()
-		}
+		s.peerDisconnect(now, payload) // session_close.go
 	case heldDisconnectAck:
 		switch s.state {
 		case stateClosing:

@@ -68,7 +68,7 @@ func (s *session) advanceSend(now time.Time) {
 // onProbeTimeout runs when nothing was acked for a probe timeout (see
 // lossState.onProbeTimeout).
 func (s *session) onProbeTimeout(now time.Time) {
-	probed, ok := s.loss.onProbeTimeout(now)
+	probed, ok := s.loss.onProbeTimeout(now, s.versionsReplaced)
 	if !ok {
 		s.fail(ErrRetransmitLimit)
 		return
@@ -210,7 +210,7 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		if s.owed.take(oweDisc) {
 			return s.wire.control(buf, idDisconnect, s.closing.reason)
 		}
-		return nil
+		return s.pollClosing(now, buf) // session_close.go
 	case stateLinger, stateDone:
 		if s.owed.take(oweDiscAck) {
 			if s.handshake.wasOpen {
@@ -266,7 +266,12 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 			return b
 		}
 	}
-	if s.closing.asked && s.send.relQ.len() == 0 && s.send.unrelQ.len() == 0 && s.latestQueued() == 0 && s.loss.sent.count == 0 && s.acks.pending() == 0 && !s.rcptOf().awaitsAck() {
+	if s.closing.flushing {
+		// The peer closed: our answer goes once what Send took is
+		// delivered (session_close.go), never a Disconnect of ours.
+		return s.pollFlushed(now, buf)
+	}
+	if s.closing.asked && s.sendIdle() && s.acks.pending() == 0 {
 		// Everything is delivered: Disconnect, in order after it all
 		// (every dependency is resolved, so none is named). Unreliable
 		// messages waiting for their acks (receipts) wait too, at most
@@ -598,6 +603,7 @@ func (s *session) afterAcks(now time.Time) {
 	}
 	s.loss.sent.trim(s.trimmed)
 	s.detectLoss(now)
+	s.settleKept() // unacked.go
 	s.checkReliableReceipts()
 	s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 }

@@ -149,6 +149,9 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 				tagFor = i + 1
 			}
 			askAck = askAck || isAckRequest(m)
+			if isDrainNotice(m) {
+				s.closing.peerReadsOn = true // session_close.go
+			}
 		}
 		if i == tagFor && h.reliable && (!m.fragment || m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {
 			if m.fragStart {

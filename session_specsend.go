@@ -36,6 +36,9 @@ func (w *specWire) control(buf []byte, id uint32, payload []byte) []byte {
 		again = s.handshake.synAckSends > 0
 	}
 	b := appendHeader(buf[:0], &h)
+	if id == idDisconnect && s.closing.readOn {
+		b = appendMessage(b, &message{id: idExt, payload: drainNotice[:]}) // session_close.go
+	}
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
 		b = appendPadding(b, s.synPadding())

@@ -160,6 +160,9 @@ func (p *simPair) flush() {
 		}
 		if ev&evPeerClosed != 0 {
 			p.h[i].eof = true
+			// The application queues nothing more, as a Conn's next
+			// round tells its session (drainSendQueue).
+			s.closing.sealed = true
 		}
 		for {
 			b := s.poll(p.now, p.buf)

@@ -96,6 +96,7 @@ type streamConn struct {
 	eof       bool   // the peer ended its side
 	writeErr  error
 	writeFrom time.Time // when the write under way began
+	born      time.Time // when the stream was taken
 	admitted  atomic.Pointer[admission]
 	keyedRes  atomic.Pointer[keyResult] // a secure hello's key exchange, from a handshake worker
 	needKnet  bool                      // a client that must reach a knet server (ConnectPayload)
@@ -138,6 +139,7 @@ const (
 // the client's first frame; a client's says hello unless it speaks the
 // reference dialect.
 func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client bool) *Conn {
+	nc = simulateStream(ep, nc, cfg, client) // Config.Simulate (streamsim.go)
 	dialect := DialectSpec
 	if cfg.dialect == DialectReference {
 		dialect = DialectReference
@@ -154,6 +156,7 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 		room:      make(chan struct{}, 1),
 		wch:       make(chan []byte, 1),
 		deadline:  now.Add(cfg.connectTimeout),
+		born:      now,
 	}
 	c.st = st
 	st.inLimit.Store(streamInLimit)
@@ -210,6 +213,22 @@ func streamAddr(a net.Addr) netip.AddrPort {
 	ap, _ := addrPortOf(a)
 	return ap
 }
+
+// evictable reports whether a server's stream whose first frame has not
+// been read may give its place to a new one (Listener.evictSilentLocked):
+// one that sent nothing, or that has been sending its first frame for a
+// while; not one whose first bytes just came (a client's hello comes
+// right behind its connection, before a round reads it).
+func (st *streamConn) evictable(now time.Time) bool {
+	st.mu.Lock()
+	heard := st.inN > 0 || st.rerr != nil
+	st.mu.Unlock()
+	return !heard || now.Sub(st.born) > streamHelloGrace
+}
+
+// streamHelloGrace is how long a stream that began its first frame keeps
+// its place against new streams.
+const streamHelloGrace = time.Second
 
 // readLoop reads the stream into buffers for the rounds, at most
 // streamInLimit ahead of them.
@@ -280,8 +299,10 @@ func (c *Conn) streamRound() (done bool) {
 		}
 	}
 	if c.abandoned.Load() && st.phase != phaseOpen && s.err == nil {
-		// Another attempt with its handshake message was established.
-		c.streamDrop(errors.New("knet: the handshake message was established elsewhere"))
+		// Another attempt took its place: one with its handshake
+		// message was established, or it gave way, silent, to a new
+		// stream (Listener.evictSilentLocked).
+		c.streamDrop(errAttemptGaveWay)
 	}
 	c.streamInput(now)
 	if k := st.keyedRes.Swap(nil); k != nil {
@@ -621,6 +642,13 @@ func (c *Conn) streamDone(now time.Time) bool {
 	case s.err != nil:
 		// A refusal's answer goes out first.
 		return !st.closing || st.finSent || !s.queued()
+	case st.finSent && !st.eof && !now.Before(st.deadline) && (s.knet || s.fr.buffered() > 0):
+		// A knet peer answers our close with its end within
+		// DisconnectTimeout; one that did not, or that left a frame
+		// unfinished, did not close: as over UDP, a timeout (the
+		// reference answers a FIN only when its application closes).
+		s.err = &TimeoutError{Op: "disconnect", Silent: c.cfg.disconnect}
+		return true
 	case st.finSent:
 		return st.eof || !now.Before(st.deadline)
 	}

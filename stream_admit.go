@@ -31,9 +31,10 @@ import (
 const streamHelloLimit = 4 << 10
 
 var (
-	errStreamDialect = errors.New("knet: this server speaks only the specification's dialect: a stream must open with knet's hello")
-	errStreamRefOnly = errors.New("knet: this server speaks only the reference dialect")
-	errStreamReplay  = errors.New("knet: a secure hello whose handshake message was seen already")
+	errStreamDialect  = errors.New("knet: this server speaks only the specification's dialect: a stream must open with knet's hello")
+	errStreamRefOnly  = errors.New("knet: this server speaks only the reference dialect")
+	errStreamReplay   = errors.New("knet: a secure hello whose handshake message was seen already")
+	errAttemptGaveWay = errors.New("knet: the attempt gave way to another")
 )
 
 // keyResult is a secure hello's key exchange, from a handshake worker.
@@ -54,6 +55,7 @@ func (c *Conn) keyed(sec *secureState, err error) {
 func (c *Conn) streamClientFirst(now time.Time, knet bool, kind byte, content []byte) {
 	st, s := c.st, c.st.sess
 	l := c.ep.l
+	l.spoke(c)
 	var payload, secure []byte
 	switch {
 	case knet && kind == helloClient:

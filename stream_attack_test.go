@@ -1,7 +1,10 @@
+//go:build !js
+
 package knet
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -320,8 +323,9 @@ func TestStreamCutMidFrame(t *testing.T) {
 }
 
 // A flood of TCP connections that say nothing: past MaxPendingConnections
-// they are closed at once and counted; an established client goes on
-// echoing throughout.
+// each new one takes the place of the oldest that has said nothing, which
+// is closed and counted; an established client goes on echoing
+// throughout, and never more than MaxPendingConnections are pending.
 func TestStreamConnectionFlood(t *testing.T) {
 	cfg := attackConfig()
 	cfg.MaxPendingConnections = 4
@@ -333,28 +337,70 @@ func TestStreamConnectionFlood(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 
-	var held []net.Conn
+	var conns []net.Conn
 	for range 4 {
-		held = append(held, rawTCP(t, l))
+		conns = append(conns, rawTCP(t, l))
 	}
 	// The four are pending before more come (the listener takes them in
 	// order; wait until it has).
 	require.Eventually(t, func() bool { return len(l.streamConns(false)) == 5 }, 5*time.Second, time.Millisecond)
 	for i := range 20 {
-		closedWithin(t, rawTCP(t, l), 5*time.Second)
+		conns = append(conns, rawTCP(t, l))
+		// The oldest silent one gives way (and the listener took the new
+		// one before the next comes).
+		closedWithin(t, conns[i], 5*time.Second)
+		require.Eventually(t, func() bool { return l.Stats().IgnoredAttempts == uint64(i+1) }, 5*time.Second, time.Millisecond)
+		assert.LessOrEqual(t, l.Stats().Pending, 4)
 		m := Message{ID: 100, Payload: []byte{byte(i)}, Reliable: true}
 		require.NoError(t, c.Send(m))
 		got, err := c.Receive(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, m.Payload, got.Payload, "the established client still echoes")
 	}
-	assert.Equal(t, uint64(20), l.Stats().IgnoredAttempts)
-	for _, nc := range held {
+	for _, nc := range conns[20:] {
 		nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		_, err := nc.Read(make([]byte, 1))
 		var ne net.Error
-		require.ErrorAs(t, err, &ne, "the pending ones are still open")
+		require.ErrorAs(t, err, &ne, "the newest ones are still pending")
 		assert.True(t, ne.Timeout())
+	}
+}
+
+// Streams that say nothing cannot keep a client out, from their own
+// address either: 1024 silent streams from 127.0.0.1 (renewed as they
+// are closed) and a knet client from 127.0.0.1 still connects, over TCP
+// and over WebSocket, the listener full or only the address.
+func TestDoorSilentStreamsGiveWay(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprintf("listener-full=%v", full), func(t *testing.T) {
+			cfg := attackConfig()
+			if full {
+				// One source may take every place.
+				cfg.MaxPendingConnections = 256
+				cfg.MaxPendingPerSource = 256
+			}
+			l := listen(t, cfg)
+			serveEcho(t, l)
+			url := wsServer(t, l)
+			const silent = 1024
+			for range silent {
+				rawTCP(t, l)
+			}
+			// The listener has taken them all, each past the places
+			// making the oldest give way.
+			places := l.cfg.maxPendingPerSource
+			require.Eventually(t, func() bool { return l.Stats().IgnoredAttempts >= uint64(silent-places) }, 10*time.Second, time.Millisecond)
+			ctx := within(t, 10*time.Second)
+			c, err := Dial(ctx, "tcp", l.Addr().String(), testConfig())
+			require.NoError(t, err, "a client from the flooding address, over TCP")
+			echoOnce(t, c, Message{ID: 100, Payload: []byte("tcp"), Reliable: true})
+			c.Close()
+			w, err := DialWebSocket(ctx, url, testConfig())
+			require.NoError(t, err, "over WebSocket")
+			echoOnce(t, w, Message{ID: 100, Payload: []byte("ws"), Reliable: true})
+			w.Close()
+			assert.LessOrEqual(t, l.Stats().Pending, l.cfg.maxPending)
+		})
 	}
 }
 

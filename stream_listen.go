@@ -64,7 +64,17 @@ func (l *Listener) takeStream(nc net.Conn, tr Transport) {
 	// A closed listener (SetListenOpen, StopAdmitting, Drain) still
 	// takes the stream, to tell a knet client why it refuses it.
 	var t ticket
-	if l.streams == nil || !l.enterLocked(src.Addr(), &t) {
+	ok := l.streams != nil && l.enterLocked(src.Addr(), &t)
+	if !ok && l.streams != nil && !l.closing {
+		// The oldest stream that has said nothing, of this source or
+		// (the listener full) of any, gives way (evictSilentLocked).
+		full := l.attempts >= l.cfg.maxPending
+		if l.evictSilentLocked(sourceOf(src.Addr()), full) {
+			l.eps[0].ignored.Add(1)
+			ok = l.enterLocked(src.Addr(), &t)
+		}
+	}
+	if !ok {
 		l.mu.Unlock()
 		l.eps[0].ignored.Add(1)
 		nc.Close()
@@ -72,6 +82,7 @@ func (l *Listener) takeStream(nc net.Conn, tr Transport) {
 	}
 	c := newStreamConn(l.eps[0], nc, tr, l.cfg, false)
 	c.ticket = t
+	l.silentLocked(c)
 	if l.draining.Load() {
 		// Only to be told why: it need not wait for long.
 		c.st.deadline = time.Now().Add(min(l.cfg.connectTimeout, l.cfg.disconnect))

@@ -68,9 +68,9 @@ import (
 
 const (
 	mxWait           = 10 * time.Second
-	mxConnectTimeout = 2500 * time.Millisecond // the listener's: attacker streams live this long
-	mxServerLost     = 4 * time.Second         // the listener's ConnectionLostTimeout
-	mxGroupsAtOnce   = 14                      // the race detector allows 8128 goroutines
+	mxConnectTimeout = 3 * time.Second  // the listener's: attacker streams live this long
+	mxServerLost     = 12 * time.Second // the listener's ConnectionLostTimeout: never reached on a loaded machine
+	mxGroupsAtOnce   = 6                // the race detector allows 8128 goroutines; a loaded 2-core machine, less
 )
 
 // Securities of a group's listener.
@@ -278,7 +278,7 @@ func newMxEnv(t *testing.T, g mxGroup) *mxEnv {
 	scfg.ConnectionLostTimeout = mxServerLost
 	scfg.DisconnectTimeout = 8 * time.Second // longer than the holds of closing and draining
 	ccfg.ConnectTimeout = mxWait
-	ccfg.ConnectionLostTimeout = 6 * time.Second // pings every 2 s: within the listener's lost timeout
+	ccfg.ConnectionLostTimeout = 18 * time.Second // pings every 6 s: within the listener's lost timeout
 	ccfg.DisconnectTimeout = 5 * time.Second
 	switch g.sec {
 	case mxPlain:

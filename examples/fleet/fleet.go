@@ -24,7 +24,8 @@ type serverHandle struct {
 	id    int
 	addr  netip.AddrPort
 	in    io.WriteCloser
-	lines chan string // its output after "ready", closed when it ends
+	lines chan string   // its output after "ready", closed when it ends
+	read  chan struct{} // closed once its output is all read
 	done  chan error
 }
 
@@ -47,23 +48,29 @@ func waitReady(h *serverHandle, out io.Reader) error {
 		return err
 	}
 	h.lines = make(chan string, 64)
+	h.read = make(chan struct{})
 	go func() {
 		for sc.Scan() {
 			h.lines <- sc.Text()
 		}
 		close(h.lines)
+		close(h.read)
 	}()
 	return nil
 }
 
 // spawnProcess starts server id as a process of this program (-serve),
 // handing it the fleet's keys in its environment.
-func spawnProcess(id int, priv, tokenKey []byte) (*serverHandle, error) {
+func spawnProcess(id int, priv, tokenKey []byte, sim *knet.Simulation) (*serverHandle, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, "-serve", fmt.Sprint(id))
+	args := []string{"-serve", fmt.Sprint(id)}
+	if sim != nil {
+		args = append(args, "-loss", fmt.Sprint(sim.Loss))
+	}
+	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("KNET_FLEET_KEY=%x", priv), fmt.Sprintf("KNET_FLEET_TOKEN_KEY=%x", tokenKey))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -83,18 +90,21 @@ func spawnProcess(id int, priv, tokenKey []byte) (*serverHandle, error) {
 		cmd.Wait()
 		return nil, err
 	}
-	go func() { h.done <- cmd.Wait() }()
+	go func() {
+		<-h.read // Wait closes the pipe: not before its last line is read
+		h.done <- cmd.Wait()
+	}()
 	return h, nil
 }
 
 // spawnInProcess runs server id on goroutines of this process, through
 // the same control lines (the test's way: no binary to start).
-func spawnInProcess(id int, priv, tokenKey []byte) (*serverHandle, error) {
+func spawnInProcess(id int, priv, tokenKey []byte, sim *knet.Simulation) (*serverHandle, error) {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	h := &serverHandle{id: id, in: inW, done: make(chan error, 1)}
 	go func() {
-		err := serve(id, priv, tokenKey, inR, outW)
+		err := serve(id, priv, tokenKey, sim, inR, outW)
 		outW.Close()
 		h.done <- err
 	}()

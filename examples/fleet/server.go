@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,9 @@ import (
 // (the game, reduced to what the example measures). It is told what to do
 // by lines on its control input, as a fleet manager would by its SDK and
 // signals: "drain" (Agones: the game server is shutting down; SIGTERM),
-// "quit" (the end of the example).
+// "quit" (the end of the example). As it ends it tells the backend which
+// of each player's messages it got (the "got" lines), so that the
+// backend can tell whether any was lost.
 
 // msgPlay is the bots' reliable, ordered message: a sequence number the
 // server echoes.
@@ -37,13 +40,49 @@ type gameServer struct {
 	echoed  atomic.Uint64
 	players atomic.Int64 // connected now (Agones: player count)
 	joined  atomic.Uint64
+	got     received
 	wg      sync.WaitGroup
+}
+
+// received is what a server's players sent it: each player's message
+// numbers, as runs of consecutive ones in the order they came.
+type received struct {
+	mu   sync.Mutex
+	runs map[uint64][][2]uint32 // by player: [first, end) runs
+}
+
+func (r *received) add(player uint64, seq uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.runs == nil {
+		r.runs = map[uint64][][2]uint32{}
+	}
+	runs := r.runs[player]
+	if n := len(runs); n > 0 && runs[n-1][1] == seq {
+		runs[n-1][1]++
+	} else {
+		runs = append(runs, [2]uint32{seq, seq + 1})
+	}
+	r.runs[player] = runs
+}
+
+// report writes a line for each player: "got PLAYER FIRST:END ...".
+func (r *received) report(out io.Writer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for player, runs := range r.runs {
+		line := fmt.Sprintf("got %d", player)
+		for _, run := range runs {
+			line += fmt.Sprintf(" %d:%d", run[0], run[1])
+		}
+		fmt.Fprintln(out, line)
+	}
 }
 
 // startServer listens on loopback with the fleet's keys and its ServerID
 // (the first byte of every connection ID it hands out: a load balancer in
 // front of the fleet could route on it, knet.ServerIDFromDatagram).
-func startServer(id int, priv, tokenKey []byte) (*gameServer, error) {
+func startServer(id int, priv, tokenKey []byte, sim *knet.Simulation) (*gameServer, error) {
 	s := &gameServer{id: id}
 	cfg := &knet.Config{
 		PrivateKey: priv,
@@ -55,6 +94,7 @@ func startServer(id int, priv, tokenKey []byte) (*gameServer, error) {
 			return nil, nil
 		},
 		DisconnectTimeout: 3 * time.Second,
+		Simulate:          sim,
 	}
 	l, err := knet.Listen("udp", "127.0.0.1:0", cfg)
 	if err != nil {
@@ -77,13 +117,19 @@ func (s *gameServer) accept() {
 		}
 		s.players.Add(1)
 		s.joined.Add(1)
+		player, _ := c.UserData().(uint64)
 		s.wg.Go(func() {
 			defer s.players.Add(-1)
 			for {
+				// During a drain Receive goes on with what the player
+				// still sends, until its connection ends.
 				m, err := c.Receive(context.Background())
 				if err != nil {
 					c.Close()
 					return
+				}
+				if len(m.Payload) == 4 {
+					s.got.add(player, binary.LittleEndian.Uint32(m.Payload))
 				}
 				if c.Send(knet.Message{ID: msgPlay, Payload: m.Payload, Reliable: true, InOrder: true}) == nil {
 					s.echoed.Add(1)
@@ -127,8 +173,8 @@ func (s *gameServer) close() error {
 
 // serve runs a server process: it says "ready ADDR" on out (Agones:
 // SDK.Ready()), then obeys the lines of in.
-func serve(id int, priv, tokenKey []byte, in io.Reader, out io.Writer) error {
-	s, err := startServer(id, priv, tokenKey)
+func serve(id int, priv, tokenKey []byte, sim *knet.Simulation, in io.Reader, out io.Writer) error {
+	s, err := startServer(id, priv, tokenKey, sim)
 	if err != nil {
 		return err
 	}
@@ -141,11 +187,15 @@ func serve(id int, priv, tokenKey []byte, in io.Reader, out io.Writer) error {
 			if err != nil {
 				fmt.Fprintf(out, "drain: %v\n", err)
 			}
+			err = s.close()
+			s.got.report(out)
 			fmt.Fprintf(out, "drained %d %d\n", s.joined.Load(), s.echoed.Load())
-			return s.close()
+			return err
 		case "quit":
+			err := s.close()
+			s.got.report(out)
 			fmt.Fprintf(out, "quit %d %d\n", s.joined.Load(), s.echoed.Load())
-			return s.close()
+			return err
 		}
 	}
 	if err := sc.Err(); err != nil {

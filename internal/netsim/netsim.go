@@ -4,7 +4,9 @@
 // each datagram from a seeded random source, so that a run can be replayed;
 // a Pipe carries datagrams over a Link with real timers; a Relay is a UDP
 // proxy with a Pipe each way; a Network is sockets in memory, with Links
-// between them, for tests in testing/synctest bubbles.
+// between them, for tests in testing/synctest bubbles. A Stream is one
+// direction of a TCP connection over a Link: the same network as its
+// reader lives it, losses turned into stalls.
 package netsim
 
 import (

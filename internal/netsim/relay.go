@@ -21,7 +21,7 @@ type Relay struct {
 	server   netip.AddrPort
 	up, down Params
 
-	hole atomic.Bool
+	holeUp, holeDown atomic.Bool
 
 	mu      sync.Mutex
 	clients map[netip.AddrPort]*relayClient
@@ -104,7 +104,7 @@ func (r *Relay) readClients() {
 		if c == nil {
 			return
 		}
-		if !r.hole.Load() {
+		if !r.holeUp.Load() {
 			c.toServer.Send(buf[:n], r.server)
 		}
 	}
@@ -144,7 +144,7 @@ func (r *Relay) client(from netip.AddrPort) *relayClient {
 				}
 				continue
 			}
-			if !r.hole.Load() {
+			if !r.holeDown.Load() {
 				c.toClient.Send(buf[:n], from)
 			}
 		}
@@ -171,4 +171,11 @@ func (r *Relay) Close() error {
 
 // Blackhole drops everything in both directions while on, as if the path
 // went dead; off, it carries datagrams again.
-func (r *Relay) Blackhole(on bool) { r.hole.Store(on) }
+func (r *Relay) Blackhole(on bool) { r.Cut(on, on) }
+
+// Cut drops what clients send to the server while up is set, and what
+// comes back to them while down is: a path dead one way.
+func (r *Relay) Cut(up, down bool) {
+	r.holeUp.Store(up)
+	r.holeDown.Store(down)
+}

@@ -121,7 +121,7 @@ local pf = {
 	connect_data = ProtoField.bytes("knetgo.connect.data", "Application content"),
 	-- knet's extensions in reserved ID 5 (docs/PROTOCOL.md 4).
 	ext_kind = ProtoField.uint8("knetgo.ext.kind", "knet extension", base.DEC,
-		{ [1] = "AckRequest", [2] = "LatestStateTag" }),
+		{ [1] = "AckRequest", [2] = "LatestStateTag", [3] = "DrainNotice" }),
 	latest_content = ProtoField.uint32("knetgo.latest.content_id", "ContentID"),
 	latest_version = ProtoField.uint32("knetgo.latest.version", "Version number"),
 }
@@ -490,6 +490,11 @@ local function add_reserved(t, tvb, m, dialect)
 		-- An unreliable datagram asking to be acked (delivery receipts).
 		t:add(pf.ext_kind, tvb(at, 1))
 		return "AckRequest"
+	elseif id == ID_ANCHOR and dialect == "spec" and len == 1 and u8(tvb, at) == 3 then
+		-- With a Disconnect: the closer reads on (a drain); the peer
+		-- delivers what it has in flight before its DisconnectAck.
+		t:add(pf.ext_kind, tvb(at, 1))
+		return "DrainNotice"
 	elseif id == ID_ANCHOR and dialect == "spec" and len == 9 and u8(tvb, at) == 2 then
 		-- The next message is a reliable latest-state version.
 		t:add(pf.ext_kind, tvb(at, 1))
@@ -567,7 +572,7 @@ local function render_msg(tree, tvb, d, m)
 		if m.id == ID_ANCHOR then
 			-- knet pads its ConnectSyn datagram with it, and anchors
 			-- in-order messages with an empty one (docs/PROTOCOL.md 4).
-			it:append_text(" (ignored by receivers: knet's padding, in-order anchor, ack request, latest-state tag or server query)")
+			it:append_text(" (ignored by receivers: knet's padding, in-order anchor, ack request, latest-state tag, drain notice or server query)")
 		end
 	end
 	t:add(pf.msg_payload_len, m.payload_len):set_generated()
