@@ -1,0 +1,94 @@
+package knet
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The cadence: the first skip within 2*skipFirstPeriod reliable
+// datagrams, each gap within twice the period, which doubles up to
+// skipMaxPeriod; never two skips in a row. From crypto/rand, and from a
+// seed alike.
+func TestSkipCadence(t *testing.T) {
+	for _, seed := range []uint64{0, 1, 38} {
+		k := newSkipState(seed)
+		period := skipFirstPeriod
+		var gaps []int
+		gap := 0
+		for range 200_000 {
+			gap++
+			if k.due() {
+				gaps = append(gaps, gap)
+				gap = 0
+			}
+		}
+		require.NotEmpty(t, gaps)
+		sum := 0
+		for i, g := range gaps {
+			assert.GreaterOrEqual(t, g, 1, "seed %d: gap %d", seed, i)
+			assert.LessOrEqual(t, g, 2*period, "seed %d: gap %d", seed, i)
+			if i >= 7 {
+				sum += g
+			}
+			period = min(2*period, skipMaxPeriod)
+		}
+		// At the top period the gaps average about skipMaxPeriod.
+		mean := float64(sum) / float64(len(gaps)-7)
+		assert.InDelta(t, skipMaxPeriod, mean, skipMaxPeriod/4, "seed %d: mean gap at the top period", seed)
+		assert.LessOrEqual(t, gaps[0], 2*skipFirstPeriod, "seed %d: the first skip comes early", seed)
+	}
+}
+
+// The same seed, the same skips: a pair of sessions replays exactly.
+func TestSkipSeeded(t *testing.T) {
+	a, b := newSkipState(7), newSkipState(7)
+	for i := range 10_000 {
+		require.Equal(t, a.due(), b.due(), "datagram %d", i)
+	}
+}
+
+// Skips are remembered while an ack of them could name what is in flight
+// (within recvSpan of the next PacketID), across the 22-bit wrap, and at
+// most skipMemory of them.
+func TestSkipMemory(t *testing.T) {
+	k := newSkipState(1)
+	start := uint32(packetIDMask - 100)
+	id := func(i int) uint32 { return (start + uint32(i)*50) & packetIDMask }
+	for i := range 10 {
+		k.add(id(i))
+	}
+	next := (id(9) + 2) & packetIDMask
+	for i := range 10 {
+		got, ok := k.named(packetAck{base: id(i)}, next)
+		assert.True(t, ok, "skip %d (PacketID %d), across the wrap", i, id(i))
+		assert.Equal(t, id(i), got)
+		got, ok = k.named(packetAck{base: (id(i) - 3) & packetIDMask, more: 1<<2 | 1<<4}, next)
+		assert.True(t, ok, "skip %d named in a PacketAck's bits", i)
+		assert.Equal(t, id(i), got)
+		_, ok = k.named(packetAck{base: (id(i) - 3) & packetIDMask, more: 1<<1 | 1<<3 | 1<<33}, next)
+		assert.False(t, ok, "the PacketIDs around skip %d", i)
+		_, ok = k.named(packetAck{base: (id(i) + 1) & packetIDMask, more: 1<<34 - 1}, next)
+		assert.False(t, ok, "the 35 PacketIDs after skip %d", i)
+	}
+	// recvSpan later, the oldest are forgotten.
+	later := (id(0) + recvSpan) & packetIDMask
+	_, ok := k.named(packetAck{base: id(0)}, later)
+	assert.False(t, ok, "forgotten: recvSpan before the next PacketID")
+	_, ok = k.named(packetAck{base: id(1)}, later)
+	assert.True(t, ok)
+	assert.Equal(t, 9, k.n)
+
+	// At most skipMemory: the oldest goes.
+	k = newSkipState(1)
+	for i := range skipMemory + 5 {
+		k.add(uint32(10 + 4*i))
+	}
+	assert.Equal(t, skipMemory, k.n)
+	next = uint32(10 + 4*(skipMemory+5))
+	_, ok = k.named(packetAck{base: 10}, next)
+	assert.False(t, ok)
+	_, ok = k.named(packetAck{base: 10 + 4*5}, next)
+	assert.True(t, ok)
+}
