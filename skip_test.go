@@ -92,3 +92,46 @@ func TestSkipMemory(t *testing.T) {
 	_, ok = k.named(packetAck{base: 10 + 4*5}, next)
 	assert.True(t, ok)
 }
+
+// A session skips PacketIDs after reliable datagrams only, in its
+// numbering and its packet numbers alike (a secure session seals with
+// them), remembers what it skipped, and an ack naming a skipped
+// PacketID, or one not sent yet, is a lie (ackedUnsent); an ack of a
+// PacketID sent, reliable or not, or older than any sent, is not.
+func TestSessionSkipsPacketIDs(t *testing.T) {
+	s := newSession(new(Config).resolve(), new(simHost), true, DialectSpec, timeZero)
+	s.send.skips = newSkipState(5)
+	s.startPIDAt(packetIDMask - 300) // across the wrap
+	first := s.send.nextPID
+	var sent, skipped []uint32
+	for i := range 2000 {
+		pid := s.send.nextPID
+		reliable := i%3 != 0
+		pn := s.send.nextPN
+		s.numberNew(reliable)
+		require.Equal(t, pn, s.lastOut().pn)
+		require.Equal(t, pid, uint32(s.lastOut().pn)&packetIDMask)
+		sent = append(sent, pid)
+		if d := seqDiff(pid, s.send.nextPID); d != 1 {
+			require.Equal(t, int32(2), d, "one PacketID skipped at a time")
+			require.True(t, reliable, "skips follow reliable datagrams")
+			skipped = append(skipped, (pid+1)&packetIDMask)
+		}
+		require.Equal(t, uint32(s.send.nextPN)&packetIDMask, s.send.nextPID)
+	}
+	require.GreaterOrEqual(t, len(skipped), 4, "the first skips come early")
+	assert.Less(t, seqDiff(first, skipped[0]), int32(3*2*skipFirstPeriod/2+2))
+	for _, id := range skipped {
+		assert.Error(t, s.ackedUnsent(packetAck{base: id}), "skipped PacketID %d", id)
+		assert.Error(t, s.ackedUnsent(packetAck{base: (id - 1) & packetIDMask, more: 1}), "skipped PacketID %d, in a PacketAck's bits", id)
+	}
+	for _, id := range sent {
+		assert.NoError(t, s.ackedUnsent(packetAck{base: id}), "sent PacketID %d", id)
+	}
+	assert.NoError(t, s.ackedUnsent(packetAck{base: (first - 1000) & packetIDMask, more: 1<<34 - 1}), "before the first sent")
+	next := s.send.nextPID
+	assert.Error(t, s.ackedUnsent(packetAck{base: next}), "the next PacketID")
+	assert.Error(t, s.ackedUnsent(packetAck{base: (next - 34) & packetIDMask, more: 1 << 33}), "the next, in a PacketAck's bits")
+	assert.Error(t, s.ackedUnsent(packetAck{base: (next + 1<<21 - 1) & packetIDMask}), "half the PacketIDs are ahead")
+	assert.NoError(t, s.ackedUnsent(packetAck{base: (next + 1<<21 + 1) & packetIDMask}), "the other half behind")
+}
