@@ -260,3 +260,23 @@ func TestLossAckByRange(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPacketAcks takes 139 PacketAcks, a datagram's worth, naming
+// every PacketID of 3,000 reliable datagrams in flight (the front one
+// never acked, so that the acked ones stay in the window): ns/op is per
+// PacketAck, each naming 35 PacketIDs.
+func BenchmarkPacketAcks(b *testing.B) {
+	const inFlight, acks = 3000, 139
+	l := newLoss(nil)
+	sendN(l, timeZero, 1000, inFlight, 1200)
+	now := timeZero.Add(20 * time.Millisecond)
+	var r ackResult
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range acks {
+			l.onPacketAck(now, packetAck{base: 1001 + uint32(i*packetAckSpan)%(inFlight-packetAckSpan), more: 1<<packetAckBits - 1}, &r)
+		}
+		r = ackResult{tids: r.tids[:0], rels: r.rels[:0]}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*acks), "ns/PacketAck")
+}
