@@ -174,6 +174,9 @@ func TestProofSpec(t *testing.T) {
 		{"wrong guess of 35", []step{{true, acking(func(r uint32) packetAck {
 			return packetAck{base: (r + 1) & packetIDMask, more: 1<<34 - 1}
 		}, message{id: idConnectAck})}}, -1, true},
+		{"the right ack naming one never sent", []step{{true, acking(func(r uint32) packetAck {
+			return packetAck{base: r, more: 1}
+		}, message{id: idConnectAck})}}, -1, true},
 		{"wrong ack after a ConnectAck", []step{{true, connectAck}, {false, acking(func(r uint32) packetAck { return packetAck{base: r - 1} })}}, -1, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

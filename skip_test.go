@@ -1,7 +1,9 @@
 package knet
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -134,4 +136,56 @@ func TestSessionSkipsPacketIDs(t *testing.T) {
 	assert.Error(t, s.ackedUnsent(packetAck{base: (next - 34) & packetIDMask, more: 1 << 33}), "the next, in a PacketAck's bits")
 	assert.Error(t, s.ackedUnsent(packetAck{base: (next + 1<<21 - 1) & packetIDMask}), "half the PacketIDs are ahead")
 	assert.NoError(t, s.ackedUnsent(packetAck{base: (next + 1<<21 + 1) & packetIDMask}), "the other half behind")
+}
+
+// In either dialect, a peer's ack of a PacketID the sender skipped, or of
+// one it has not sent yet, ends the connection with a *ProtocolError; a
+// transfer between honest peers, through the skips, goes as before.
+func TestAckOfUnsentEndsConnection(t *testing.T) {
+	for _, dialect := range []Dialect{DialectSpec, DialectReference} {
+		for _, lie := range []string{"skipped", "next", "far"} {
+			t.Run(fmt.Sprint(dialect, "/", lie), func(t *testing.T) {
+				p := newSimPairIn(t, dialect, nil, nil, perfect, perfect)
+				p.connect()
+				for i := range 300 {
+					p.send(0, numbered(100, i, 200))
+				}
+				c := p.client()
+				require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == 300 && c.loss.sent.count == 0 }))
+				require.NoError(t, c.err)
+				require.Positive(t, c.send.skips.n, "PacketIDs skipped")
+				var id uint32
+				switch lie {
+				case "skipped":
+					id = c.send.skips.at(c.send.skips.n - 1)
+				case "next":
+					id = c.send.nextPID
+				case "far":
+					id = (c.send.nextPID + 5000) & packetIDMask
+				}
+				// An ack again of what was acked is no lie: the reliable
+				// datagram a skip follows, say.
+				p.inject(0, ackDatagram(p.server(), packetAck{base: (c.send.skips.at(0) - 1) & packetIDMask}))
+				require.NoError(t, c.err)
+				p.inject(0, ackDatagram(p.server(), packetAck{base: id}))
+				var pe *ProtocolError
+				require.ErrorAs(t, c.err, &pe)
+				assert.Equal(t, uint64(1), c.stats.ProtocolErrors)
+				assert.Equal(t, stateDone, c.state)
+			})
+		}
+	}
+}
+
+// ackDatagram is an unreliable datagram of s's, in its dialect, holding a
+// PacketAck a.
+func ackDatagram(s *session, a packetAck) []byte {
+	var b []byte
+	if _, ok := s.wire.(*cppWire); ok {
+		b = appendCppHeader(nil, &cppHeader{packetID: s.send.nextPID})
+	} else {
+		b = appendHeader(nil, &header{packetID: s.send.nextPID})
+	}
+	s.numberNew(false)
+	return s.wire.appendAck(b, a)
 }
