@@ -47,11 +47,14 @@ type peerEvil struct {
 	outN   int
 	out    int          // bytes sent, on the wire
 	open   bool         // the handshake is over: what comes is the session's
-	proof  uint32       // a plaintext server's ConnectSynAck's PacketID, which the ConnectAck acks
-	proves bool
 	synAck chan []byte  // the ConnectSynAck's content, while a client waits for it
 	syn    chan peerSyn // the ConnectSyn, while a server waits for it
 	done   chan struct{}
+
+	// A plaintext server's ConnectSynAck's PacketID, which the
+	// ConnectAck acks: the client's proof of its address.
+	proof  uint32
+	proves bool
 }
 
 type peerSyn struct {
