@@ -2,6 +2,7 @@ package knet
 
 import (
 	"errors"
+	"math/bits"
 )
 
 // Message block (spec "Message Block Format"):
@@ -274,6 +275,11 @@ func parsePacketAck(p []byte) (a packetAck, ok bool) {
 func (a packetAck) names(id uint32) bool {
 	k := (id - a.base) & packetIDMask
 	return k == 0 || k <= packetAckBits && a.more>>(k-1)&1 != 0
+}
+
+// last returns the newest PacketID a names.
+func (a packetAck) last() uint32 {
+	return (a.base + uint32(bits.Len64(a.more))) & packetIDMask
 }
 
 // each calls f for every PacketID a names, in increasing order.

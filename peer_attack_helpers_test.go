@@ -50,6 +50,11 @@ type peerEvil struct {
 	synAck chan []byte  // the ConnectSynAck's content, while a client waits for it
 	syn    chan peerSyn // the ConnectSyn, while a server waits for it
 	done   chan struct{}
+
+	// A plaintext server's ConnectSynAck's PacketID, which the
+	// ConnectAck acks: the client's proof of its address.
+	proof  uint32
+	proves bool
 }
 
 type peerSyn struct {
@@ -130,7 +135,13 @@ func peerDialEvil(t testing.TB, sock *netsim.Socket, server netip.AddrPort, pub 
 	e.open = true
 	e.mu.Unlock()
 	time.Sleep(ackDelay)
-	e.send(true, header{}, message{id: idConnectAck})
+	e.mu.Lock()
+	msgs := []message{{id: idConnectAck}}
+	if e.proves {
+		msgs = append(msgs, message{id: idPacketAck, payload: appendPacketAck(nil, packetAck{base: e.proof})})
+	}
+	e.mu.Unlock()
+	e.send(true, header{}, msgs...)
 	return e
 }
 
@@ -215,7 +226,16 @@ func (e *peerEvil) read() {
 // handshakeIn takes a clear handshake datagram.
 func (e *peerEvil) handshakeIn(from netip.AddrPort, b []byte) {
 	if e.client {
-		if _, content, ok := handshakeContent(b, idConnectSynAck); ok {
+		_, content, ok := handshakeContent(b, idConnectSynAck)
+		if d, _, err := parseDatagram(b); !ok && err == nil && d.reliable && len(d.msgs) == 1 && d.msgs[0].id == idConnectSynAck {
+			// A plaintext server's ConnectSynAck is reliable: the ack
+			// of its PacketID proves the client's address (takeProof).
+			content, ok = d.msgs[0].payload, true
+			e.mu.Lock()
+			e.proof, e.proves = d.packetID, true
+			e.mu.Unlock()
+		}
+		if ok {
 			select {
 			case e.synAck <- append([]byte(nil), content...):
 			default:

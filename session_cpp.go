@@ -287,9 +287,10 @@ func (w *cppWire) handleMessage(now time.Time, pid uint32, m *cppMessage) {
 	}
 }
 
+// handlePacketAck takes a PacketAck (session.takeAck).
 func (w *cppWire) handlePacketAck(now time.Time, p []byte) {
-	if a, ok := parseCppPacketAck(p); ok {
-		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
+	if a, ok := parseCppPacketAck(p); ok && w.s.state != stateDone {
+		w.s.takeAck(now, a)
 	}
 }
 

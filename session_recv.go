@@ -104,8 +104,9 @@ func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 		s.recv.pidAdvance += uint64(seqDiff(s.recv.win.newest, pid))
 	}
 	s.noteArrival(now, pid)
-	// Every datagram takes the next PacketID, so a skipped one means
-	// something went missing, and an older one arriving fills a gap:
+	// PacketIDs count up by one, so a gap means something went missing
+	// (or the sender skipped one, skip.go), and an older one arriving
+	// fills a gap:
 	// either way the sender wants to hear at once (an immediate ack speeds
 	// up its loss detection, as TCP does on out-of-order data).
 	gap := s.recv.win.started && (pid != (s.recv.win.newest+1)&packetIDMask)

@@ -306,17 +306,23 @@ func heldKindOf(id uint32) heldKind {
 	return heldApp
 }
 
-// handlePacketAck takes a PacketAck; on a plaintext server waiting for
-// its peer's proof, the first one is the proof (takeProof), or ends the
-// attempt.
+// handlePacketAck takes a PacketAck (session.takeAck); on a plaintext
+// server waiting for its peer's proof, the first one is the proof
+// (takeProof), or ends the attempt: one naming a PacketID never sent is
+// no proof either.
 func (w *specWire) handlePacketAck(now time.Time, p []byte) {
-	if a, ok := parsePacketAck(p); ok {
-		if w.s.awaitsProof() && !w.s.takeProof(now, a.names(w.s.handshake.challenge)) {
-			return
-		}
-		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
-		if w.s.rcptOf().awaitsAck() {
-			a.each(w.s.ackedUnreliable)
-		}
+	s := w.s
+	a, ok := parsePacketAck(p)
+	if !ok || s.state == stateDone {
+		return
+	}
+	if s.awaitsProof() && !s.takeProof(now, a.names(s.handshake.challenge) && s.ackedUnsent(a) == nil) {
+		return
+	}
+	if !s.takeAck(now, a) {
+		return
+	}
+	if s.rcptOf().awaitsAck() {
+		a.each(s.ackedUnreliable)
 	}
 }

@@ -2,6 +2,7 @@ package knet
 
 import (
 	"container/heap"
+	"math"
 	"testing"
 	"time"
 
@@ -107,7 +108,20 @@ func newSimPairIn(t testing.TB, dialect Dialect, client, server *Config, up, dow
 	p.s[0] = newSession(client.resolve(), p.h[0], true, dialect, p.now)
 	p.s[1] = newSession(server.resolve(), p.h[1], false, dialect, p.now)
 	p.links[0], p.links[1] = netsim.NewLink(up), netsim.NewLink(down)
+	p.seedSkips(up, down)
 	return p
+}
+
+// noSkips has s skip no PacketID (skip.go), for a test that counts them.
+func noSkips(s *session) { s.send.skips = &skipState{left: math.MaxInt} }
+
+// seedSkips has the sides skip PacketIDs (skip.go) at gaps drawn from
+// the links' seeds rather than crypto/rand, so that a pair replays
+// exactly.
+func (p *simPair) seedSkips(up, down netsim.Params) {
+	for i, s := range p.s {
+		s.send.skips = newSkipState(splitmix64(up.Seed*31 + down.Seed*7 + uint64(i) + 1))
+	}
 }
 
 // client and server name the sides.
