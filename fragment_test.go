@@ -478,3 +478,52 @@ func TestReassemblyFinishWithoutLend(t *testing.T) {
 	}
 	assert.Equal(t, payload, whole)
 }
+
+// A transfer whose fragments are all empty is an empty message: add
+// returned the transfer's nil arena, which read as incomplete, so the
+// message never came and the next FragmentStart on the TransferID was a
+// second start, a *ProtocolError (issue 38).
+func TestReassemblyAllEmpty(t *testing.T) {
+	r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+	for round := range 4 {
+		// In order, then out of order (the message is then a copy).
+		frags := []message{{fragStart: true, fragment: true, id: 6, fragCount: 3}, {fragment: true, fragNumber: 1}, {fragment: true, fragNumber: 2}}
+		if round%2 == 1 {
+			frags[1], frags[2] = frags[2], frags[1]
+		}
+		var whole []byte
+		var done *transfer
+		for i := range frags {
+			tr, w, err := r.add(&frags[i], msgRef{pid: uint32(10*round + i)}, startOrder{})
+			require.NoError(t, err, "round %d", round)
+			if w != nil {
+				whole, done = w, tr
+			}
+		}
+		require.NotNil(t, whole, "round %d: the transfer never completed", round)
+		assert.Empty(t, whole)
+		r.finish(done)
+	}
+	assert.Zero(t, r.active)
+	assert.Zero(t, r.bytes)
+}
+
+// The same over a session: the empty message is delivered, and the
+// TransferID is free for the next transfer.
+func TestEmptyFragmentedMessageDelivered(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	pid := p.client().send.nextPID
+	for round := range 2 {
+		d := datagram{header: header{packetID: pid, reliable: true}, msgs: []message{
+			{fragStart: true, fragment: true, id: 6, fragCount: 3, transferID: 9},
+			{fragment: true, transferID: 9, fragNumber: 1},
+			{fragment: true, transferID: 9, fragNumber: 2},
+		}}
+		pid++
+		p.inject(1, appendDatagram(nil, &d))
+		require.Equal(t, stateOK, p.server().state, "round %d: %v", round, p.server().err)
+		require.Len(t, p.h[1].msgs, round+1)
+		assert.Empty(t, p.h[1].msgs[round].Payload)
+	}
+}
