@@ -45,11 +45,14 @@ type peerEvil struct {
 	inWire int      // bytes received, on the wire (peerUDPOverhead each)
 	inN    int
 	outN   int
-	out    int          // bytes sent, on the wire
-	open   bool         // the handshake is over: what comes is the session's
-	synAck chan []byte  // the ConnectSynAck's content, while a client waits for it
-	syn    chan peerSyn // the ConnectSyn, while a server waits for it
-	done   chan struct{}
+	out    int         // bytes sent, on the wire
+	open   bool        // the handshake is over: what comes is the session's
+	synAck chan []byte // the ConnectSynAck's content, while a client waits for it
+	// synAckPID is the ConnectSynAck's PacketID, which a plaintext
+	// client acks.
+	synAckPID uint32
+	syn       chan peerSyn // the ConnectSyn, while a server waits for it
+	done      chan struct{}
 }
 
 type peerSyn struct {
@@ -128,9 +131,16 @@ func peerDialEvil(t testing.TB, sock *netsim.Socket, server netip.AddrPort, pub 
 	}
 	e.mu.Lock()
 	e.open = true
+	synAckPID := e.synAckPID
 	e.mu.Unlock()
 	time.Sleep(ackDelay)
-	e.send(true, header{}, message{id: idConnectAck})
+	msgs := []message{{id: idConnectAck}}
+	if pub == nil {
+		// The ack of the ConnectSynAck's PacketID: the plaintext
+		// server's proof of our address.
+		msgs = append(msgs, message{id: idPacketAck, payload: appendPacketAck(nil, packetAck{base: synAckPID})})
+	}
+	e.send(true, header{}, msgs...)
 	return e
 }
 
@@ -215,7 +225,19 @@ func (e *peerEvil) read() {
 // handshakeIn takes a clear handshake datagram.
 func (e *peerEvil) handshakeIn(from netip.AddrPort, b []byte) {
 	if e.client {
-		if _, content, ok := handshakeContent(b, idConnectSynAck); ok {
+		pid, content, ok := handshakeContent(b, idConnectSynAck)
+		if !ok && e.sec == nil {
+			// A plaintext server's comes in a reliable datagram, whose
+			// ack proves our address (plainproof, merged meanwhile).
+			var d datagram
+			if parseInto(b, &d) == nil && d.reliable && len(d.msgs) > 0 && !d.msgs[0].fragment && d.msgs[0].id == idConnectSynAck {
+				pid, content, ok = d.packetID, d.msgs[0].payload, true
+			}
+		}
+		if ok {
+			e.mu.Lock()
+			e.synAckPID = pid
+			e.mu.Unlock()
 			select {
 			case e.synAck <- append([]byte(nil), content...):
 			default:
