@@ -51,6 +51,7 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		return
 	}
 	s.wire.read(now, b)
+	s.flushDeliveries()
 }
 
 // recvLinger takes a datagram after we answered the peer's Disconnect: a
@@ -122,6 +123,7 @@ func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 // want of room: the acks it carried (acked) take effect, and flow control
 // counts it.
 func (s *session) datagramDone(now time.Time, acked bool) {
+	s.flushDeliveries()
 	if acked {
 		s.afterAcks(now)
 	}
