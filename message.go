@@ -172,6 +172,12 @@ func parseMessageInto(b []byte, m *message) (n int, err error) {
 	}
 	// u16: bit 15 FragmentStart, bit 14 Fragment, bits 11-13 InOrder, bits 0-10 ContentLength.
 	h := uint16(b[0]) | uint16(b[1])<<8
+	if cl := int(h); h&^maxContentLength == 0 && cl > 0 && len(b)-2 >= cl && b[2] < 0x80 {
+		// Most blocks: no flag, no InOrder code, a one-byte MessageID.
+		m.id = uint32(b[2])
+		m.payload = b[3 : 2+cl : 2+cl]
+		return 2 + cl, nil
+	}
 	m.fragStart = h&flagFragmentStart != 0
 	// A FragmentStart is the first fragment, so it is a fragment too,
 	// whether or not the sender set bit 14.
