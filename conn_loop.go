@@ -493,6 +493,7 @@ func (c *Conn) deliver(ds []delivery) {
 	c.recvq.mu.Lock()
 	defer c.recvq.mu.Unlock()
 	q := &c.recvq.msgs
+	q.compact()
 	for i := range ds {
 		d := &ds[i]
 		if !d.reliable && c.st == nil && q.charged()+len(d.payload)+recvEntryCost > c.cfg.recvBuffer {
@@ -504,11 +505,12 @@ func (c *Conn) deliver(ds []delivery) {
 		if d.buf != nil {
 			q.pushOwned(d.id, d.payload, d.buf, d.reliable, d.inOrder)
 		} else {
-			q.push(d.id, d.payload, d.reliable, d.inOrder)
+			q.add(d.id, d.payload, d.reliable, d.inOrder)
 		}
 		d.taken = true
 		c.recvq.delivered = true
 	}
+	q.peaks()
 }
 
 func (c *Conn) recvUsed() int {

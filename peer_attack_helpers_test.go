@@ -477,15 +477,17 @@ type peerSinkHost struct {
 func (h *peerSinkHost) deliver(ds []delivery) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.q.compact()
 	for i := range ds {
 		d := &ds[i]
 		if d.buf != nil {
 			h.q.pushOwned(d.id, d.payload, d.buf, d.reliable, d.inOrder)
 		} else {
-			h.q.push(d.id, d.payload, d.reliable, d.inOrder)
+			h.q.add(d.id, d.payload, d.reliable, d.inOrder)
 		}
 		d.taken = true
 	}
+	h.q.peaks()
 }
 
 func (h *peerSinkHost) recvUsed() int {
