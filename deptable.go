@@ -3,6 +3,7 @@ package knet
 import (
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 )
 
 // The dependencies a received datagram's messages name (spec "InOrder
@@ -34,26 +35,6 @@ func (b *depBits) count() int {
 // within reports whether every entry of b is in c.
 func (b *depBits) within(c *depBits) bool {
 	return b[0]&^c[0]|b[1]&^c[1]|b[2]&^c[2]|b[3]&^c[3] == 0
-}
-
-// depIter walks the entries of a depBits, lowest first.
-type depIter struct {
-	b depBits
-	w int
-}
-
-func (b *depBits) iter() depIter { return depIter{b: *b} }
-
-// next returns the next entry, or -1 at the end.
-func (it *depIter) next() int {
-	for it.w < len(it.b) {
-		if x := it.b[it.w]; x != 0 {
-			it.b[it.w] = x & (x - 1)
-			return it.w<<6 | bits.TrailingZeros64(x)
-		}
-		it.w++
-	}
-	return -1
 }
 
 // entryState is where a message named as a dependency stands.
@@ -219,13 +200,13 @@ func (t *depTable) bitsOf(m *message) (b depBits) {
 
 // refsOf appends the messages the entries of b name.
 func (t *depTable) refsOf(dst []msgRef, b depBits) []msgRef {
-	for it := b.iter(); ; {
-		e := it.next()
-		if e < 0 {
-			return dst
+	for k, x := range b {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			dst = append(dst, t.ent[e].ref)
 		}
-		dst = append(dst, t.ent[e].ref)
 	}
+	return dst
 }
 
 // invalidate has the entry naming ref, if any, looked up again.
@@ -259,11 +240,13 @@ func (t *depTable) invalidatePID(pid uint32) {
 type depGroup struct {
 	pid     uint32
 	ent     []groupEntry
+	masks   []uint64 // by entry: its first 64 members that lack it
 	runs    []groupRun
 	members []*held // in the order they were held (their index order); nil once released
 	first   int     // members before it are all released
 	live    int
-	pairs   []groupPair // the members waiting on each entry, in lists
+	pairs   []groupPair // by entry, in lists: its members from the 65th on that lack it
+	held    int         // entries waiting on a held message (wait nodes on it)
 	cost    int         // what it is charged in resolver.bytes
 	dying   bool        // no member left: to be freed (resolver.reap)
 }
@@ -281,12 +264,11 @@ const (
 // Lists link by index+1: 0 ends them.
 
 type groupEntry struct {
-	ref  msgRef
+	idx  uint16 // the message's index in its datagram, the run's
 	run  uint8
 	next uint8
 	wait groupWait
-	on   *held // gHeld
-	node int32 // its wait node on on
+	node int32 // gHeld: its wait node on the held message
 	head int32 // its first pair
 }
 
@@ -305,19 +287,27 @@ type groupPair struct {
 // charged against ReceiveBuffer with them.
 const groupEntryCost = 48
 
+// ref returns the message entry e names.
+func (g *depGroup) ref(e int) msgRef {
+	return msgRef{g.runs[g.ent[e].run].pid, g.ent[e].idx}
+}
+
 // fill readies g for the messages of the datagram of table t.
 func (g *depGroup) fill(t *depTable) {
 	g.pid = t.pid
-	g.ent = g.ent[:0]
-	for i := range t.n {
+	n := t.n
+	g.ent = slices.Grow(g.ent[:0], n)[:n]
+	for i := range g.ent {
 		e := &t.ent[i]
-		g.ent = append(g.ent, groupEntry{ref: e.ref, run: e.run, next: e.next})
+		g.ent[i] = groupEntry{idx: e.ref.idx, run: e.run, next: e.next}
 	}
-	g.runs = g.runs[:0]
-	for i := range t.nruns {
-		g.runs = append(g.runs, groupRun{pid: t.runs[i].pid, first: t.runs[i].first})
+	g.masks = slices.Grow(g.masks[:0], n)[:n]
+	clear(g.masks)
+	g.runs = slices.Grow(g.runs[:0], t.nruns)[:t.nruns]
+	for i := range g.runs {
+		g.runs[i] = groupRun{pid: t.runs[i].pid, first: t.runs[i].first}
 	}
-	g.cost = t.n * groupEntryCost
+	g.cost = n * groupEntryCost
 }
 
 // pidRec is what the resolver knows of a PacketID not arrived: the groups

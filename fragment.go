@@ -253,7 +253,7 @@ func (r *reassembly) dropArena(t *transfer) {
 // empty fragments is an empty message), which stays valid until the next
 // call for the same TransferID. A protocol error means the peer is
 // hostile or broken.
-func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, msg []byte, err error) {
+func (r *reassembly) add(m *message, at msgRef, order *startOrder) (t *transfer, msg []byte, err error) {
 	t = r.get(m.transferID)
 	number := m.fragNumber
 	if m.fragStart {

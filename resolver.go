@@ -2,6 +2,7 @@ package knet
 
 import (
 	"container/heap"
+	"math/bits"
 	"time"
 )
 
@@ -192,19 +193,19 @@ func (r *resolver) state(t *depTable, e int, w *recvWindow) entryState {
 // unresolved returns the entries of all not yet resolved for a dependent,
 // reliable or not.
 func (r *resolver) unresolved(t *depTable, all depBits, w *recvWindow, reliable bool) (out depBits) {
-	for it := all.iter(); ; {
-		e := it.next()
-		if e < 0 {
-			return out
-		}
-		st := t.ent[e].state
-		if st == stUnknown {
-			st = r.state(t, e, w)
-		}
-		if st.lacks(reliable) {
-			out.set(e)
+	for k, x := range all {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			st := t.ent[e].state
+			if st == stUnknown {
+				st = r.state(t, e, w)
+			}
+			if st.lacks(reliable) {
+				out.set(e)
+			}
 		}
 	}
+	return out
 }
 
 // lateDrop reports whether an arriving message of the datagram being
@@ -291,26 +292,32 @@ func (r *resolver) join(g *depGroup, h *held, t *depTable, lacks depBits) {
 	g.live++
 	h.unres = lacks
 	h.pending = lacks.count()
-	for it := lacks.iter(); ; {
-		e := it.next()
-		if e < 0 {
-			break
-		}
-		ge := &g.ent[e]
-		if ge.wait == gNone || ge.wait == gDone {
-			if t.ent[e].state == stHeld {
-				ge.wait, ge.on = gHeld, t.ent[e].on
-				ge.node = r.waitOnHeld(ge.on, g, e)
-			} else { // stAbsent, stMissing
-				ge.wait = gRun
-				if ru := &g.runs[ge.run]; ru.node == 0 {
-					ru.node = r.waitOnPID(ru.pid, g, int(ge.run))
+	var bit uint64
+	if h.member < 64 {
+		bit = 1 << h.member
+	}
+	for k, x := range lacks {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			if ge := &g.ent[e]; ge.wait == gNone || ge.wait == gDone {
+				if t.ent[e].state == stHeld {
+					ge.wait = gHeld
+					ge.node = r.waitOnHeld(t.ent[e].on, g, e)
+					g.held++
+				} else { // stAbsent, stMissing
+					ge.wait = gRun
+					if ru := &g.runs[ge.run]; ru.node == 0 {
+						ru.node = r.waitOnPID(ru.pid, g, int(ge.run))
+					}
 				}
 			}
-			ge = &g.ent[e]
+			if bit != 0 {
+				g.masks[e] |= bit
+			} else {
+				g.pairs = append(g.pairs, groupPair{member: h.member, next: g.ent[e].head})
+				g.ent[e].head = int32(len(g.pairs))
+			}
 		}
-		g.pairs = append(g.pairs, groupPair{member: h.member, next: ge.head})
-		ge.head = int32(len(g.pairs))
 	}
 	r.waitKnown = false
 }
@@ -380,15 +387,15 @@ func (r *resolver) freeGroup(g *depGroup) {
 			r.unlink(n)
 		}
 	}
-	for i := range g.ent {
+	for i := 0; g.held > 0 && i < len(g.ent); i++ {
 		if n := g.ent[i].node; n != 0 {
 			r.unlink(n)
+			g.held--
 		}
 	}
-	clear(g.ent) // the held messages named
 	r.bytes -= g.cost
 	clear(g.members)
-	*g = depGroup{ent: g.ent[:0], runs: g.runs[:0], members: g.members[:0], pairs: g.pairs[:0]}
+	*g = depGroup{ent: g.ent[:0], masks: g.masks[:0], runs: g.runs[:0], members: g.members[:0], pairs: g.pairs[:0]}
 	if r.tab != nil && r.tab.group == g {
 		r.tab.group = nil
 	}
@@ -398,20 +405,32 @@ func (r *resolver) freeGroup(g *depGroup) {
 // satisfy resolves entry e of g for its members, all of them or only the
 // unreliable ones, and returns, released, those it leaves lacking nothing.
 func (r *resolver) satisfy(g *depGroup, e int, unreliableOnly bool, ready []*held) []*held {
+	for m := g.masks[e]; m != 0; m &= m - 1 {
+		ready = r.satisfyMember(g.members[bits.TrailingZeros64(m)], e, unreliableOnly, ready)
+	}
 	for p := g.ent[e].head; p != 0; p = g.pairs[p-1].next {
-		m := g.members[g.pairs[p-1].member]
-		if m == nil || !m.unres.has(e) || unreliableOnly && m.reliable {
-			continue
-		}
-		m.unres.unset(e)
-		if m.pending--; m.pending == 0 {
-			r.release(m)
-			ready = append(ready, m)
-		}
+		ready = r.satisfyMember(g.members[g.pairs[p-1].member], e, unreliableOnly, ready)
 	}
 	if !unreliableOnly {
 		ge := &g.ent[e]
-		ge.wait, ge.head, ge.on = gDone, 0, nil
+		if ge.wait == gHeld {
+			g.held--
+		}
+		ge.wait, ge.head, ge.node = gDone, 0, 0
+		g.masks[e] = 0
+	}
+	return ready
+}
+
+// satisfyMember resolves entry e for member m, if it lacked it.
+func (r *resolver) satisfyMember(m *held, e int, unreliableOnly bool, ready []*held) []*held {
+	if m == nil || !m.unres.has(e) || unreliableOnly && m.reliable {
+		return ready
+	}
+	m.unres.unset(e)
+	if m.pending--; m.pending == 0 {
+		r.release(m)
+		ready = append(ready, m)
 	}
 	return ready
 }
@@ -429,9 +448,10 @@ func (r *resolver) arrived(p *pidRec, ready []*held) []*held {
 			if g.ent[e].wait != gRun {
 				continue
 			}
-			if h := r.heldAt(g.ent[e].ref); h != nil {
-				g.ent[e].wait, g.ent[e].on = gHeld, h
+			if h := r.heldAt(g.ref(e)); h != nil {
+				g.ent[e].wait = gHeld
 				g.ent[e].node = r.waitOnHeld(h, g, e)
+				g.held++
 				continue
 			}
 			ready = r.satisfy(g, e, false, ready)
@@ -450,9 +470,7 @@ func (r *resolver) wake(h *held, ready []*held) []*held {
 		node := r.nodes[n-1]
 		r.freeNodeAt(n)
 		n = node.next
-		e := int(node.x)
-		node.g.ent[e].node = 0
-		ready = r.satisfy(node.g, e, false, ready)
+		ready = r.satisfy(node.g, int(node.x), false, ready)
 	}
 	h.waiters = 0
 	r.reap()
@@ -463,9 +481,7 @@ func (r *resolver) wake(h *held, ready []*held) []*held {
 // message held in its FragmentStart's place.
 func (r *resolver) moveWaiters(from, to *held) {
 	for n := from.waiters; n != 0; n = r.nodes[n-1].next {
-		node := &r.nodes[n-1]
-		node.on = to
-		node.g.ent[node.x].on = to
+		r.nodes[n-1].on = to
 	}
 	to.waiters, from.waiters = from.waiters, 0
 }
@@ -610,23 +626,22 @@ func (r *resolver) expire(now time.Time, ready []*held) []*held {
 				}
 			}
 			h.unres, h.pending = depBits{}, 0
-			for it := lacks.iter(); ; {
-				e := it.next()
-				if e < 0 {
-					break
-				}
-				switch ge := &g.ent[e]; ge.wait {
-				case gHeld:
-					// A reliable message is applied exactly once,
-					// later.
-					if dh := ge.on; !dh.reliable && !dh.done {
-						stack = append(stack, dh)
+			for k, x := range lacks {
+				for ; x != 0; x &= x - 1 {
+					e := k<<6 | bits.TrailingZeros64(x)
+					switch ge := &g.ent[e]; ge.wait {
+					case gHeld:
+						// A reliable message is applied exactly once,
+						// later.
+						if dh := r.nodes[ge.node-1].on; !dh.reliable && !dh.done {
+							stack = append(stack, dh)
+						}
+					case gRun:
+						ref := g.ref(e)
+						r.declareIn(r.nodes[g.runs[ge.run].node-1].rec, ref)
+						r.raiseFloor(ref)
+						ready = r.satisfy(g, e, true, ready)
 					}
-				case gRun:
-					ref := ge.ref
-					r.declareIn(r.nodes[g.runs[ge.run].node-1].rec, ref)
-					r.raiseFloor(ref)
-					ready = r.satisfy(g, e, true, ready)
 				}
 			}
 			r.release(h)
@@ -750,22 +765,22 @@ func (r *resolver) forgetOldest() {
 // unreliable application messages still held are released and returned,
 // for the caller to drop.
 func (r *resolver) supersede(t *depTable, lacks depBits, dropped []*held) []*held {
-	for it := lacks.iter(); ; {
-		e := it.next()
-		if e < 0 {
-			return dropped
-		}
-		en := &t.ent[e]
-		switch en.state {
-		case stHeld:
-			if h := en.on; !h.reliable && h.kind == heldApp && !h.done {
-				r.release(h)
-				dropped = append(dropped, h)
+	for k, x := range lacks {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			en := &t.ent[e]
+			switch en.state {
+			case stHeld:
+				if h := en.on; !h.reliable && h.kind == heldApp && !h.done {
+					r.release(h)
+					dropped = append(dropped, h)
+				}
+			case stAbsent:
+				r.declareMissing(en.ref)
 			}
-		case stAbsent:
-			r.declareMissing(en.ref)
 		}
 	}
+	return dropped
 }
 
 // waitedOn reports whether a held message waits for the message ref of the
@@ -783,7 +798,7 @@ func (r *resolver) waitedOn(ref msgRef) bool {
 			g := node.g
 			for e := int(g.runs[node.x].first); e != noEntry; e = int(g.ent[e].next) {
 				if g.ent[e].wait == gRun && r.waiting(g, e) {
-					idx := int(g.ent[e].ref.idx)
+					idx := int(g.ent[e].idx)
 					if w := idx>>6 + 1; w > len(r.waitIdx) {
 						r.waitIdx = append(r.waitIdx, make([]uint64, w-len(r.waitIdx))...)
 					}
@@ -799,6 +814,11 @@ func (r *resolver) waitedOn(ref msgRef) bool {
 
 // waiting reports whether a member of g lacks its entry e.
 func (r *resolver) waiting(g *depGroup, e int) bool {
+	for m := g.masks[e]; m != 0; m &= m - 1 {
+		if h := g.members[bits.TrailingZeros64(m)]; h != nil && h.unres.has(e) {
+			return true
+		}
+	}
 	for p := g.ent[e].head; p != 0; p = g.pairs[p-1].next {
 		if m := g.members[g.pairs[p-1].member]; m != nil && m.unres.has(e) {
 			return true

@@ -49,16 +49,31 @@ func (s *session) depsOf(h *header, m *message) (*depTable, depBits) {
 // holds it until its dependencies are applied.
 func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, m *message, kind heldKind) {
 	if m.order == orderNone && kind == heldApp {
-		// Most of what comes: nothing to wait for, nothing to give up.
-		if s.recv.res.lateDrop(ref, h.reliable) {
-			s.stats.DroppedMessages++
-			return
-		}
-		s.apply(now, kind, m.id, m.payload, h.reliable, false, true)
+		s.applyWire(ref, m, h.reliable)
 		return
 	}
 	t, all := s.depsOf(h, m)
 	s.handleOrderedDeps(now, ref, m.id, m.payload, kind, h.reliable, m.order != orderNone, supersedes(m), t, all, true, nil)
+}
+
+// applyWire applies an application message of the datagram being handled
+// that names no dependency, the most of what comes: as handleOrderedDeps
+// and apply would, with nothing to wait for or give up.
+func (s *session) applyWire(ref msgRef, m *message, reliable bool) {
+	if s.recv.res.cur != nil && s.recv.res.lateDrop(ref, reliable) {
+		s.stats.DroppedMessages++
+		return
+	}
+	if s.state != stateOK && s.state != stateClosing && (s.client || s.state != stateSynAck) {
+		return // see apply
+	}
+	if !reliable && s.dropOverBudget() {
+		s.stats.DroppedMessages++
+		return
+	}
+	sc := s.sc()
+	sc.dq = append(sc.dq, delivery{id: m.id, payload: m.payload, reliable: reliable})
+	sc.dqCharge += len(m.payload) + recvEntryCost
 }
 
 // handleOrderedDeps applies a message whose dependencies are the entries
@@ -228,16 +243,19 @@ func (s *session) apply(now time.Time, kind heldKind, id uint32, payload []byte,
 	}
 }
 
+// specFragment is what a fragment other than the FragmentStart says of its
+// message in the specification's dialect: nothing but that its PacketID
+// tells a stale one (reassembly.stale). Read only.
+var specFragment = startOrder{pidOrder: true}
+
 // handleFragment feeds a fragment to reassembly and, once a message is
 // whole, applies or holds it in its FragmentStart's place.
 func (s *session) handleFragment(now time.Time, h *header, ref msgRef, m *message) {
-	order := startOrder{pidOrder: true} // the specification's dialect
+	order := &specFragment
 	if m.fragStart {
-		order.reliable = h.reliable
-		order.inOrder = m.order != orderNone
 		t, all := s.depsOf(h, m)
 		s.sc().deps = t.refsOf(s.sc().deps[:0], s.recv.res.unresolved(t, all, &s.recv.win, true))
-		order.deps = s.sc().deps
+		order = &startOrder{pidOrder: true, reliable: h.reliable, inOrder: m.order != orderNone, deps: s.sc().deps}
 		order.tag, order.tagged = s.sc().ltag, s.sc().ltagOK
 	}
 	t, whole, ok := s.reassemble(m, ref, order)

@@ -435,7 +435,7 @@ func (w *cppWire) handleFragment(now time.Time, pid uint32, m *cppMessage) {
 			w.relOpen = append(w.relOpen, m.relNum)
 		}
 	}
-	t, whole, ok := s.reassemble(&msg, msgRef{pid: pid}, order)
+	t, whole, ok := s.reassemble(&msg, msgRef{pid: pid}, &order)
 	if !ok || whole == nil {
 		return
 	}

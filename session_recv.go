@@ -143,7 +143,7 @@ func (s *session) protocolError(err error) {
 // reassemble feeds a fragment, found at at, to reassembly. Once the
 // message is whole it returns its transfer and the message; a fragment
 // the protocol forbids ends the session (ok false).
-func (s *session) reassemble(m *message, at msgRef, order startOrder) (t *transfer, whole []byte, ok bool) {
+func (s *session) reassemble(m *message, at msgRef, order *startOrder) (t *transfer, whole []byte, ok bool) {
 	t, whole, err := s.recv.reasm.add(m, at, order)
 	if err != nil {
 		s.protocolError(err)

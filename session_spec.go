@@ -147,8 +147,14 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 			switch {
 			case m.id >= MinMessageID && m.id <= MaxMessageID && i != tagFor:
 				// The application's, the most of what comes.
-				s.establishServer(now)
-				s.handleOrdered(now, h, ref, m, heldApp)
+				if s.state == stateSynAck {
+					s.establishServer(now)
+				}
+				if m.order == orderNone {
+					s.applyWire(ref, m, h.reliable)
+				} else {
+					s.handleOrdered(now, h, ref, m, heldApp)
+				}
 				continue
 			case m.id == idPacketAck:
 				acked = true
