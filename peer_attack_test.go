@@ -424,7 +424,11 @@ func peerCostRatios(t *testing.T, secure bool, rounds int) map[string]float64 {
 // of both alike from one moment to the next (an honest batch cost from 0.5
 // to 1.1ns a byte within one run).
 func peerCostRatiosOf(t *testing.T, level string, rounds int, newBench func(sh peerShape) peerCostMeter) map[string]float64 {
-	shapes := peerShapes()
+	return peerShapeRatios(t, level, rounds, peerShapes(), newBench)
+}
+
+// peerShapeRatios is peerCostRatiosOf for shapes, the honest one first.
+func peerShapeRatios(t *testing.T, level string, rounds int, shapes []peerShape, newBench func(sh peerShape) peerCostMeter) map[string]float64 {
 	benches := make([]peerCostMeter, len(shapes))
 	for i, sh := range shapes {
 		benches[i] = newBench(sh)
