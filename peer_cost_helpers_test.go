@@ -306,7 +306,7 @@ func TestPeerCostlyVariants(t *testing.T) {
 	for _, mode := range peerModes {
 		t.Run(mode.name, func(t *testing.T) {
 			shapes := append(peerShapes()[:1], peerVariantShapes()...)
-			ratios := peerShapeRatios(t, "connection", 5, shapes, func(sh peerShape) peerCostMeter { return newPeerRoundBench(t, sh, mode.secure) })
+			ratios := peerShapeRatios(t, "connection", 7, shapes, func(sh peerShape) peerCostMeter { return newPeerRoundBench(t, sh, mode.secure) })
 			for name, ratio := range ratios {
 				if why, open := peerOpenShapes[name]; open {
 					t.Logf("%s: %.1fx the honest datagram's CPU per byte, not yet within 10x (issue 38, finding 3): %s", name, ratio, why)
