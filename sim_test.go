@@ -25,16 +25,18 @@ type simHost struct {
 
 func (h *simHost) receipt(r Receipt) { h.receipts = append(h.receipts, r) }
 
-func (h *simHost) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
-	defer putPayload(buf)
-	if h.full {
-		return false
+func (h *simHost) deliver(ds []delivery) {
+	for i := range ds {
+		d := &ds[i]
+		if !h.full {
+			h.msgs = append(h.msgs, Message{ID: d.id, Payload: append([]byte{}, d.payload...), Reliable: d.reliable, InOrder: d.inOrder})
+			if h.hold {
+				h.used += len(d.payload)
+			}
+			d.taken = true
+		}
+		putPayload(d.buf) // the copy taken
 	}
-	h.msgs = append(h.msgs, Message{ID: id, Payload: append([]byte{}, payload...), Reliable: reliable, InOrder: inOrder})
-	if h.hold {
-		h.used += len(payload)
-	}
-	return true
 }
 func (h *simHost) recvUsed() int  { return h.used }
 func (h *simHost) sendDone(n int) { h.released += n }
