@@ -96,10 +96,16 @@ func (b *peerRoundBench) setup() {
 }
 
 // take claims the connection: no one else runs its rounds until release.
-func (b *peerRoundBench) take() {
+// It reports false for a connection that ended (a shape that broke the
+// protocol ends it, and an ended connection is claimed by no one).
+func (b *peerRoundBench) take() bool {
 	for !b.c.claim() {
+		if b.c.ended() {
+			return false
+		}
 		runtime.Gosched()
 	}
+	return true
 }
 
 // prepare builds the next n datagrams, sealed in a secure session, as the
@@ -132,7 +138,9 @@ func (b *peerRoundBench) prepare(n int) {
 // due (held messages given up on). The connection is this goroutine's
 // throughout: its timer, when it fires, only marks it kicked.
 func (b *peerRoundBench) handle() {
-	b.take()
+	if !b.take() {
+		return // ended: the datagrams cost nothing more
+	}
 	defer b.c.release()
 	b.rounds()
 	if b.shape.settle > 0 {
