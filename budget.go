@@ -203,7 +203,7 @@ func (s *session) overBudget(used int) bool {
 // dropOverBudget reports whether an unreliable message is to be dropped
 // for the budget: without measuring unless the budget is spent.
 func (s *session) dropOverBudget() bool {
-	return s.budget != nil && s.budget.pressed() && s.overBudget(s.host.recvUsed())
+	return s.budget != nil && s.budget.pressed() && s.overBudget(s.recvUsed())
 }
 
 // holding is what the connection holds of what its peer sent.

@@ -132,13 +132,25 @@ func TestBudgetHoleHolders(t *testing.T) {
 		slack := budget/8 + (hostile+1)*(maxBudgetStep+defaultMaxDatagramSize)
 		assert.LessOrEqual(t, peak, budget+slack, "held past the budget")
 		assert.Greater(t, peak, budget*7/8, "the six spent it")
-		assert.Equal(t, uint64(hostile), st.ClosedOverBudget, "the six are closed")
+		// Those holding the most are closed. One that held less than its
+		// share when the budget ran out may be spared once the others are
+		// gone and the budget is free again: whether one is depends on
+		// how far apart the holders drifted (each sender skips PacketIDs
+		// at random, skip.go), so at least five of the six are closed.
+		assert.GreaterOrEqual(t, st.ClosedOverBudget, uint64(hostile-1), "the holders are closed")
+		closed := 0
 		for i, c := range holders {
+			if c.Err() == nil {
+				continue // spared (above)
+			}
+			closed++
 			var de *DisconnectError
 			if assert.ErrorAs(t, c.Err(), &de, "holder %d", i) {
 				assert.Equal(t, budgetReason, de.Reason, "holder %d", i)
 			}
 		}
+		assert.Equal(t, int(st.ClosedOverBudget), closed)
+		assert.LessOrEqual(t, st.ReceiveHeld, budget, "what is held at the end is within the budget")
 		assert.NoError(t, honest.Err(), "the honest client goes on")
 		if sc := honestConn.Load(); assert.NotNil(t, sc) {
 			assert.NoError(t, sc.Err())

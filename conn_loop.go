@@ -499,22 +499,28 @@ func (c *Conn) finish() {
 
 // Session host.
 
-func (c *Conn) deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool {
+func (c *Conn) deliver(ds []delivery) {
 	c.recvq.mu.Lock()
 	defer c.recvq.mu.Unlock()
-	if !reliable && c.st == nil && c.recvq.msgs.charged()+len(payload)+recvEntryCost > c.cfg.recvBuffer {
-		// (A stream's messages are never dropped here: its rounds stop
-		// reading the stream instead, see streamInput.)
-		putPayload(buf)
-		return false
+	q := &c.recvq.msgs
+	q.compact()
+	for i := range ds {
+		d := &ds[i]
+		if !d.reliable && c.st == nil && q.charged()+len(d.payload)+recvEntryCost > c.cfg.recvBuffer {
+			// (A stream's messages are never dropped here: its rounds
+			// stop reading the stream instead, see streamInput.)
+			putPayload(d.buf)
+			continue
+		}
+		if d.buf != nil {
+			q.pushOwned(d.id, d.payload, d.buf, d.reliable, d.inOrder)
+		} else {
+			q.add(d.id, d.payload, d.reliable, d.inOrder)
+		}
+		d.taken = true
+		c.recvq.delivered = true
 	}
-	if buf != nil {
-		c.recvq.msgs.pushOwned(id, payload, buf, reliable, inOrder)
-	} else {
-		c.recvq.msgs.push(id, payload, reliable, inOrder)
-	}
-	c.recvq.delivered = true
-	return true
+	q.peaks()
 }
 
 func (c *Conn) recvUsed() int {

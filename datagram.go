@@ -181,12 +181,33 @@ func scanDatagram(b []byte, h *header, each func(m message)) error {
 	return nil
 }
 
-// parseInto decodes a whole datagram into d, reusing its storage. The
-// message list grows in proportion to the bytes present (every block takes
-// at least three), never to a count the peer announced.
+// parseInto decodes a whole datagram into d, reusing its storage, as
+// scanDatagram does (the same checks), each message parsed in its place in
+// d.msgs. The message list grows in proportion to the bytes present (every
+// block takes at least three), never to a count the peer announced.
 func parseInto(b []byte, d *datagram) error {
 	d.msgs = d.msgs[:0]
-	return scanDatagram(b, &d.header, func(m message) { d.msgs = append(d.msgs, m) })
+	h := &d.header
+	n, err := parseHeader(b, h)
+	if err != nil {
+		return err
+	}
+	for n < len(b) {
+		d.msgs = append(d.msgs, message{})
+		m := &d.msgs[len(d.msgs)-1]
+		k, err := parseMessageInto(b[n:], m)
+		if err == nil && m.order != orderNone {
+			err = checkOrder(h, m)
+		}
+		if err == nil && m.fragment && !h.reliable {
+			err = errUnreliableFragment
+		}
+		if err != nil {
+			return err
+		}
+		n += k
+	}
+	return nil
 }
 
 // has reports whether d holds a whole message with the given ID.

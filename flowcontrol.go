@@ -50,7 +50,7 @@ func (s *session) flowControl(now time.Time) {
 	// fragment), and counting them as unread capped the peer to half its
 	// arrival rate, and again, while the application read everything
 	// in time.
-	fill := float64(min(s.host.recvUsed(), int(s.flow.unreadBefore))) / float64(s.cfg.recvBuffer)
+	fill := float64(min(s.recvUsed(), int(s.flow.unreadBefore))) / float64(s.cfg.recvBuffer)
 	if dt := now.Sub(s.flow.arrivalsAt); dt >= 10*time.Millisecond {
 		rate := float64(s.flow.arrivals) / dt.Seconds()
 		s.flow.arrivalRate = max(rate, s.flow.arrivalRate*0.5) // quick to rise, slow to fall

@@ -249,10 +249,11 @@ func (r *reassembly) dropArena(t *transfer) {
 }
 
 // add takes one fragment, copying its payload. When the transfer is
-// complete it returns the whole message in msg, which stays valid until the
-// next call for the same TransferID. A protocol error means the peer is
+// complete it returns the whole message in msg, never nil (a transfer of
+// empty fragments is an empty message), which stays valid until the next
+// call for the same TransferID. A protocol error means the peer is
 // hostile or broken.
-func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, msg []byte, err error) {
+func (r *reassembly) add(m *message, at msgRef, order *startOrder) (t *transfer, msg []byte, err error) {
 	t = r.get(m.transferID)
 	number := m.fragNumber
 	if m.fragStart {
@@ -352,6 +353,12 @@ func (r *reassembly) add(m *message, at msgRef, order startOrder) (t *transfer, 
 		// Arrived in order, as they mostly do: the arena is the
 		// message.
 		t.whole = true
+		if t.arena == nil {
+			// Every fragment was empty: an empty message, not nil,
+			// which would read as incomplete and leave the
+			// TransferID taken for good.
+			return t, []byte{}, nil
+		}
 		return t, t.arena, nil
 	}
 	msg = make([]byte, 0, len(t.arena))

@@ -142,7 +142,7 @@ func TestReassemblyAnyOrder(t *testing.T) {
 	rng.Shuffle(len(frags), func(i, j int) { frags[i], frags[j] = frags[j], frags[i] })
 	var got []byte
 	for i := range frags {
-		tr, whole, err := r.add(&frags[i], msgRef{pid: uint32(i)}, startOrder{reliable: true})
+		tr, whole, err := r.add(&frags[i], msgRef{pid: uint32(i)}, &startOrder{reliable: true})
 		require.NoError(t, err)
 		if whole != nil {
 			got = whole
@@ -171,7 +171,7 @@ func TestReassemblyDropsRepeatedCopies(t *testing.T) {
 		r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
 		var got []byte
 		for i := range order {
-			tr, msg, err := r.add(&order[i], msgRef{pid: uint32(i)}, startOrder{})
+			tr, msg, err := r.add(&order[i], msgRef{pid: uint32(i)}, &startOrder{})
 			require.NoError(t, err)
 			if msg != nil {
 				require.Nil(t, got, "completed once")
@@ -220,7 +220,7 @@ func TestReassemblyHostile(t *testing.T) {
 			r := reassembly{budget: 1 << 20, maxMessage: 3000}
 			var err error
 			for i := range tt.frags {
-				if _, _, err = r.add(&tt.frags[i], msgRef{pid: uint32(i)}, startOrder{}); err != nil {
+				if _, _, err = r.add(&tt.frags[i], msgRef{pid: uint32(i)}, &startOrder{}); err != nil {
 					break
 				}
 			}
@@ -234,16 +234,16 @@ func TestReassemblyBudget(t *testing.T) {
 	// The oldest transfer may grow past the budget; others may not.
 	oldest := fragmentsOf(6, 1, randomPayload(1, 50000), 1000)
 	other := fragmentsOf(6, 2, randomPayload(2, 50000), 1000)
-	_, _, err := r.add(&oldest[0], msgRef{pid: 1}, startOrder{})
+	_, _, err := r.add(&oldest[0], msgRef{pid: 1}, &startOrder{})
 	require.NoError(t, err)
-	_, _, err = r.add(&other[0], msgRef{pid: 2}, startOrder{})
+	_, _, err = r.add(&other[0], msgRef{pid: 2}, &startOrder{})
 	require.NoError(t, err)
 	admitted := 0
 	for i := 1; i < len(other); i++ {
 		if !r.admits(2, 1000) {
 			break
 		}
-		_, _, err := r.add(&other[i], msgRef{pid: uint32(10 + i)}, startOrder{})
+		_, _, err := r.add(&other[i], msgRef{pid: uint32(10 + i)}, &startOrder{})
 		require.NoError(t, err)
 		admitted++
 	}
@@ -252,7 +252,7 @@ func TestReassemblyBudget(t *testing.T) {
 	assert.True(t, r.admits(1, 1000), "transfer 1 is the oldest")
 	for i := 1; i < len(oldest); i++ {
 		require.True(t, r.admits(1, 1000))
-		_, whole, err := r.add(&oldest[i], msgRef{pid: uint32(100 + i)}, startOrder{})
+		_, whole, err := r.add(&oldest[i], msgRef{pid: uint32(100 + i)}, &startOrder{})
 		require.NoError(t, err)
 		if i == len(oldest)-1 {
 			assert.Len(t, whole, 50000)
@@ -340,7 +340,7 @@ func FuzzReassembly(f *testing.F) {
 				}
 				continue
 			}
-			tr, whole, err := r.add(&m, msgRef{pid: uint32(i)}, startOrder{reliable: true})
+			tr, whole, err := r.add(&m, msgRef{pid: uint32(i)}, &startOrder{reliable: true})
 			if err != nil {
 				failed = true // the peer would be cut off
 				break
@@ -392,7 +392,7 @@ func TestReassemblyEmptyStart(t *testing.T) {
 	}
 	var whole []byte
 	for i := range frags {
-		_, w, err := r.add(&frags[i], msgRef{pid: uint32(i)}, startOrder{})
+		_, w, err := r.add(&frags[i], msgRef{pid: uint32(i)}, &startOrder{})
 		require.NoError(t, err)
 		if w != nil {
 			whole = w
@@ -409,13 +409,13 @@ func TestReassemblyGrowsWithTheBytes(t *testing.T) {
 	r := reassembly{budget: 200 << 10, maxMessage: 1 << 20}
 	payload := randomPayload(5, 300<<10)
 	frags := fragmentsOf(6, 1, payload, 470)
-	_, _, err := r.add(&frags[0], msgRef{pid: 1}, startOrder{reliable: true})
+	_, _, err := r.add(&frags[0], msgRef{pid: 1}, &startOrder{reliable: true})
 	require.NoError(t, err)
 	assert.Less(t, cap(r.get(1).arena), 300<<10, "nothing reserved from the announced size")
 	var whole []byte
 	var tr *transfer
 	for i := 1; i < len(frags); i++ {
-		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(10 + i)}, startOrder{})
+		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(10 + i)}, &startOrder{})
 		require.NoError(t, err)
 		if whole == nil {
 			got := len(r.get(1).arena)
@@ -442,9 +442,9 @@ func TestReassemblyOutgrowsAnnounced(t *testing.T) {
 		{fragStart: true, fragment: true, id: 6, transferID: 3, fragCount: 2, payload: payload[:first]},
 		{fragment: true, transferID: 3, fragNumber: 1, payload: payload[first:]},
 	}
-	_, _, err := r.add(&frags[0], msgRef{pid: 1}, startOrder{})
+	_, _, err := r.add(&frags[0], msgRef{pid: 1}, &startOrder{})
 	require.NoError(t, err)
-	tr, whole, err := r.add(&frags[1], msgRef{pid: 2}, startOrder{})
+	tr, whole, err := r.add(&frags[1], msgRef{pid: 2}, &startOrder{})
 	require.NoError(t, err)
 	require.Equal(t, payload, whole)
 	if b := r.lend(tr, whole); b != nil {
@@ -465,7 +465,7 @@ func TestReassemblyFinishWithoutLend(t *testing.T) {
 	var tr *transfer
 	for i := range frags {
 		var err error
-		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(i)}, startOrder{reliable: true})
+		tr, whole, err = r.add(&frags[i], msgRef{pid: uint32(i)}, &startOrder{reliable: true})
 		require.NoError(t, err)
 	}
 	r.finish(tr)
@@ -477,4 +477,53 @@ func TestReassemblyFinishWithoutLend(t *testing.T) {
 		putPayload(b)
 	}
 	assert.Equal(t, payload, whole)
+}
+
+// A transfer whose fragments are all empty is an empty message: add
+// returned the transfer's nil arena, which read as incomplete, so the
+// message never came and the next FragmentStart on the TransferID was a
+// second start, a *ProtocolError (issue 38).
+func TestReassemblyAllEmpty(t *testing.T) {
+	r := reassembly{budget: 1 << 20, maxMessage: 1 << 20}
+	for round := range 4 {
+		// In order, then out of order (the message is then a copy).
+		frags := []message{{fragStart: true, fragment: true, id: 6, fragCount: 3}, {fragment: true, fragNumber: 1}, {fragment: true, fragNumber: 2}}
+		if round%2 == 1 {
+			frags[1], frags[2] = frags[2], frags[1]
+		}
+		var whole []byte
+		var done *transfer
+		for i := range frags {
+			tr, w, err := r.add(&frags[i], msgRef{pid: uint32(10*round + i)}, &startOrder{})
+			require.NoError(t, err, "round %d", round)
+			if w != nil {
+				whole, done = w, tr
+			}
+		}
+		require.NotNil(t, whole, "round %d: the transfer never completed", round)
+		assert.Empty(t, whole)
+		r.finish(done)
+	}
+	assert.Zero(t, r.active)
+	assert.Zero(t, r.bytes)
+}
+
+// The same over a session: the empty message is delivered, and the
+// TransferID is free for the next transfer.
+func TestEmptyFragmentedMessageDelivered(t *testing.T) {
+	p := newSimPair(t, nil, nil, perfect, perfect)
+	p.connect()
+	pid := p.client().send.nextPID
+	for round := range 2 {
+		d := datagram{header: header{packetID: pid, reliable: true}, msgs: []message{
+			{fragStart: true, fragment: true, id: 6, fragCount: 3, transferID: 9},
+			{fragment: true, transferID: 9, fragNumber: 1},
+			{fragment: true, transferID: 9, fragNumber: 2},
+		}}
+		pid++
+		p.inject(1, appendDatagram(nil, &d))
+		require.Equal(t, stateOK, p.server().state, "round %d: %v", round, p.server().err)
+		require.Len(t, p.h[1].msgs, round+1)
+		assert.Empty(t, p.h[1].msgs[round].Payload)
+	}
 }

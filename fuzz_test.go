@@ -135,7 +135,9 @@ func runFuzzScript(t *testing.T, p *simPair, script []byte, malformed func([]byt
 }
 
 // FuzzPacketAck applies fuzzed PacketAcks to a sender with reliable
-// datagrams in flight and checks the bookkeeping against a model.
+// datagrams in flight and checks the bookkeeping against a model: what an
+// ack names in flight is freed; one naming a PacketID the sender never
+// sent (skipped, or not reached yet) ends the connection.
 func FuzzPacketAck(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(append(appendPacketAck(nil, packetAck{base: 1000, more: 0x3ffffffff}), appendPacketAck(nil, packetAck{base: 1010, more: 5})...))
@@ -144,6 +146,17 @@ func FuzzPacketAck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, acks []byte) {
 		p := newSimPair(t, nil, nil, perfect, perfect)
 		p.client().startPIDAt(1000)
+		if len(acks)%packetAckSize == 0 {
+			// Whole PacketAcks only: a sender that skips nothing, so
+			// that the seeds' runs of PacketIDs reach the bookkeeping.
+			noSkips(p.client())
+		}
+		sentIDs := map[uint32]bool{} // the PacketIDs the client sent; the others from 1000 on it skipped
+		p.tap = func(from int, b []byte) {
+			if d, _, err := parseDatagram(b); from == 0 && err == nil {
+				sentIDs[d.packetID] = true
+			}
+		}
 		p.connect()
 		// The server hears nothing: 40 reliable datagrams stay in flight.
 		p.cut[0] = true
@@ -167,6 +180,17 @@ func FuzzPacketAck(f *testing.F) {
 			acks = acks[packetAckSize:]
 			a, ok := parsePacketAck(payload)
 			require.True(t, ok)
+			lie := false
+			a.each(func(id uint32) {
+				lie = lie || !seqLess(id, c.send.nextPID) || !seqLess(id, 1000) && !sentIDs[id]
+			})
+			if lie {
+				c.wire.(*specWire).handlePacketAck(p.now, payload)
+				var pe *ProtocolError
+				require.ErrorAs(t, c.err, &pe, "an ack of a PacketID never sent")
+				require.Equal(t, uint64(1), c.stats.ProtocolErrors)
+				return
+			}
 			a.each(func(id uint32) {
 				if n, ok := inFlight[id]; ok {
 					released += n

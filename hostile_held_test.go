@@ -20,29 +20,44 @@ import (
 // release took itself out of the waiters list by shifting all the others,
 // so a reorder window's worth cost their square: with the default
 // ReceiveBuffer, 174,761 empty messages from 440 datagrams took 4.2 s of
-// CPU in one expire. The oldest now leaves the list without a shift.
+// CPU in one expire. The waiters are now a linked list of wait nodes: one
+// leaves it without moving any other.
 func TestPeerHeldBehindReliable(t *testing.T) {
 	var r resolver
 	var w recvWindow
+	w.startAt(50)
+	w.add(100)
+	var tab depTable
 	// a: reliable, held for good for a message that never comes.
-	a := msgRef{pid: 2}
+	a := msgRef{pid: 100}
 	ha := r.newHeld()
 	ha.ref, ha.reliable = a, true
-	ha.deps = append(ha.deps, msgRef{pid: 1})
-	r.hold(ha, timeZero)
+	all := tab.fromRefs(a.pid, []msgRef{{pid: 99}})
+	r.hold(ha, timeZero, &tab, r.unresolved(&tab, all, &w, true))
 	hs := make([]*held, 1000)
 	for i := range hs {
 		h := r.newHeld()
-		h.ref = msgRef{pid: uint32(10 + i)}
-		h.deps = append(h.deps, a)
+		h.ref = msgRef{pid: uint32(200 + i)}
+		w.add(h.ref.pid)
+		all := tab.fromRefs(h.ref.pid, []msgRef{a})
+		lacks := r.unresolved(&tab, all, &w, false)
+		require.False(t, lacks.empty())
 		hs[i] = h
-		r.hold(h, timeZero.Add(time.Duration(i)))
+		r.hold(h, timeZero.Add(time.Duration(i)), &tab, lacks)
+	}
+	waiters := func() (n int, head *waitNode) {
+		for k := ha.waiters; k != 0; k = r.nodes[k-1].next {
+			n++
+		}
+		return n, &r.nodes[ha.waiters-1]
 	}
 	for i, h := range hs[:len(hs)-1] {
-		next := &r.waiters[a][1]
-		ready := r.expire(timeZero.Add(time.Duration(i)), &w, nil)
+		_, head := waiters()
+		ready := r.expire(timeZero.Add(time.Duration(i)), nil)
 		require.Equal(t, []*held{h}, ready)
-		require.Same(t, next, &r.waiters[a][0], "release %d shifted the waiters", i)
+		n, after := waiters()
+		require.Equal(t, len(hs)-i-1, n)
+		require.Same(t, head, after, "release %d moved the waiters", i)
 	}
 }
 
@@ -121,8 +136,8 @@ func TestPeerHoldingManyDependencies(t *testing.T) {
 		st := srv.Stats()
 		held := len(srv.sess.recv.res.held)
 		grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-		t.Logf("%d datagrams (%d bytes each): %d held (charged %d), %d waiter keys; heap grew %d KiB; dropped datagrams %d",
-			datagrams, wire/datagrams, held, srv.sess.recv.res.bytes, len(srv.sess.recv.res.waiters), grew>>10, st.DroppedDatagrams)
+		t.Logf("%d datagrams (%d bytes each): %d held (charged %d), %d wait nodes; heap grew %d KiB; dropped datagrams %d",
+			datagrams, wire/datagrams, held, srv.sess.recv.res.bytes, srv.sess.recv.res.usedNodes, grew>>10, st.DroppedDatagrams)
 		// Held state may reach heldCap ReceiveBuffers, charged by an
 		// estimate of its bookkeeping (heldDepCost); the heap it takes
 		// stays within twice that. Before the dependencies were charged,

@@ -98,7 +98,7 @@ func TestHostileStaleFragmentsAfterTransferIDReuse(t *testing.T) {
 	r := reassembly{maxMessage: 1 << 20, budget: 1 << 20}
 	add := func(m *message, pid uint32) []byte {
 		t.Helper()
-		tr, msg, err := r.add(m, msgRef{pid: pid}, spec)
+		tr, msg, err := r.add(m, msgRef{pid: pid}, &spec)
 		require.NoError(t, err)
 		if msg != nil {
 			msg = bytes.Clone(msg)
@@ -124,9 +124,9 @@ func TestHostileStaleFragmentsAfterTransferIDReuse(t *testing.T) {
 	add(frag(5, "A5"), 15)
 	add(&message{fragment: true, fragStart: true, transferID: 3, fragCount: 2, id: 400, payload: []byte("C0")}, 30)
 	assert.Equal(t, "C0C1", string(add(frag(1, "C1"), 31)))
-	_, _, err := r.add(frag(5, "D5"), msgRef{pid: 41}, spec)
+	_, _, err := r.add(frag(5, "D5"), msgRef{pid: 41}, &spec)
 	require.NoError(t, err)
-	_, _, err = r.add(&message{fragment: true, fragStart: true, transferID: 3, fragCount: 2, id: 400, payload: []byte("D0")}, msgRef{pid: 40}, spec)
+	_, _, err = r.add(&message{fragment: true, fragStart: true, transferID: 3, fragCount: 2, id: 400, payload: []byte("D0")}, msgRef{pid: 40}, &spec)
 	assert.ErrorIs(t, err, errFragNumber)
 
 	// The reference dialect resends under new PacketIDs: there an
@@ -139,18 +139,18 @@ func TestHostileStaleFragmentsAfterTransferIDReuse(t *testing.T) {
 			m = frag(1, "A1")
 			m.fragNumber = 1
 		}
-		_, _, err := r.add(m, msgRef{pid: pid}, ref)
+		_, _, err := r.add(m, msgRef{pid: pid}, &ref)
 		require.NoError(t, err)
 	}
-	tr, msg, err := r.add(frag(2, "A2"), msgRef{pid: 12}, ref)
+	tr, msg, err := r.add(frag(2, "A2"), msgRef{pid: 12}, &ref)
 	require.NoError(t, err)
 	require.Equal(t, "A0A1A2", string(msg))
 	r.finish(tr)
-	_, _, err = r.add(frag(2, "X2"), msgRef{pid: 5}, ref)
+	_, _, err = r.add(frag(2, "X2"), msgRef{pid: 5}, &ref)
 	require.NoError(t, err)
-	_, _, err = r.add(frag(1, "X1"), msgRef{pid: 6}, ref)
+	_, _, err = r.add(frag(1, "X1"), msgRef{pid: 6}, &ref)
 	require.NoError(t, err)
-	_, msg, err = r.add(next, msgRef{pid: 20}, ref)
+	_, msg, err = r.add(next, msgRef{pid: 20}, &ref)
 	require.NoError(t, err)
 	assert.Equal(t, "B0X1X2", string(msg), "fragments sent again under new PacketIDs before their start are kept")
 }
@@ -255,15 +255,15 @@ func TestHostileRepeatedFragmentsBounded(t *testing.T) {
 	spec := startOrder{pidOrder: true}
 	const count = 4096
 	r := reassembly{maxMessage: 16 << 20, budget: 16 << 20}
-	_, _, err := r.add(&message{fragment: true, fragStart: true, transferID: 1, fragCount: count, id: 400, payload: []byte{1}}, msgRef{pid: 1}, spec)
+	_, _, err := r.add(&message{fragment: true, fragStart: true, transferID: 1, fragCount: count, id: 400, payload: []byte{1}}, msgRef{pid: 1}, &spec)
 	require.NoError(t, err)
 	for n := uint32(1); n < count-1; n++ {
-		_, _, err := r.add(&message{fragment: true, transferID: 1, fragNumber: n, payload: []byte{1}}, msgRef{pid: 2}, spec)
+		_, _, err := r.add(&message{fragment: true, transferID: 1, fragNumber: n, payload: []byte{1}}, msgRef{pid: 2}, &spec)
 		require.NoError(t, err)
 	}
 	repeats := 0
 	for ; repeats < 1000; repeats++ {
-		_, _, err = r.add(&message{fragment: true, transferID: 1, fragNumber: 1, payload: []byte{1}}, msgRef{pid: 3}, spec)
+		_, _, err = r.add(&message{fragment: true, transferID: 1, fragNumber: 1, payload: []byte{1}}, msgRef{pid: 3}, &spec)
 		if err != nil {
 			break
 		}
@@ -274,17 +274,17 @@ func TestHostileRepeatedFragmentsBounded(t *testing.T) {
 
 	// Within the bound, the transfer completes intact.
 	r = reassembly{maxMessage: 16 << 20, budget: 16 << 20}
-	_, _, err = r.add(&message{fragment: true, fragStart: true, transferID: 1, fragCount: count, id: 400, payload: []byte{0}}, msgRef{pid: 1}, spec)
+	_, _, err = r.add(&message{fragment: true, fragStart: true, transferID: 1, fragCount: count, id: 400, payload: []byte{0}}, msgRef{pid: 1}, &spec)
 	require.NoError(t, err)
 	for n := uint32(1); n < count-1; n++ {
-		_, _, err := r.add(&message{fragment: true, transferID: 1, fragNumber: n, payload: []byte{byte(n)}}, msgRef{pid: 2}, spec)
+		_, _, err := r.add(&message{fragment: true, transferID: 1, fragNumber: n, payload: []byte{byte(n)}}, msgRef{pid: 2}, &spec)
 		require.NoError(t, err)
 	}
 	for range 8 {
-		_, _, err = r.add(&message{fragment: true, transferID: 1, fragNumber: 7, payload: []byte{7}}, msgRef{pid: 3}, spec)
+		_, _, err = r.add(&message{fragment: true, transferID: 1, fragNumber: 7, payload: []byte{7}}, msgRef{pid: 3}, &spec)
 		require.NoError(t, err)
 	}
-	_, msg, err := r.add(&message{fragment: true, transferID: 1, fragNumber: count - 1, payload: []byte{byte((count - 1) % 256)}}, msgRef{pid: 4}, spec)
+	_, msg, err := r.add(&message{fragment: true, transferID: 1, fragNumber: count - 1, payload: []byte{byte((count - 1) % 256)}}, msgRef{pid: 4}, &spec)
 	require.NoError(t, err)
 	require.Len(t, msg, count)
 	for i, b := range msg {

@@ -247,7 +247,10 @@ func (e *TimeoutError) Unwrap() error {
 
 // ProtocolError ends a connection whose peer broke the protocol in a way
 // that could make us hold unbounded state, such as a fragmented transfer
-// announcing more than MaxMessageSize.
+// announcing more than MaxMessageSize, or send more than the path
+// carries: an ack of a PacketID never sent, which only a peer acking
+// what it did not receive sends (knet skips a PacketID now and then, at
+// random, to catch one).
 type ProtocolError struct{ Err error }
 
 func (e *ProtocolError) Error() string { return "knet: peer broke the protocol: " + e.Err.Error() }

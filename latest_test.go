@@ -165,7 +165,7 @@ func TestReliableLatestStateHostileTags(t *testing.T) {
 	p.run(100*time.Millisecond, nil)
 	send := func(reliable bool, msgs ...message) {
 		pid := p.client().send.nextPID
-		p.client().numberNew()
+		p.client().numberNew(reliable)
 		h := header{packetID: pid, reliable: reliable}
 		b := appendHeader(nil, &h)
 		for i := range msgs {

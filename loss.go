@@ -174,16 +174,32 @@ type relRange struct {
 	count int
 }
 
-// onPacketAck takes one PacketAck, adding to r what it frees.
+// onPacketAck takes one PacketAck, adding to r what it frees: one search
+// of the sent window for its base, then a walk over the datagrams in
+// flight within its span. Whether it names a PacketID never sent is the
+// session's to check first (session.ackedUnsent); here a PacketID that
+// names nothing in flight (an unreliable datagram's, one acked already
+// or older than every one in flight) is passed over.
 func (l *lossState) onPacketAck(now time.Time, a packetAck, r *ackResult) {
-	a.each(func(id uint32) { l.ackOne(now, id, r) })
+	w := &l.sent
+	for k := w.search(a.base); k < w.n; k++ {
+		s := w.at(k)
+		off := uint32(seqDiff(a.base, s.packetID))
+		if off > packetAckBits {
+			return
+		}
+		if off > 0 && a.more>>(off-1)&1 == 0 {
+			continue
+		}
+		if d, through := w.unacked(s); d != nil {
+			l.ackOne(now, d, through, r)
+		}
+	}
 }
 
-func (l *lossState) ackOne(now time.Time, id uint32, r *ackResult) {
-	d, through := l.sent.find(id)
-	if d == nil {
-		return
-	}
+// ackOne takes the ack of d, in flight; through says the ack named the
+// PacketID it had before a resend under a new one (see sentWindow.rekey).
+func (l *lossState) ackOne(now time.Time, d *sent, through bool, r *ackResult) {
 	// Acked sooner after its resend than any round trip took: the ack is
 	// the first send's, and the resend was needless. Resent under a new
 	// PacketID, the ack tells which send it is for.

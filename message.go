@@ -2,6 +2,7 @@ package knet
 
 import (
 	"errors"
+	"math/bits"
 )
 
 // Message block (spec "Message Block Format"):
@@ -158,11 +159,26 @@ func appendMessage(b []byte, m *message) []byte {
 // parseMessage decodes the message block at the start of b. The payload and
 // the MultiInOrderIndexArray alias b.
 func parseMessage(b []byte) (m message, n int, err error) {
+	if n, err = parseMessageInto(b, &m); err != nil {
+		return message{}, 0, err
+	}
+	return m, n, nil
+}
+
+// parseMessageInto is parseMessage into m, which must be zero; on an error
+// m is left part filled.
+func parseMessageInto(b []byte, m *message) (n int, err error) {
 	if len(b) < minMessageSize {
-		return message{}, 0, errShortMessage
+		return 0, errShortMessage
 	}
 	// u16: bit 15 FragmentStart, bit 14 Fragment, bits 11-13 InOrder, bits 0-10 ContentLength.
 	h := uint16(b[0]) | uint16(b[1])<<8
+	if cl := int(h); h&^maxContentLength == 0 && cl > 0 && len(b)-2 >= cl && b[2] < 0x80 {
+		// Most blocks: no flag, no InOrder code, a one-byte MessageID.
+		m.id = uint32(b[2])
+		m.payload = b[3 : 2+cl : 2+cl]
+		return 2 + cl, nil
+	}
 	m.fragStart = h&flagFragmentStart != 0
 	// A FragmentStart is the first fragment, so it is a fragment too,
 	// whether or not the sender set bit 14.
@@ -174,19 +190,19 @@ func parseMessage(b []byte) (m message, n int, err error) {
 	case orderSingle:
 		// u8 SingleInOrderIndex.
 		if len(b) < n+1 {
-			return message{}, 0, errShortMessage
+			return 0, errShortMessage
 		}
 		m.orderIndex = b[n]
 		n++
 	case orderMulti:
 		// u8 MultiInOrderIndexCount, then that many u8 indices.
 		if len(b) < n+1 {
-			return message{}, 0, errShortMessage
+			return 0, errShortMessage
 		}
 		k := int(b[n])
 		n++
 		if len(b) < n+k {
-			return message{}, 0, errShortMessage
+			return 0, errShortMessage
 		}
 		m.orderMulti = b[n : n+k : n+k]
 		n += k
@@ -195,7 +211,7 @@ func parseMessage(b []byte) (m message, n int, err error) {
 		// VLE-1.7/1.7/16 FragmentCount.
 		v, k := consumeVLE32(b[n:])
 		if k < 0 {
-			return message{}, 0, errShortMessage
+			return 0, errShortMessage
 		}
 		m.fragCount = v
 		n += k
@@ -203,7 +219,7 @@ func parseMessage(b []byte) (m message, n int, err error) {
 	if m.fragment {
 		// u8 TransferID.
 		if len(b) < n+1 {
-			return message{}, 0, errShortMessage
+			return 0, errShortMessage
 		}
 		m.transferID = b[n]
 		n++
@@ -212,14 +228,14 @@ func parseMessage(b []byte) (m message, n int, err error) {
 		// VLE-1.7/1.7/16 FragmentNumber.
 		v, k := consumeVLE32(b[n:])
 		if k < 0 {
-			return message{}, 0, errShortMessage
+			return 0, errShortMessage
 		}
 		m.fragNumber = v
 		n += k
 	}
 	// Content: ContentLength bytes.
 	if len(b)-n < cl {
-		return message{}, 0, errContentOverflow
+		return 0, errContentOverflow
 	}
 	content := b[n : n+cl : n+cl]
 	n += cl
@@ -227,13 +243,13 @@ func parseMessage(b []byte) (m message, n int, err error) {
 		// VLE-1.7/1.7/16 MessageID at the start of the content block.
 		v, k := consumeVLE32(content)
 		if k < 0 {
-			return message{}, 0, errMissingMessageID
+			return 0, errMissingMessageID
 		}
 		m.id = v
 		content = content[k:]
 	}
 	m.payload = content
-	return m, n, nil
+	return n, nil
 }
 
 // Reserved message contents.
@@ -274,6 +290,11 @@ func parsePacketAck(p []byte) (a packetAck, ok bool) {
 func (a packetAck) names(id uint32) bool {
 	k := (id - a.base) & packetIDMask
 	return k == 0 || k <= packetAckBits && a.more>>(k-1)&1 != 0
+}
+
+// last returns the newest PacketID a names.
+func (a packetAck) last() uint32 {
+	return (a.base + uint32(bits.Len64(a.more))) & packetIDMask
 }
 
 // each calls f for every PacketID a names, in increasing order.

@@ -174,6 +174,9 @@ func TestProofSpec(t *testing.T) {
 		{"wrong guess of 35", []step{{true, acking(func(r uint32) packetAck {
 			return packetAck{base: (r + 1) & packetIDMask, more: 1<<34 - 1}
 		}, message{id: idConnectAck})}}, -1, true},
+		{"the right ack naming one never sent", []step{{true, acking(func(r uint32) packetAck {
+			return packetAck{base: r, more: 1}
+		}, message{id: idConnectAck})}}, -1, true},
 		{"wrong ack after a ConnectAck", []step{{true, connectAck}, {false, acking(func(r uint32) packetAck { return packetAck{base: r - 1} })}}, -1, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -329,6 +332,9 @@ func TestProofReference(t *testing.T) {
 		{"PingReply after a message", func(p byte) [][]cppMessage { return [][]cppMessage{{app}, {reply(p), app}} }, 1, false},
 		{"no PingReply", func(byte) [][]cppMessage { return [][]cppMessage{{app}} }, -1, false},
 		{"wrong PingReply", func(p byte) [][]cppMessage { return [][]cppMessage{{reply(p + 1)}} }, -1, true},
+		{"an ack of a PacketID never sent", func(byte) [][]cppMessage {
+			return [][]cppMessage{{{inOrder: true, id: idPacketAck, payload: appendCppPacketAck(nil, packetAck{base: 5})}}}
+		}, -1, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newProofRig(t, DialectReference, nil)

@@ -33,11 +33,13 @@ func TestReceiptsAttackReplacedFragmentedLatestIsLost(t *testing.T) {
 	assert.Equal(t, []bool{true}, told[last])
 }
 
-// A peer acking PacketIDs it never got: ones never sent, far ahead, and
-// those of unreliable datagrams that asked no ack. No receipt is told
-// for them and nothing breaks; the ack of a datagram that did ask
-// (a plaintext peer may ack what it likes: its own acks are its word)
-// tells its messages delivered, once.
+// A peer acking PacketIDs it never got: those of unreliable datagrams
+// that asked no ack, and ones older than any sent. No receipt is told
+// for them and nothing breaks; the ack of a datagram that did ask (a
+// plaintext peer may ack what it likes: its own acks are its word) tells
+// its messages delivered, once. An ack of a PacketID never sent (not
+// reached yet, far ahead) is a lie no honest peer can tell: it ends the
+// connection (issue 38).
 func TestReceiptsAttackForgedAcks(t *testing.T) {
 	p := newSimPair(t, &Config{Receipts: true}, nil, perfect, perfect)
 	p.connect()
@@ -57,7 +59,7 @@ func TestReceiptsAttackForgedAcks(t *testing.T) {
 	c := p.client()
 	ack := func(ids ...uint32) {
 		pid := p.server().send.nextPID
-		p.server().numberNew()
+		p.server().numberNew(false)
 		h := header{packetID: pid}
 		b := appendHeader(nil, &h)
 		for _, id := range ids {
@@ -65,12 +67,26 @@ func TestReceiptsAttackForgedAcks(t *testing.T) {
 		}
 		p.inject(0, b)
 	}
-	ack(asked[0]-1, asked[0]+1, asked[0]+1000, c.send.nextPID+5, (asked[0]+1<<21)&packetIDMask)
+	// The datagram before the one that asked, and a PacketID in the half
+	// behind the next one (serial arithmetic): older than any sent.
+	ack(asked[0]-1, (c.send.nextPID+1<<21+1)&packetIDMask)
 	assert.Empty(t, p.h[0].receipts, "no receipt for what asked no ack")
 	ack(asked[0], asked[0])
 	assert.Equal(t, []bool{true}, receiptsOf(p.h[0].receipts)[ref], "the peer's word, once")
 	assert.Equal(t, stateOK, c.state)
 	assert.False(t, c.rcptOf().awaitsAck())
+	for _, ahead := range []uint32{0, 5, 1000} {
+		q := newSimPair(t, &Config{Receipts: true}, nil, perfect, perfect)
+		q.connect()
+		q.run(100*time.Millisecond, nil)
+		qc := q.client()
+		h := header{packetID: q.server().send.nextPID}
+		q.server().numberNew(false)
+		q.inject(0, qc.wire.appendAck(appendHeader(nil, &h), packetAck{base: (qc.send.nextPID + ahead) & packetIDMask}))
+		var pe *ProtocolError
+		assert.ErrorAs(t, qc.err, &pe, "an ack %d PacketIDs past the next", ahead)
+		assert.Equal(t, uint64(1), qc.stats.ProtocolErrors)
+	}
 }
 
 // In a secure session, no one without the keys can make a receipt say
@@ -123,7 +139,7 @@ func TestReceiptsAttackAckRequestFlood(t *testing.T) {
 	var sent []uint32
 	for i := range 5000 {
 		pid := p.client().send.nextPID
-		p.client().numberNew()
+		p.client().numberNew(false)
 		h := header{packetID: pid}
 		b := appendHeader(nil, &h)
 		// The request first, last, twice.

@@ -254,7 +254,7 @@ func TestReceiptsHostileAckRequests(t *testing.T) {
 				}
 			}
 			pid := p.client().send.nextPID
-			p.client().numberNew()
+			p.client().numberNew(c.rel)
 			h := header{packetID: pid, reliable: c.rel}
 			b := appendHeader(nil, &h)
 			for i := range c.msgs {

@@ -61,7 +61,9 @@ func TestEchoThroughBurstyLoss(t *testing.T) {
 		over     int           // seeds allowed past max
 	}{
 		{"per datagram", func(p *netsim.Params) { p.BurstLen = 3 }, 48, 1500 * time.Millisecond, 5 * time.Second, 1},
-		{"in time", func(p *netsim.Params) { p.BurstDuration = 20 * time.Millisecond }, 24, time.Second, 1500 * time.Millisecond, 0},
+		// Over 400 seeds 2-3% wait 1.5s or more (9 before PacketIDs
+		// were skipped, 10 after, issue 38): 48 seeds, one allowed.
+		{"in time", func(p *netsim.Params) { p.BurstDuration = 20 * time.Millisecond }, 48, time.Second, 1500 * time.Millisecond, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := func(seed uint64) netsim.Params {

@@ -10,16 +10,26 @@ type recvQueue struct {
 	arena   []byte
 	start   int // arena bytes before start are consumed
 	owned   int // unread bytes of the entries with their own buffer
+	// bufs holds those buffers (made with the first), so that entries
+	// keep no pointer: queueing one is a plain copy.
+	bufs *recvBufs
 	// The most entries and arena bytes in use since the last trim.
-	peakEntries, peakBytes int
+	peakEntries, peakBytes int32
+}
+
+// recvBufs is the buffers of the queue's entries that have their own, in
+// the order of their entries; those before done are read.
+type recvBufs struct {
+	b    []*[]byte
+	done int
 }
 
 type recvEntry struct {
 	id       uint32
-	off, n   int
-	buf      *[]byte // the payload's own pooled buffer, or nil: in arena
 	reliable bool
 	inOrder  bool
+	own      int32 // the payload's own pooled buffer, bufs.b[own-1]; 0: in arena
+	off, n   int
 }
 
 func (q *recvQueue) len() int { return len(q.entries) - q.head }
@@ -40,25 +50,59 @@ func (q *recvQueue) charged() int { return q.used() + q.len()*recvEntryCost }
 // the queue puts it back in the pool once the message is read, unless
 // take gives it to the application.
 func (q *recvQueue) pushOwned(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) {
-	q.entries = append(q.entries, recvEntry{id: id, n: len(payload), buf: buf, reliable: reliable, inOrder: inOrder})
+	if q.bufs == nil {
+		q.bufs = new(recvBufs)
+	}
+	bs := q.bufs
+	if bs.done > 64 && bs.done > len(bs.b)/2 {
+		// Forget the buffers read.
+		n := copy(bs.b, bs.b[bs.done:])
+		clear(bs.b[n:])
+		bs.b = bs.b[:n]
+		for i := q.head; i < len(q.entries); i++ {
+			if q.entries[i].own != 0 {
+				q.entries[i].own -= int32(bs.done)
+			}
+		}
+		bs.done = 0
+	}
+	bs.b = append(bs.b, buf)
+	q.entries = append(q.entries, recvEntry{id: id, n: len(payload), own: int32(len(bs.b)), reliable: reliable, inOrder: inOrder})
 	q.owned += len(payload)
 }
 
 func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
+	q.compact()
+	q.add(id, payload, reliable, inOrder)
+	q.peaks()
+}
+
+// compact moves the arena's unread bytes to its start once most of it is
+// read; add queues a message in the arena, and peaks notes the most used,
+// once a batch is added.
+func (q *recvQueue) compact() {
 	if q.start > 64<<10 && q.start > len(q.arena)/2 {
 		n := copy(q.arena, q.arena[q.start:])
 		q.arena = q.arena[:n]
 		for i := q.head; i < len(q.entries); i++ {
-			if q.entries[i].buf == nil {
+			if q.entries[i].own == 0 {
 				q.entries[i].off -= q.start
 			}
 		}
 		q.start = 0
 	}
+}
+
+func (q *recvQueue) add(id uint32, payload []byte, reliable, inOrder bool) {
 	q.entries = append(q.entries, recvEntry{id: id, off: len(q.arena), n: len(payload), reliable: reliable, inOrder: inOrder})
-	q.arena = append(q.arena, payload...)
-	q.peakEntries = max(q.peakEntries, len(q.entries))
-	q.peakBytes = max(q.peakBytes, len(q.arena))
+	if len(payload) > 0 {
+		q.arena = append(q.arena, payload...)
+	}
+}
+
+func (q *recvQueue) peaks() {
+	q.peakEntries = max(q.peakEntries, int32(min(len(q.entries), 1<<31-1)))
+	q.peakBytes = max(q.peakBytes, int32(min(len(q.arena), 1<<31-1)))
 }
 
 // trim lets go of the storage of an empty queue when it is much more than
@@ -67,10 +111,10 @@ func (q *recvQueue) push(id uint32, payload []byte, reliable, inOrder bool) {
 // over, an idle connection's altogether.
 func (q *recvQueue) trim() {
 	if q.len() == 0 {
-		if q.peakEntries == 0 || cap(q.arena) > 2*q.peakBytes+256 {
+		if q.peakEntries == 0 || cap(q.arena) > 2*int(q.peakBytes)+256 {
 			q.arena, q.start = nil, 0
 		}
-		if q.peakEntries == 0 || cap(q.entries) > 2*q.peakEntries+8 {
+		if q.peakEntries == 0 || cap(q.entries) > 2*int(q.peakEntries)+8 {
 			q.entries, q.head = nil, 0
 		}
 	}
@@ -80,8 +124,8 @@ func (q *recvQueue) trim() {
 func (q *recvQueue) peek() *recvEntry { return &q.entries[q.head] }
 
 func (q *recvQueue) bytes(e *recvEntry) []byte {
-	if e.buf != nil {
-		return (*e.buf)[e.off : e.off+e.n]
+	if e.own != 0 {
+		return (*q.bufs.b[e.own-1])[e.off : e.off+e.n]
 	}
 	return q.arena[e.off : e.off+e.n]
 }
@@ -89,10 +133,12 @@ func (q *recvQueue) bytes(e *recvEntry) []byte {
 // take pops the head entry, returning a copy of its payload, or the
 // payload's own buffer, which is then the application's.
 func (q *recvQueue) take(e *recvEntry) []byte {
-	if e.buf != nil {
+	if e.own != 0 {
 		p := q.bytes(e)
 		q.owned -= e.n
-		e.buf = nil
+		q.bufs.b[e.own-1] = nil
+		q.bufs.done++
+		e.own = 0
 		q.advance()
 		return p
 	}
@@ -106,10 +152,12 @@ func (q *recvQueue) take(e *recvEntry) []byte {
 
 func (q *recvQueue) pop() {
 	e := &q.entries[q.head]
-	if e.buf != nil {
+	if e.own != 0 {
 		q.owned -= e.n
-		putPayload(e.buf)
-		e.buf = nil
+		putPayload(q.bufs.b[e.own-1])
+		q.bufs.b[e.own-1] = nil
+		q.bufs.done++
+		e.own = 0
 	} else {
 		q.start = e.off + e.n
 	}
@@ -124,6 +172,9 @@ func (q *recvQueue) advance() {
 		q.head = 0
 		q.arena = q.arena[:0]
 		q.start = 0
+		if q.bufs != nil {
+			q.bufs.b, q.bufs.done = q.bufs.b[:0], 0 // all read, nil
+		}
 		if cap(q.arena) > 1<<20 {
 			q.arena = nil // give a burst's memory back
 		}
@@ -142,7 +193,7 @@ func (q *recvQueue) read(p []byte) int {
 		} else {
 			e.off += k
 			e.n -= k
-			if e.buf != nil {
+			if e.own != 0 {
 				q.owned -= k
 			} else {
 				q.start = e.off

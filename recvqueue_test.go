@@ -71,3 +71,27 @@ func TestRecvQueueCompactKeepsOwned(t *testing.T) {
 	require.Equal(t, "more", string(q.take(q.peek())))
 	require.Equal(t, 0, q.used())
 }
+
+// Entries keep no pointer: the buffers of those that have their own wait
+// beside them in order, and those read are let go even when the queue
+// never empties.
+func TestRecvQueueOwnedNeverEmpty(t *testing.T) {
+	var q recvQueue
+	q.push(5, []byte("first"), true, true)
+	for i := range 1000 {
+		b := getPayload(70000)
+		*b = append((*b)[:0], bytes.Repeat([]byte{byte(i)}, 70000)...)
+		q.pushOwned(uint32(6+i), *b, b, true, true)
+		q.push(uint32(6+i), []byte{byte(i)}, true, true)
+		// The message before: "first", then the last one pushed.
+		q.pop()
+		e := q.peek()
+		require.Equal(t, uint32(6+i), e.id)
+		require.Equal(t, bytes.Repeat([]byte{byte(i)}, 70000), q.bytes(e))
+		q.pop()
+		require.Equal(t, []byte{byte(i)}, q.bytes(q.peek()))
+		require.Less(t, len(q.bufs.b), 200, "read buffers kept")
+	}
+	require.Equal(t, 1, q.len())
+	require.Equal(t, 1, q.used())
+}

@@ -2,14 +2,15 @@ package knet
 
 import (
 	"container/heap"
-	"slices"
+	"math/bits"
 	"time"
 )
 
 // The receiver's side of ordering (spec "InOrder Datagrams and Messages",
 // DECISIONS §5): received messages held until what they depend on is
 // applied, and the unreliable ones given up on after their reorder window.
-// session_apply.go applies what it releases.
+// session_apply.go applies what it releases; deptable.go holds the
+// dependency entries of a datagram and the groups its held messages form.
 
 // heldKind says what a held message is, so that the session knows how to
 // apply it.
@@ -30,11 +31,18 @@ type held struct {
 	payload  []byte // owned
 	reliable bool
 	inOrder  bool
-	deps     []msgRef // not yet resolved
 	deadline time.Time
 	heapIdx  int
 	done     bool
 	cost     int // what it is charged in resolver.bytes (heldCost)
+	// Its dependencies: the entries of its group (the datagram's) not yet
+	// resolved for it, and how many.
+	group   *depGroup
+	member  int32 // its index among the group's members
+	unres   depBits
+	pending int
+	// waiters is the first wait node of the groups waiting for it (+1).
+	waiters int32
 }
 
 // resolver holds received messages until their dependencies are applied.
@@ -44,83 +52,174 @@ type held struct {
 // unreliable message waits at most the reorder window for a dependency; what
 // it gives up on is declared missing, and an unreliable message declared
 // missing is dropped if it arrives later. A reliable message never gives up.
+//
+// What waits for a datagram not arrived waits on its PacketID, one wait per
+// group (the held messages of one datagram) and PacketID, resolved when the
+// datagram has been handled (arrived); what waits for a held message waits
+// on it, resolved when it is applied or dropped (wake).
 type resolver struct {
-	held    map[msgRef]*held
-	waiters map[msgRef][]*held
-	missing map[msgRef]struct{}
-	missQ   []msgRef // insertion order of missing, for eviction
-	timed   heldHeap // unreliable held messages, by deadline
-	bytes   int      // what the held messages are charged (heldCost)
-	free    freeList[*held]
-	gaveUp  []msgRef
-	// givingUp is expire's stack of held messages given up on together.
-	givingUp []*held
+	held  map[uint64]*held // by refKey
+	timed heldHeap         // unreliable held messages, by deadline
+	bytes int              // what the held messages and their groups are charged
+	free  freeList[*held]
+	// The datagram being handled: its dependency table, kept up to date
+	// as the resolver changes (hold, release, declareMissing), and what
+	// is known of its PacketID.
+	tab *depTable
+	cur *pidRec
 	// floor is the newest message that an unreliable dependent gave up
 	// on. An unreliable in-order message sent before it (an earlier
 	// datagram, or earlier in the same one) comes too late: a newer message
 	// already went without its successors, so it is dropped.
 	floor    msgRef
 	hasFloor bool
+	// The rest, made with the first message held or declared missing:
+	// most connections never hold one.
+	*depState
 }
 
-const maxMissing = 4096
+// depState is the resolver's bookkeeping of what waits for what.
+type depState struct {
+	pids map[uint32]*pidRec
+	// recGen changes whenever a pidRec is made or forgotten (depTable's
+	// runs cache them).
+	recGen uint32
+	// missQ holds the records with messages declared missing, oldest
+	// first from missHead; nmiss and missWords count what they hold.
+	missQ     []*pidRec
+	missHead  int
+	nmiss     int
+	missWords int
+	nodes     []waitNode
+	freeNode  int32 // first free node (+1)
+	usedNodes int
+	groups    freeList[*depGroup]
+	dead      []*depGroup // groups left without members, to free (reap)
+	// stack is expire's: held messages given up on together.
+	stack []*held
+	// waitIdx, for the datagram being handled, are the indices of its
+	// messages held ones wait for (waitedOn), once asked.
+	waitIdx   []uint64
+	waitKnown bool
+}
+
+const (
+	// maxMissing bounds the messages declared missing that are
+	// remembered, and maxMissWords the words their sets take.
+	maxMissing   = 4096
+	maxMissWords = 8192
+	// maxFreeGroups bounds the groups kept for reuse.
+	maxFreeGroups = 64
+)
 
 // init readies the maps on first use: most connections never hold a
 // message.
 func (r *resolver) init() {
 	if r.held == nil {
-		r.held = make(map[msgRef]*held)
-		r.waiters = make(map[msgRef][]*held)
-		r.missing = make(map[msgRef]struct{})
+		r.held = make(map[uint64]*held)
+	}
+	if r.depState == nil {
+		r.depState = &depState{pids: make(map[uint32]*pidRec)}
 	}
 }
 
-// resolved reports whether dependency d is satisfied for a dependent of
-// the given kind. A message declared missing satisfies unreliable
-// dependents only: a reliable one waits for it (DECISIONS §5).
-func (r *resolver) resolved(w *recvWindow, d msgRef, reliable bool) bool {
-	if _, ok := r.held[d]; ok {
-		return false
+// heldAt returns the message held at ref, or nil.
+func (r *resolver) heldAt(ref msgRef) *held {
+	if len(r.held) == 0 {
+		return nil
 	}
-	if w.contains(d.pid) {
-		return true
-	}
-	if reliable {
-		return false
-	}
-	_, ok := r.missing[d]
-	return ok
+	return r.held[refKey(ref)]
 }
 
-// waitedOn reports whether a held message waits on ref: the test for a
-// datagram that makes progress.
-func (r *resolver) waitedOn(ref msgRef) bool {
-	return len(r.waiters[ref]) > 0
-}
-
-// lateDrop reports whether an arriving unreliable message was declared
-// missing and must be dropped; it forgets the declaration either way.
-func (r *resolver) lateDrop(ref msgRef, reliable bool) bool {
-	if len(r.missing) == 0 {
-		return false
-	}
-	if _, ok := r.missing[ref]; !ok {
-		return false
-	}
-	delete(r.missing, ref)
-	return !reliable
-}
-
-// pendingDeps filters deps down to those not yet resolved, in place.
-func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef, reliable bool) []msgRef {
-	k := 0
-	for _, d := range deps {
-		if !r.resolved(w, d, reliable) {
-			deps[k] = d
-			k++
+// begin starts the handling of the datagram with PacketID pid, whose
+// dependency table is t (filled when first needed).
+func (r *resolver) begin(pid uint32, t *depTable) {
+	t.reset(pid)
+	r.tab, r.cur = t, nil
+	if r.depState != nil {
+		r.waitKnown = false
+		if len(r.pids) > 0 {
+			r.cur = r.pids[pid]
 		}
 	}
-	return deps[:k]
+}
+
+// end ends the handling of the datagram begun, and returns, released, the
+// held messages ready now that it arrived (see arrived); with arrived
+// false (the datagram was not taken in) nothing changes.
+func (r *resolver) end(arrived bool, ready []*held) []*held {
+	rec := r.cur
+	r.tab, r.cur = nil, nil
+	if arrived && rec != nil {
+		ready = r.arrived(rec, ready)
+	}
+	return ready
+}
+
+// state returns where entry e of t stands, looking it up if it is not
+// known: applied, held, not arrived, or declared missing.
+func (r *resolver) state(t *depTable, e int, w *recvWindow) entryState {
+	en := &t.ent[e]
+	if en.state != stUnknown {
+		return en.state
+	}
+	ru := &t.runs[en.run]
+	var gen uint32
+	if r.depState != nil {
+		gen = r.recGen
+	}
+	if !ru.known || ru.gen != gen {
+		ru.contained = w.contains(ru.pid)
+		ru.rec = nil
+		if !ru.contained && r.depState != nil && len(r.pids) > 0 {
+			ru.rec = r.pids[ru.pid]
+		}
+		ru.known, ru.gen = true, gen
+	}
+	switch {
+	case ru.contained:
+		en.state = stApplied
+		if h := r.heldAt(en.ref); h != nil {
+			en.state, en.on = stHeld, h
+		}
+	case ru.rec != nil && ru.rec.missing(en.ref.idx):
+		en.state = stMissing
+	default:
+		en.state = stAbsent
+	}
+	return en.state
+}
+
+// unresolved returns the entries of all not yet resolved for a dependent,
+// reliable or not.
+func (r *resolver) unresolved(t *depTable, all depBits, w *recvWindow, reliable bool) (out depBits) {
+	for k, x := range all {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			st := t.ent[e].state
+			if st == stUnknown {
+				st = r.state(t, e, w)
+			}
+			if st.lacks(reliable) {
+				out.set(e)
+			}
+		}
+	}
+	return out
+}
+
+// lateDrop reports whether an arriving message of the datagram being
+// handled was declared missing and, unreliable, must be dropped; it
+// forgets the declaration either way.
+func (r *resolver) lateDrop(ref msgRef, reliable bool) bool {
+	p := r.cur
+	if p == nil || p.pid != ref.pid || !p.missing(ref.idx) {
+		return false
+	}
+	p.miss[ref.idx>>6] &^= 1 << (ref.idx & 63)
+	p.nmiss--
+	r.nmiss--
+	return !reliable
 }
 
 // heldRecordCost is what holding one message costs beyond its payload (the
@@ -130,31 +229,97 @@ func (r *resolver) pendingDeps(w *recvWindow, deps []msgRef, reliable bool) []ms
 // from 200 datagrams, TestPeerHoldingEmptyMessages).
 const heldRecordCost = 192
 
-// heldDepCost is what each dependency of a held message costs (its entry
-// in the message's list and in the waiters map): a peer's messages naming
-// 255 datagrams each, charged only heldRecordCost, held 60 times the
-// buffer (TestPeerHoldingManyDependencies).
+// heldDepCost is what each dependency of a held message costs (its bit and
+// its entry in the group's lists): a peer's messages naming 255 datagrams
+// each, charged only heldRecordCost, held 60 times the buffer
+// (TestPeerHoldingManyDependencies).
 const heldDepCost = 64
 
 // heldCost is what holding a message of n payload bytes and deps
 // dependencies is charged against ReceiveBuffer.
 func heldCost(n, deps int) int { return n + heldRecordCost + deps*heldDepCost }
 
-// hold keeps h until its dependencies (h.deps, all unresolved) are applied.
-// An unreliable message gives up at deadline.
-func (r *resolver) hold(h *held, deadline time.Time) {
-	r.init()
-	r.held[h.ref] = h
-	h.cost = heldCost(len(h.payload), len(h.deps))
-	r.bytes += h.cost
-	for _, d := range h.deps {
-		r.waiters[d] = append(r.waiters[d], h)
+// holdCost is what holding a message of n payload bytes lacking deps,
+// entries of t, would be charged: heldCost, and t's group if it is the
+// first of its datagram held.
+func (r *resolver) holdCost(t *depTable, n int, deps depBits) int {
+	c := heldCost(n, deps.count())
+	if t.group == nil && !deps.empty() {
+		c += t.n * groupEntryCost
 	}
+	return c
+}
+
+// hold keeps h until the entries of t in lacks, all unresolved, are
+// applied; an unreliable message gives up at deadline. A message with
+// nothing lacking holds a place (heldFragments).
+func (r *resolver) hold(h *held, deadline time.Time, t *depTable, lacks depBits) {
+	r.init()
+	r.held[refKey(h.ref)] = h
+	h.cost = heldCost(len(h.payload), lacks.count())
+	r.bytes += h.cost
 	h.heapIdx = -1
-	if !h.reliable && len(h.deps) > 0 {
+	if r.tab != nil && h.ref.pid != r.tab.pid {
+		r.tab.invalidate(h.ref)
+	}
+	if lacks.empty() {
+		return
+	}
+	g := t.group
+	if g == nil {
+		g, _ = r.groups.get()
+		if g == nil {
+			g = new(depGroup)
+		}
+		g.fill(t)
+		r.bytes += g.cost
+		t.group = g
+	}
+	r.join(g, h, t, lacks)
+	if !h.reliable {
 		h.deadline = deadline
 		heap.Push(&r.timed, h)
 	}
+}
+
+// join makes h, lacking the entries lacks of t, a member of g, the group of
+// t's datagram, and has g wait for each entry no member waited for before.
+func (r *resolver) join(g *depGroup, h *held, t *depTable, lacks depBits) {
+	g.dying = false
+	h.group = g
+	h.member = int32(len(g.members))
+	g.members = append(g.members, h)
+	g.live++
+	h.unres = lacks
+	h.pending = lacks.count()
+	var bit uint64
+	if h.member < 64 {
+		bit = 1 << h.member
+	}
+	for k, x := range lacks {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			if ge := &g.ent[e]; ge.wait == gNone || ge.wait == gDone {
+				if t.ent[e].state == stHeld {
+					ge.wait = gHeld
+					ge.node = r.waitOnHeld(t.ent[e].on, g, e)
+					g.held++
+				} else { // stAbsent, stMissing
+					ge.wait = gRun
+					if ru := &g.runs[ge.run]; ru.node == 0 {
+						ru.node = r.waitOnPID(ru.pid, g, int(ge.run))
+					}
+				}
+			}
+			if bit != 0 {
+				g.masks[e] |= bit
+			} else {
+				g.pairs = append(g.pairs, groupPair{member: h.member, next: g.ent[e].head})
+				g.ent[e].head = int32(len(g.pairs))
+			}
+		}
+	}
+	r.waitKnown = false
 }
 
 // newHeld returns a cleared held, reusing one if it can.
@@ -166,90 +331,259 @@ func (r *resolver) newHeld() *held {
 }
 
 func (r *resolver) recycle(h *held) {
-	*h = held{deps: h.deps[:0], heapIdx: -1}
+	*h = held{heapIdx: -1}
 	r.free.put(h, maxFreeHeld)
 }
 
-// release stops holding h, leaving it to the caller to apply or drop.
+// release stops holding h, leaving it to the caller to apply or drop it,
+// then wake what waits for it.
 func (r *resolver) release(h *held) {
-	for _, d := range h.deps {
-		r.unwait(d, h)
+	h.done = true
+	if len(r.held) > 0 {
+		delete(r.held, refKey(h.ref))
 	}
-	h.deps = h.deps[:0]
-	delete(r.held, h.ref)
 	r.bytes -= h.cost
 	h.cost = 0
-	h.done = true
 	if h.heapIdx >= 0 {
 		heap.Remove(&r.timed, h.heapIdx)
 	}
+	if r.tab != nil {
+		r.tab.invalidate(h.ref)
+	}
+	g := h.group
+	if g == nil {
+		return
+	}
+	h.group = nil
+	g.members[h.member] = nil
+	g.live--
+	for g.first < len(g.members) && g.members[g.first] == nil {
+		g.first++
+	}
+	if g.live == 0 && !g.dying {
+		g.dying = true
+		r.dead = append(r.dead, g)
+	}
+	r.waitKnown = false
 }
 
-// applied records that ref has been applied (or dropped) and returns, in
-// order, the held messages that are now ready, already released. Apply
-// each, then call applied for it in turn.
-func (r *resolver) applied(ref msgRef, ready []*held) []*held {
-	return r.satisfy(ref, ready, false)
+// reap frees the groups left without members.
+func (r *resolver) reap() {
+	if r.depState == nil {
+		return
+	}
+	for i, g := range r.dead {
+		r.dead[i] = nil
+		if g.live == 0 && g.dying {
+			r.freeGroup(g)
+		}
+	}
+	r.dead = r.dead[:0]
 }
 
-// satisfy removes ref from its waiters' dependencies, all of them or only
-// the unreliable ones, and returns those now ready.
-func (r *resolver) satisfy(ref msgRef, ready []*held, unreliableOnly bool) []*held {
-	ws, ok := r.waiters[ref]
-	if !ok {
-		return ready
-	}
-	kept := ws[:0]
-	for _, h := range ws {
-		if h.done {
-			continue
-		}
-		if unreliableOnly && h.reliable {
-			kept = append(kept, h)
-			continue
-		}
-		h.deps = removeRef(h.deps, ref)
-		if len(h.deps) == 0 {
-			ready = append(ready, h)
+func (r *resolver) freeGroup(g *depGroup) {
+	for i := range g.runs {
+		if n := g.runs[i].node; n != 0 {
+			r.unlink(n)
 		}
 	}
-	if len(kept) == 0 {
-		delete(r.waiters, ref)
-	} else {
-		clear(ws[len(kept):])
-		r.waiters[ref] = kept
-	}
-	for _, h := range ready {
-		if !h.done {
-			r.release(h)
+	for i := 0; g.held > 0 && i < len(g.ent); i++ {
+		if n := g.ent[i].node; n != 0 {
+			r.unlink(n)
+			g.held--
 		}
+	}
+	r.bytes -= g.cost
+	clear(g.members)
+	*g = depGroup{ent: g.ent[:0], masks: g.masks[:0], runs: g.runs[:0], members: g.members[:0], pairs: g.pairs[:0]}
+	if r.tab != nil && r.tab.group == g {
+		r.tab.group = nil
+	}
+	r.groups.put(g, maxFreeGroups)
+}
+
+// satisfy resolves entry e of g for its members, all of them or only the
+// unreliable ones, and returns, released, those it leaves lacking nothing.
+func (r *resolver) satisfy(g *depGroup, e int, unreliableOnly bool, ready []*held) []*held {
+	for m := g.masks[e]; m != 0; m &= m - 1 {
+		ready = r.satisfyMember(g.members[bits.TrailingZeros64(m)], e, unreliableOnly, ready)
+	}
+	for p := g.ent[e].head; p != 0; p = g.pairs[p-1].next {
+		ready = r.satisfyMember(g.members[g.pairs[p-1].member], e, unreliableOnly, ready)
+	}
+	if !unreliableOnly {
+		ge := &g.ent[e]
+		if ge.wait == gHeld {
+			g.held--
+		}
+		ge.wait, ge.head, ge.node = gDone, 0, 0
+		g.masks[e] = 0
 	}
 	return ready
 }
 
-// siblingBudget bounds the lookups one expire makes for given-up messages'
-// predecessors in their datagrams.
+// satisfyMember resolves entry e for member m, if it lacked it.
+func (r *resolver) satisfyMember(m *held, e int, unreliableOnly bool, ready []*held) []*held {
+	if m == nil || !m.unres.has(e) || unreliableOnly && m.reliable {
+		return ready
+	}
+	m.unres.unset(e)
+	if m.pending--; m.pending == 0 {
+		r.release(m)
+		ready = append(ready, m)
+	}
+	return ready
+}
+
+// arrived resolves what waited for the datagram of record p, now handled:
+// each message of it named is applied, or held, and then waited on in turn.
+func (r *resolver) arrived(p *pidRec, ready []*held) []*held {
+	for n := p.head; n != 0; {
+		node := r.nodes[n-1]
+		r.freeNodeAt(n)
+		n = node.next
+		g, ru := node.g, int(node.x)
+		g.runs[ru].node = 0
+		for e := int(g.runs[ru].first); e != noEntry; e = int(g.ent[e].next) {
+			if g.ent[e].wait != gRun {
+				continue
+			}
+			if h := r.heldAt(g.ref(e)); h != nil {
+				g.ent[e].wait = gHeld
+				g.ent[e].node = r.waitOnHeld(h, g, e)
+				g.held++
+				continue
+			}
+			ready = r.satisfy(g, e, false, ready)
+		}
+	}
+	p.head = 0
+	r.dropRec(p)
+	r.reap()
+	return ready
+}
+
+// wake resolves what waited for h, applied or dropped (released), and
+// returns, released, the held messages now ready.
+func (r *resolver) wake(h *held, ready []*held) []*held {
+	for n := h.waiters; n != 0; {
+		node := r.nodes[n-1]
+		r.freeNodeAt(n)
+		n = node.next
+		ready = r.satisfy(node.g, int(node.x), false, ready)
+	}
+	h.waiters = 0
+	r.reap()
+	return ready
+}
+
+// moveWaiters has what waited for from wait for to instead: a reassembled
+// message held in its FragmentStart's place.
+func (r *resolver) moveWaiters(from, to *held) {
+	for n := from.waiters; n != 0; n = r.nodes[n-1].next {
+		r.nodes[n-1].on = to
+	}
+	to.waiters, from.waiters = from.waiters, 0
+}
+
+// waitOnPID has g wait for run ru of its entries on datagram pid, and
+// returns the wait node.
+func (r *resolver) waitOnPID(pid uint32, g *depGroup, ru int) int32 {
+	r.init()
+	p := r.pids[pid]
+	if p == nil {
+		p = &pidRec{pid: pid}
+		r.pids[pid] = p
+		r.recGen++
+	}
+	n := r.newNode(waitNode{g: g, x: uint8(ru), rec: p, next: p.head})
+	p.head = n
+	return n
+}
+
+// waitOnHeld has g wait for its entry e on h, and returns the wait node.
+func (r *resolver) waitOnHeld(h *held, g *depGroup, e int) int32 {
+	n := r.newNode(waitNode{g: g, x: uint8(e), on: h, next: h.waiters})
+	h.waiters = n
+	return n
+}
+
+// newNode stores w, first in its list, and returns its index+1.
+func (r *resolver) newNode(w waitNode) int32 {
+	var n int32
+	if r.freeNode != 0 {
+		n = r.freeNode
+		r.freeNode = r.nodes[n-1].next
+		r.nodes[n-1] = w
+	} else {
+		r.nodes = append(r.nodes, w)
+		n = int32(len(r.nodes))
+	}
+	if w.next != 0 {
+		r.nodes[w.next-1].prev = n
+	}
+	r.usedNodes++
+	return n
+}
+
+func (r *resolver) freeNodeAt(n int32) {
+	r.nodes[n-1] = waitNode{next: r.freeNode}
+	r.freeNode = n
+	r.usedNodes--
+}
+
+// unlink takes node n out of its list and frees it; a record left with
+// nothing to keep is forgotten.
+func (r *resolver) unlink(n int32) {
+	node := r.nodes[n-1]
+	switch {
+	case node.prev != 0:
+		r.nodes[node.prev-1].next = node.next
+	case node.rec != nil:
+		node.rec.head = node.next
+	default:
+		node.on.waiters = node.next
+	}
+	if node.next != 0 {
+		r.nodes[node.next-1].prev = node.prev
+	}
+	r.freeNodeAt(n)
+	if p := node.rec; p != nil && p.head == 0 && p.nmiss == 0 && p != r.cur {
+		r.dropRec(p)
+	}
+}
+
+// dropRec forgets record p, and what it declared missing.
+func (r *resolver) dropRec(p *pidRec) {
+	if p.dropped {
+		return
+	}
+	p.dropped = true
+	delete(r.pids, p.pid)
+	r.recGen++
+	r.nmiss -= p.nmiss
+	r.missWords -= len(p.miss)
+	p.nmiss, p.miss = 0, nil
+	if r.tab != nil {
+		r.tab.invalidatePID(p.pid)
+	}
+}
+
+// trim lets go of what the last burst of held messages left.
+func (r *resolver) trim() {
+	r.free.trim()
+	if r.depState == nil {
+		return
+	}
+	r.groups.trim()
+	if r.usedNodes == 0 {
+		r.nodes, r.freeNode = nil, 0
+	}
+}
+
+// siblingBudget bounds the members one expire looks at for given-up
+// messages' predecessors in their datagrams.
 const siblingBudget = 4096
-
-// containsAll reports whether every ref of sub is in refs.
-func containsAll(refs, sub []msgRef) bool {
-	for _, d := range sub {
-		if !slices.Contains(refs, d) {
-			return false
-		}
-	}
-	return true
-}
-
-func removeRef(deps []msgRef, ref msgRef) []msgRef {
-	for i, d := range deps {
-		if d == ref {
-			deps[i] = deps[len(deps)-1]
-			return deps[:len(deps)-1]
-		}
-	}
-	return deps
-}
 
 // expire gives up, for unreliable messages whose reorder window has passed,
 // on the dependencies still missing (DECISIONS §5). It returns the messages
@@ -263,12 +597,13 @@ func removeRef(deps []msgRef, ref msgRef) []msgRef {
 // when the latter's window ran out first, dropping the former lost a
 // message that had arrived in time (issue 22, part 6: 2444 of the 2,700 or
 // so that arrived were delivered, TestSequencedDeliversWhatArrives).
-// Whoever else waited on what was given up on is released too.
-func (r *resolver) expire(now time.Time, w *recvWindow, ready []*held) []*held {
+// The messages of its datagram that wait for what it gives up on are
+// released too.
+func (r *resolver) expire(now time.Time, ready []*held) []*held {
 	budget := siblingBudget
 	for r.timed.Len() > 0 && !r.timed[0].deadline.After(now) {
 		h := heap.Pop(&r.timed).(*held)
-		stack := append(r.givingUp[:0], h)
+		stack := append(r.stack[:0], h)
 		for len(stack) > 0 {
 			h := stack[len(stack)-1]
 			stack[len(stack)-1] = nil
@@ -276,41 +611,45 @@ func (r *resolver) expire(now time.Time, w *recvWindow, ready []*held) []*held {
 			if h.done {
 				continue // released meanwhile: what it lacked was given up on
 			}
-			deps := append(r.gaveUp[:0], h.deps...)
-			// The messages before it in its datagram that wait for what
-			// it waits for are its predecessors: the wire names a
+			g := h.group
+			lacks := h.unres
+			// The members before it in its datagram that lack no more
+			// than it does are its predecessors: the wire names a
 			// message's predecessor in the same datagram by naming what
 			// that one names (DECISIONS §5). The look is bounded per
 			// call: a peer's datagrams of a thousand tiny held messages
-			// cost it at most the order among its own messages, not a
-			// million lookups.
-			for i := int(h.ref.idx) - 1; i >= 0 && budget > 0; i-- {
+			// cost it at most the order among its own messages.
+			for i := int(h.member) - 1; i >= g.first && budget > 0; i-- {
 				budget--
-				if sh, ok := r.held[msgRef{h.ref.pid, uint16(i)}]; ok && !sh.reliable && !sh.done && containsAll(deps, sh.deps) {
+				if sh := g.members[i]; sh != nil && !sh.reliable && !sh.done && sh.unres.within(&lacks) {
 					stack = append(stack, sh)
+				}
+			}
+			h.unres, h.pending = depBits{}, 0
+			for k, x := range lacks {
+				for ; x != 0; x &= x - 1 {
+					e := k<<6 | bits.TrailingZeros64(x)
+					switch ge := &g.ent[e]; ge.wait {
+					case gHeld:
+						// A reliable message is applied exactly once,
+						// later.
+						if dh := r.nodes[ge.node-1].on; !dh.reliable && !dh.done {
+							stack = append(stack, dh)
+						}
+					case gRun:
+						ref := g.ref(e)
+						r.declareIn(r.nodes[g.runs[ge.run].node-1].rec, ref)
+						r.raiseFloor(ref)
+						ready = r.satisfy(g, e, true, ready)
+					}
 				}
 			}
 			r.release(h)
 			ready = append(ready, h)
-			for _, d := range deps {
-				if dh, ok := r.held[d]; ok {
-					if !dh.reliable { // a reliable message is applied exactly once, later
-						stack = append(stack, dh)
-					}
-					continue
-				}
-				if !w.contains(d.pid) {
-					r.declareMissing(d)
-					r.raiseFloor(d)
-					ready = r.satisfy(d, ready, true)
-				}
-				// Otherwise it arrived and is not held: applied, or ready
-				// in this same pass.
-			}
-			r.gaveUp = deps
 		}
-		r.givingUp = stack
+		r.stack = stack
 	}
+	r.reap()
 	return ready
 }
 
@@ -329,35 +668,6 @@ func (q *readyHeap) Pop() any {
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
 	return h
-}
-
-func (r *resolver) unwait(d msgRef, h *held) {
-	ws := r.waiters[d]
-	switch {
-	case len(ws) > 0 && ws[0] == h:
-		// The oldest: held messages give up in the order they came, and
-		// a shift of all the others each time made a reorder window's
-		// worth of them, all waiting on one message, cost their square
-		// (4 s of CPU at the default ReceiveBuffer,
-		// TestPeerHeldBehindReliable).
-		ws[0] = nil
-		ws = ws[1:]
-	case len(ws) > 0 && ws[len(ws)-1] == h:
-		ws[len(ws)-1] = nil
-		ws = ws[:len(ws)-1]
-	default:
-		for i, x := range ws {
-			if x == h {
-				ws = append(ws[:i], ws[i+1:]...)
-				break
-			}
-		}
-	}
-	if len(ws) == 0 {
-		delete(r.waiters, d)
-	} else {
-		r.waiters[d] = ws
-	}
 }
 
 // raiseFloor records that messages sent before ref are overtaken.
@@ -382,39 +692,139 @@ func (r *resolver) overtaken(ref msgRef, newest uint32) bool {
 	return refLess(ref, r.floor)
 }
 
-func (r *resolver) declareMissing(d msgRef) {
+// declareMissing records that the message ref, not arrived, was given up
+// on: it is dropped if it comes unreliable, and no longer waited for by
+// unreliable dependents.
+func (r *resolver) declareMissing(ref msgRef) {
 	r.init()
-	if _, ok := r.missing[d]; ok {
-		return
+	p := r.pids[ref.pid]
+	if p == nil {
+		p = &pidRec{pid: ref.pid}
+		r.pids[ref.pid] = p
+		r.recGen++
 	}
-	if len(r.missQ) >= maxMissing {
-		delete(r.missing, r.missQ[0])
-		r.missQ = r.missQ[1:]
-	}
-	r.missing[d] = struct{}{}
-	r.missQ = append(r.missQ, d)
+	r.declareIn(p, ref)
 }
 
-// supersede gives up on deps, the unresolved dependencies of an unreliable
-// message applied without them, because it replaces them (latest state) or
-// because it was itself dropped as overtaken: an older message must not
-// come after a newer one. Those not arrived are declared missing, so that
-// they are dropped if they come; unreliable application messages still
-// held are released and returned, for the caller to drop.
-func (r *resolver) supersede(w *recvWindow, deps []msgRef, dropped []*held) []*held {
-	for _, d := range deps {
-		if h, ok := r.held[d]; ok {
-			if !h.reliable && h.kind == heldApp {
-				r.release(h)
-				dropped = append(dropped, h)
+// declareIn is declareMissing with ref's record p at hand.
+func (r *resolver) declareIn(p *pidRec, ref msgRef) {
+	if p.missing(ref.idx) {
+		return
+	}
+	if w := int(ref.idx>>6) + 1; w > len(p.miss) {
+		r.missWords += w - len(p.miss)
+		p.miss = append(p.miss, make([]uint64, w-len(p.miss))...)
+	}
+	p.miss[ref.idx>>6] |= 1 << (ref.idx & 63)
+	p.nmiss++
+	r.nmiss++
+	if !p.queued {
+		p.queued = true
+		r.missQ = append(r.missQ, p)
+	}
+	if r.tab != nil {
+		r.tab.invalidate(ref)
+	}
+	for r.nmiss > maxMissing || r.missWords > maxMissWords {
+		r.forgetOldest()
+	}
+}
+
+// forgetOldest forgets the messages declared missing of the record that
+// declared first.
+func (r *resolver) forgetOldest() {
+	p := r.missQ[r.missHead]
+	r.missQ[r.missHead] = nil
+	r.missHead++
+	if r.missHead > len(r.missQ)/2 {
+		n := copy(r.missQ, r.missQ[r.missHead:])
+		clear(r.missQ[n:])
+		r.missQ = r.missQ[:n]
+		r.missHead = 0
+	}
+	p.queued = false
+	if p.dropped {
+		return
+	}
+	r.nmiss -= p.nmiss
+	r.missWords -= len(p.miss)
+	p.nmiss, p.miss = 0, nil
+	if r.tab != nil {
+		r.tab.invalidatePID(p.pid)
+	}
+	if p.head == 0 && p != r.cur {
+		r.dropRec(p)
+	}
+}
+
+// supersede gives up on the entries lacks of t, the unresolved
+// dependencies of an unreliable message applied without them, because it
+// replaces them (latest state) or because it was itself dropped as
+// overtaken: an older message must not come after a newer one. Those not
+// arrived are declared missing, so that they are dropped if they come;
+// unreliable application messages still held are released and returned,
+// for the caller to drop.
+func (r *resolver) supersede(t *depTable, lacks depBits, dropped []*held) []*held {
+	for k, x := range lacks {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			en := &t.ent[e]
+			switch en.state {
+			case stHeld:
+				if h := en.on; !h.reliable && h.kind == heldApp && !h.done {
+					r.release(h)
+					dropped = append(dropped, h)
+				}
+			case stAbsent:
+				r.declareMissing(en.ref)
 			}
-			continue
-		}
-		if !w.contains(d.pid) {
-			r.declareMissing(d)
 		}
 	}
 	return dropped
+}
+
+// waitedOn reports whether a held message waits for the message ref of the
+// datagram being handled.
+func (r *resolver) waitedOn(ref msgRef) bool {
+	p := r.cur
+	if p == nil || p.pid != ref.pid {
+		return false
+	}
+	if !r.waitKnown {
+		// Once per datagram: the indices waited for.
+		clear(r.waitIdx)
+		for n := p.head; n != 0; n = r.nodes[n-1].next {
+			node := &r.nodes[n-1]
+			g := node.g
+			for e := int(g.runs[node.x].first); e != noEntry; e = int(g.ent[e].next) {
+				if g.ent[e].wait == gRun && r.waiting(g, e) {
+					idx := int(g.ent[e].idx)
+					if w := idx>>6 + 1; w > len(r.waitIdx) {
+						r.waitIdx = append(r.waitIdx, make([]uint64, w-len(r.waitIdx))...)
+					}
+					r.waitIdx[idx>>6] |= 1 << (idx & 63)
+				}
+			}
+		}
+		r.waitKnown = true
+	}
+	w := int(ref.idx >> 6)
+	return w < len(r.waitIdx) && r.waitIdx[w]>>(ref.idx&63)&1 != 0
+}
+
+// waiting reports whether a member of g lacks its entry e.
+func (r *resolver) waiting(g *depGroup, e int) bool {
+	for m := g.masks[e]; m != 0; m &= m - 1 {
+		if h := g.members[bits.TrailingZeros64(m)]; h != nil && h.unres.has(e) {
+			return true
+		}
+	}
+	for p := g.ent[e].head; p != 0; p = g.pairs[p-1].next {
+		if m := g.members[g.pairs[p-1].member]; m != nil && m.unres.has(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // nextDeadline is when the first unreliable message gives up waiting.

@@ -112,6 +112,7 @@ func newSecureSimPairKeys(t testing.TB, priv, pub []byte, client, server *Config
 	p.s[0] = newSession(cc, p.h[0], true, DialectSpec, p.now)
 	p.s[1] = newSession(sc, p.h[1], false, DialectSpec, p.now)
 	p.links[0], p.links[1] = netsim.NewLink(up), netsim.NewLink(down)
+	p.seedSkips(up, down)
 	sec, syn, err := newClientSecure(pub, nil, cc.connectPayload)
 	if err != nil {
 		t.Fatal(err)

@@ -133,17 +133,26 @@ func (w *sentWindow) rekey(d *sent, id uint32) {
 // index returns the place in the ring of the entry with PacketID id, or
 // -1.
 func (w *sentWindow) index(id uint32) int {
+	if k := w.search(id); k < w.n && w.at(k).packetID == id {
+		return k
+	}
+	return -1
+}
+
+// search returns the place in the ring of the first entry whose PacketID
+// is id or after it, w.n if there is none. PacketIDs are increasing but
+// not contiguous (unreliable datagrams and skipped PacketIDs take some),
+// so it searches: between the first entry and id, at most as many
+// entries as PacketIDs.
+func (w *sentWindow) search(id uint32) int {
 	if w.n == 0 {
-		return -1
+		return 0
 	}
-	first := w.at(0).packetID
-	d := int(seqDiff(first, id))
-	if d < 0 {
-		return -1
+	d := int(seqDiff(w.at(0).packetID, id))
+	if d <= 0 {
+		return 0
 	}
-	// PacketIDs are increasing but not contiguous (unreliable datagrams
-	// take some), so search.
-	lo, hi := 0, min(w.n, d+1)
+	lo, hi := 1, min(w.n, d+1)
 	for lo < hi {
 		m := (lo + hi) / 2
 		if seqLess(w.at(m).packetID, id) {
@@ -152,10 +161,7 @@ func (w *sentWindow) index(id uint32) int {
 			hi = m
 		}
 	}
-	if lo < w.n && w.at(lo).packetID == id {
-		return lo
-	}
-	return -1
+	return lo
 }
 
 func (w *sentWindow) link(s *sent) {
@@ -205,7 +211,13 @@ func (w *sentWindow) find(id uint32) (s *sent, through bool) {
 	if k < 0 {
 		return nil, false
 	}
-	s = w.at(k)
+	return w.unacked(w.at(k))
+}
+
+// unacked returns the unacked datagram an entry of the ring stands for:
+// the entry itself, or the datagram resent under a new PacketID that it
+// stands in for (through; see rekey); nil if that was acked.
+func (w *sentWindow) unacked(s *sent) (d *sent, through bool) {
 	if !s.acked {
 		return s, false
 	}

@@ -72,3 +72,25 @@ func TestSentWindowRekey(t *testing.T) {
 	assert.Nil(t, w.firstUnacked())
 	assert.Equal(t, 0, w.count)
 }
+
+// search finds the first entry at or after a PacketID, across the wrap,
+// with the PacketIDs in between taken by others (unreliable datagrams,
+// skipped ones).
+func TestSentWindowSearch(t *testing.T) {
+	var w sentWindow
+	assert.Equal(t, 0, w.search(5), "empty")
+	start := uint32(packetIDMask - 20)
+	for i := range uint32(30) {
+		w.push(timeZero, (start+3*i)&packetIDMask, nil)
+	}
+	for k := range w.n {
+		id := w.at(k).packetID
+		assert.Equal(t, k, w.search(id), "PacketID %d", id)
+		assert.Equal(t, k, w.index(id))
+		assert.Equal(t, k+1, w.search((id+1)&packetIDMask), "after PacketID %d", id)
+		assert.Equal(t, -1, w.index((id+1)&packetIDMask))
+		assert.Equal(t, k, w.search((id-2)&packetIDMask), "before PacketID %d", id)
+	}
+	assert.Equal(t, 0, w.search((start-1000)&packetIDMask), "before the first")
+	assert.Equal(t, w.n, w.search((start+1000)&packetIDMask), "after the last")
+}

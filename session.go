@@ -125,11 +125,12 @@ func (s *session) takeEvents() sessEvent {
 
 // host is what the session needs from its connection.
 type host interface {
-	// deliver hands an application message to the receive queue, which
-	// copies the payload, or, if buf is not nil, takes buf, the pooled
-	// buffer payload aliases: it keeps it or puts it back. It reports
-	// false if there was no room.
-	deliver(id uint32, payload []byte, buf *[]byte, reliable, inOrder bool) bool
+	// deliver hands application messages to the receive queue, in
+	// order, under one lock: the queue copies each payload, or, if buf
+	// is not nil, takes buf, the pooled buffer payload aliases: it keeps
+	// it or puts it back. It sets taken for each message it queued, and
+	// leaves it false if there was no room.
+	deliver(ds []delivery)
 	// recvUsed is what the receive queue counts against ReceiveBuffer:
 	// its payload bytes, and a cost for each message.
 	recvUsed() int
@@ -138,6 +139,16 @@ type host interface {
 	// receipt hands the application a message's receipt
 	// (Config.Receipts).
 	receipt(r Receipt)
+}
+
+// delivery is an application message handed to the receive queue.
+type delivery struct {
+	id       uint32
+	payload  []byte
+	buf      *[]byte // the pooled buffer payload aliases, or nil
+	reliable bool
+	inOrder  bool
+	taken    bool // set by host.deliver: queued
 }
 
 // scratchSpace is the buffers a session reuses from one datagram to the
@@ -160,6 +171,30 @@ type scratchSpace struct {
 	// ltag is the latest-state tag of the FragmentStart being handled.
 	ltag   latestTag
 	ltagOK bool
+	// The dependency tables of the datagram being handled and of a
+	// reassembled message, made when first needed.
+	deps1, deps2 *depTable
+	// dq is the application messages of the datagram being handled,
+	// handed to the receive queue together at its end (session.deliver);
+	// dqCharge is what they will count against ReceiveBuffer.
+	dq       []delivery
+	dqCharge int
+}
+
+// depTable returns the dependency table of the datagram being handled.
+func (sc *scratchSpace) depTable() *depTable {
+	if sc.deps1 == nil {
+		sc.deps1 = new(depTable)
+	}
+	return sc.deps1
+}
+
+// fragTable returns the dependency table of a reassembled message.
+func (sc *scratchSpace) fragTable() *depTable {
+	if sc.deps2 == nil {
+		sc.deps2 = new(depTable)
+	}
+	return sc.deps2
 }
 
 // release readies a driver's scratch space for the next connection's round:
@@ -174,6 +209,13 @@ func (sc *scratchSpace) release() {
 	clear(sc.dropped[:cap(sc.dropped)])
 	clear(sc.expired[:cap(sc.expired)])
 	sc.woken, sc.dropped, sc.expired = sc.woken[:0], sc.dropped[:0], sc.expired[:0]
+	clear(sc.dq[:cap(sc.dq)])
+	sc.dq, sc.dqCharge = sc.dq[:0], 0
+	for _, t := range [...]*depTable{sc.deps1, sc.deps2} {
+		if t != nil {
+			t.reset(0)
+		}
+	}
 }
 
 // sc returns the scratch space: the round's driver's, or else one of the

@@ -211,7 +211,7 @@ func (w *cppWire) admits(msgs []cppMessage) bool {
 	s := w.s
 	// Over the Listener's budget (budget.go), as over the buffer, only
 	// the datagram filling the hole gets in.
-	used := s.host.recvUsed()
+	used := s.recvUsed()
 	over := s.overBudget(used) || used+w.relHeldBytes >= s.cfg.recvBuffer
 	appContent, fills := false, false
 	for i := range msgs {
@@ -281,27 +281,29 @@ func (w *cppWire) handleMessage(now time.Time, pid uint32, m *cppMessage) {
 	case idDisconnect:
 		w.handleDisconnect(now, m)
 	case idDisconnectAck:
-		s.apply(now, heldDisconnectAck, 0, nil, m.reliable, m.inOrder)
+		s.apply(now, heldDisconnectAck, 0, nil, m.reliable, m.inOrder, false)
 	default:
-		w.deliver(now, pid, m.relNum, heldApp, m.id, m.payload, m.reliable, m.inOrder)
+		w.deliver(now, pid, m.relNum, heldApp, m.id, m.payload, m.reliable, m.inOrder, true)
 	}
 }
 
+// handlePacketAck takes a PacketAck (session.takeAck).
 func (w *cppWire) handlePacketAck(now time.Time, p []byte) {
-	if a, ok := parseCppPacketAck(p); ok {
-		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
+	if a, ok := parseCppPacketAck(p); ok && w.s.state != stateDone {
+		w.s.takeAck(now, a)
 	}
 }
 
 // deliver applies a message now, or holds it until the messages numbered
 // before it have arrived (reliable in-order ones); an unreliable in-order
-// one from a datagram older than the last one's is dropped.
-func (w *cppWire) deliver(now time.Time, pid, rel uint32, kind heldKind, id uint32, payload []byte, reliable, inOrder bool) {
+// one from a datagram older than the last one's is dropped. wire says that
+// payload is the datagram's being handled (see session.deliver).
+func (w *cppWire) deliver(now time.Time, pid, rel uint32, kind heldKind, id uint32, payload []byte, reliable, inOrder, wire bool) {
 	s := w.s
 	switch {
 	case reliable && inOrder:
 		if len(w.relHeld) == 0 && w.relReady(rel) {
-			s.apply(now, kind, id, payload, true, true)
+			s.apply(now, kind, id, payload, true, true, wire)
 			return
 		}
 		heap.Push(&w.relHeld, cppHeld{rel: rel, kind: kind, id: id, payload: append([]byte(nil), payload...)})
@@ -318,9 +320,9 @@ func (w *cppWire) deliver(now time.Time, pid, rel uint32, kind heldKind, id uint
 		if inOrder {
 			w.seqPID, w.seqStarted = pid, true
 		}
-		s.apply(now, kind, id, payload, false, inOrder)
+		s.apply(now, kind, id, payload, false, inOrder, wire)
 	default:
-		s.apply(now, kind, id, payload, reliable, inOrder)
+		s.apply(now, kind, id, payload, reliable, inOrder, wire)
 	}
 }
 
@@ -360,7 +362,7 @@ func (w *cppWire) applyFirstHeld(now time.Time) {
 	if len(w.relHeld) == 0 {
 		w.relFlushAt = time.Time{}
 	}
-	w.s.apply(now, e.kind, e.id, e.payload, true, true)
+	w.s.apply(now, e.kind, e.id, e.payload, true, true, false)
 }
 
 // cppHeldCost is what a held message counts for beyond its payload, so
@@ -391,10 +393,10 @@ func (h *relHeap) Pop() any {
 func (w *cppWire) handleDisconnect(now time.Time, m *cppMessage) {
 	if !m.reliable || w.relReady(m.relNum) && len(w.relHeld) == 0 {
 		w.applyRelHeld(now)
-		w.s.apply(now, heldDisconnect, 0, nil, true, true)
+		w.s.apply(now, heldDisconnect, 0, nil, true, true, false)
 		return
 	}
-	w.deliver(now, 0, m.relNum, heldDisconnect, 0, nil, true, true)
+	w.deliver(now, 0, m.relNum, heldDisconnect, 0, nil, true, true, false)
 	if w.relFlushAt.IsZero() {
 		w.relFlushAt = now.Add(w.relFlushWait())
 	}
@@ -434,7 +436,7 @@ func (w *cppWire) handleFragment(now time.Time, pid uint32, m *cppMessage) {
 			w.relOpen = append(w.relOpen, m.relNum)
 		}
 	}
-	t, whole, ok := s.reassemble(&msg, msgRef{pid: pid}, order)
+	t, whole, ok := s.reassemble(&msg, msgRef{pid: pid}, &order)
 	if !ok || whole == nil {
 		return
 	}
@@ -443,6 +445,6 @@ func (w *cppWire) handleFragment(now time.Time, pid uint32, m *cppMessage) {
 	if i := slices.Index(w.relOpen, rel); i >= 0 && reliable && inOrder {
 		w.relOpen = slices.Delete(w.relOpen, i, i+1)
 	}
-	w.deliver(now, pid, rel, heldApp, id, whole, reliable, inOrder)
+	w.deliver(now, pid, rel, heldApp, id, whole, reliable, inOrder, false)
 	s.reclaimLent()
 }

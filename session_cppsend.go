@@ -61,7 +61,7 @@ func (w *cppWire) resend(now time.Time, d *sent) {
 	s.loss.resendAs(now, d, pid)
 	s.loss.sent.trim(s.trimmed) // the stand-in, if it is at the front
 	d.pn = s.send.nextPN
-	s.numberNew()
+	s.numberNew(true)
 }
 
 // appendAck appends a PacketAck message for a.

@@ -51,6 +51,7 @@ func (s *session) handleDatagram(now time.Time, b []byte) {
 		return
 	}
 	s.wire.read(now, b)
+	s.flushDeliveries()
 }
 
 // recvLinger takes a datagram after we answered the peer's Disconnect: a
@@ -104,8 +105,9 @@ func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 		s.recv.pidAdvance += uint64(seqDiff(s.recv.win.newest, pid))
 	}
 	s.noteArrival(now, pid)
-	// Every datagram takes the next PacketID, so a skipped one means
-	// something went missing, and an older one arriving fills a gap:
+	// PacketIDs count up by one, so a gap means something went missing
+	// (or the sender skipped one, skip.go), and an older one arriving
+	// fills a gap:
 	// either way the sender wants to hear at once (an immediate ack speeds
 	// up its loss detection, as TCP does on out-of-order data).
 	gap := s.recv.win.started && (pid != (s.recv.win.newest+1)&packetIDMask)
@@ -122,6 +124,7 @@ func (s *session) arrived(now time.Time, pid uint32, reliable bool) {
 // want of room: the acks it carried (acked) take effect, and flow control
 // counts it.
 func (s *session) datagramDone(now time.Time, acked bool) {
+	s.flushDeliveries()
 	if acked {
 		s.afterAcks(now)
 	}
@@ -141,7 +144,7 @@ func (s *session) protocolError(err error) {
 // reassemble feeds a fragment, found at at, to reassembly. Once the
 // message is whole it returns its transfer and the message; a fragment
 // the protocol forbids ends the session (ok false).
-func (s *session) reassemble(m *message, at msgRef, order startOrder) (t *transfer, whole []byte, ok bool) {
+func (s *session) reassemble(m *message, at msgRef, order *startOrder) (t *transfer, whole []byte, ok bool) {
 	t, whole, err := s.recv.reasm.add(m, at, order)
 	if err != nil {
 		s.protocolError(err)

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -12,10 +13,12 @@ import (
 // allocating. Recovery (loss.go) and the rate (congestion.go, pacer.go)
 // are components of their own.
 type sendState struct {
-	nextPID      uint32    // the low 22 bits of nextPN
-	nextPN       uint64    // the packet number of the next new datagram
-	out          outInfo   // the datagram poll returned last (see lastOut)
-	relQ         sendQueue // reliable messages and fragmented transfers
+	nextPID      uint32     // the low 22 bits of nextPN
+	pacedOut     bool       // work waits for the pacer
+	nextPN       uint64     // the packet number of the next new datagram
+	skips        *skipState // PacketIDs skipped (skip.go), made with the first reliable datagram
+	out          outInfo    // the datagram poll returned last (see lastOut)
+	relQ         sendQueue  // reliable messages and fragmented transfers
 	unrelQ       sendQueue
 	latestQueued map[contentKey]*outMsg
 	order        sendOrder
@@ -23,7 +26,6 @@ type sendState struct {
 	fragSize     int       // each fragment's payload (config.fragSize, or the C++ wire's)
 	bulk         *outMsg   // fragmented message whose fragments are being packed
 	spanHold     int       // see holdLimit
-	pacedOut     bool      // work waits for the pacer
 	forgotAt     time.Time // see poll
 	tidyAt       time.Time // see tidy
 	freeMsgs     freeList[*outMsg]
@@ -302,7 +304,7 @@ func (s *session) amplifies(b []byte) bool {
 }
 
 func (s *session) sentUnreliable(b []byte) {
-	s.numberNew()
+	s.numberNew(false)
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
 }
@@ -316,13 +318,27 @@ type outInfo struct {
 }
 
 // numberNew gives the datagram being sent the next packet number, whose
-// low 22 bits are its PacketID (nextPID): packet numbers only grow, one
-// for each new datagram, and a reliable datagram keeps its number for
-// every resend (sent.pn). A secure connection seals with it as the nonce.
-func (s *session) numberNew() {
+// low 22 bits are its PacketID (nextPID): packet numbers only grow, and a
+// reliable datagram (the spec's wire) keeps its number for every resend
+// (sent.pn). A secure connection seals with it as the nonce. Now and then
+// the number after a reliable datagram is skipped, never sent (skip.go).
+func (s *session) numberNew(reliable bool) {
 	s.send.out = outInfo{pn: s.send.nextPN, fresh: true}
 	s.send.nextPN++
+	if reliable && s.skipDue() {
+		s.send.skips.add(uint32(s.send.nextPN) & packetIDMask)
+		s.send.nextPN++
+	}
 	s.send.nextPID = uint32(s.send.nextPN) & packetIDMask
+}
+
+// skipDue counts a reliable datagram numbered and reports whether the
+// packet number after it is to be skipped.
+func (s *session) skipDue() bool {
+	if s.send.skips == nil {
+		s.send.skips = newSkipState(0)
+	}
+	return s.send.skips.due()
 }
 
 // startPIDAt has the next new datagram take PacketID pid (tests start near
@@ -330,6 +346,41 @@ func (s *session) numberNew() {
 func (s *session) startPIDAt(pid uint32) {
 	s.send.nextPID = pid & packetIDMask
 	s.send.nextPN = uint64(s.send.nextPID)
+}
+
+// ackedUnsent returns why a, a PacketAck from the peer, is a lie, if it
+// names a PacketID never sent: one skipped (skip.go), or one not reached
+// yet (from nextPID on, in serial arithmetic: half the PacketIDs are
+// ahead). No honest peer can have received either. PacketIDs behind are
+// not checked further: an ack of one sent long ago, or of one before the
+// first sent, names nothing in flight, and is passed over (loss.go).
+func (s *session) ackedUnsent(a packetAck) error {
+	if last := a.last(); !seqLess(last, s.send.nextPID) {
+		return fmt.Errorf("it acked PacketID %d, never sent (the next is %d)", last, s.send.nextPID)
+	}
+	if s.send.skips != nil {
+		if id, ok := s.send.skips.named(a, s.send.nextPID); ok {
+			return fmt.Errorf("it acked PacketID %d, skipped, never sent", id)
+		}
+	}
+	return nil
+}
+
+// takeAck takes a PacketAck from the peer, what it acks in flight freed
+// (loss.go); one naming a PacketID never sent (ackedUnsent) ends the
+// connection with a *ProtocolError instead, or, from a peer that has not
+// proven its address, silently (takeProof), and takeAck reports false.
+func (s *session) takeAck(now time.Time, a packetAck) bool {
+	if err := s.ackedUnsent(a); err != nil {
+		if s.awaitsProof() {
+			s.takeProof(now, false)
+		} else {
+			s.protocolError(err)
+		}
+		return false
+	}
+	s.loss.onPacketAck(now, a, &s.sc().acked)
+	return true
 }
 
 // spanFull reports whether one more datagram would put the newest PacketID
@@ -559,7 +610,7 @@ func (s *session) sentReliable(now time.Time, pid uint32, b []byte, p *packing) 
 	}
 	d.transfers = append(d.transfers, p.tids...)
 	d.pn = s.send.nextPN
-	s.numberNew()
+	s.numberNew(true)
 	s.stats.DatagramsSent++
 	s.stats.BytesSent += uint64(len(b))
 	return d

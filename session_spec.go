@@ -115,9 +115,12 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 	if s.seenBefore(now, h.packetID, h.reliable) {
 		return
 	}
+	res := &s.recv.res
+	res.begin(h.packetID, s.sc().depTable())
 	if h.reliable && !w.admits(msgs) {
 		// No room: leave it unacked so it comes again, but take the
 		// acks it carries.
+		res.end(false, nil)
 		s.stats.DroppedDatagrams++
 		s.alive(now)
 		for i := range msgs {
@@ -139,18 +142,31 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 			break
 		}
 		m := &msgs[i]
-		if !m.fragment && m.id == idPacketAck {
-			acked = true
-		}
 		ref := msgRef{h.packetID, uint16(i)}
-		if !m.fragment && m.id == idExt {
-			var ok bool
-			if tag, ok = parseLatestTag(m.payload); ok {
-				tagFor = i + 1
-			}
-			askAck = askAck || isAckRequest(m)
-			if isDrainNotice(m) {
-				s.closing.peerReadsOn = true // session_close.go
+		if !m.fragment {
+			switch {
+			case m.id >= MinMessageID && m.id <= MaxMessageID && i != tagFor:
+				// The application's, the most of what comes.
+				if s.state == stateSynAck {
+					s.establishServer(now)
+				}
+				if m.order == orderNone {
+					s.applyWire(ref, m, h.reliable)
+				} else {
+					s.handleOrdered(now, h, ref, m, heldApp)
+				}
+				continue
+			case m.id == idPacketAck:
+				acked = true
+			case m.id == idExt:
+				var ok bool
+				if tag, ok = parseLatestTag(m.payload); ok {
+					tagFor = i + 1
+				}
+				askAck = askAck || isAckRequest(m)
+				if isDrainNotice(m) {
+					s.closing.peerReadsOn = true // session_close.go
+				}
 			}
 		}
 		if i == tagFor && h.reliable && (!m.fragment || m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {
@@ -158,15 +174,19 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 				s.sc().ltag, s.sc().ltagOK = tag, true
 			} else if !s.takeVersion(contentKey{m.id, tag.content}, tag.ver) {
 				// A version no newer than one taken: a copy, or
-				// replaced.
+				// replaced (not held: what waits for it goes on).
 				s.stats.ObsoleteMessages++
-				s.cascade(now, ref)
 				continue
 			}
 		}
 		w.handleMessage(now, h, ref, m)
 		s.sc().ltagOK = false
 	}
+	// What waited for this datagram goes on (resolver.arrived).
+	s.sc().woken = res.end(true, s.sc().woken[:0])
+	s.readyAll(s.sc().woken)
+	s.runReady(now)
+	s.flushDeliveries() // the receive queue says which had no room
 	if askAck && !h.reliable && s.stats.DroppedMessages == dropped && s.state != stateDone {
 		// The sender wants to hear that this unreliable datagram's
 		// messages are in (receipts.go): acked as a reliable one is,
@@ -188,7 +208,7 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 // when it is several datagrams back from the first held one.
 func (w *specWire) admits(msgs []message) bool {
 	s := w.s
-	used := s.host.recvUsed()
+	used := s.recvUsed()
 	refused := s.overBudget(used) // budget.go: then only progress gets in
 	over := refused || used+s.recv.res.bytes >= s.cfg.recvBuffer
 	appContent := false
@@ -209,15 +229,16 @@ func (w *specWire) admits(msgs []message) bool {
 		return true
 	}
 	h := &s.sc().rd.header
-	if refused || used+s.recv.res.bytes >= heldCap*s.cfg.recvBuffer {
+	res, win := &s.recv.res, &s.recv.win
+	if refused || used+res.bytes >= heldCap*s.cfg.recvBuffer {
 		// Past the hard limit, or over the Listener's budget, nothing
 		// more is held: only a datagram whose messages all apply at
 		// once gets in. A peer filling one hole per datagram and
 		// opening new ones gets no further.
 		for i := range msgs {
 			if m := &msgs[i]; !m.fragment || m.fragStart {
-				deps := appendDeps(s.sc().deps[:0], h, m)
-				if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) > 0 {
+				t, all := s.depsOf(h, m)
+				if lacks := res.unresolved(t, all, win, h.reliable); !lacks.empty() {
 					return false
 				}
 			}
@@ -232,13 +253,13 @@ func (w *specWire) admits(msgs []message) bool {
 		// content or a Disconnect: a message that applies at once but
 		// that nothing waits for (a reserved ID, an ack) let a datagram
 		// of held messages in with it (TestPeerHoldingReliableEmptyMessages).
-		if !s.recv.res.waitedOn(ref) {
+		if !res.waitedOn(ref) {
 			if !appRoom || !m.fragment && (m.id < MinMessageID || m.id > MaxMessageID) && m.id != idDisconnect {
 				continue
 			}
 		}
-		deps := appendDeps(s.sc().deps[:0], h, m)
-		if len(s.recv.res.pendingDeps(&s.recv.win, deps, h.reliable)) == 0 {
+		t, all := s.depsOf(h, m)
+		if lacks := res.unresolved(t, all, win, h.reliable); lacks.empty() {
 			return true
 		}
 	}
@@ -274,7 +295,7 @@ func (w *specWire) handleMessage(now time.Time, h *header, ref msgRef, m *messag
 	case idConnectAck:
 		s.establishServer(now)
 	case idDisconnect, idDisconnectAck:
-		s.handleOrdered(now, h, ref, m.id, m.payload, heldKindOf(m.id))
+		s.handleOrdered(now, h, ref, m, heldKindOf(m.id))
 		return
 	case idPath:
 		// Ignored, as any reserved message, unless the connection is
@@ -285,15 +306,15 @@ func (w *specWire) handleMessage(now time.Time, h *header, ref msgRef, m *messag
 	default:
 		if m.id >= MinMessageID && m.id <= MaxMessageID {
 			s.establishServer(now)
-			s.handleOrdered(now, h, ref, m.id, m.payload, heldApp)
+			s.handleOrdered(now, h, ref, m, heldApp)
 			return
 		}
 		// Reserved and unknown: ignored, which applies it.
 	}
 	// A connection control message is applied as it arrives, and may be
 	// named by later messages (the first in-order message of a connection
-	// names the ConnectAck): release what waits for it.
-	s.cascade(now, ref)
+	// names the ConnectAck): what waits for it goes on once the datagram
+	// is handled (resolver.arrived).
 }
 
 func heldKindOf(id uint32) heldKind {
@@ -306,17 +327,23 @@ func heldKindOf(id uint32) heldKind {
 	return heldApp
 }
 
-// handlePacketAck takes a PacketAck; on a plaintext server waiting for
-// its peer's proof, the first one is the proof (takeProof), or ends the
-// attempt.
+// handlePacketAck takes a PacketAck (session.takeAck); on a plaintext
+// server waiting for its peer's proof, the first one is the proof
+// (takeProof), or ends the attempt: one naming a PacketID never sent is
+// no proof either.
 func (w *specWire) handlePacketAck(now time.Time, p []byte) {
-	if a, ok := parsePacketAck(p); ok {
-		if w.s.awaitsProof() && !w.s.takeProof(now, a.names(w.s.handshake.challenge)) {
-			return
-		}
-		w.s.loss.onPacketAck(now, a, &w.s.sc().acked)
-		if w.s.rcptOf().awaitsAck() {
-			a.each(w.s.ackedUnreliable)
-		}
+	s := w.s
+	a, ok := parsePacketAck(p)
+	if !ok || s.state == stateDone {
+		return
+	}
+	if s.awaitsProof() && !s.takeProof(now, a.names(s.handshake.challenge) && s.ackedUnsent(a) == nil) {
+		return
+	}
+	if !s.takeAck(now, a) {
+		return
+	}
+	if s.rcptOf().awaitsAck() {
+		a.each(s.ackedUnreliable)
 	}
 }

@@ -89,7 +89,7 @@ func (s *session) tidy(now time.Time) {
 	s.send.freeMsgs.trim()
 	s.send.freeBufs.trim()
 	s.loss.sent.shrink()
-	s.recv.res.free.trim()
+	s.recv.res.trim()
 	if len(s.send.latestQueued) == 0 {
 		s.send.latestQueued = nil // an emptied map keeps its buckets
 	}

@@ -72,7 +72,9 @@ type Stats struct {
 
 	// LossRate is the fraction of the peer's datagrams that did not
 	// arrive, from the gaps in their PacketIDs (every datagram takes the
-	// next one, reliable or not).
+	// next one, reliable or not). A knet peer also skips one now and then
+	// (docs/PROTOCOL.md 2.6), which counts here as a loss: about 1 in
+	// 1024 of a download's datagrams, 5 in its first thousand.
 	LossRate float64
 	// Jitter is how much the round trip varies: RTTVar, the mean
 	// deviation of its samples (RFC 6298).

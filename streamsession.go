@@ -52,6 +52,7 @@ const streamUnreliableLimit = 64 << 10
 
 type streamSession struct {
 	host      host
+	one       [1]delivery // a message being handed to host.deliver
 	lostTime  time.Duration
 	pingEvery time.Duration
 	fr        *tcpFramer
@@ -191,11 +192,14 @@ func (s *streamSession) dispatch(now time.Time, id uint32, payload []byte) {
 	default:
 		// Every other ID is the application's, reserved ones
 		// included: on this wire they carry nothing else.
-		if s.host.deliver(id, payload, nil, false, false) {
+		s.one[0] = delivery{id: id, payload: payload}
+		s.host.deliver(s.one[:])
+		if s.one[0].taken {
 			s.stats.MessagesReceived++
 		} else {
 			s.stats.DroppedMessages++
 		}
+		s.one[0] = delivery{}
 	}
 }
 
