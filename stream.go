@@ -621,6 +621,11 @@ func (c *Conn) streamDone(now time.Time) bool {
 	case st.writeErr != nil:
 		switch {
 		case s.err != nil || st.finSent:
+		case st.closing && (s.peerClose || st.eof):
+			// The peer ended first, with its close (a WebSocket's
+			// library shuts the socket on the peer's close frame, and
+			// what we still had to write, after our own close, fails):
+			// a graceful end, as streamEOF takes it.
 		case st.client && st.phase != phaseOpen:
 			// The server dropped the stream before it answered: as
 			// when its end is read first (streamEOF), whichever of

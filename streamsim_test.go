@@ -247,7 +247,7 @@ func TestSimConnCloseIsBounded(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
 	require.NoError(t, w.Close())
-	assert.Less(t, time.Since(start), 10*time.Millisecond, "Close returns at once")
+	assert.Less(t, time.Since(start), wait/2, "Close returns at once, not after the path's delivery")
 	select {
 	case err := <-wrote:
 		assert.ErrorIs(t, err, net.ErrClosed)
