@@ -234,7 +234,7 @@ func TestSimConnFinAfterData(t *testing.T) {
 // disconnect timeout: a peer that reads nothing does not keep the
 // stream, nor its goroutine, and a writer waiting for room is let go.
 func TestSimConnCloseIsBounded(t *testing.T) {
-	const wait = 200 * time.Millisecond
+	const wait = time.Second
 	w, _ := loopSimPair(t, &Simulation{Delay: time.Millisecond}, wait)
 	wrote := make(chan error, 1)
 	go func() {
@@ -247,6 +247,8 @@ func TestSimConnCloseIsBounded(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
 	require.NoError(t, w.Close())
+	// At once: it may wait for the lock while the writer copies a few
+	// MiB into the path (tens of ms under -race), not for the delivery.
 	assert.Less(t, time.Since(start), wait/2, "Close returns at once, not after the path's delivery")
 	select {
 	case err := <-wrote:
