@@ -69,6 +69,9 @@ type depTable struct {
 	ent   [maxDeps]tabEntry
 	nruns int
 	runs  [maxDeps]tabRun
+	// absent counts the runs found naming a datagram not arrived (see
+	// maxAbsentPIDs).
+	absent int
 	// Open addressing, index+1 (0 is empty): entries by message named,
 	// runs by PacketID.
 	refSlots [tabSlots]uint8
@@ -93,6 +96,7 @@ type tabRun struct {
 	gen       uint32 // the resolver's recGen then
 	contained bool
 	rec       *pidRec
+	absent    bool // counted in depTable.absent
 }
 
 // tabSlots is the size of a depTable's hashes: at most maxDeps keys each,
@@ -115,7 +119,7 @@ func (t *depTable) reset(pid uint32) {
 		clear(t.ent[:t.n]) // the held messages named
 		clear(t.runs[:t.nruns])
 	}
-	t.pid, t.n, t.nruns = pid, 0, 0
+	t.pid, t.n, t.nruns, t.absent = pid, 0, 0, 0
 	t.group = nil
 	t.built = false
 }

@@ -288,13 +288,11 @@ func peerVariantShapes() []peerShape {
 }
 
 // peerOpenShapes are the variant shapes not yet within the bound, and
-// why: each costs its datagram's CPU per entry or message in structures
-// the fix kept (a record per PacketID named; a heap entry per unreliable
-// message held). TestPeerCostlyVariants logs their ratios and asserts the
-// bound on the others only.
+// why: each costs its datagram's CPU per message in structures the fix
+// kept (a heap entry per unreliable message held). TestPeerCostlyVariants
+// logs their ratios and asserts the bound on the others only.
 var peerOpenShapes = map[string]string{
-	"inOrder255pids": "a wait record (map entry) per PacketID named and never sent, made, declared missing and forgotten one by one",
-	"singles230":     "an entry per unreliable held message in the deadline heap and the held map, expired one by one",
+	"singles230": "an entry per unreliable held message in the deadline heap and the held map, expired one by one",
 }
 
 // More shapes than the issue's, each worst for one of the fix's choices,

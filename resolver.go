@@ -175,6 +175,10 @@ func (r *resolver) state(t *depTable, e int, w *recvWindow) entryState {
 			ru.rec = r.pids[ru.pid]
 		}
 		ru.known, ru.gen = true, gen
+		if !ru.contained && !ru.absent {
+			ru.absent = true
+			t.absent++
+		}
 	}
 	switch {
 	case ru.contained:
@@ -206,6 +210,34 @@ func (r *resolver) unresolved(t *depTable, all depBits, w *recvWindow, reliable 
 		}
 	}
 	return out
+}
+
+// maxAbsentPIDs is how many datagrams not arrived the messages of one
+// datagram may have an unreliable message wait for. Past it, an unreliable
+// message gives up at once on what it names of datagrams not arrived, as it
+// would after its reorder window: whatever was sent before them comes too
+// late (the floor), with no record made, declared missing, and forgotten for
+// each. A sender names the previous message of each channel, so that
+// reaching the cap takes more than 16 datagrams lost, each carrying one of
+// the channels of the datagram that names them; a peer's datagram naming
+// 255 datagrams never sent cost a record each, held, given up on and
+// forgotten, 24 times an honest datagram's CPU per byte (issue 38).
+const maxAbsentPIDs = 16
+
+// giveUpAbsent gives up, for an unreliable message, on the entries of
+// lacks, unresolved entries of t, that name a datagram not arrived, and
+// returns the others.
+func (r *resolver) giveUpAbsent(t *depTable, lacks depBits) depBits {
+	for k, x := range lacks {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			if en := &t.ent[e]; en.state == stAbsent {
+				r.raiseFloor(en.ref)
+				lacks.unset(e)
+			}
+		}
+	}
+	return lacks
 }
 
 // lateDrop reports whether an arriving message of the datagram being

@@ -92,6 +92,9 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 		return
 	}
 	lacks := res.unresolved(t, all, w, reliable)
+	if !reliable && !lacks.empty() && t.absent > maxAbsentPIDs {
+		lacks = res.giveUpAbsent(t, lacks)
+	}
 	var wait time.Duration
 	if !lacks.empty() && !reliable {
 		wait = s.reorderWindowFor(id)
