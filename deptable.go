@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"slices"
+	"time"
 )
 
 // The dependencies a received datagram's messages name (spec "InOrder
@@ -253,6 +254,11 @@ type depGroup struct {
 	held    int         // entries waiting on a held message (wait nodes on it)
 	cost    int         // what it is charged in resolver.bytes
 	dying   bool        // no member left: to be freed (resolver.reap)
+	// deadline is the earliest of its unreliable members' when it was
+	// scheduled (a member released since may leave it early); timedAt its
+	// index in resolver.timed +1, 0 if not there.
+	deadline time.Time
+	timedAt  int
 }
 
 // groupWait is how a group waits for one of its entries.
