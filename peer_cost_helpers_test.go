@@ -80,7 +80,7 @@ func newPeerRoundBench(t testing.TB, sh peerShape, secure bool) *peerRoundBench 
 // does: 3000 reliable datagrams of the victim's, which the evil peer never
 // acks (sent past the congestion window, which would let a few dozen go).
 func (b *peerRoundBench) setup() {
-	b.take()
+	require.True(b.t, b.take())
 	defer b.c.release()
 	s, now := b.c.sess, time.Now()
 	spare := make([]byte, 0, 65536+wireOverhead)
@@ -96,10 +96,17 @@ func (b *peerRoundBench) setup() {
 }
 
 // take claims the connection: no one else runs its rounds until release.
-func (b *peerRoundBench) take() {
+// It reports false if the connection's session ended (a shape may end it,
+// as acksAhead does with a ProtocolError): no round runs any more, and
+// waiting for one to end spun for good.
+func (b *peerRoundBench) take() bool {
 	for !b.c.claim() {
+		if b.c.run.Load() == runDone {
+			return false
+		}
 		runtime.Gosched()
 	}
+	return true
 }
 
 // prepare builds the next n datagrams, sealed in a secure session, as the
@@ -130,9 +137,12 @@ func (b *peerRoundBench) prepare(n int) {
 // handle has the connection take the batch, each datagram in a round of
 // its own run here, then, settle later, the round that runs the timers
 // due (held messages given up on). The connection is this goroutine's
-// throughout: its timer, when it fires, only marks it kicked.
+// throughout: its timer, when it fires, only marks it kicked. A
+// connection ended takes nothing (the endpoint drops what comes for it).
 func (b *peerRoundBench) handle() {
-	b.take()
+	if !b.take() {
+		return
+	}
 	defer b.c.release()
 	b.rounds()
 	if b.shape.settle > 0 {
@@ -212,7 +222,10 @@ func peerRoundBenchmark(b *testing.B, name string) {
 				}
 				n := min(peerBatch(sh), b.N-done)
 				pb.prepare(n)
-				pb.take()
+				if !pb.take() {
+					pb = newPeerRoundBench(b, sh, mode.secure)
+					continue
+				}
 				b.StartTimer()
 				pb.rounds()
 				b.StopTimer()
