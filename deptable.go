@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"slices"
+	"time"
 )
 
 // The dependencies a received datagram's messages name (spec "InOrder
@@ -69,6 +70,9 @@ type depTable struct {
 	ent   [maxDeps]tabEntry
 	nruns int
 	runs  [maxDeps]tabRun
+	// absent counts the runs found naming a datagram not arrived (see
+	// maxAbsentPIDs).
+	absent int
 	// Open addressing, index+1 (0 is empty): entries by message named,
 	// runs by PacketID.
 	refSlots [tabSlots]uint8
@@ -93,6 +97,7 @@ type tabRun struct {
 	gen       uint32 // the resolver's recGen then
 	contained bool
 	rec       *pidRec
+	absent    bool // counted in depTable.absent
 }
 
 // tabSlots is the size of a depTable's hashes: at most maxDeps keys each,
@@ -115,7 +120,7 @@ func (t *depTable) reset(pid uint32) {
 		clear(t.ent[:t.n]) // the held messages named
 		clear(t.runs[:t.nruns])
 	}
-	t.pid, t.n, t.nruns = pid, 0, 0
+	t.pid, t.n, t.nruns, t.absent = pid, 0, 0, 0
 	t.group = nil
 	t.built = false
 }
@@ -249,6 +254,11 @@ type depGroup struct {
 	held    int         // entries waiting on a held message (wait nodes on it)
 	cost    int         // what it is charged in resolver.bytes
 	dying   bool        // no member left: to be freed (resolver.reap)
+	// deadline is the earliest of its unreliable members' when it was
+	// scheduled (a member released since may leave it early); timedAt its
+	// index in resolver.timed +1, 0 if not there.
+	deadline time.Time
+	timedAt  int
 }
 
 // groupWait is how a group waits for one of its entries.

@@ -366,3 +366,42 @@ func cppPingOf(t testing.TB, b []byte) byte {
 	t.Fatalf("no PingRequest in the answer % x", b)
 	return 0
 }
+
+// An unreliable message whose datagram names more than maxAbsentPIDs
+// datagrams not arrived gives up on them at once (no record each, issue 38);
+// one naming maxAbsentPIDs waits its reorder window for them, as before.
+func TestPeerNamingManyAbsentDatagrams(t *testing.T) {
+	for _, absent := range []int{maxAbsentPIDs, maxAbsentPIDs + 1} {
+		synctest.Test(t, func(t *testing.T) {
+			nw := memNet(t)
+			l := nw.listen(t, &Config{ReorderWindow: 100 * time.Millisecond, DisconnectTimeout: 200 * time.Millisecond})
+			p := nw.dialRaw(t, l.Addr())
+			srv := serverConn(t, l)
+			p.next += uint32(absent) // never sent
+			deltas, indices, multi := make([]uint16, absent), make([]uint16, absent), make([]byte, absent)
+			for i := range deltas {
+				deltas[i], multi[i] = uint16(i), byte(i)
+			}
+			b := appendDatagram(nil, &datagram{header: header{packetID: p.next, inOrder: true, deltas: deltas, indices: indices}, msgs: []message{{id: 6, order: orderMulti, orderMulti: multi}}})
+			p.next++
+			p.c.Write(b)
+			synctest.Wait()
+			queued := func() int {
+				srv.recvq.mu.Lock()
+				defer srv.recvq.mu.Unlock()
+				return srv.recvq.msgs.len()
+			}
+			if absent > maxAbsentPIDs {
+				assert.Equal(t, 1, queued(), "%d datagrams not arrived: given up on at once", absent)
+				if ds := srv.sess.recv.res.depState; ds != nil {
+					assert.Empty(t, ds.pids, "records made")
+				}
+				return
+			}
+			assert.Equal(t, 0, queued(), "%d datagrams not arrived: waits", absent)
+			time.Sleep(150 * time.Millisecond)
+			synctest.Wait()
+			assert.Equal(t, 1, queued(), "%d datagrams not arrived: given up on after the reorder window", absent)
+		})
+	}
+}

@@ -31,8 +31,7 @@ type held struct {
 	payload  []byte // owned
 	reliable bool
 	inOrder  bool
-	deadline time.Time
-	heapIdx  int
+	deadline time.Time // unreliable: when it gives up waiting
 	done     bool
 	cost     int // what it is charged in resolver.bytes (heldCost)
 	// Its dependencies: the entries of its group (the datagram's) not yet
@@ -59,7 +58,7 @@ type held struct {
 // on it, resolved when it is applied or dropped (wake).
 type resolver struct {
 	held  map[uint64]*held // by refKey
-	timed heldHeap         // unreliable held messages, by deadline
+	timed groupHeap        // groups with unreliable members, by deadline
 	bytes int              // what the held messages and their groups are charged
 	free  freeList[*held]
 	// The datagram being handled: its dependency table, kept up to date
@@ -175,6 +174,10 @@ func (r *resolver) state(t *depTable, e int, w *recvWindow) entryState {
 			ru.rec = r.pids[ru.pid]
 		}
 		ru.known, ru.gen = true, gen
+		if !ru.contained && !ru.absent {
+			ru.absent = true
+			t.absent++
+		}
 	}
 	switch {
 	case ru.contained:
@@ -206,6 +209,34 @@ func (r *resolver) unresolved(t *depTable, all depBits, w *recvWindow, reliable 
 		}
 	}
 	return out
+}
+
+// maxAbsentPIDs is how many datagrams not arrived the messages of one
+// datagram may have an unreliable message wait for. Past it, an unreliable
+// message gives up at once on what it names of datagrams not arrived, as it
+// would after its reorder window: whatever was sent before them comes too
+// late (the floor), with no record made, declared missing, and forgotten for
+// each. A sender names the previous message of each channel, so that
+// reaching the cap takes more than 16 datagrams lost, each carrying one of
+// the channels of the datagram that names them; a peer's datagram naming
+// 255 datagrams never sent cost a record each, held, given up on and
+// forgotten, 24 times an honest datagram's CPU per byte (issue 38).
+const maxAbsentPIDs = 16
+
+// giveUpAbsent gives up, for an unreliable message, on the entries of
+// lacks, unresolved entries of t, that name a datagram not arrived, and
+// returns the others.
+func (r *resolver) giveUpAbsent(t *depTable, lacks depBits) depBits {
+	for k, x := range lacks {
+		for ; x != 0; x &= x - 1 {
+			e := k<<6 | bits.TrailingZeros64(x)
+			if en := &t.ent[e]; en.state == stAbsent {
+				r.raiseFloor(en.ref)
+				lacks.unset(e)
+			}
+		}
+	}
+	return lacks
 }
 
 // lateDrop reports whether an arriving message of the datagram being
@@ -258,7 +289,6 @@ func (r *resolver) hold(h *held, deadline time.Time, t *depTable, lacks depBits)
 	r.held[refKey(h.ref)] = h
 	h.cost = heldCost(len(h.payload), lacks.count())
 	r.bytes += h.cost
-	h.heapIdx = -1
 	if r.tab != nil && h.ref.pid != r.tab.pid {
 		r.tab.invalidate(h.ref)
 	}
@@ -278,7 +308,24 @@ func (r *resolver) hold(h *held, deadline time.Time, t *depTable, lacks depBits)
 	r.join(g, h, t, lacks)
 	if !h.reliable {
 		h.deadline = deadline
-		heap.Push(&r.timed, h)
+		r.schedule(g, deadline)
+	}
+}
+
+// schedule has g expire its unreliable members at deadline at the latest.
+// The deadline heap holds a group, not each message: the messages of a
+// datagram arrive together, and most wait the same reorder window (a peer's
+// 230 held unreliable messages a datagram cost a heap entry each, pushed,
+// popped, and applied through a heap of their own, 45x an honest datagram's
+// CPU per byte, issue 38).
+func (r *resolver) schedule(g *depGroup, deadline time.Time) {
+	switch {
+	case g.timedAt == 0:
+		g.deadline = deadline
+		heap.Push(&r.timed, g)
+	case deadline.Before(g.deadline):
+		g.deadline = deadline
+		heap.Fix(&r.timed, g.timedAt-1)
 	}
 }
 
@@ -327,11 +374,11 @@ func (r *resolver) newHeld() *held {
 	if h, ok := r.free.get(); ok {
 		return h
 	}
-	return &held{heapIdx: -1}
+	return &held{}
 }
 
 func (r *resolver) recycle(h *held) {
-	*h = held{heapIdx: -1}
+	*h = held{}
 	r.free.put(h, maxFreeHeld)
 }
 
@@ -344,9 +391,6 @@ func (r *resolver) release(h *held) {
 	}
 	r.bytes -= h.cost
 	h.cost = 0
-	if h.heapIdx >= 0 {
-		heap.Remove(&r.timed, h.heapIdx)
-	}
 	if r.tab != nil {
 		r.tab.invalidate(h.ref)
 	}
@@ -382,6 +426,9 @@ func (r *resolver) reap() {
 }
 
 func (r *resolver) freeGroup(g *depGroup) {
+	if g.timedAt != 0 {
+		heap.Remove(&r.timed, g.timedAt-1)
+	}
 	for i := range g.runs {
 		if n := g.runs[i].node; n != 0 {
 			r.unlink(n)
@@ -602,54 +649,76 @@ const siblingBudget = 4096
 func (r *resolver) expire(now time.Time, ready []*held) []*held {
 	budget := siblingBudget
 	for r.timed.Len() > 0 && !r.timed[0].deadline.After(now) {
-		h := heap.Pop(&r.timed).(*held)
-		stack := append(r.stack[:0], h)
-		for len(stack) > 0 {
-			h := stack[len(stack)-1]
-			stack[len(stack)-1] = nil
-			stack = stack[:len(stack)-1]
-			if h.done {
-				continue // released meanwhile: what it lacked was given up on
-			}
-			g := h.group
-			lacks := h.unres
-			// The members before it in its datagram that lack no more
-			// than it does are its predecessors: the wire names a
-			// message's predecessor in the same datagram by naming what
-			// that one names (DECISIONS §5). The look is bounded per
-			// call: a peer's datagrams of a thousand tiny held messages
-			// cost it at most the order among its own messages.
-			for i := int(h.member) - 1; i >= g.first && budget > 0; i-- {
-				budget--
-				if sh := g.members[i]; sh != nil && !sh.reliable && !sh.done && sh.unres.within(&lacks) {
-					stack = append(stack, sh)
-				}
-			}
-			h.unres, h.pending = depBits{}, 0
-			for k, x := range lacks {
-				for ; x != 0; x &= x - 1 {
-					e := k<<6 | bits.TrailingZeros64(x)
-					switch ge := &g.ent[e]; ge.wait {
-					case gHeld:
-						// A reliable message is applied exactly once,
-						// later.
-						if dh := r.nodes[ge.node-1].on; !dh.reliable && !dh.done {
-							stack = append(stack, dh)
-						}
-					case gRun:
-						ref := g.ref(e)
-						r.declareIn(r.nodes[g.runs[ge.run].node-1].rec, ref)
-						r.raiseFloor(ref)
-						ready = r.satisfy(g, e, true, ready)
+		tg := heap.Pop(&r.timed).(*depGroup)
+		var next time.Time // the first deadline of its members not due
+		for i := tg.first; i < len(tg.members); i++ {
+			if h := tg.members[i]; h != nil && !h.reliable && !h.done {
+				if h.deadline.After(now) {
+					if next.IsZero() || h.deadline.Before(next) {
+						next = h.deadline
 					}
+					continue
 				}
+				ready = r.giveUp(h, &budget, ready)
 			}
-			r.release(h)
-			ready = append(ready, h)
 		}
-		r.stack = stack
+		if !next.IsZero() && tg.live > 0 {
+			r.schedule(tg, next)
+		}
 	}
 	r.reap()
+	return ready
+}
+
+// giveUp is expire's for one message h whose reorder window has passed,
+// with those given up on along with it; budget is what is left of the
+// members expire may look at.
+func (r *resolver) giveUp(h *held, budget *int, ready []*held) []*held {
+	stack := append(r.stack[:0], h)
+	for len(stack) > 0 {
+		h := stack[len(stack)-1]
+		stack[len(stack)-1] = nil
+		stack = stack[:len(stack)-1]
+		if h.done {
+			continue // released meanwhile: what it lacked was given up on
+		}
+		g := h.group
+		lacks := h.unres
+		// The members before it in its datagram that lack no more
+		// than it does are its predecessors: the wire names a
+		// message's predecessor in the same datagram by naming what
+		// that one names (DECISIONS §5). The look is bounded per
+		// call: a peer's datagrams of a thousand tiny held messages
+		// cost it at most the order among its own messages.
+		for i := int(h.member) - 1; i >= g.first && *budget > 0; i-- {
+			*budget--
+			if sh := g.members[i]; sh != nil && !sh.reliable && !sh.done && sh.unres.within(&lacks) {
+				stack = append(stack, sh)
+			}
+		}
+		h.unres, h.pending = depBits{}, 0
+		for k, x := range lacks {
+			for ; x != 0; x &= x - 1 {
+				e := k<<6 | bits.TrailingZeros64(x)
+				switch ge := &g.ent[e]; ge.wait {
+				case gHeld:
+					// A reliable message is applied exactly once,
+					// later.
+					if dh := r.nodes[ge.node-1].on; !dh.reliable && !dh.done {
+						stack = append(stack, dh)
+					}
+				case gRun:
+					ref := g.ref(e)
+					r.declareIn(r.nodes[g.runs[ge.run].node-1].rec, ref)
+					r.raiseFloor(ref)
+					ready = r.satisfy(g, e, true, ready)
+				}
+			}
+		}
+		r.release(h)
+		ready = append(ready, h)
+	}
+	r.stack = stack
 	return ready
 }
 
@@ -835,34 +904,32 @@ func (r *resolver) nextDeadline() (time.Time, bool) {
 	return r.timed[0].deadline, true
 }
 
-// heldHeap orders unreliable held messages by deadline, then arrival.
-type heldHeap []*held
+// groupHeap orders groups with unreliable members by deadline, then
+// datagram.
+type groupHeap []*depGroup
 
-func (q heldHeap) Len() int { return len(q) }
-func (q heldHeap) Less(i, j int) bool {
+func (q groupHeap) Len() int { return len(q) }
+func (q groupHeap) Less(i, j int) bool {
 	if !q[i].deadline.Equal(q[j].deadline) {
 		return q[i].deadline.Before(q[j].deadline)
 	}
-	if q[i].ref.pid != q[j].ref.pid {
-		return seqLess(q[i].ref.pid, q[j].ref.pid)
-	}
-	return q[i].ref.idx < q[j].ref.idx
+	return seqLess(q[i].pid, q[j].pid)
 }
-func (q heldHeap) Swap(i, j int) {
+func (q groupHeap) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
-	q[i].heapIdx = i
-	q[j].heapIdx = j
+	q[i].timedAt = i + 1
+	q[j].timedAt = j + 1
 }
-func (q *heldHeap) Push(x any) {
-	h := x.(*held)
-	h.heapIdx = len(*q)
-	*q = append(*q, h)
+func (q *groupHeap) Push(x any) {
+	g := x.(*depGroup)
+	g.timedAt = len(*q) + 1
+	*q = append(*q, g)
 }
-func (q *heldHeap) Pop() any {
+func (q *groupHeap) Pop() any {
 	old := *q
-	h := old[len(old)-1]
+	g := old[len(old)-1]
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
-	h.heapIdx = -1
-	return h
+	g.timedAt = 0
+	return g
 }

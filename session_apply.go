@@ -2,6 +2,7 @@ package knet
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 )
 
@@ -92,6 +93,9 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 		return
 	}
 	lacks := res.unresolved(t, all, w, reliable)
+	if !reliable && !lacks.empty() && t.absent > maxAbsentPIDs {
+		lacks = res.giveUpAbsent(t, lacks)
+	}
 	var wait time.Duration
 	if !lacks.empty() && !reliable {
 		wait = s.reorderWindowFor(id)
@@ -175,6 +179,27 @@ func (s *session) readyAll(hs []*held) {
 func (s *session) runReady(now time.Time) {
 	for s.sc().ready.Len() > 0 {
 		hm := heap.Pop(&s.sc().ready).(*held)
+		s.applyHeld(now, hm)
+		s.wake(hm)
+		s.recv.res.recycle(hm)
+	}
+}
+
+// runReadyFrom is runReady with the messages sorted, released, to apply
+// too, oldest first, merged with the ready queue.
+func (s *session) runReadyFrom(now time.Time, sorted []*held) {
+	q := &s.sc().ready
+	for i := 0; ; {
+		var hm *held
+		switch {
+		case i < len(sorted) && (q.Len() == 0 || refLess(sorted[i].ref, (*q)[0].ref)):
+			hm = sorted[i]
+			i++
+		case q.Len() > 0:
+			hm = heap.Pop(q).(*held)
+		default:
+			return
+		}
 		s.applyHeld(now, hm)
 		s.wake(hm)
 		s.recv.res.recycle(hm)
@@ -346,7 +371,19 @@ func (s *session) recvDeadline(t *deadlines) {
 // reorder window out, and the held ones they waited for before them.
 func (s *session) expireHeld(now time.Time) {
 	ready := s.recv.res.expire(now, s.sc().expired[:0])
-	s.readyAll(ready)
+	if len(ready) == 0 {
+		return
+	}
+	// Mostly in order already (a datagram's members come in theirs):
+	// sorted, and applied merged with the ready queue, rather than each
+	// pushed to it and popped.
+	slices.SortFunc(ready, func(a, b *held) int {
+		if refLess(a.ref, b.ref) {
+			return -1
+		}
+		return 1 // no two are the same message
+	})
+	s.runReadyFrom(now, ready)
+	clear(ready)
 	s.sc().expired = ready[:0]
-	s.runReady(now)
 }
