@@ -169,7 +169,7 @@ func TestBudgetHoleHolders(t *testing.T) {
 			c.Close()
 		}
 		l.Close()
-		assert.Equal(t, hostile, srv.overBudget(), "the server's six end with ErrOverBudget")
+		assert.Equal(t, closed, srv.overBudget(), "the server's side of each holder closed ends with ErrOverBudget")
 	})
 }
 
