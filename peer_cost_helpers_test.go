@@ -191,13 +191,7 @@ func (b *peerRoundBench) tidy() {
 // perByte is peerBench.perByte for a connection's rounds.
 func (b *peerRoundBench) perByte(n int) float64 {
 	b.prepare(n)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	t0 := threadCPU()
-	b.handle()
-	d := threadCPU() - t0
-	b.tidy()
-	return float64(d) / float64(b.size)
+	return timedPerByte(b.handle, b.tidy, b.size)
 }
 
 // peerRoundBenchmark is peerBenchmark through a Listener's connection
