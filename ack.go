@@ -7,10 +7,20 @@ import (
 
 // The acks a receiver owes (spec "Reliable Datagrams", DECISIONS §4): the
 // PacketIDs of reliable datagrams received and not yet acked, packed into
-// the fewest PacketAcks, and those sent lately, sent again while there is
-// room. A plain struct; the session calls it with the current time. The
-// window of PacketIDs seen is recvwindow.go's; the PacketAck codec is
-// message.go's (cppwire.go's in the reference dialect).
+// the fewest PacketAcks, and those sent lately, sent again a few times
+// while the peer may not have them. A plain struct; the session calls it
+// with the current time. The window of PacketIDs seen is recvwindow.go's;
+// the PacketAck codec is message.go's (cppwire.go's in the reference
+// dialect).
+//
+// What acks may cost (issue 38): a peer that sends us little must not get
+// much more back. Fresh acks always go: each owes its PacketID to a
+// datagram of the peer's, and one PacketAck in a datagram of its own is
+// 41 bytes on the wire against the 31 at least the peer spent. Repeats are
+// bounded three ways: at most maxAckRepeats sends again of each
+// PacketAck, at most maxRepeatBlocks of them in a datagram, and only out
+// of the ack credit (ackCredit), earned by what the peer sends. None of
+// the three grows with the round trip.
 
 // ackQueue holds the PacketIDs of reliable datagrams received and not yet
 // acked, and when the oldest of them arrived. It also remembers the
@@ -26,6 +36,9 @@ type ackQueue struct {
 	// bits is how many PacketIDs after its base one PacketAck names:
 	// packetAckBits, or cppAckBits in the reference dialect.
 	bits uint32
+	// credit is what we may still spend on acks, in bytes on the wire
+	// (the ack credit, below), at most ackCreditCap, at least minus that.
+	credit int32
 }
 
 // span is how many PacketIDs after its base one PacketAck names.
@@ -36,12 +49,51 @@ func (q *ackQueue) span() uint32 {
 	return q.bits
 }
 
-// maxRecentAcks bounds the PacketAcks remembered for sending again.
-const maxRecentAcks = 256
+const (
+	// maxRecentAcks bounds the PacketAcks remembered for sending again.
+	maxRecentAcks = 256
+	// maxAckRepeats is how many times a PacketAck goes again at most,
+	// after its first send: a lost ack costs the peer a needless resend
+	// only if the next four datagrams carrying acks are lost too (at 5%
+	// random loss, about once in three million), while a peer sending
+	// one gap-opening datagram at a time gets four repeats of each back:
+	// 81 bytes on the wire for its 31 (2.6x). Before, every ack of the
+	// last half round trip went again in every datagram: up to ~139
+	// PacketAcks, 22-38x what the peer sent (issue 38).
+	maxAckRepeats = 4
+	// maxRepeatBlocks bounds the PacketAcks sent again in one datagram
+	// (before merge folds them into the fresh ones, which only lowers the
+	// count).
+	maxRepeatBlocks = 4
+	// maxRepeatScan bounds the remembered PacketAcks repeats looks at,
+	// newest first: those past it went again often enough already, or
+	// are older than what repeating is for.
+	maxRepeatScan = 32
+)
 
+// sentAck is a PacketAck sent lately: when, how many times again since,
+// and the reliable datagram of ours that carried it, if one did (by, of
+// generation gen: a sent is recycled).
 type sentAck struct {
-	a  packetAck
-	at time.Time
+	a       packetAck
+	at      time.Time
+	repeats int
+	by      *sent
+	gen     uint64
+}
+
+// confirmed reports whether the peer has the PacketAck: a reliable
+// datagram of ours that carried it was acked. That is sound because a
+// datagram is acked only once it arrived, and its PacketAcks with it (the
+// spec's receiver takes the acks of every datagram it parses; a resend
+// carries the same bytes, in the reference dialect too, which changes
+// only its PacketID). carried names only ordinary reliable datagrams,
+// which leave the sent window only acked (trim): datagrams of
+// latest-state versions, which may be given up (abandon), and bulk ones,
+// which may be retired (pmtu.go), carry acks that are never confirmed, so
+// a recycled sent (its generation changed) was acked too.
+func (a *sentAck) confirmed() bool {
+	return a.by != nil && (a.by.gen != a.gen || a.by.acked)
 }
 
 // remember records PacketAcks just sent. Only those sent in the last keep
@@ -56,7 +108,7 @@ func (q *ackQueue) remember(now time.Time, acks []packetAck, keep time.Duration)
 			i = q.next % n // the oldest
 		}
 		if n == maxRecentAcks || n > 0 && now.Sub(q.recent[i].at) > keep {
-			q.recent[i] = sentAck{a, now}
+			q.recent[i] = sentAck{a: a, at: now}
 			q.next++
 			continue
 		}
@@ -64,24 +116,84 @@ func (q *ackQueue) remember(now time.Time, acks []packetAck, keep time.Duration)
 		slices.Reverse(q.recent[:i])
 		slices.Reverse(q.recent[i:])
 		slices.Reverse(q.recent)
-		q.recent = append(q.recent, sentAck{a, now})
+		q.recent = append(q.recent, sentAck{a: a, at: now})
 		q.next = len(q.recent)
 	}
 }
 
+// carried records that d, an ordinary reliable datagram just built, carries
+// the last k PacketAcks remembered: once d is acked they are confirmed,
+// and go again no more.
+func (q *ackQueue) carried(d *sent, k int) {
+	n := len(q.recent)
+	for i := 1; i <= k && i <= n; i++ {
+		r := &q.recent[(q.next-i)%n]
+		r.by, r.gen = d, d.gen
+	}
+}
+
 // repeats appends, newest first, up to room PacketAcks sent since
-// notBefore.
+// notBefore that may go again: not confirmed, and sent again fewer than
+// maxAckRepeats times. Each one appended counts as sent again.
 func (q *ackQueue) repeats(dst []packetAck, notBefore time.Time, room int) []packetAck {
 	n := len(q.recent)
-	for k := 1; k <= n && room > 0; k++ {
-		r := q.recent[(q.next-k)%n]
+	for k := 1; k <= n && k <= maxRepeatScan && room > 0; k++ {
+		r := &q.recent[(q.next-k)%n]
 		if r.at.Before(notBefore) {
 			break
 		}
+		if r.repeats >= maxAckRepeats || r.confirmed() {
+			continue
+		}
+		r.repeats++
 		dst = append(dst, r.a)
 		room--
 	}
 	return dst
+}
+
+// The ack credit: what a peer sends us pays for what we send it back
+// that is not data, in bytes on the wire (IPv4 and UDP headers counted,
+// ackWireOverhead, which makes small datagrams count for what they cost;
+// IPv6's larger headers only lower the ratio). Each datagram the peer
+// sends earns ackCreditRatio times its size, up to ackCreditCap banked;
+// each datagram of ours carrying acks and no application data spends its
+// size, one carrying data what its PacketAcks add. Repeats go only out of
+// credit left once the datagram is paid for; fresh acks always go (they
+// cost less than the datagrams that owed them), so the peer always learns
+// what arrived.
+const (
+	ackWireOverhead = 28
+	ackCreditRatio  = 3
+)
+
+// ackCreditCap is what credit may be banked: what one datagram of the
+// largest size earns, three of ours, so that what came long ago does not
+// pay for a burst now. It bounds the debt too.
+func ackCreditCap(maxDatagram int) int {
+	return ackCreditRatio * (maxDatagram + ackWireOverhead)
+}
+
+// earn credits a datagram of n bytes from the peer.
+func (q *ackQueue) earn(n, maxDatagram int) {
+	q.credit = int32(min(int(q.credit)+ackCreditRatio*(n+ackWireOverhead), ackCreditCap(maxDatagram)))
+}
+
+// spend debits n bytes (a datagram's wire overhead included if it is
+// counted whole).
+func (q *ackQueue) spend(n, maxDatagram int) {
+	q.credit = int32(max(int(q.credit)-n, -ackCreditCap(maxDatagram)))
+}
+
+// affords reports how many repeated PacketAcks of block bytes each the
+// credit pays for, on top of a datagram of used bytes so far (its wire
+// overhead not counted).
+func (q *ackQueue) affords(used, block int) int {
+	left := int(q.credit) - used - ackWireOverhead
+	if left < block {
+		return 0
+	}
+	return left / block
 }
 
 func (q *ackQueue) add(now time.Time, id uint32) {
