@@ -18,9 +18,9 @@ import (
 // datagram of the peer's, and one PacketAck in a datagram of its own is
 // 41 bytes on the wire against the 31 at least the peer spent. Repeats are
 // bounded three ways: at most maxAckRepeats sends again of each
-// PacketAck, at most maxRepeatBlocks of them in a datagram, and only out
-// of the ack credit (ackCredit), earned by what the peer sends. None of
-// the three grows with the round trip.
+// PacketAck (none once the peer confirmed it), at most maxRepeatBlocks of
+// them in a datagram, and only out of the ack credit (below), earned by
+// what the peer sends. None of the three grows with the round trip.
 
 // ackQueue holds the PacketIDs of reliable datagrams received and not yet
 // acked, and when the oldest of them arrived. It also remembers the
@@ -63,12 +63,20 @@ const (
 	maxAckRepeats = 4
 	// maxRepeatBlocks bounds the PacketAcks sent again in one datagram
 	// (before merge folds them into the fresh ones, which only lowers the
-	// count).
-	maxRepeatBlocks = 4
+	// count): 320 bytes, against the ~119 PacketAcks of the last half
+	// round trip a datagram could hold before. It is not what bounds the
+	// amplification (maxAckRepeats and the credit are): it is what a
+	// loaded receiver needs. Its rounds take many datagrams at once, and
+	// the ack datagram of one holds a PacketAck for the run of new
+	// PacketIDs every 35, and one for each resend that filled a hole: a
+	// 5%-loss download with 10ms rounds sends about 11 a datagram, whose
+	// repeats need 30-40 places; at 4, the resends' acks went again
+	// seldom, and a quarter of the sender's resends were needless.
+	maxRepeatBlocks = 32
 	// maxRepeatScan bounds the remembered PacketAcks repeats looks at,
 	// newest first: those past it went again often enough already, or
 	// are older than what repeating is for.
-	maxRepeatScan = 32
+	maxRepeatScan = 64
 )
 
 // sentAck is a PacketAck sent lately: when, how many times again since,
@@ -91,7 +99,13 @@ type sentAck struct {
 // which leave the sent window only acked (trim): datagrams of
 // latest-state versions, which may be given up (abandon), and bulk ones,
 // which may be retired (pmtu.go), carry acks that are never confirmed, so
-// a recycled sent (its generation changed) was acked too.
+// a recycled sent (its generation changed) was acked too. (An unreliable
+// datagram's acks have nothing to confirm them: nothing acks it.)
+//
+// The confirmation comes a round trip after the PacketAck went at the
+// soonest, when the half round trip of repeats is over if the smoothed
+// RTT is the path's; it ends the repeats when the estimate is above the
+// path's (a queue that drained, a peer that held its acks).
 func (a *sentAck) confirmed() bool {
 	return a.by != nil && (a.by.gen != a.gen || a.by.acked)
 }
@@ -132,22 +146,53 @@ func (q *ackQueue) carried(d *sent, k int) {
 	}
 }
 
-// repeats appends, newest first, up to room PacketAcks sent since
-// notBefore that may go again: not confirmed, and sent again fewer than
-// maxAckRepeats times. Each one appended counts as sent again.
+// repeats appends up to room PacketAcks sent since notBefore that may go
+// again: not confirmed, and sent again fewer than maxAckRepeats times.
+// When more may go than room takes, those sent again the fewest times go
+// first (a burst of fresh acks would otherwise crowd out the older ones,
+// and a lost ack among those cost the peer a needless resend), and among
+// equals the newest. They are appended newest first; each counts as sent
+// again. Only the maxRepeatScan newest PacketAcks remembered are looked
+// at.
 func (q *ackQueue) repeats(dst []packetAck, notBefore time.Time, room int) []packetAck {
+	if room <= 0 || len(q.recent) == 0 {
+		return dst
+	}
+	// How many may go at each count of repeats so far, and so which
+	// count is cut (level) and how many of it go (extra).
+	var count [maxAckRepeats]int
 	n := len(q.recent)
-	for k := 1; k <= n && k <= maxRepeatScan && room > 0; k++ {
-		r := &q.recent[(q.next-k)%n]
+	scan := 0
+	for ; scan < min(n, maxRepeatScan); scan++ {
+		r := &q.recent[(q.next-scan-1)%n]
 		if r.at.Before(notBefore) {
 			break
 		}
-		if r.repeats >= maxAckRepeats || r.confirmed() {
+		if r.repeats < maxAckRepeats && !r.confirmed() {
+			count[r.repeats]++
+		}
+	}
+	level, extra := maxAckRepeats, 0
+	for l, c := range count {
+		if c > room {
+			level, extra = l, room
+			break
+		}
+		room -= c
+	}
+	for k := 1; k <= scan; k++ {
+		r := &q.recent[(q.next-k)%n]
+		if r.repeats > level || r.confirmed() || r.repeats == maxAckRepeats {
 			continue
+		}
+		if r.repeats == level {
+			if extra == 0 {
+				continue
+			}
+			extra--
 		}
 		r.repeats++
 		dst = append(dst, r.a)
-		room--
 	}
 	return dst
 }
