@@ -197,8 +197,8 @@ func (q *ackQueue) repeats(dst []packetAck, notBefore time.Time, room int) []pac
 	return dst
 }
 
-// The ack credit: what a peer sends us pays for what we send it back
-// that is not data, in bytes on the wire (IPv4 and UDP headers counted,
+// The ack credit: what a peer sends us pays for the acks we send it back,
+// in bytes on the wire (IPv4 and UDP headers counted,
 // ackWireOverhead, which makes small datagrams count for what they cost;
 // IPv6's larger headers only lower the ratio). Each datagram the peer
 // sends earns ackCreditRatio times its size, up to ackCreditCap banked;
