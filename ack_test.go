@@ -98,11 +98,11 @@ func TestAckQueueRepeatsMatchModel(t *testing.T) {
 			q.remember(now, acks, keep)
 			back := time.Duration(rng.Int64N(int64(keep) + 1))
 			room := 1 + rng.IntN(maxRepeatBlocks+2)
-			// The model: of the newest maxRepeatScan sent since back,
+			// The model: of those sent since back,
 			// those that may go, sorted by repeats so far then newest
 			// first; the first room of them go, listed newest first.
 			var may []int
-			for k := len(model) - 1; k >= 0 && len(model)-k <= min(maxRecentAcks, maxRepeatScan); k-- {
+			for k := len(model) - 1; k >= 0 && len(model)-k <= maxRecentAcks; k-- {
 				if model[k].at.Before(now.Add(-back)) {
 					break
 				}
@@ -150,8 +150,8 @@ func TestAckQueueRepeatsBounded(t *testing.T) {
 	assert.Equal(t, map[uint32]int{1: maxAckRepeats, 100: maxAckRepeats, 200: maxAckRepeats}, count)
 
 	// A window of an hour, as a 9s round trip gave, and a thousand acks:
-	// still maxAckRepeats each, newest first, and only those within
-	// maxRepeatScan of the newest.
+	// still maxAckRepeats each, newest first, and only those the ring
+	// keeps (maxRecentAcks).
 	q = ackQueue{}
 	for i := range 1000 {
 		q.remember(now, []packetAck{{base: uint32(i) * 40}}, time.Hour)
@@ -160,7 +160,7 @@ func TestAckQueueRepeatsBounded(t *testing.T) {
 	for range 1000 {
 		total += len(q.repeats(nil, timeZero, maxRepeatBlocks))
 	}
-	assert.Equal(t, maxRepeatScan*maxAckRepeats, total)
+	assert.Equal(t, maxRecentAcks*maxAckRepeats, total)
 }
 
 // A loaded round acks many datagrams at once: one ack datagram holds many
@@ -192,6 +192,22 @@ func TestAckQueueRepeatsBurst(t *testing.T) {
 	older := burst(0, 8)
 	slices.Reverse(older)
 	assert.Equal(t, older, second[maxRepeatBlocks-8:], "the 8 not sent again yet go, and the 24 newest of the rest")
+
+	// A round after a stall (a loaded machine) acks a few thousand
+	// datagrams at once: 100 PacketAcks, the holes of 5% loss. Each goes
+	// again in the next datagrams, the oldest too: if their datagram was
+	// lost, the peer would otherwise resend all they name.
+	q = ackQueue{}
+	q.remember(timeZero, burst(0, 100), time.Second)
+	count := map[uint32]int{}
+	for range 4 * 100 / maxRepeatBlocks {
+		for _, a := range q.repeats(nil, timeZero, maxRepeatBlocks) {
+			count[a.base]++
+		}
+	}
+	for _, a := range burst(0, 100) {
+		assert.GreaterOrEqual(t, count[a.base], 3, "PacketAck %d went again %d times", a.base, count[a.base])
+	}
 }
 
 // A PacketAck that rode in a reliable datagram of ours goes again no more
