@@ -322,11 +322,44 @@ func peerMeasureGaps(v *peerVictim, cadence, d time.Duration) peerAmplification 
 	return a
 }
 
-// Finding 2 (ack repeats amplify) and its test, TestPeerAckAmplification,
-// with the matrix's gapOpening cell, are on branch acks-out, which bounds
-// the repeats and pays for them out of an ack credit: not merged yet, since
-// under load an honest lossy transfer there had needless resends the tree
-// without it did not (issue 38's closing note). peerMeasureGaps is theirs.
+// Empty reliable datagrams (3 bytes, 19-23 sealed) whose PacketIDs are 36
+// apart each open a gap, which the victim acks at once, and each answer
+// repeats every ack sent in the last half round trip (up to ~139 of
+// them): ack-only datagrams are neither paced nor under congestion
+// control. A peer whose ConnectAck comes 9s late makes the smoothed RTT
+// 9s, and every answer repeats all it can hold. The fix bounds what the
+// victim sends back to three times what the peer sent, on the wire.
+func TestPeerAckAmplification(t *testing.T) {
+	// At the normal round trip (40ms) the repeats are those of the last
+	// 20ms: the peer sends fast. With the round trip taken for 9s, a
+	// datagram every 5ms is enough.
+	variants := []struct {
+		name     string
+		side     peerSide
+		ackDelay time.Duration
+		cadence  time.Duration
+		d        time.Duration
+	}{
+		{"listener", peerSides[0], 0, 300 * time.Microsecond, time.Second},
+		{"dialer", peerSides[1], 0, 300 * time.Microsecond, time.Second},
+		{"listener/lateConnectAck", peerSides[0], 9 * time.Second, 5 * time.Millisecond, 2 * time.Second},
+	}
+	for _, mode := range peerModes {
+		for _, vr := range variants {
+			t.Run(mode.name+"/"+vr.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					nw := memNet(t)
+					path := netsim.Params{Delay: peerPathDelay}
+					v := peerConnect(t, nw, vr.side, mode.secure, Config{DisconnectTimeout: 200 * time.Millisecond}, path, path, vr.ackDelay)
+					a := peerMeasureGaps(v, vr.cadence, vr.d)
+					t.Logf("gap-opening datagrams: %v", a)
+					assert.LessOrEqual(t, a.ratio(), 3.0, "the victim sent back %.1fx what the peer sent: %v", a.ratio(), a)
+					assert.NoError(t, v.c.Err())
+				})
+			})
+		}
+	}
+}
 
 // peerBatch is how many datagrams of a shape one measured batch holds:
 // about 64 KiB of costly ones, 300 KiB of honest ones.
@@ -486,6 +519,11 @@ func TestPeerMaliciousMatrix(t *testing.T) {
 			if !f.protoErr {
 				assert.LessOrEqual(t, f.ratio, 2.0, "the victim offered the path %.1fx its rate: %v", f.ratio, f)
 			}
+		}, nil},
+		{"gapOpening", func(t *testing.T, m *peerMatrix, _ bool) {
+			a := peerMeasureGaps(m.peerVictim, 300*time.Microsecond, time.Second)
+			t.Logf("gap-opening datagrams: %v", a)
+			assert.LessOrEqual(t, a.ratio(), 3.0, "the victim sent back %.1fx what the peer sent: %v", a.ratio(), a)
 		}, nil},
 		{"impossibleAcks", func(t *testing.T, m *peerMatrix, _ bool) {
 			for i := range 5 {
