@@ -405,3 +405,48 @@ func TestPeerNamingManyAbsentDatagrams(t *testing.T) {
 		})
 	}
 }
+
+// A connection holds at most maxWaiting unreliable messages for their
+// dependencies: past that, one gives up at once (issue 38: datagrams of
+// 230 messages, each naming one of a datagram never sent, cost a held
+// record each, 23-32 times an honest datagram's CPU per byte). One given
+// up on at once is applied, and what it named comes too late (the floor,
+// as past maxAbsentPIDs): so do the messages held before it, which it
+// overtook, dropped when their reorder window runs out.
+func TestPeerHoldingManyUnreliable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, &Config{ReorderWindow: 100 * time.Millisecond, DisconnectTimeout: 200 * time.Millisecond})
+		p := nw.dialRaw(t, l.Addr())
+		srv := serverConn(t, l)
+		queued := func() int {
+			srv.recvq.mu.Lock()
+			defer srv.recvq.mu.Unlock()
+			return srv.recvq.msgs.len()
+		}
+		waiting := func() int { return srv.sess.recv.res.nwaiting } // the bubble is idle
+		const per, datagrams = 100, 5
+		idx := make([]uint16, per)
+		for i := range idx {
+			idx[i] = uint16(i)
+		}
+		for k := range datagrams {
+			p.next++ // never sent: what each datagram's messages name
+			msgs := make([]message, per)
+			for i := range msgs {
+				msgs[i] = message{id: 6, order: orderSingle, orderIndex: uint8(i)}
+			}
+			p.c.Write(appendDatagram(nil, &datagram{header: header{packetID: p.next, inOrder: true, deltas: make([]uint16, per), indices: idx}, msgs: msgs}))
+			p.next++
+			synctest.Wait()
+			held := min((k+1)*per, maxWaiting)
+			assert.Equal(t, held, waiting(), "after datagram %d", k)
+			assert.Equal(t, (k+1)*per-held, queued(), "given up on at once after datagram %d", k)
+		}
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, 0, waiting())
+		assert.Equal(t, datagrams*per-maxWaiting, queued(), "those given up on at once, and only those")
+		assert.EqualValues(t, maxWaiting, srv.Stats().DroppedMessages, "those held, overtaken")
+	})
+}

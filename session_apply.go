@@ -99,7 +99,11 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 	var wait time.Duration
 	if !lacks.empty() && !reliable {
 		wait = s.reorderWindowFor(id)
-		if kind == heldApp && (latest || wait == 0) {
+		full := res.nwaiting >= maxWaiting
+		if full {
+			lacks = res.giveUpAbsent(t, lacks) // as past maxAbsentPIDs
+		}
+		if kind == heldApp && (latest || wait == 0 || full) {
 			s.supersede(t, lacks)
 			lacks = depBits{}
 		}
