@@ -16,11 +16,20 @@ import (
 // What acks may cost (issue 38): a peer that sends us little must not get
 // much more back. Fresh acks always go: each owes its PacketID to a
 // datagram of the peer's, and one PacketAck in a datagram of its own is
-// 41 bytes on the wire against the 31 at least the peer spent. Repeats are
-// bounded three ways: at most maxAckRepeats sends again of each
-// PacketAck (none once the peer confirmed it), at most maxRepeatBlocks of
-// them in a datagram, and only out of the ack credit (below), earned by
-// what the peer sends. None of the three grows with the round trip.
+// 41 bytes on the wire against the 31 at least the peer spent. Repeats go
+// only while the peer may not have them (sent in the last half round trip,
+// not confirmed), and only out of the ack credit (below), earned by what
+// the peer sends: twice its bytes on the wire, whatever the round trip.
+//
+// Why the credit and not a count of repeats: a count that bounds a
+// gap-opening peer (four repeats of each PacketAck, 32 in a datagram) let
+// bursts of loss take every copy of an honest receiver's acks. Ack
+// datagrams go every millisecond or two in a download, so four repeats
+// were over within one 3-8ms burst, and the sender resent what had
+// arrived: 28-369 needless resends in a 20,000-datagram download where
+// repeats over the whole half round trip had 0-20
+// (TestAckRepeatsOutlastBursts). A download earns far more credit than
+// its acks spend, so the credit never limits an honest one.
 
 // ackQueue holds the PacketIDs of reliable datagrams received and not yet
 // acked, and when the oldest of them arrived. It also remembers the
@@ -49,41 +58,16 @@ func (q *ackQueue) span() uint32 {
 	return q.bits
 }
 
-const (
-	// maxRecentAcks bounds the PacketAcks remembered for sending again.
-	maxRecentAcks = 256
-	// maxAckRepeats is how many times a PacketAck goes again at most,
-	// after its first send: a lost ack costs the peer a needless resend
-	// only if the next four datagrams carrying acks are lost too (at 5%
-	// random loss, about once in three million), while a peer sending
-	// one gap-opening datagram at a time gets four repeats of each back:
-	// 81 bytes on the wire for its 31 (2.6x). Before, every ack of the
-	// last half round trip went again in every datagram: up to ~139
-	// PacketAcks, 22-38x what the peer sent (issue 38).
-	maxAckRepeats = 4
-	// maxRepeatBlocks bounds the PacketAcks sent again in one datagram
-	// (before merge folds them into the fresh ones, which only lowers the
-	// count): 320 bytes, against the ~119 PacketAcks of the last half
-	// round trip a datagram could hold before. It is not what bounds the
-	// amplification (maxAckRepeats and the credit are): it is what a
-	// loaded receiver needs. Its rounds take many datagrams at once, and
-	// the ack datagram of one holds a PacketAck for the run of new
-	// PacketIDs every 35, and one for each resend that filled a hole: a
-	// 5%-loss download with 10ms rounds sends about 11 a datagram, whose
-	// repeats need 30-40 places; at 4, the resends' acks went again
-	// seldom, and a quarter of the sender's resends were needless.
-	maxRepeatBlocks = 32
-)
+// maxRecentAcks bounds the PacketAcks remembered for sending again.
+const maxRecentAcks = 256
 
-// sentAck is a PacketAck sent lately: when, how many times again since,
-// and the reliable datagram of ours that carried it, if one did (by, of
+// sentAck is a PacketAck sent lately: when, and the reliable datagram of ours that carried it, if one did (by, of
 // generation gen: a sent is recycled).
 type sentAck struct {
-	a       packetAck
-	at      time.Time
-	repeats int
-	by      *sent
-	gen     uint64
+	a   packetAck
+	at  time.Time
+	by  *sent
+	gen uint64
 }
 
 // confirmed reports whether the peer has the PacketAck: a reliable
@@ -142,57 +126,20 @@ func (q *ackQueue) carried(d *sent, k int) {
 	}
 }
 
-// repeats appends up to room PacketAcks sent since notBefore that may go
-// again: not confirmed, and sent again fewer than maxAckRepeats times.
-// When more may go than room takes, those sent again the fewest times go
-// first (a burst of fresh acks would otherwise crowd out the older ones,
-// and a lost ack among those cost the peer a needless resend), and among
-// equals the newest. They are appended newest first; each counts as sent
-// again. Every PacketAck remembered since notBefore is looked at: a round
-// after a stall acks a burst of them at once (the holes of thousands of
-// datagrams), and one never sent again, its datagram lost, cost the peer
-// a resend of all it names (looking at the 64 newest only, a burst of 100
-// left 36 unrepeated, and under load the lossy bench saw bursts of 500 to
-// 2,400 needless resends).
+// repeats appends, newest first, up to room PacketAcks sent since
+// notBefore that the peer has not confirmed.
 func (q *ackQueue) repeats(dst []packetAck, notBefore time.Time, room int) []packetAck {
-	if room <= 0 || len(q.recent) == 0 {
-		return dst
-	}
-	// How many may go at each count of repeats so far, and so which
-	// count is cut (level) and how many of it go (extra).
-	var count [maxAckRepeats]int
 	n := len(q.recent)
-	scan := 0
-	for ; scan < n; scan++ {
-		r := &q.recent[(q.next-scan-1)%n]
+	for k := 1; k <= n && room > 0; k++ {
+		r := &q.recent[(q.next-k)%n]
 		if r.at.Before(notBefore) {
 			break
 		}
-		if r.repeats < maxAckRepeats && !r.confirmed() {
-			count[r.repeats]++
-		}
-	}
-	level, extra := maxAckRepeats, 0
-	for l, c := range count {
-		if c > room {
-			level, extra = l, room
-			break
-		}
-		room -= c
-	}
-	for k := 1; k <= scan; k++ {
-		r := &q.recent[(q.next-k)%n]
-		if r.repeats > level || r.confirmed() || r.repeats == maxAckRepeats {
+		if r.confirmed() {
 			continue
 		}
-		if r.repeats == level {
-			if extra == 0 {
-				continue
-			}
-			extra--
-		}
-		r.repeats++
 		dst = append(dst, r.a)
+		room--
 	}
 	return dst
 }
@@ -209,11 +156,11 @@ func (q *ackQueue) repeats(dst []packetAck, notBefore time.Time, room int) []pac
 // what arrived.
 const (
 	ackWireOverhead = 28
-	ackCreditRatio  = 3
+	ackCreditRatio  = 2
 )
 
 // ackCreditCap is what credit may be banked: what one datagram of the
-// largest size earns, three of ours, so that what came long ago does not
+// largest size earns, two of ours, so that what came long ago does not
 // pay for a burst now. It bounds the debt too.
 func ackCreditCap(maxDatagram int) int {
 	return ackCreditRatio * (maxDatagram + ackWireOverhead)

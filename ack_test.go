@@ -72,17 +72,16 @@ func TestAckQueueMerge(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { q.merge(in) }))
 }
 
-// Acks sent again are those of the last keep, newest first, each at most
-// maxAckRepeats times, whatever the ring did meanwhile; and the ring holds
-// about what keep needs, not maxRecentAcks on every connection.
+// Acks sent again are those of the last keep, newest first, at most room
+// of them, whatever the ring did meanwhile; and the ring holds about what
+// keep needs, not maxRecentAcks on every connection.
 func TestAckQueueRepeatsMatchModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, keep := range []time.Duration{time.Millisecond, 5 * time.Millisecond, time.Second} {
 		var q ackQueue
 		type sent struct {
-			a       packetAck
-			at      time.Time
-			repeats int
+			a  packetAck
+			at time.Time
 		}
 		var model []sent
 		now := timeZero
@@ -97,26 +96,12 @@ func TestAckQueueRepeatsMatchModel(t *testing.T) {
 			}
 			q.remember(now, acks, keep)
 			back := time.Duration(rng.Int64N(int64(keep) + 1))
-			room := 1 + rng.IntN(maxRepeatBlocks+2)
-			// The model: of those sent since back,
-			// those that may go, sorted by repeats so far then newest
-			// first; the first room of them go, listed newest first.
-			var may []int
-			for k := len(model) - 1; k >= 0 && len(model)-k <= maxRecentAcks; k-- {
+			room := 1 + rng.IntN(40)
+			var want []packetAck
+			for k := len(model) - 1; k >= 0 && len(model)-k <= maxRecentAcks && len(want) < room; k-- {
 				if model[k].at.Before(now.Add(-back)) {
 					break
 				}
-				if model[k].repeats < maxAckRepeats {
-					may = append(may, k)
-				}
-			}
-			slices.SortStableFunc(may, func(a, b int) int { return model[a].repeats - model[b].repeats })
-			may = may[:min(room, len(may))]
-			slices.Sort(may)
-			slices.Reverse(may)
-			var want []packetAck
-			for _, k := range may {
-				model[k].repeats++
 				want = append(want, model[k].a)
 			}
 			got := q.repeats(nil, now.Add(-back), room)
@@ -132,82 +117,24 @@ func TestAckQueueRepeatsMatchModel(t *testing.T) {
 	}
 }
 
-// Each PacketAck goes again at most maxAckRepeats times, however often
-// repeats asks and however long the window, and at most room at a time.
-func TestAckQueueRepeatsBounded(t *testing.T) {
-	var q ackQueue
-	now := timeZero
-	q.remember(now, []packetAck{{base: 1}, {base: 100}, {base: 200}}, time.Hour)
-	count := map[uint32]int{}
-	for range 100 {
-		now = now.Add(time.Millisecond)
-		got := q.repeats(nil, timeZero, 2)
-		assert.LessOrEqual(t, len(got), 2)
-		for _, a := range got {
-			count[a.base]++
-		}
-	}
-	assert.Equal(t, map[uint32]int{1: maxAckRepeats, 100: maxAckRepeats, 200: maxAckRepeats}, count)
-
-	// A window of an hour, as a 9s round trip gave, and a thousand acks:
-	// still maxAckRepeats each, newest first, and only those the ring
-	// keeps (maxRecentAcks).
-	q = ackQueue{}
-	for i := range 1000 {
-		q.remember(now, []packetAck{{base: uint32(i) * 40}}, time.Hour)
-	}
-	total := 0
-	for range 1000 {
-		total += len(q.repeats(nil, timeZero, maxRepeatBlocks))
-	}
-	assert.Equal(t, maxRecentAcks*maxAckRepeats, total)
-}
-
 // A loaded round acks many datagrams at once: one ack datagram holds many
 // fresh PacketAcks (the contiguous run, and one for each resend that
-// filled a hole). Each goes again in the next datagram, and when they do
-// not all fit, those not sent again yet go first. (With at most 4 a
-// datagram, newest first, the resends' acks were crowded out: in a
-// simulated 5%-loss download whose receiver took 10ms of datagrams a
-// round, a quarter of the sender's resends were needless.)
+// filled a hole), and the next one carries them all again, as room and
+// credit allow: an ack datagram lost in a burst costs the peer nothing if
+// the one after it gets through.
 func TestAckQueueRepeatsBurst(t *testing.T) {
 	var q ackQueue
-	burst := func(first, n int) []packetAck {
-		var acks []packetAck
-		for i := range n {
-			acks = append(acks, packetAck{base: uint32(first+i) * 40})
-		}
-		return acks
+	var burst []packetAck
+	for i := range 100 {
+		burst = append(burst, packetAck{base: uint32(i) * 40})
 	}
-	q.remember(timeZero, burst(0, 20), time.Second)
-	assert.Len(t, q.repeats(nil, timeZero, maxRepeatBlocks), 20, "a burst of 20 goes again whole")
-
-	q = ackQueue{}
-	q.remember(timeZero, burst(0, maxRepeatBlocks+8), time.Second)
-	first := q.repeats(nil, timeZero, maxRepeatBlocks)
-	require.Len(t, first, maxRepeatBlocks)
-	assert.Equal(t, burst(8, maxRepeatBlocks)[maxRepeatBlocks-1], first[0], "newest first")
-	second := q.repeats(nil, timeZero, maxRepeatBlocks)
-	require.Len(t, second, maxRepeatBlocks)
-	older := burst(0, 8)
-	slices.Reverse(older)
-	assert.Equal(t, older, second[maxRepeatBlocks-8:], "the 8 not sent again yet go, and the 24 newest of the rest")
-
-	// A round after a stall (a loaded machine) acks a few thousand
-	// datagrams at once: 100 PacketAcks, the holes of 5% loss. Each goes
-	// again in the next datagrams, the oldest too: if their datagram was
-	// lost, the peer would otherwise resend all they name.
-	q = ackQueue{}
-	q.remember(timeZero, burst(0, 100), time.Second)
-	count := map[uint32]int{}
-	for range 4 * 100 / maxRepeatBlocks {
-		for _, a := range q.repeats(nil, timeZero, maxRepeatBlocks) {
-			count[a.base]++
-		}
-	}
-	for _, a := range burst(0, 100) {
-		assert.GreaterOrEqual(t, count[a.base], 3, "PacketAck %d went again %d times", a.base, count[a.base])
-	}
+	q.remember(timeZero, burst, time.Second)
+	got := q.repeats(nil, timeZero, 120)
+	require.Len(t, got, 100, "a burst of 100 goes again whole")
+	assert.Equal(t, burst[99], got[0], "newest first")
+	assert.Len(t, q.repeats(nil, timeZero, 120), 100, "and again: only the window and the peer's confirmation end repeats")
+	assert.Len(t, q.repeats(nil, timeZero, 30), 30, "at most room")
+	assert.Empty(t, q.repeats(nil, timeZero.Add(time.Nanosecond), 120), "none sent since notBefore")
 }
 
 // A PacketAck that rode in a reliable datagram of ours goes again no more
@@ -249,12 +176,15 @@ func TestAckCredit(t *testing.T) {
 	var q ackQueue
 	const maxDatagram = 1200
 	q.earn(3, maxDatagram) // an empty reliable datagram: 31 bytes on the wire
-	assert.EqualValues(t, 93, q.credit)
+	assert.EqualValues(t, 2*31, q.credit)
 	// An ack-only datagram of one PacketAck (13 bytes, 41 on the wire)
-	// leaves 52: five more PacketAcks of 10.
-	assert.Equal(t, 5, q.affords(3+ackBlock, ackBlock))
+	// leaves 21: two more PacketAcks of 10.
+	assert.Equal(t, 2, q.affords(3+ackBlock, ackBlock))
 	q.spend(3+ackBlock+ackWireOverhead, maxDatagram)
-	assert.Equal(t, 1, q.affords(3+ackBlock, ackBlock), "the next datagram pays for itself first")
+	assert.Equal(t, 0, q.affords(3+ackBlock, ackBlock), "the next datagram pays for itself first")
+	q.earn(3, maxDatagram)
+	assert.Equal(t, 4, q.affords(3+ackBlock, ackBlock), "what was left, and what the next earned")
+	q.spend(3+ackBlock+ackWireOverhead, maxDatagram)
 	q.spend(3+ackBlock+ackWireOverhead, maxDatagram)
 	assert.Equal(t, 0, q.affords(3+ackBlock, ackBlock))
 	for range 100 {
@@ -358,8 +288,8 @@ func ackReplies(t *testing.T, secure bool, cadence, srtt time.Duration, n int, d
 	return r
 }
 
-// Gap-opening datagrams get back at most three times what they cost the
-// peer, on the wire, at any pace and whatever the smoothed RTT (a 9s one
+// Gap-opening datagrams get back at most twice what they cost the peer
+// (ackCreditRatio), on the wire, at any pace and whatever the smoothed RTT (a 9s one
 // repeated every ack of the last 4.5s, up to ~139 PacketAcks a datagram:
 // issue 38), and every PacketID the peer sent is acked.
 func TestSessionAckRepliesBounded(t *testing.T) {
@@ -370,9 +300,8 @@ func TestSessionAckRepliesBounded(t *testing.T) {
 				ratio := float64(r.out) / float64(r.in)
 				t.Logf("secure %v, srtt %v, one every %v: %.2fx, %d datagrams back, %.1f PacketAcks each, at most %d",
 					secure, srtt, cadence, ratio, r.outN, float64(r.blocks)/float64(r.outN), r.maxBlocks)
-				assert.LessOrEqual(t, ratio, 3.0)
+				assert.LessOrEqual(t, ratio, ackCreditRatio+0.1, "the credit's ratio, and the cap's slack")
 				assert.LessOrEqual(t, r.outN, 2000+2, "at most one datagram back for each (and a ping)")
-				assert.LessOrEqual(t, r.maxBlocks, 1+maxRepeatBlocks)
 				assert.True(t, r.allAcked, "every PacketID the peer sent is acked")
 			}
 		}
@@ -390,7 +319,7 @@ func TestSessionAckCreditPaysForRepeats(t *testing.T) {
 	assert.True(t, r.allAcked)
 	r = ackReplies(t, false, time.Millisecond, 40*time.Millisecond, 500, nil)
 	t.Logf("with credit: %d datagrams back, %d PacketAcks naming %d PacketIDs", r.outN, r.blocks, r.named)
-	assert.Greater(t, r.named, 500*(1+maxAckRepeats)*9/10, "with credit, each ack goes again")
+	assert.Greater(t, r.named, 2*500, "with credit, acks go again")
 }
 
 // An ack that rode in a reliable datagram goes again until that datagram
@@ -437,4 +366,43 @@ func TestSessionAckConfirmedNotRepeated(t *testing.T) {
 	gap()
 	p.flush()
 	require.Equal(t, []bool{false}, named, "the pong acked: the ack it carried goes again no more")
+}
+
+// A download over a path that loses in bursts (5%, bursts of 3-8ms both
+// ways), its receiver taking 1-2ms of datagrams a round, so that it sends
+// an ack datagram every 1-2ms: each burst takes several of them. The acks
+// of the last half round trip go again in every one, so the first to get
+// through after a burst carries what the burst took, and the sender
+// resends nothing that arrived. (Four repeats of each PacketAck, 32 a
+// datagram, were over within one burst: 28-369 needless resends.)
+func TestAckRepeatsOutlastBursts(t *testing.T) {
+	for _, c := range []struct {
+		batch, burst time.Duration
+		seed         uint64
+	}{
+		{time.Millisecond, 3 * time.Millisecond, 3},
+		{time.Millisecond, 3 * time.Millisecond, 4},
+		{2 * time.Millisecond, 8 * time.Millisecond, 1},
+		{2 * time.Millisecond, 8 * time.Millisecond, 4},
+	} {
+		up := netsim.Params{Loss: 0.05, BurstDuration: c.burst, Delay: 20 * time.Millisecond, Bandwidth: 20 << 20, Seed: c.seed}
+		down := netsim.Params{Loss: 0.05, BurstDuration: c.burst, Delay: 20 * time.Millisecond, Seed: c.seed + 100}
+		p := newSimPair(t, &Config{}, &Config{}, up, down)
+		p.batch = c.batch
+		p.connect()
+		const n = 10000
+		payload := make([]byte, 1100)
+		sent := 0
+		require.True(t, p.run(20*time.Second, func() bool {
+			for sent < n && p.client().send.relQ.len() < 200 {
+				p.send(0, Message{ID: 9, Payload: payload, Reliable: true, InOrder: true})
+				sent++
+			}
+			return len(p.h[1].msgs) == n
+		}))
+		c2, s := p.client().snapshot(), p.server().snapshot()
+		t.Logf("rounds of %v, bursts of %v, seed %d: delivered in %v, %d resends, %d received twice; %d ack datagrams, %d bytes",
+			c.batch, c.burst, c.seed, p.now.Sub(timeZero), c2.Retransmits, s.DuplicateDatagrams, s.DatagramsSent, s.BytesSent)
+		assert.LessOrEqual(t, s.DuplicateDatagrams, uint64(10), "needless resends")
+	}
 }

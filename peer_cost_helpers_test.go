@@ -308,7 +308,7 @@ func peerVariantShapes() []peerShape {
 // why. TestPeerCostlyVariants logs their ratios and asserts the bound on
 // the others only.
 var peerOpenShapes = map[string]string{
-	"singles230": "each message still names a dependency, looked up, given up on and applied one by one (0.24us each); since maxWaiting no more than 256 are held at once (45-52x before the deadline heap held groups, 23-32x before maxWaiting), and it costs 1.3-1.6x the same datagram whose dependencies arrived (singles230arrived)",
+	"singles230":        "each message still names a dependency, looked up, given up on and applied one by one (0.24us each); since maxWaiting no more than 256 are held at once (45-52x before the deadline heap held groups, 23-32x before maxWaiting), and it costs 1.3-1.6x the same datagram whose dependencies arrived (singles230arrived)",
 	"singles230arrived": "an honest sender's shape: 230 in-order messages each naming one of the previous datagram's; what a message naming a dependency costs (0.15us) is above 10x for messages of 3 bytes, and is issue 33's (half the work per message)",
 }
 

@@ -63,7 +63,7 @@ type resolver struct {
 	// nwaiting counts the unreliable messages held for a dependency
 	// (maxWaiting).
 	nwaiting int
-	free  freeList[*held]
+	free     freeList[*held]
 	// The datagram being handled: its dependency table, kept up to date
 	// as the resolver changes (hold, release, declareMissing), and what
 	// is known of its PacketID.

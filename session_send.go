@@ -501,7 +501,7 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 		// pays for them once the datagram as it would go is paid for
 		// (its size so far is what the room left says).
 		used := s.cfg.maxDatagram - room + fresh*ackBlock
-		n := min(room/ackBlock-fresh, maxRepeatBlocks, s.acks.affords(used, ackBlock))
+		n := min(room/ackBlock-fresh, s.acks.affords(used, ackBlock))
 		s.sc().ackBuf = s.acks.repeats(s.sc().ackBuf, now.Add(-s.ackRepeatWindow()), n)
 	}
 	s.acks.remember(now, s.sc().ackBuf[:fresh], s.ackRepeatWindow())
