@@ -60,10 +60,7 @@ type resolver struct {
 	held  map[uint64]*held // by refKey
 	timed groupHeap        // groups with unreliable members, by deadline
 	bytes int              // what the held messages and their groups are charged
-	// nwaiting counts the unreliable messages held for a dependency
-	// (maxWaiting).
-	nwaiting int
-	free     freeList[*held]
+	free  freeList[*held]
 	// The datagram being handled: its dependency table, kept up to date
 	// as the resolver changes (hold, release, declareMissing), and what
 	// is known of its PacketID.
@@ -226,22 +223,10 @@ func (r *resolver) unresolved(t *depTable, all depBits, w *recvWindow, reliable 
 // forgotten, 24 times an honest datagram's CPU per byte (issue 38).
 const maxAbsentPIDs = 16
 
-// maxWaiting is how many unreliable messages a connection holds at once
-// for a dependency. Past it, an unreliable message gives up at once on
-// what it waits for, as it would after its reorder window (or as a latest
-// one does): it is applied now, and what it named is dropped if it comes.
-// Holding each costs a record (made, indexed, grouped, timed, given up on
-// and released): about 0.7µs, 30 times an honest datagram's CPU per byte
-// for the 4 or 5 bytes a message with one dependency takes on the wire, so
-// that a peer's datagrams of 230 such messages, each naming a datagram
-// never sent, cost 23-32 times an honest datagram's CPU per byte (issue
-// 38). Capped, a peer gets at most maxWaiting records a reorder window.
-// An honest peer reaches the cap only with more than 256 unreliable
-// in-order messages behind datagrams lost or late within a window: they
-// are then applied without waiting, which is what they would do once the
-// window ran out if the datagrams were lost, and what a late datagram's
-// messages give up if not.
-const maxWaiting = 256
+// giveUpNow reports whether an unreliable message of the datagram being
+// handled, whose table is t, gives up at once on the datagrams not arrived
+// that it names, rather than wait: past maxAbsentPIDs of them.
+func (r *resolver) giveUpNow(t *depTable) bool { return t.absent > maxAbsentPIDs }
 
 // giveUpAbsent gives up, for an unreliable message, on the entries of
 // lacks, unresolved entries of t, that name a datagram not arrived, and
@@ -327,7 +312,6 @@ func (r *resolver) hold(h *held, deadline time.Time, t *depTable, lacks depBits)
 	}
 	r.join(g, h, t, lacks)
 	if !h.reliable {
-		r.nwaiting++
 		h.deadline = deadline
 		r.schedule(g, deadline)
 	}
@@ -409,9 +393,6 @@ func (r *resolver) release(h *held) {
 	h.done = true
 	if len(r.held) > 0 {
 		delete(r.held, refKey(h.ref))
-	}
-	if !h.reliable && !h.deadline.IsZero() {
-		r.nwaiting--
 	}
 	r.bytes -= h.cost
 	h.cost = 0
