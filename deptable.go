@@ -186,6 +186,15 @@ func (t *depTable) fromRefs(pid uint32, refs []msgRef) (all depBits) {
 	return all
 }
 
+// entryOf returns the one entry m names, InOrder code 1-6 (not 0 or
+// orderMulti).
+func (t *depTable) entryOf(m *message) int {
+	if m.order == orderSingle {
+		return int(t.canon[m.orderIndex])
+	}
+	return int(t.canon[m.order-1])
+}
+
 // bitsOf returns the entries m names per its InOrder code (checkOrder made
 // sure the header carries them), each once.
 func (t *depTable) bitsOf(m *message) (b depBits) {

@@ -64,7 +64,7 @@ type rateSample struct {
 // rto is the retransmission timeout (RFC 6298), within minRTO and
 // DatagramTimeout; a second before the first sample.
 func (l *lossState) rto() time.Duration {
-	return l.rtt.rto(time.Second, l.minRTO(), l.cfg.datagramTimeout)
+	return l.rtt.rto(initialRTO, l.minRTO(), l.cfg.datagramTimeout)
 }
 
 // minRTO is the floor of the retransmission timeout: MaxAckDelay, as a

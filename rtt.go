@@ -9,6 +9,26 @@ type rttEstimator struct {
 	samples                   int
 }
 
+// initialRTO is the retransmission timeout before the first sample
+// (RFC 6298 2.1).
+const initialRTO = time.Second
+
+// sampleHandshake takes the handshake's round trip d (a ConnectSyn to its
+// ConnectSynAck, a ConnectSynAck to the ConnectAck) as a sample, unless it
+// is above initialRTO: then it is not a round trip of the path but a peer
+// that took its time, an Admit hook that did, or an answer to a resend we
+// cannot tell from one to the first send (a ConnectAck resent after the
+// client's timeout). Taken, a ConnectAck held 9s made the smoothed RTT 9s,
+// and with it how long acks were repeated (issue 38). Ignored, the
+// estimator stays as before any sample (the initial timeout, one second)
+// until the first ack of data; a path slower than that takes its first
+// sample there.
+func (r *rttEstimator) sampleHandshake(d time.Duration) {
+	if d <= initialRTO {
+		r.sample(d)
+	}
+}
+
 func (r *rttEstimator) sample(d time.Duration) {
 	if d <= 0 {
 		d = time.Microsecond

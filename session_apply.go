@@ -53,8 +53,45 @@ func (s *session) handleOrdered(now time.Time, h *header, ref msgRef, m *message
 		s.applyWire(ref, m, h.reliable)
 		return
 	}
+	if kind == heldApp && m.order != orderMulti && s.applyOne(now, h, ref, m) {
+		return
+	}
 	t, all := s.depsOf(h, m)
 	s.handleOrderedDeps(now, ref, m.id, m.payload, kind, h.reliable, m.order != orderNone, supersedes(m), t, all, true, nil)
+}
+
+// applyOne is handleOrderedDeps for most of what names a dependency: an
+// application message of the datagram being handled that names one entry
+// (InOrder codes 1-6), when it need not wait: the entry is resolved, or,
+// for an unreliable message, not arrived while waiting would be given up
+// at once (giveUpNow). It makes no dependency set, and reports whether it
+// handled m; if not, it changed nothing but what it looked up.
+// Small in-order messages cost a third less this way (issue 38's
+// singles230arrived: 41 to 28us a datagram of 230).
+func (s *session) applyOne(now time.Time, h *header, ref msgRef, m *message) bool {
+	t := s.sc().depTable()
+	if !t.built {
+		t.fromHeader(h)
+	}
+	e := t.entryOf(m)
+	res, w := &s.recv.res, &s.recv.win
+	st := res.state(t, e, w)
+	giveUp := st.lacks(h.reliable)
+	if giveUp && (h.reliable || st != stAbsent || !res.giveUpNow(t)) {
+		return false
+	}
+	if res.lateDrop(ref, h.reliable) || !h.reliable && res.overtaken(ref, w.newest) {
+		var all depBits
+		all.set(e)
+		s.dropLate(now, t, all, nil)
+		return true
+	}
+	if giveUp {
+		res.raiseFloor(t.ent[e].ref) // as giveUpAbsent
+	}
+	s.apply(now, heldApp, m.id, m.payload, h.reliable, true, true)
+	s.placeDone(now, nil)
+	return true
 }
 
 // applyWire applies an application message of the datagram being handled
@@ -86,14 +123,11 @@ func (s *session) applyWire(ref msgRef, m *message, reliable bool) {
 func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payload []byte, kind heldKind, reliable, inOrder, latest bool, t *depTable, all depBits, wire bool, place *held) {
 	res, w := &s.recv.res, &s.recv.win
 	if res.lateDrop(ref, reliable) || !reliable && !all.empty() && res.overtaken(ref, w.newest) {
-		s.stats.DroppedMessages++
-		// What it waited for is older still: drop that too if it comes.
-		s.supersede(t, res.unresolved(t, all, w, true))
-		s.placeDone(now, place)
+		s.dropLate(now, t, all, place)
 		return
 	}
 	lacks := res.unresolved(t, all, w, reliable)
-	if !reliable && !lacks.empty() && t.absent > maxAbsentPIDs {
+	if !reliable && !lacks.empty() && res.giveUpNow(t) {
 		lacks = res.giveUpAbsent(t, lacks)
 	}
 	var wait time.Duration
@@ -128,6 +162,15 @@ func (s *session) handleOrderedDeps(now time.Time, ref msgRef, id uint32, payloa
 		res.moveWaiters(place, hm)
 		res.recycle(place)
 	}
+}
+
+// dropLate drops a message come too late (declared missing, or overtaken:
+// see resolver.floor) whose dependencies are the entries all of t: what it
+// waited for is older still, and is dropped too if it comes.
+func (s *session) dropLate(now time.Time, t *depTable, all depBits, place *held) {
+	s.stats.DroppedMessages++
+	s.supersede(t, s.recv.res.unresolved(t, all, &s.recv.win, true))
+	s.placeDone(now, place)
 }
 
 // placeDone ends a reassembled message's FragmentStart's place, the message

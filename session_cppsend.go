@@ -142,6 +142,7 @@ func (w *cppWire) buildReliable(now time.Time) []byte {
 	b := appendCppHeader(s.getBuf(cppHeaderSize+sizeVLE1516(w.relOut)+len(p.body)), &h)
 	b = append(b, p.body...)
 	d := s.sentReliable(now, h.packetID, b, &p.packing)
+	s.acks.carried(d, len(s.sc().ackBuf)) // the acks appendAcks put in it
 	d.relFirst, d.relCount = p.base, p.rels
 	if len(p.tids) > 0 {
 		w.fragFlight++
@@ -171,10 +172,11 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		p.body = appendCppMessage(p.body, &cppMessage{inOrder: true, id: idPingRequest, payload: one[:]}, 0)
 		p.count++
 	}
+	acks := 0
 	if s.acks.pending() > 0 {
 		n := len(p.body)
 		p.body = s.appendAcks(now, p.room(), p.body, true)
-		if len(p.body) > n {
+		if acks = len(p.body) - n; acks > 0 {
 			p.count += len(s.sc().ackBuf)
 		}
 	}
@@ -182,10 +184,12 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.owed.take(oweAckNow)
 	}
 	p.inOrder = p.count > 0 // library messages have the InOrder bit
+	packed := false
 	if data {
 		before := p.count
 		w.pack(now, &p, &s.send.unrelQ)
 		if p.count > before {
+			packed = true
 			s.rc.sentUnpaced()
 		}
 	}
@@ -200,6 +204,7 @@ func (w *cppWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.host.sendDone(p.appBytes)
 	}
 	s.sentUnreliable(b)
+	s.spendAckCredit(b, acks, packed)
 	s.sentForReceipt(now, h.packetID)
 	return b
 }

@@ -147,7 +147,7 @@ func (s *session) clientEstablished(now time.Time, synAck []byte) {
 		s.owed.owe(oweAck)
 	}
 	if s.handshake.synSends == 1 {
-		s.loss.rtt.sample(now.Sub(s.handshake.started)) // Karn: only when unambiguous
+		s.loss.rtt.sampleHandshake(now.Sub(s.handshake.started)) // Karn: only when unambiguous
 	}
 	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished
@@ -177,7 +177,7 @@ func (s *session) establishServer(now time.Time) {
 	s.handshake.wasOpen = true
 	s.owed.take(oweSynAck)
 	if s.handshake.synAckSends == 1 {
-		s.loss.rtt.sample(now.Sub(s.handshake.synAckSent))
+		s.loss.rtt.sampleHandshake(now.Sub(s.handshake.synAckSent))
 	}
 	s.live.nextPing = now.Add(s.cfg.keepalive())
 	s.events |= evEstablished

@@ -63,12 +63,13 @@ func (s *session) recvLinger(now time.Time, disconnect bool) {
 	}
 }
 
-// countIn counts a well-formed datagram of n bytes in, and, on a server
-// whose peer has not proven its address, the credit it earns
-// (anti-amplification).
+// countIn counts a well-formed datagram of n bytes in, the ack credit it
+// earns (ack.go), and, on a server whose peer has not proven its address,
+// the credit it earns there (anti-amplification).
 func (s *session) countIn(n int) {
 	s.stats.DatagramsReceived++
 	s.stats.BytesReceived += uint64(n)
+	s.acks.earn(n, s.cfg.maxDatagram)
 	if !s.addressProven() {
 		s.handshake.preIn += n
 	}

@@ -480,20 +480,29 @@ func (s *session) holdLimit() int { return s.cfg.recvBuffer * 3 / 4 }
 // the protocol allows (2^15).
 const maxWindow = 8192
 
+// ackBlock is a PacketAck's size in a datagram, in either dialect.
+const ackBlock = 2 + 1 + packetAckSize
+
 // appendAcks adds to body PacketAcks for as many pending acks as fit in
-// room bytes.
+// room bytes. repeat says the datagram is unreliable: then acks sent
+// lately go again in the room left, as many as ack.go's bounds and the
+// ack credit allow.
 func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) []byte {
-	const ackBlock = 2 + 1 + packetAckSize // either dialect
 	if s.acks.pending() == 0 || room < ackBlock {
+		s.sc().ackBuf = s.sc().ackBuf[:0]
 		return body
 	}
 	s.sc().ackBuf = s.acks.take(s.sc().ackBuf[:0], room/ackBlock)
 	fresh := len(s.sc().ackBuf)
 	if repeat {
-		// Acks sent in the last half round trip go again in the room
-		// left, so that a lost ack does not cost the peer a needless
-		// resend. (Not in reliable datagrams: those are kept and resent.)
-		s.sc().ackBuf = s.acks.repeats(s.sc().ackBuf, now.Add(-s.ackRepeatWindow()), room/ackBlock-fresh)
+		// Acks sent in the last half round trip go again, so that a
+		// lost ack does not cost the peer a needless resend. (Not in
+		// reliable datagrams: those are kept and resent.) The credit
+		// pays for them once the datagram as it would go is paid for
+		// (its size so far is what the room left says).
+		used := s.cfg.maxDatagram - room + fresh*ackBlock
+		n := min(room/ackBlock-fresh, s.acks.affords(used, ackBlock))
+		s.sc().ackBuf = s.acks.repeats(s.sc().ackBuf, now.Add(-s.ackRepeatWindow()), n)
 	}
 	s.acks.remember(now, s.sc().ackBuf[:fresh], s.ackRepeatWindow())
 	if repeat {
@@ -507,6 +516,19 @@ func (s *session) appendAcks(now time.Time, room int, body []byte, repeat bool) 
 
 // ackRepeatWindow is how far back acks are sent again.
 func (s *session) ackRepeatWindow() time.Duration { return max(s.loss.rtt.srtt/2, time.Millisecond) }
+
+// spendAckCredit debits the ack credit for b, an unreliable datagram
+// going out that carries acks (acks bytes of it): the whole of it if it
+// carries no application message, else what the acks add.
+func (s *session) spendAckCredit(b []byte, acks int, data bool) {
+	switch {
+	case acks == 0:
+	case data:
+		s.acks.spend(acks, s.cfg.maxDatagram)
+	default:
+		s.acks.spend(len(b)+ackWireOverhead, s.cfg.maxDatagram)
+	}
+}
 
 // unreliableDue reports what an unreliable datagram would carry now: acks
 // owed, a ping, unreliable messages.

@@ -142,6 +142,7 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 		return nil
 	}
 	b, d := w.finishReliable(now, &p)
+	s.acks.carried(d, len(s.sc().ackBuf)) // the acks finishReliable put in it
 	d.whole0 = p.whole0
 	if p.whole0 {
 		s.anchors.lastWhole = msgRef{h.packetID, 0}
@@ -246,13 +247,18 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		p.body = appendMessage(p.body, &message{id: idPingRequest, payload: one[:]})
 		p.count++
 	}
+	acks := 0
 	if s.acks.pending() > 0 {
+		n := len(p.body)
 		p.body = s.appendAcks(now, p.room(), p.body, true)
-		p.count += len(s.sc().ackBuf)
+		if acks = len(p.body) - n; acks > 0 {
+			p.count += len(s.sc().ackBuf)
+		}
 	}
 	if s.acks.pending() == 0 {
 		s.owed.take(oweAckNow)
 	}
+	packed := false
 	if data {
 		before := p.count
 		// Room for an ack request, should a message want a receipt.
@@ -264,6 +270,7 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 			p.limit += ackRequestSize
 		}
 		if p.count > before {
+			packed = true
 			s.rc.sentUnpaced()
 		}
 		if r := s.rcptOf(); r != nil && len(r.cur) > 0 {
@@ -281,6 +288,7 @@ func (w *specWire) pollUnreliable(now time.Time, buf []byte) []byte {
 		s.host.sendDone(p.appBytes)
 	}
 	s.sentUnreliable(b)
+	s.spendAckCredit(b, acks, packed)
 	s.sentForReceipt(now, h.packetID)
 	return b
 }

@@ -97,6 +97,10 @@ type simPair struct {
 	sec       [2]*secureState
 	priv, pub []byte
 	spare     []byte
+	// batch, when set, has the server take what comes at multiples of
+	// it, all at once, as a loaded receiver's rounds take many
+	// datagrams: its answers go together, once they are all handled.
+	batch time.Duration
 }
 
 func newSimPair(t testing.TB, client, server *Config, up, down netsim.Params) *simPair {
@@ -215,7 +219,11 @@ func (p *simPair) transmit(from int, b []byte) {
 			c[f.Flip] ^= 0xff
 		}
 		p.seq++
-		heap.Push(&p.q, simPkt{at: p.now.Add(d), seq: p.seq, to: 1 - from, b: c})
+		at := p.now.Add(d)
+		if p.batch > 0 && from == 0 {
+			at = timeZero.Add((at.Sub(timeZero)/p.batch + 1) * p.batch)
+		}
+		heap.Push(&p.q, simPkt{at: at, seq: p.seq, to: 1 - from, b: c})
 	}
 }
 
