@@ -99,6 +99,7 @@ type connSendQueue struct {
 	// Guarded by mu.
 	mu          sync.Mutex
 	msgs        []outMsg
+	refTag      uint64 // this connection's tag in its Refs (newRefTag)
 	lastRef     uint64
 	closing     bool   // Close was called
 	closeReason []byte // CloseWithReason's
@@ -174,7 +175,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		ep:      ep,
 		raddr:   raddr,
 		cfg:     cfg,
-		sendq:   connSendQueue{space: make(chan struct{}, 1)},
+		sendq:   connSendQueue{space: make(chan struct{}, 1), refTag: newRefTag()},
 		recvq:   connRecvQueue{ready: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),
 		closed:  make(chan struct{}),
