@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"testing/synctest"
@@ -93,5 +94,181 @@ func TestAPISendRefDropped(t *testing.T) {
 		assert.ErrorIs(t, c.Send(Message{ID: 100, Payload: payload}), ErrSendBufferFull, "Send")
 		assert.ErrorIs(t, c.SendContext(context.Background(), Message{ID: 100, Payload: payload}), ErrSendBufferFull, "SendContext")
 		assert.ErrorIs(t, c.TrySend(Message{ID: 100, Payload: payload}), ErrSendBufferFull, "TrySend")
+	})
+}
+
+// Receive, ReceiveInto and Read on a connection in a Group return
+// ErrInGroup, a Receive already waiting included, rather than take
+// messages from under Poll; after Remove they work again.
+func TestAPIReceiveInGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		g := NewGroup()
+		waiting := make(chan error, 1)
+		go func() {
+			_, err := c.Receive(context.Background())
+			waiting <- err
+		}()
+		synctest.Wait() // the Receive waits
+		g.Add(c)
+		synctest.Wait()
+		select {
+		case err := <-waiting:
+			assert.ErrorIs(t, err, ErrInGroup, "a Receive waiting when c joined")
+		default:
+			t.Error("a Receive waiting when c joined still waits")
+		}
+		require.NoError(t, c.Send(Message{ID: 6, Reliable: true, Payload: []byte("x")}))
+		ctx := within(t, 10*time.Second)
+		require.NoError(t, g.Wait(ctx))
+		synctest.Wait()
+		_, err := c.Receive(ctx)
+		assert.ErrorIs(t, err, ErrInGroup, "Receive")
+		_, _, err = c.ReceiveInto(ctx, make([]byte, 10))
+		assert.ErrorIs(t, err, ErrInGroup, "ReceiveInto")
+		c.SetReadDeadline(time.Now().Add(time.Second)) // main's Read waited
+		_, err = c.Read(make([]byte, 10))
+		assert.ErrorIs(t, err, ErrInGroup, "Read")
+		c.SetReadDeadline(time.Time{})
+		// Poll has every message.
+		var got []Event
+		for len(got) < 2 {
+			require.NoError(t, g.Wait(ctx))
+			ev := make([]Event, 8)
+			got = append(got, ev[:g.Poll(ev)]...)
+		}
+		require.Len(t, got, 2)
+		assert.Equal(t, EventConnected, got[0].Kind)
+		assert.Equal(t, EventMessage, got[1].Kind)
+		assert.Equal(t, "x", string(got[1].Message.Payload))
+		g.Remove(c)
+		require.NoError(t, c.Send(Message{ID: 6, Reliable: true, Payload: []byte("y")}))
+		m, err := c.Receive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "y", string(m.Payload))
+	})
+}
+
+// The zero Group works: Wait returns once an event waits.
+func TestAPIZeroGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		var g Group
+		ctx := within(t, 10*time.Second)
+		go func() {
+			synctest.Wait()
+			g.Add(c)
+		}()
+		require.NoError(t, g.Wait(ctx), "Wait on the zero Group before Add")
+		require.NoError(t, c.Send(Message{ID: 6, Reliable: true, Payload: []byte("x")}))
+		var got []Event
+		for len(got) < 2 {
+			require.NoError(t, g.Wait(ctx))
+			ev := make([]Event, 8)
+			got = append(got, ev[:g.Poll(ev)]...)
+		}
+		assert.Equal(t, EventMessage, got[len(got)-1].Kind)
+		assert.Equal(t, 1, g.Len())
+	})
+}
+
+// Read returns the payloads of StreamMessageID messages only: a message of
+// another ID from the peer stays, in its order, for Receive, instead of
+// ending up in the byte stream.
+func TestAPIReadOnlyStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		accepted := make(chan *Conn, 1)
+		go func() {
+			c, err := l.AcceptConn(context.Background())
+			if err == nil {
+				accepted <- c
+			}
+		}()
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		sc := <-accepted
+		t.Cleanup(func() { sc.Close() })
+		big := bytes.Repeat([]byte("b"), 5000) // reassembled: a buffer of its own
+		for _, m := range []Message{
+			{ID: 100, Payload: []byte("other"), Reliable: true, InOrder: true},
+			{ID: StreamMessageID, Payload: []byte("hello "), Reliable: true, InOrder: true},
+			{ID: 101, Payload: big, Reliable: true, InOrder: true},
+			{ID: StreamMessageID, Payload: []byte("world"), Reliable: true, InOrder: true},
+			{ID: 102, Payload: []byte("last"), Reliable: true, InOrder: true},
+		} {
+			require.NoError(t, sc.Send(m))
+		}
+		_, err := sc.Write(big)
+		require.NoError(t, err)
+		require.NoError(t, sc.Send(Message{ID: 103, Reliable: true, InOrder: true}))
+		want := "hello world" + string(big)
+		got := make([]byte, 0, len(want))
+		buf := make([]byte, 7) // reads cut payloads, the first behind others
+		for len(got) < len(want) {
+			n, err := c.Read(buf)
+			require.NoError(t, err)
+			got = append(got, buf[:n]...)
+		}
+		assert.Equal(t, want, string(got))
+		ctx := within(t, 10*time.Second)
+		for _, w := range []struct {
+			id      uint32
+			payload string
+		}{{100, "other"}, {101, string(big)}, {102, "last"}, {103, ""}} {
+			m, err := c.Receive(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, w.id, m.ID)
+			assert.Equal(t, w.payload, string(m.Payload))
+		}
+	})
+}
+
+// Stats never waits: not for a round that is running (held here by the
+// test's claim, as a busy worker holds it), nor on its first call. Once
+// no round runs, the first call has every counter.
+func TestAPIStatsNeverWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		serveEcho(t, l)
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		ctx := within(t, 10*time.Second)
+		require.NoError(t, c.Send(Message{ID: 100, Payload: []byte("x"), Reliable: true}))
+		_, err := c.Receive(ctx)
+		require.NoError(t, err)
+		synctest.Wait() // every round done
+		require.True(t, c.claim(), "no round runs")
+		returned := make(chan Stats, 1)
+		go func() { returned <- c.Stats() }()
+		synctest.Wait()
+		select {
+		case <-returned:
+			c.release()
+		default:
+			t.Error("Stats waits for the connection's round")
+			c.release()
+			<-returned
+		}
+
+		c2 := nw.dial(t, l.Addr().String(), testConfig())
+		require.NoError(t, c2.Send(Message{ID: 100, Payload: []byte("x"), Reliable: true}))
+		_, err = c2.Receive(ctx)
+		require.NoError(t, err)
+		synctest.Wait()
+		st := c2.Stats()
+		assert.Equal(t, uint64(1), st.MessagesSent)
+		assert.Equal(t, uint64(1), st.MessagesReceived)
+		require.NoError(t, c2.Send(Message{ID: 100, Payload: []byte("y"), Reliable: true}))
+		_, err = c2.Receive(ctx)
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, uint64(2), c2.Stats().MessagesSent, "later rounds publish")
 	})
 }

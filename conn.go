@@ -126,7 +126,8 @@ type connRecvQueue struct {
 	// most maxReceipts; dropped counts those that did not fit.
 	receipts        []Receipt
 	receiptsDropped uint64
-	ready           chan struct{} // capacity 1
+	ready           chan struct{} // capacity 1: Receive's waiters
+	streamReady     chan struct{} // capacity 1: Read's waiters
 
 	// took is set when Receive or Read takes a message and cleared by
 	// the next Send: a reply (an echo, a response, a client's next
@@ -135,6 +136,14 @@ type connRecvQueue struct {
 
 	// Owned by the round (Conn.round).
 	delivered bool // signal ready after this round
+}
+
+// wake tells the waiting readers to look again: Receive's, and Read's,
+// which wait apart so that a Read finding only other messages leaves the
+// news to a Receive.
+func (q *connRecvQueue) wake() {
+	signal(q.ready)
+	signal(q.streamReady)
 }
 
 // connInGroup is a connection's place in its Group. Guarded by the
@@ -165,8 +174,7 @@ type connState struct {
 type published struct {
 	stats  Stats
 	rates  rateRing
-	filled bool          // stats hold a round's values
-	ready  chan struct{} // closed once filled (made by the Stats call waiting)
+	filled bool // stats hold a round's values
 }
 
 func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, dialect Dialect) *Conn {
@@ -176,13 +184,13 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		raddr:   raddr,
 		cfg:     cfg,
 		sendq:   connSendQueue{space: make(chan struct{}, 1), refTag: newRefTag()},
-		recvq:   connRecvQueue{ready: make(chan struct{}, 1)},
+		recvq:   connRecvQueue{ready: make(chan struct{}, 1), streamReady: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),
 		closed:  make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	c.remote.Store(net.UDPAddrFromAddrPort(raddr))
-	c.readDL.init(c.recvq.ready)
+	c.readDL.init(c.recvq.ready, c.recvq.streamReady)
 	c.writeDL.init(c.sendq.space)
 	c.sess = newSession(cfg, c, client, dialect, time.Now())
 	c.joinBudget()
@@ -275,28 +283,38 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 	return append([]byte(nil), c.state.syn...), append([]byte(nil), c.state.synAck...)
 }
 
-// Stats returns the connection's counters and its recent quality.
+// Stats returns the connection's counters and its recent quality. It
+// never waits.
 //
-// A connection publishes its counters once asked: the first call waits for
-// the connection's next round (a moment, unless its workers are behind),
-// and its rates and loss are averaged over the connection's life so far;
-// later calls return at once, with rates over the last two seconds.
+// A connection publishes its counters once asked: every round from the
+// first call on publishes them. The first call reads them itself, with
+// rates and loss averaged over the connection's life so far, unless a
+// round of the connection is running or queued at that moment: then it
+// has only the counters kept outside the rounds (QueuedBytes,
+// ReceiveQueuedBytes, ReceiptsDropped and the messages Send dropped) and
+// zero for the others, which the next round publishes. Later calls have
+// them all, with rates over the last two seconds.
 func (c *Conn) Stats() Stats {
 	c.state.mu.Lock()
 	p := c.state.pub
 	if p == nil {
-		p = &published{ready: make(chan struct{})}
+		p = new(published)
 		c.state.pub = p
 		c.state.watched.Store(true)
 	}
 	filled := p.filled
 	c.state.mu.Unlock()
-	if !filled {
-		c.kick()
-		select {
-		case <-p.ready:
-		case <-c.done: // finish filled it
+	if !filled && c.claim() {
+		// No round runs: the counters are this goroutine's to read for
+		// the moment. (A round that ran since watched was set filled p.)
+		if c.state.mu.Lock(); !p.filled {
+			c.state.mu.Unlock()
+			st := c.snapshot()
+			c.state.mu.Lock()
+			c.fillLocked(p, &st)
 		}
+		c.state.mu.Unlock()
+		c.release()
 	}
 	now := time.Now()
 	c.state.mu.Lock()
@@ -374,7 +392,7 @@ func (c *Conn) shutdown() {
 		c.sendq.mu.Unlock()
 		close(c.closed)
 		c.kick()
-		signal(c.recvq.ready)
+		c.recvq.wake()
 		signal(c.sendq.space)
 	})
 }

@@ -402,7 +402,7 @@ func (c *Conn) publish() {
 	}
 	if c.recvq.delivered {
 		c.recvq.delivered = false
-		signal(c.recvq.ready)
+		c.recvq.wake()
 		if g := c.group.Load(); g != nil {
 			g.notify(c)
 		}
@@ -425,12 +425,7 @@ func (c *Conn) fillLocked(p *published, st *Stats) {
 		p.rates.note(s.live.epoch, &Stats{}, 0, 0)
 	}
 	p.rates.note(time.Now(), st, s.recv.pidAdvance, s.recv.uniqueIn)
-	if !p.filled {
-		p.filled = true
-		if p.ready != nil {
-			close(p.ready)
-		}
-	}
+	p.filled = true
 }
 
 func (c *Conn) inDroppedLocked() uint64 {
@@ -487,7 +482,7 @@ func (c *Conn) finish() {
 	c.inbox.pkts = nil
 	c.inbox.mu.Unlock()
 	close(c.done)
-	signal(c.recvq.ready)
+	c.recvq.wake()
 	signal(c.sendq.space)
 	c.readDL.stop()
 	c.writeDL.stop()

@@ -145,8 +145,8 @@ func (r Ref) tag() uint64 { return uint64(r) >> refTagShift }
 // seq is r's count among its connection's messages (from 1).
 func (r Ref) seq() uint64 { return uint64(r) >> 1 & refSeqMask }
 
-// StreamMessageID is the message ID that Write sends with. Read returns the
-// payloads of received messages of any ID.
+// StreamMessageID is the message ID that Write sends with, and the only
+// one whose payloads Read returns; Receive returns messages of every ID.
 const StreamMessageID = MaxMessageID
 
 // A RefusedError is Dial's error when the server refused the connection
