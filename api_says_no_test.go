@@ -3,6 +3,7 @@ package knet
 import (
 	"bytes"
 	"context"
+	"net"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -270,5 +271,16 @@ func TestAPIStatsNeverWaits(t *testing.T) {
 		require.NoError(t, err)
 		synctest.Wait()
 		assert.Equal(t, uint64(2), c2.Stats().MessagesSent, "later rounds publish")
+	})
+}
+
+// A second Listener.Close returns an error wrapping net.ErrClosed, as a
+// second Conn.Close and a net.Listener's do.
+func TestAPIListenerCloseTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		l := nw.listen(t, testConfig())
+		require.NoError(t, l.Close())
+		assert.ErrorIs(t, l.Close(), net.ErrClosed)
 	})
 }

@@ -644,7 +644,7 @@ func TestListenerCloseClosesConnections(t *testing.T) {
 		}
 		_, err = l.Accept()
 		assert.ErrorIs(t, err, net.ErrClosed)
-		assert.NoError(t, l.Close(), "idempotent")
+		assert.ErrorIs(t, l.Close(), net.ErrClosed, "a second Close closes nothing")
 	})
 }
 

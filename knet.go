@@ -243,8 +243,8 @@ var errNilContext = errors.New("knet: nil context")
 // TimeoutError ends a connection whose peer stayed silent for
 // ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
 // or a graceful close that got no DisconnectAck within DisconnectTimeout
-// (Close still returns nil; Err says so); Query returns one when no answer
-// came.
+// (Close and CloseWithReason then return it, as Err does; Op is
+// "disconnect"); Query returns one when no answer came.
 type TimeoutError struct {
 	Silent time.Duration
 	Op     string // "connect", "disconnect", "query" (Query), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout) or "" for an established connection
