@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"reflect"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -283,4 +284,110 @@ func TestAPIListenerCloseTwice(t *testing.T) {
 		require.NoError(t, l.Close())
 		assert.ErrorIs(t, l.Close(), net.ErrClosed)
 	})
+}
+
+// Listen and ListenPacket refuse a Config that sets a field only Dial
+// reads, and Dial, DialPacket and DialWebSocket (over every network) one
+// that sets a field only a Listener reads, naming the field; Admit and
+// AdmitConn together are refused too. Every Config field is one side's or
+// both's (TestAPIConfigFieldsSided).
+func TestAPIConfigSides(t *testing.T) {
+	done, cancel := context.WithCancel(context.Background())
+	cancel() // a Dial that got past the check fails at once
+	for _, f := range dialFields {
+		cfg := configWith(t, f)
+		l, err := Listen("udp", "127.0.0.1:0", cfg)
+		if assert.Error(t, err, "Listen with %s", f) {
+			assert.ErrorContains(t, err, "Config."+f)
+		} else {
+			l.Close()
+		}
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		require.NoError(t, err)
+		l, err = ListenPacket(pc, cfg)
+		if assert.Error(t, err, "ListenPacket with %s", f) {
+			assert.ErrorContains(t, err, "Config."+f)
+		} else {
+			l.Close()
+		}
+	}
+	for _, f := range listenFields {
+		cfg := configWith(t, f)
+		for _, network := range []string{"udp", "udp4", "tcp", "tcp4"} {
+			_, err := Dial(done, network, "127.0.0.1:9", cfg)
+			assert.ErrorContains(t, err, "Config."+f, "Dial %s with %s", network, f)
+		}
+		_, err := DialWebSocket(done, "ws://127.0.0.1:9/knet", cfg)
+		assert.ErrorContains(t, err, "Config."+f, "DialWebSocket with %s", f)
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		require.NoError(t, err)
+		_, err = DialPacket(done, pc, "127.0.0.1:9", cfg)
+		assert.ErrorContains(t, err, "Config."+f, "DialPacket with %s", f)
+	}
+	both := &Config{
+		Admit:     func(net.Addr, []byte) ([]byte, error) { return nil, nil },
+		AdmitConn: func(*Conn, []byte) ([]byte, error) { return nil, nil },
+	}
+	l, err := Listen("udp", "127.0.0.1:0", both)
+	if assert.Error(t, err, "Admit and AdmitConn") {
+		assert.ErrorContains(t, err, "AdmitConn")
+	} else {
+		l.Close()
+	}
+	// Each side's own fields, and those of both, are fine.
+	l, err = Listen("udp", "127.0.0.1:0", &Config{TCP: true, Stealth: true, ReceiveBudget: 1 << 20, DisconnectTimeout: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+}
+
+// Every exported Config field is Dial's (dialFields), a Listener's
+// (listenFields) or both's: a field added later is placed on purpose.
+func TestAPIConfigFieldsSided(t *testing.T) {
+	both := []string{"PingInterval", "MaxAckDelay", "DatagramTimeout", "ConnectionLostTimeout",
+		"ConnectTimeout", "DisconnectTimeout", "InitialDatagramRate", "MinDatagramRate",
+		"MaxMessageSendCount", "MaxFragmentSize", "MaxDatagramSize", "MaxPathDatagramSize",
+		"MaxMessageSize", "SendBuffer", "ReceiveBuffer", "ReassemblyBuffer", "ReorderWindow",
+		"ReorderWindows", "CongestionControl", "Simulate", "Dialect", "Group", "ChannelWeights",
+		"Receipts", "Logger"}
+	placed := map[string]int{}
+	for _, fs := range [][]string{both, dialFields, listenFields} {
+		for _, f := range fs {
+			placed[f]++
+		}
+	}
+	typ := reflect.TypeFor[Config]()
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.IsExported() {
+			assert.Equal(t, 1, placed[f.Name], "Config.%s placed once", f.Name)
+			delete(placed, f.Name)
+		}
+	}
+	assert.Empty(t, placed, "names of no field")
+}
+
+// configWith is a Config with only the named field set (to a value not
+// zero).
+func configWith(t *testing.T, field string) *Config {
+	cfg := new(Config)
+	v := reflect.ValueOf(cfg).Elem().FieldByName(field)
+	require.True(t, v.IsValid(), field)
+	switch v.Kind() {
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int:
+		v.SetInt(1)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+	case reflect.Func:
+		v.Set(reflect.MakeFunc(v.Type(), func([]reflect.Value) []reflect.Value {
+			out := make([]reflect.Value, v.Type().NumOut())
+			for i := range out {
+				out[i] = reflect.Zero(v.Type().Out(i))
+			}
+			return out
+		}))
+	default:
+		t.Fatalf("configWith: %s is a %v", field, v.Kind())
+	}
+	return cfg
 }

@@ -150,8 +150,8 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 	if err != nil {
 		return nil, err
 	}
-	rc := cfg.resolve()
-	if err := rc.secureListener(); err != nil {
+	rc, err := cfg.resolveListener()
+	if err != nil {
 		return nil, err
 	}
 	if err := rc.checkServerID(); err != nil {
@@ -605,8 +605,8 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	}
 	switch network {
 	case "tcp", "tcp4", "tcp6":
-		rc := cfg.resolve()
-		if err := rc.secureDialer(); err != nil {
+		rc, err := cfg.resolveDialer()
+		if err != nil {
 			return nil, err
 		}
 		return dialTCP(ctx, network, address, rc, o)
@@ -614,8 +614,8 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if err := checkNetwork(network); err != nil {
 		return nil, err
 	}
-	rc := cfg.resolve()
-	if err := rc.secureDialer(); err != nil {
+	rc, err := cfg.resolveDialer()
+	if err != nil {
 		return nil, err
 	}
 	if address == "" && rc.token != nil {
@@ -660,8 +660,8 @@ func dialUDP(ctx context.Context, network, address string, rc *config, o *endpoi
 // dialTarget resolves a Dial's Config, which it checks, and the server's
 // address.
 func dialTarget(network, address string, cfg *Config) (*config, *net.UDPAddr, error) {
-	rc := cfg.resolve()
-	if err := rc.secureDialer(); err != nil {
+	rc, err := cfg.resolveDialer()
+	if err != nil {
 		return nil, nil, err
 	}
 	if err := rc.checkSynPayload(); err != nil {

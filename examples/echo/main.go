@@ -66,7 +66,10 @@ func main() {
 		}
 	}
 
-	cfg.TCP = true // the server takes TCP too; Dial ignores it
+	// The server takes TCP too. TCP is a Listener's field, which Dial
+	// refuses: the client's copy of cfg leaves it out.
+	lcfg := *cfg
+	lcfg.TCP = true
 	network := "udp"
 	if *overTCP {
 		network = "tcp"
@@ -74,7 +77,7 @@ func main() {
 
 	switch {
 	case *listen != "":
-		l, err := knet.Listen("udp", *listen, cfg)
+		l, err := knet.Listen("udp", *listen, &lcfg)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -85,7 +88,7 @@ func main() {
 			log.Fatal(err)
 		}
 	default:
-		l, err := knet.Listen("udp", "127.0.0.1:0", cfg)
+		l, err := knet.Listen("udp", "127.0.0.1:0", &lcfg)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -134,7 +137,8 @@ func serve(l *knet.Listener) {
 
 const msgID = 100
 
-// cfg is shared by server and client; the simulation flags fill it in.
+// cfg is what server and client share (each takes a copy with its own
+// fields added); the simulation flags fill it in.
 var cfg = &knet.Config{}
 
 // client sends numbered messages for d over network ("udp" or "tcp") and
