@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"runtime"
 	"errors"
 	"net"
 	"net/netip"
@@ -99,12 +100,11 @@ type connSendQueue struct {
 	// Guarded by mu.
 	mu          sync.Mutex
 	msgs        []outMsg
-	refTag      uint64 // this connection's tag in its Refs (newRefTag)
-	lastRef     uint64
+	lastRef     uint64 // the last Ref handed out >> 1: the tag, the count
 	closing     bool   // Close was called
+	peerGone    bool   // the peer closed (beside closing: one word for both)
 	closeReason []byte // CloseWithReason's
 	flowReq     int    // FlowControl rate to send, 0 if none
-	peerGone    bool   // the peer closed
 	used        int    // payload bytes queued or unacked
 	drops       uint64
 	space       chan struct{} // capacity 1
@@ -183,14 +183,14 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		ep:      ep,
 		raddr:   raddr,
 		cfg:     cfg,
-		sendq:   connSendQueue{space: make(chan struct{}, 1), refTag: newRefTag()},
+		sendq:   connSendQueue{space: make(chan struct{}, 1), lastRef: newRefTag() << (refTagShift - 1)},
 		recvq:   connRecvQueue{ready: make(chan struct{}, 1), streamReady: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),
 		closed:  make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	c.remote.Store(net.UDPAddrFromAddrPort(raddr))
-	c.readDL.init(c.recvq.ready, c.recvq.streamReady)
+	c.readDL.init(c.recvq.ready) // SetReadDeadline signals streamReady too
 	c.writeDL.init(c.sendq.space)
 	c.sess = newSession(cfg, c, client, dialect, time.Now())
 	c.joinBudget()
@@ -289,8 +289,9 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 // A connection publishes its counters once asked: every round from the
 // first call on publishes them. The first call reads them itself, with
 // rates and loss averaged over the connection's life so far, unless a
-// round of the connection is running or queued at that moment: then it
-// has only the counters kept outside the rounds (QueuedBytes,
+// round of the connection is running or queued at that moment and still
+// is after it yielded the processor a few times: then it has only the
+// counters kept outside the rounds (QueuedBytes,
 // ReceiveQueuedBytes, ReceiptsDropped and the messages Send dropped) and
 // zero for the others, which the next round publishes. Later calls have
 // them all, with rates over the last two seconds.
@@ -304,7 +305,7 @@ func (c *Conn) Stats() Stats {
 	}
 	filled := p.filled
 	c.state.mu.Unlock()
-	if !filled && c.claim() {
+	if !filled && c.claimSoon() {
 		// No round runs: the counters are this goroutine's to read for
 		// the moment. (A round that ran since watched was set filled p.)
 		if c.state.mu.Lock(); !p.filled {
@@ -332,6 +333,27 @@ func (c *Conn) Stats() Stats {
 	st.Jitter = st.RTTVar
 	st.Quality = quality(st.LossRate, st.RTT)
 	return st
+}
+
+// statsYields is how many times Stats' first call yields the processor
+// to a round that holds the connection before it gives up on it.
+const statsYields = 64
+
+// claimSoon is claim, tried again after yielding the processor a bounded
+// number of times: a round that is running usually ends within them
+// (one in a batch, or queued behind a busy worker, may not). It never
+// blocks.
+func (c *Conn) claimSoon() bool {
+	for range statsYields {
+		if c.claim() {
+			return true
+		}
+		if c.ended() {
+			return false
+		}
+		runtime.Gosched()
+	}
+	return c.claim()
 }
 
 // Err returns why the connection ended, or nil while it is up.

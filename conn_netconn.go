@@ -77,6 +77,7 @@ func (c *Conn) RemoteAddr() net.Addr {
 // SetDeadline sets the read and write deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.readDL.set(t)
+	signal(c.recvq.streamReady) // a Read waiting looks again (readDL signals Receive's)
 	c.writeDL.set(t)
 	return nil
 }
@@ -84,6 +85,7 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // SetReadDeadline sets the deadline for Read and Receive.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.readDL.set(t)
+	signal(c.recvq.streamReady) // a Read waiting looks again (readDL signals Receive's)
 	return nil
 }
 

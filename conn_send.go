@@ -154,8 +154,8 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 		putPayload(pbuf)
 		return 0, err
 	}
-	c.sendq.lastRef++
-	ref := Ref(c.sendq.refTag<<refTagShift | c.sendq.lastRef&refSeqMask<<1)
+	c.sendq.lastRef++ // the count, below the tag
+	ref := Ref(c.sendq.lastRef << 1)
 	if m.Reliable {
 		ref |= 1
 	}
@@ -256,7 +256,8 @@ func (c *Conn) waitRoom(ctx context.Context, m *Message, n int) error {
 		c.sendq.mu.Lock()
 	}
 	for _, r := range m.DependsOn {
-		if r.tag() != c.sendq.refTag || r.seq() == 0 || r.seq() > c.sendq.lastRef || m.Reliable && !r.reliable() {
+		last := Ref(c.sendq.lastRef << 1)
+		if r.tag() != last.tag() || r.seq() == 0 || r.seq() > last.seq() || m.Reliable && !r.reliable() {
 			c.sendq.mu.Unlock()
 			return ErrBadDependency
 		}

@@ -38,26 +38,19 @@ type deadline struct {
 	ch      chan struct{}
 	done    bool // ch is closed
 	stopped bool
-	notify  []chan struct{} // signalled on every change, for waiters to look again
+	notify  chan struct{} // signalled on every change, for waiters to look again
 }
 
-// init sets the channels signalled on changes. The deadline's own channel
+// init sets the channel signalled on changes. The deadline's own channel
 // is made when a deadline is first set: most connections never set one.
-func (d *deadline) init(notify ...chan struct{}) {
+func (d *deadline) init(notify chan struct{}) {
 	d.notify = notify
-}
-
-// signalAll signals the channels of d's waiters.
-func (d *deadline) signalAll() {
-	for _, ch := range d.notify {
-		signal(ch)
-	}
 }
 
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	defer d.signalAll()
+	defer signal(d.notify)
 	d.gen++
 	if d.timer != nil {
 		d.timer.Stop()
