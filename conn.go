@@ -1,10 +1,10 @@
 package knet
 
 import (
-	"runtime"
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"

@@ -28,8 +28,8 @@ type Group struct {
 	mu    sync.Mutex
 	ready []*Conn // connections with news, each once, in the order it came
 	spare []*Conn
-	arena []byte // payloads of the events of the last Poll
-	conns int    // connections added and not yet reported ended
+	arena []byte        // payloads of the events of the last Poll
+	conns int           // connections added and not yet reported ended
 	wake  chan struct{} // capacity 1, made by wakeLocked
 }
 
