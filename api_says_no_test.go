@@ -232,49 +232,6 @@ func TestAPIReadOnlyStream(t *testing.T) {
 	})
 }
 
-// Stats never waits: not for a round that is running (held here by the
-// test's claim, as a busy worker holds it), nor on its first call. Once
-// no round runs, the first call has every counter.
-func TestAPIStatsNeverWaits(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		nw := memNet(t)
-		l := nw.listen(t, testConfig())
-		serveEcho(t, l)
-		c := nw.dial(t, l.Addr().String(), testConfig())
-		ctx := within(t, 10*time.Second)
-		require.NoError(t, c.Send(Message{ID: 100, Payload: []byte("x"), Reliable: true}))
-		_, err := c.Receive(ctx)
-		require.NoError(t, err)
-		synctest.Wait() // every round done
-		require.True(t, c.claim(), "no round runs")
-		returned := make(chan Stats, 1)
-		go func() { returned <- c.Stats() }()
-		synctest.Wait()
-		select {
-		case <-returned:
-			c.release()
-		default:
-			t.Error("Stats waits for the connection's round")
-			c.release()
-			<-returned
-		}
-
-		c2 := nw.dial(t, l.Addr().String(), testConfig())
-		require.NoError(t, c2.Send(Message{ID: 100, Payload: []byte("x"), Reliable: true}))
-		_, err = c2.Receive(ctx)
-		require.NoError(t, err)
-		synctest.Wait()
-		st := c2.Stats()
-		assert.Equal(t, uint64(1), st.MessagesSent)
-		assert.Equal(t, uint64(1), st.MessagesReceived)
-		require.NoError(t, c2.Send(Message{ID: 100, Payload: []byte("y"), Reliable: true}))
-		_, err = c2.Receive(ctx)
-		require.NoError(t, err)
-		synctest.Wait()
-		assert.Equal(t, uint64(2), c2.Stats().MessagesSent, "later rounds publish")
-	})
-}
-
 // A second Listener.Close returns an error wrapping net.ErrClosed, as a
 // second Conn.Close and a net.Listener's do.
 func TestAPIListenerCloseTwice(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,7 +173,8 @@ type connState struct {
 type published struct {
 	stats  Stats
 	rates  rateRing
-	filled bool // stats hold a round's values
+	filled bool          // stats hold a round's values
+	ready  chan struct{} // closed once filled (made by the Stats call waiting)
 }
 
 func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, dialect Dialect) *Conn {
@@ -283,39 +283,28 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 	return append([]byte(nil), c.state.syn...), append([]byte(nil), c.state.synAck...)
 }
 
-// Stats returns the connection's counters and its recent quality. It
-// never waits.
+// Stats returns the connection's counters and its recent quality.
 //
-// A connection publishes its counters once asked: every round from the
-// first call on publishes them. The first call reads them itself, with
-// rates and loss averaged over the connection's life so far, unless a
-// round of the connection is running or queued at that moment and still
-// is after it yielded the processor a few times: then it has only the
-// counters kept outside the rounds (QueuedBytes,
-// ReceiveQueuedBytes, ReceiptsDropped and the messages Send dropped) and
-// zero for the others, which the next round publishes. Later calls have
-// them all, with rates over the last two seconds.
+// A connection publishes its counters once asked: the first call waits for
+// the connection's next round (a moment, unless its workers are behind),
+// and its rates and loss are averaged over the connection's life so far;
+// later calls return at once, with rates over the last two seconds.
 func (c *Conn) Stats() Stats {
 	c.state.mu.Lock()
 	p := c.state.pub
 	if p == nil {
-		p = new(published)
+		p = &published{ready: make(chan struct{})}
 		c.state.pub = p
 		c.state.watched.Store(true)
 	}
 	filled := p.filled
 	c.state.mu.Unlock()
-	if !filled && c.claimSoon() {
-		// No round runs: the counters are this goroutine's to read for
-		// the moment. (A round that ran since watched was set filled p.)
-		if c.state.mu.Lock(); !p.filled {
-			c.state.mu.Unlock()
-			st := c.snapshot()
-			c.state.mu.Lock()
-			c.fillLocked(p, &st)
+	if !filled {
+		c.kick()
+		select {
+		case <-p.ready:
+		case <-c.done: // finish filled it
 		}
-		c.state.mu.Unlock()
-		c.release()
 	}
 	now := time.Now()
 	c.state.mu.Lock()
@@ -333,27 +322,6 @@ func (c *Conn) Stats() Stats {
 	st.Jitter = st.RTTVar
 	st.Quality = quality(st.LossRate, st.RTT)
 	return st
-}
-
-// statsYields is how many times Stats' first call yields the processor
-// to a round that holds the connection before it gives up on it.
-const statsYields = 64
-
-// claimSoon is claim, tried again after yielding the processor a bounded
-// number of times: a round that is running usually ends within them
-// (one in a batch, or queued behind a busy worker, may not). It never
-// blocks.
-func (c *Conn) claimSoon() bool {
-	for range statsYields {
-		if c.claim() {
-			return true
-		}
-		if c.ended() {
-			return false
-		}
-		runtime.Gosched()
-	}
-	return c.claim()
 }
 
 // Err returns why the connection ended, or nil while it is up.

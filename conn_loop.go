@@ -425,7 +425,12 @@ func (c *Conn) fillLocked(p *published, st *Stats) {
 		p.rates.note(s.live.epoch, &Stats{}, 0, 0)
 	}
 	p.rates.note(time.Now(), st, s.recv.pidAdvance, s.recv.uniqueIn)
-	p.filled = true
+	if !p.filled {
+		p.filled = true
+		if p.ready != nil {
+			close(p.ready)
+		}
+	}
 }
 
 func (c *Conn) inDroppedLocked() uint64 {
