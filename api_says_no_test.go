@@ -348,3 +348,39 @@ func configWith(t *testing.T, field string) *Config {
 	}
 	return cfg
 }
+
+// Point 7: Stats never waits for the connection's next round. The first
+// call reads the counters itself between rounds: with the scheduler held
+// (no worker can pop or queue a round), it answers, complete; before, it
+// kicked the connection and waited for a worker's round.
+func TestAPIStatsNeverWaitsForARound(t *testing.T) {
+	nw := sysNet()
+	l := nw.listen(t, testConfig())
+	defer l.Close()
+	c := nw.dial(t, l.Addr().String(), testConfig())
+	defer c.Close()
+	srv := serverConn(t, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const n = 5
+	for i := range n {
+		require.NoError(t, c.Send(Message{ID: 100, Payload: []byte{byte(i)}, Reliable: true}))
+		_, err := srv.Receive(ctx)
+		require.NoError(t, err)
+	}
+	q := &srv.ep.sched
+	q.mu.Lock()
+	got := make(chan Stats, 1)
+	go func() { got <- srv.Stats() }()
+	var st Stats
+	select {
+	case st = <-got:
+	case <-time.After(5 * time.Second): // a failure detector: the call takes microseconds
+	}
+	q.mu.Unlock()
+	if st.MessagesReceived == 0 {
+		st = <-got
+		t.Fatalf("Stats waited for a round while the scheduler was held (then: %d received)", st.MessagesReceived)
+	}
+	assert.EqualValues(t, n, st.MessagesReceived)
+}

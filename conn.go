@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -285,10 +286,11 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 
 // Stats returns the connection's counters and its recent quality.
 //
-// A connection publishes its counters once asked: the first call waits for
-// the connection's next round (a moment, unless its workers are behind),
-// and its rates and loss are averaged over the connection's life so far;
-// later calls return at once, with rates over the last two seconds.
+// It never waits for the connection's next round: a connection publishes
+// its counters once asked, and the first call reads them itself between
+// rounds (waiting at most for a round under way, as for a lock); its rates
+// and loss are averaged over the connection's life so far. Later calls
+// read what the rounds published, with rates over the last two seconds.
 func (c *Conn) Stats() Stats {
 	c.state.mu.Lock()
 	p := c.state.pub
@@ -299,12 +301,31 @@ func (c *Conn) Stats() Stats {
 	}
 	filled := p.filled
 	c.state.mu.Unlock()
-	if !filled {
-		c.kick()
+	for !filled {
+		// No round runs while we hold the connection (claim): its
+		// session is ours to read, and no worker need come. A round
+		// under way publishes as it ends, watched being set; one queued
+		// (kicked) has not started: we wait for its turn to pass and
+		// claim the connection after it, or find it filled.
+		if c.claim() {
+			st := c.snapshot()
+			c.state.mu.Lock()
+			c.fillLocked(p, &st)
+			c.state.mu.Unlock()
+			c.release()
+			break
+		}
 		select {
 		case <-p.ready:
 		case <-c.done: // finish filled it
+		default:
+			runtime.Gosched()
+			c.state.mu.Lock()
+			filled = p.filled
+			c.state.mu.Unlock()
+			continue
 		}
+		break
 	}
 	now := time.Now()
 	c.state.mu.Lock()
