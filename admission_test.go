@@ -221,15 +221,18 @@ func TestTokenConfigChecks(t *testing.T) {
 	_, err = Dial(context.Background(), "udp", "127.0.0.1:9", cfg)
 	assert.ErrorIs(t, err, ErrHandshakeTooLarge)
 
-	// A Config shared by server and client: each takes its own fields.
-	l := listen(t, &Config{PrivateKey: priv, TokenKey: key, ServerKey: pub})
+	// A Config shared by server and client is refused, naming the field
+	// of the other side (TestAPIConfigSides); each side takes its own.
+	_, err = Listen("udp", "127.0.0.1:0", &Config{PrivateKey: priv, TokenKey: key, ServerKey: pub})
+	assert.ErrorContains(t, err, "Config.ServerKey")
+	l := listen(t, &Config{PrivateKey: priv, TokenKey: key})
 	serveEcho(t, l)
-	shared := &Config{PrivateKey: priv, TokenKey: key, ServerKey: pub, Token: issue(t, key, sampleToken(addrPort(t, l.Addr())))}
-	dial(t, l.Addr().String(), shared)
+	client := &Config{ServerKey: pub, Token: issue(t, key, sampleToken(addrPort(t, l.Addr())))}
+	dial(t, l.Addr().String(), client)
 	// A token sent to a listener that takes none is ignored.
 	l2 := listen(t, &Config{PrivateKey: priv})
 	serveEcho(t, l2)
-	dial(t, l2.Addr().String(), shared)
+	dial(t, l2.Addr().String(), client)
 }
 
 // cfgLimit is a secure client's ConnectPayload limit without a token.

@@ -167,7 +167,7 @@ func TestHostileConfigValues(t *testing.T) {
 				require.NoError(t, err)
 				defer l.Close()
 				serveEcho(t, l)
-				c, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), &cfg)
+				c, err := nw.Dial(within(t, 5*time.Second), l.Addr().String(), forDial(&cfg))
 				if err != nil {
 					// Only a lossy simulation may keep the handshake from completing.
 					var te *TimeoutError

@@ -13,7 +13,7 @@ import (
 
 // benchPair returns a connected client and the server's side of it.
 func benchPair(tb testing.TB, cfg *Config) (client, server *Conn) {
-	l, err := Listen("udp", "127.0.0.1:0", cfg)
+	l, err := Listen("udp", "127.0.0.1:0", forListen(cfg))
 	require.NoError(tb, err)
 	tb.Cleanup(func() { l.Close() })
 	accepted := make(chan *Conn, 1)
@@ -23,7 +23,7 @@ func benchPair(tb testing.TB, cfg *Config) (client, server *Conn) {
 			accepted <- c
 		}
 	}()
-	client, err = Dial(context.Background(), "udp", l.Addr().String(), cfg)
+	client, err = Dial(context.Background(), "udp", l.Addr().String(), forDial(cfg))
 	require.NoError(tb, err)
 	tb.Cleanup(func() { client.Close() })
 	require.NoError(tb, client.Send(Message{ID: 6, Reliable: true}))
@@ -137,7 +137,7 @@ func BenchmarkSecureSessions(b *testing.B) {
 }
 
 func benchSessions(b *testing.B, cfg *Config) {
-	l, err := Listen("udp", "127.0.0.1:0", cfg)
+	l, err := Listen("udp", "127.0.0.1:0", forListen(cfg))
 	require.NoError(b, err)
 	defer l.Close()
 	go func() {
@@ -161,7 +161,7 @@ func benchSessions(b *testing.B, cfg *Config) {
 	const sessions = 100
 	clients := make([]*Conn, sessions)
 	for i := range clients {
-		clients[i], err = Dial(context.Background(), "udp", l.Addr().String(), cfg)
+		clients[i], err = Dial(context.Background(), "udp", l.Addr().String(), forDial(cfg))
 		require.NoError(b, err)
 		defer clients[i].Close()
 	}

@@ -363,12 +363,12 @@ func TestBudgetSpentNoAllocs(t *testing.T) {
 	// The holder's messages wait for an application that never reads:
 	// 1,000 of 1,072 bytes as the receive queue counts them, past the
 	// budget, within its ceiling.
-	holder := dial(t, l.Addr().String(), cfg)
+	holder := dial(t, l.Addr().String(), forDial(cfg))
 	accept()
 	for range 1000 {
 		require.NoError(t, holder.Send(Message{ID: 6, Payload: make([]byte, 1024), Reliable: true}))
 	}
-	client := dial(t, l.Addr().String(), cfg)
+	client := dial(t, l.Addr().String(), forDial(cfg))
 	server := accept()
 	require.Eventually(t, func() bool { return l.budget.spent() }, 5*time.Second, time.Millisecond, "the holder spends the budget")
 

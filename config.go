@@ -2,6 +2,8 @@ package knet
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net"
@@ -19,6 +21,15 @@ import (
 // value outside a field's range is taken as the nearest bound: durations
 // are at most 24h, and the comments name the other bounds. A Config may be
 // shared; it must not change after use.
+//
+// Most fields are for both sides. Those a field's comment gives to Dial
+// (ConnectPayload, ServerKey, Token, FallbackTCP) make Listen and
+// ListenPacket fail, and those it gives to a Listener (ReceiveBudget,
+// Admit, AdmitConn, Stealth, MaxPendingConnections, MaxPendingPerSource,
+// AcceptBacklog, Sockets, PrivateKey, TokenKey, PublicAddrs, ServerID,
+// CookieThreshold, TCP) make Dial, DialPacket and DialWebSocket fail,
+// with an error naming the field: a client and a server that share
+// settings each take a copy with the other's fields cleared.
 type Config struct {
 	// PingInterval is how often a PingRequest goes out to measure the
 	// round trip and keep the connection alive. Default 5s, at least 1ms.
@@ -122,8 +133,8 @@ type Config struct {
 	// until the sum is back under seven eighths of it. Default 128 MiB:
 	// a thousand players each holding 64 KiB at once (a round trip of
 	// a reliable stream behind a loss, or what the game has yet to read
-	// of a tick), and four messages of 16 MiB arriving. Dial ignores
-	// it.
+	// of a tick), and four messages of 16 MiB arriving. A Listener's
+	// only.
 	ReceiveBudget int
 	// ReorderWindow is how long a received unreliable in-order message
 	// waits for a missing predecessor before it is delivered without it
@@ -165,7 +176,7 @@ type Config struct {
 	// AdmitConn is Admit with the connection itself, for a server that
 	// decides who the player is while admitting it: it may call
 	// SetUserData, which the game then finds on every event of the
-	// connection. When set, it is used instead of Admit. The error's text
+	// connection. Set Admit or AdmitConn, not both. The error's text
 	// reaches a refused client as a *RefusedError (not with Stealth, nor
 	// in the reference dialect).
 	AdmitConn func(c *Conn, payload []byte) ([]byte, error)
@@ -519,6 +530,115 @@ func pick[T int | time.Duration](v, def T) T {
 
 // clampDur keeps a duration between lo and maxDuration.
 func clampDur(d, lo time.Duration) time.Duration { return min(max(d, lo), maxDuration) }
+
+// A Config's fields are for both sides but these: Listen (and
+// ListenPacket) refuses a Config that sets a field only Dial reads, and
+// Dial (DialPacket, DialWebSocket) one that sets a field only a Listener
+// reads, naming the field, rather than ignore it. A program whose client
+// and server share settings copies the Config and clears the other
+// side's fields.
+var (
+	// dialFields are read by Dial only.
+	dialFields = []string{"ConnectPayload", "ServerKey", "Token", "FallbackTCP"}
+	// listenFields are read by a Listener only.
+	listenFields = []string{"ReceiveBudget", "Admit", "AdmitConn", "Stealth", "MaxPendingConnections",
+		"MaxPendingPerSource", "AcceptBacklog", "Sockets", "PrivateKey", "TokenKey", "PublicAddrs",
+		"ServerID", "CookieThreshold", "TCP"}
+)
+
+// set reports whether c sets the field of that name (dialFields,
+// listenFields).
+func (c *Config) set(field string) bool {
+	switch field {
+	case "ConnectPayload":
+		return c.ConnectPayload != nil
+	case "ServerKey":
+		return c.ServerKey != nil
+	case "Token":
+		return c.Token != nil
+	case "FallbackTCP":
+		return c.FallbackTCP
+	case "ReceiveBudget":
+		return c.ReceiveBudget != 0
+	case "Admit":
+		return c.Admit != nil
+	case "AdmitConn":
+		return c.AdmitConn != nil
+	case "Stealth":
+		return c.Stealth
+	case "MaxPendingConnections":
+		return c.MaxPendingConnections != 0
+	case "MaxPendingPerSource":
+		return c.MaxPendingPerSource != 0
+	case "AcceptBacklog":
+		return c.AcceptBacklog != 0
+	case "Sockets":
+		return c.Sockets != 0
+	case "PrivateKey":
+		return c.PrivateKey != nil
+	case "TokenKey":
+		return c.TokenKey != nil
+	case "PublicAddrs":
+		return c.PublicAddrs != nil
+	case "ServerID":
+		return c.ServerID != nil
+	case "CookieThreshold":
+		return c.CookieThreshold != 0
+	case "TCP":
+		return c.TCP
+	}
+	panic("knet: no Config field " + field)
+}
+
+// checkSide reports the first field of c that the other side's calls
+// read, and Admit set with AdmitConn; listener tells which side c is for.
+func (c *Config) checkSide(listener bool) error {
+	if c == nil {
+		return nil
+	}
+	other, side, mine := listenFields, "a Listener's", "Dial"
+	if listener {
+		other, side, mine = dialFields, "Dial's", "Listen"
+	}
+	for _, f := range other {
+		if c.set(f) {
+			return fmt.Errorf("knet: Config.%s is %s, not %s's: %w", f, side, mine, errConfigSide)
+		}
+	}
+	if listener && c.Admit != nil && c.AdmitConn != nil {
+		return errors.New("knet: Config.Admit and Config.AdmitConn both set: set one")
+	}
+	return nil
+}
+
+// errConfigSide is wrapped in checkSide's error.
+var errConfigSide = errors.New("a Config field of the other side")
+
+// resolveListener is resolve for Listen and ListenPacket: c checked
+// (checkSide) and its keys too (secureListener).
+func (c *Config) resolveListener() (*config, error) {
+	if err := c.checkSide(true); err != nil {
+		return nil, err
+	}
+	rc := c.resolve()
+	if err := rc.secureListener(); err != nil {
+		return nil, err
+	}
+	return rc, nil
+}
+
+// resolveDialer is resolve for Dial and its variants: c checked
+// (checkSide) and its key too (secureDialer).
+func (c *Config) resolveDialer() (*config, error) {
+	if err := c.checkSide(false); err != nil {
+		return nil, err
+	}
+	rc := c.resolve()
+	if err := rc.secureDialer(); err != nil {
+		return nil, err
+	}
+	return rc, nil
+}
 
 func (c *Config) resolve() *config {
 	if c == nil {

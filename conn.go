@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,11 +100,11 @@ type connSendQueue struct {
 	// Guarded by mu.
 	mu          sync.Mutex
 	msgs        []outMsg
-	lastRef     uint64
+	lastRef     uint64 // the last Ref handed out >> 1: the tag, the count
 	closing     bool   // Close was called
+	peerGone    bool   // the peer closed (beside closing: one word for both)
 	closeReason []byte // CloseWithReason's
 	flowReq     int    // FlowControl rate to send, 0 if none
-	peerGone    bool   // the peer closed
 	used        int    // payload bytes queued or unacked
 	drops       uint64
 	space       chan struct{} // capacity 1
@@ -125,7 +126,8 @@ type connRecvQueue struct {
 	// most maxReceipts; dropped counts those that did not fit.
 	receipts        []Receipt
 	receiptsDropped uint64
-	ready           chan struct{} // capacity 1
+	ready           chan struct{} // capacity 1: Receive's waiters
+	streamReady     chan struct{} // capacity 1: Read's waiters
 
 	// took is set when Receive or Read takes a message and cleared by
 	// the next Send: a reply (an echo, a response, a client's next
@@ -134,6 +136,14 @@ type connRecvQueue struct {
 
 	// Owned by the round (Conn.round).
 	delivered bool // signal ready after this round
+}
+
+// wake tells the waiting readers to look again: Receive's, and Read's,
+// which wait apart so that a Read finding only other messages leaves the
+// news to a Receive.
+func (q *connRecvQueue) wake() {
+	signal(q.ready)
+	signal(q.streamReady)
 }
 
 // connInGroup is a connection's place in its Group. Guarded by the
@@ -174,14 +184,14 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		ep:      ep,
 		raddr:   raddr,
 		cfg:     cfg,
-		sendq:   connSendQueue{space: make(chan struct{}, 1)},
-		recvq:   connRecvQueue{ready: make(chan struct{}, 1)},
+		sendq:   connSendQueue{space: make(chan struct{}, 1), lastRef: newRefTag() << (refTagShift - 1)},
+		recvq:   connRecvQueue{ready: make(chan struct{}, 1), streamReady: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),
 		closed:  make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	c.remote.Store(net.UDPAddrFromAddrPort(raddr))
-	c.readDL.init(c.recvq.ready)
+	c.readDL.init(c.recvq.ready) // SetReadDeadline signals streamReady too
 	c.writeDL.init(c.sendq.space)
 	c.sess = newSession(cfg, c, client, dialect, time.Now())
 	c.joinBudget()
@@ -276,10 +286,11 @@ func (c *Conn) Handshake() (syn, synAck []byte) {
 
 // Stats returns the connection's counters and its recent quality.
 //
-// A connection publishes its counters once asked: the first call waits for
-// the connection's next round (a moment, unless its workers are behind),
-// and its rates and loss are averaged over the connection's life so far;
-// later calls return at once, with rates over the last two seconds.
+// It never waits for the connection's next round: a connection publishes
+// its counters once asked, and the first call reads them itself between
+// rounds (waiting at most for a round under way, as for a lock); its rates
+// and loss are averaged over the connection's life so far. Later calls
+// read what the rounds published, with rates over the last two seconds.
 func (c *Conn) Stats() Stats {
 	c.state.mu.Lock()
 	p := c.state.pub
@@ -290,12 +301,31 @@ func (c *Conn) Stats() Stats {
 	}
 	filled := p.filled
 	c.state.mu.Unlock()
-	if !filled {
-		c.kick()
+	for !filled {
+		// No round runs while we hold the connection (claim): its
+		// session is ours to read, and no worker need come. A round
+		// under way publishes as it ends, watched being set; one queued
+		// (kicked) has not started: we wait for its turn to pass and
+		// claim the connection after it, or find it filled.
+		if c.claim() {
+			st := c.snapshot()
+			c.state.mu.Lock()
+			c.fillLocked(p, &st)
+			c.state.mu.Unlock()
+			c.release()
+			break
+		}
 		select {
 		case <-p.ready:
 		case <-c.done: // finish filled it
+		default:
+			runtime.Gosched()
+			c.state.mu.Lock()
+			filled = p.filled
+			c.state.mu.Unlock()
+			continue
 		}
+		break
 	}
 	now := time.Now()
 	c.state.mu.Lock()
@@ -373,7 +403,7 @@ func (c *Conn) shutdown() {
 		c.sendq.mu.Unlock()
 		close(c.closed)
 		c.kick()
-		signal(c.recvq.ready)
+		c.recvq.wake()
 		signal(c.sendq.space)
 	})
 }

@@ -402,7 +402,7 @@ func (c *Conn) publish() {
 	}
 	if c.recvq.delivered {
 		c.recvq.delivered = false
-		signal(c.recvq.ready)
+		c.recvq.wake()
 		if g := c.group.Load(); g != nil {
 			g.notify(c)
 		}
@@ -487,7 +487,7 @@ func (c *Conn) finish() {
 	c.inbox.pkts = nil
 	c.inbox.mu.Unlock()
 	close(c.done)
-	signal(c.recvq.ready)
+	c.recvq.wake()
 	signal(c.sendq.space)
 	c.readDL.stop()
 	c.writeDL.stop()

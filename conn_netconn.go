@@ -10,17 +10,19 @@ import (
 // Conn as a net.Conn: Read and Write carry a byte stream as reliable
 // in-order messages; the addresses; the deadlines.
 
-// Read reads the payloads of received messages as one byte stream, in the
-// order they are received; a long payload takes several Reads. It returns
-// io.EOF once the peer has closed and everything is read.
+// Read reads the payloads of received messages of ID StreamMessageID (what
+// Write sends) as one byte stream, in the order they are received; a long
+// payload takes several Reads. Messages of other IDs stay, in their order,
+// for Receive. Read returns io.EOF once the peer has closed and every
+// StreamMessageID payload is read, and ErrInGroup while c is in a Group.
 func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
 	var n int
 	for n == 0 {
-		err := c.waitRecv(context.Background(), func(q *recvQueue) {
-			n = q.read(p)
+		err := c.waitRecv(context.Background(), true, func(q *recvQueue) {
+			n = q.read(p, StreamMessageID)
 		})
 		if err != nil {
 			if err == io.EOF {
@@ -75,6 +77,7 @@ func (c *Conn) RemoteAddr() net.Addr {
 // SetDeadline sets the read and write deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.readDL.set(t)
+	signal(c.recvq.streamReady) // a Read waiting looks again (readDL signals Receive's)
 	c.writeDL.set(t)
 	return nil
 }
@@ -82,6 +85,7 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // SetReadDeadline sets the deadline for Read and Receive.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.readDL.set(t)
+	signal(c.recvq.streamReady) // a Read waiting looks again (readDL signals Receive's)
 	return nil
 }
 

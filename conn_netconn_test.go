@@ -95,10 +95,11 @@ func TestReadWriteDeadlines(t *testing.T) {
 		_, err = c.Receive(context.Background())
 		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
 
-		// Unreliable messages are dropped, not blocked on, when the buffer is full.
+		// Unreliable messages are dropped, not blocked on, when the buffer
+		// is full, and Send says so.
 		c.SetWriteDeadline(time.Time{})
 		before := c.Stats().DroppedMessages
-		require.NoError(t, c.Send(Message{ID: 6, Payload: make([]byte, 2000)}))
+		require.ErrorIs(t, c.Send(Message{ID: 6, Payload: make([]byte, 2000)}), ErrSendBufferFull)
 		assert.Equal(t, before+1, c.Stats().DroppedMessages)
 	})
 }

@@ -9,16 +9,18 @@ import (
 // Receiving: the messages the rounds delivered wait in the receive queue
 // for Receive and ReceiveInto (and Read, conn_netconn.go).
 
-// Receive returns the next message. It waits until one arrives, the read
-// deadline passes or ctx is done; a message already waiting is returned
-// whatever the deadline or ctx. After the peer closed gracefully and every
-// earlier message has been received, it returns io.EOF.
+// Receive returns the next message, of any ID (Write's StreamMessageID
+// too). It waits until one arrives, the read deadline passes or ctx is
+// done; a message already waiting is returned whatever the deadline or
+// ctx. After the peer closed gracefully and every earlier message has been
+// received, it returns io.EOF. While c is in a Group it returns
+// ErrInGroup: its messages go to the group's Poll.
 func (c *Conn) Receive(ctx context.Context) (Message, error) {
 	var m Message
 	if ctx == nil {
 		return m, errNilContext
 	}
-	err := c.waitRecv(ctx, func(q *recvQueue) {
+	err := c.waitRecv(ctx, false, func(q *recvQueue) {
 		e := q.peek()
 		m = Message{ID: e.id, Payload: q.take(e), Reliable: e.reliable, InOrder: e.inOrder}
 	})
@@ -32,7 +34,7 @@ func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, e
 	if ctx == nil {
 		return m, 0, errNilContext
 	}
-	err = c.waitRecv(ctx, func(q *recvQueue) {
+	err = c.waitRecv(ctx, false, func(q *recvQueue) {
 		e := q.peek()
 		n = e.n
 		k := copy(buf, q.bytes(e))
@@ -42,16 +44,30 @@ func (c *Conn) ReceiveInto(ctx context.Context, buf []byte) (m Message, n int, e
 	return m, n, err
 }
 
-// waitRecv waits for a message and calls take with the queue locked.
-func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
+// waitRecv waits for a message and calls take with the queue locked:
+// any message, or with stream (Read) one of ID StreamMessageID.
+func (c *Conn) waitRecv(ctx context.Context, stream bool, take func(q *recvQueue)) error {
+	ready := c.recvq.ready
+	if stream {
+		ready = c.recvq.streamReady
+	}
+	has := func(q *recvQueue) bool {
+		if stream {
+			return q.has(StreamMessageID)
+		}
+		return q.len() > 0
+	}
 	for {
+		if c.group.Load() != nil {
+			return ErrInGroup
+		}
 		c.recvq.mu.Lock()
 		if c.isClosed() && !c.readsOn() {
 			c.recvq.mu.Unlock()
-			signal(c.recvq.ready) // pass the news to the next waiting reader
+			c.recvq.wake() // pass the news to the next waiting reader
 			return net.ErrClosed
 		}
-		if c.recvq.msgs.len() > 0 {
+		if has(&c.recvq.msgs) {
 			before := c.recvq.msgs.used()
 			take(&c.recvq.msgs)
 			more := c.recvq.msgs.len() > 0
@@ -59,7 +75,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 			c.recvq.mu.Unlock()
 			c.recvq.took.Store(true)
 			if more {
-				signal(c.recvq.ready)
+				c.recvq.wake()
 			}
 			// Reading freed what the peer may be waiting for: let the
 			// loop tell it (flow control) and take what it resends.
@@ -71,18 +87,18 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		eof := c.recvq.eof
 		c.recvq.mu.Unlock()
 		if eof {
-			signal(c.recvq.ready)
+			c.recvq.wake()
 			return io.EOF
 		}
 		select {
 		case <-c.done:
 			c.recvq.mu.Lock()
-			n, eof := c.recvq.msgs.len(), c.recvq.eof
+			n, eof := has(&c.recvq.msgs), c.recvq.eof
 			c.recvq.mu.Unlock()
-			if n > 0 {
+			if n {
 				continue
 			}
-			signal(c.recvq.ready)
+			c.recvq.wake()
 			if eof {
 				return io.EOF
 			}
@@ -92,7 +108,7 @@ func (c *Conn) waitRecv(ctx context.Context, take func(q *recvQueue)) error {
 		if c.readDL.passed() {
 			return errDeadline
 		}
-		if err := waitSignal(ctx, c.recvq.ready, c.readDL.wait()); err != nil {
+		if err := waitSignal(ctx, ready, c.readDL.wait()); err != nil {
 			return err
 		}
 	}

@@ -15,23 +15,24 @@ import (
 
 // Send queues m for sending and returns once the payload is copied. A
 // reliable message waits for room in the send buffer until the write
-// deadline; an unreliable one is dropped and counted if there is none.
+// deadline; an unreliable one is dropped and counted if there is none,
+// and Send returns ErrSendBufferFull, as TrySend and SendRef do.
 // Send fails after Close, once the connection is lost, and for messages
 // the protocol cannot carry (see ErrReservedID, ErrMessageTooLarge,
 // ErrBadDependency).
 func (c *Conn) Send(m Message) error {
 	_, err := c.send(context.Background(), &m, false)
-	return dropIsNoError(err)
+	return dropIsFull(err)
 }
 
 // errSendDropped is send's report of an unreliable message dropped for
-// lack of room, which Send and friends take for success (the message is
-// counted dropped).
+// lack of room (counted in Stats.DroppedMessages), which Send and friends
+// report as ErrSendBufferFull.
 var errSendDropped = errors.New("knet: unreliable message dropped: send buffer full")
 
-func dropIsNoError(err error) error {
+func dropIsFull(err error) error {
 	if err == errSendDropped {
-		return nil
+		return ErrSendBufferFull
 	}
 	return err
 }
@@ -42,7 +43,7 @@ func (c *Conn) SendContext(ctx context.Context, m Message) error {
 		return errNilContext
 	}
 	_, err := c.send(ctx, &m, false)
-	return dropIsNoError(err)
+	return dropIsFull(err)
 }
 
 // TrySend is Send that never waits: when the send buffer has no room, it
@@ -62,8 +63,10 @@ func (c *Conn) trySend(m *Message, k *kicks) error {
 	return err
 }
 
-// ErrSendBufferFull is what Broadcast reports for a connection whose send
-// buffer had no room for the message.
+// ErrSendBufferFull is what TrySend returns, and Broadcast reports for a
+// connection, when the send buffer had no room for the message; Send,
+// SendContext and SendRef return it for an unreliable message they
+// dropped for lack of room.
 var ErrSendBufferFull = errors.New("knet: send buffer full")
 
 // Broadcast sends m to every connection in conns without ever waiting,
@@ -80,7 +83,19 @@ var ErrSendBufferFull = errors.New("knet: send buffer full")
 // traffic, so its datagrams are that connection's. The connections are
 // handed to their endpoints' workers together, once every copy is queued:
 // their datagrams leave in batches of one system call each.
+//
+// A Ref names a message of one connection, so m may not have DependsOn:
+// Broadcast then sends nothing, calls miss (if not nil) with
+// ErrBadDependency for each connection, and returns 0.
 func Broadcast(conns []*Conn, m Message, miss func(*Conn, error)) int {
+	if len(m.DependsOn) > 0 {
+		if miss != nil {
+			for _, c := range conns {
+				miss(c, ErrBadDependency)
+			}
+		}
+		return 0
+	}
 	n := 0
 	k := getKicks()
 	for _, c := range conns {
@@ -103,10 +118,14 @@ var doneCtx = func() context.Context {
 }()
 
 // SendRef is Send that also returns a Ref naming the message, so that
-// later messages can list it in DependsOn.
+// later messages on c can list it in DependsOn. An unreliable message
+// dropped for lack of room returns the zero Ref and ErrSendBufferFull.
 func (c *Conn) SendRef(m Message) (Ref, error) {
 	ref, err := c.send(context.Background(), &m, true)
-	return ref, dropIsNoError(err)
+	if err == errSendDropped {
+		return 0, ErrSendBufferFull
+	}
+	return ref, err
 }
 
 func (c *Conn) send(ctx context.Context, m *Message, tracked bool) (Ref, error) {
@@ -135,7 +154,7 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 		putPayload(pbuf)
 		return 0, err
 	}
-	c.sendq.lastRef++
+	c.sendq.lastRef++ // the count, below the tag
 	ref := Ref(c.sendq.lastRef << 1)
 	if m.Reliable {
 		ref |= 1
@@ -237,7 +256,8 @@ func (c *Conn) waitRoom(ctx context.Context, m *Message, n int) error {
 		c.sendq.mu.Lock()
 	}
 	for _, r := range m.DependsOn {
-		if r>>1 == 0 || uint64(r>>1) > c.sendq.lastRef || m.Reliable && !r.reliable() {
+		last := Ref(c.sendq.lastRef << 1)
+		if r.tag() != last.tag() || r.seq() == 0 || r.seq() > last.seq() || m.Reliable && !r.reliable() {
 			c.sendq.mu.Unlock()
 			return ErrBadDependency
 		}

@@ -2,6 +2,7 @@ package knet
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -15,25 +16,38 @@ import (
 // Listener's new connections (and a Dial's) to the group instead of to
 // Accept.
 //
-// While a connection is in a group its messages go to Poll, not to
-// Receive or Read. Flow control works as with Receive: what Poll has not
+// While a connection is in a group its messages go to Poll: Receive,
+// ReceiveInto and Read return ErrInGroup. Flow control works as with Receive: what Poll has not
 // taken yet counts against ReceiveBuffer, so a loop that falls behind
 // slows its peers down rather than losing reliable messages.
 //
 // Poll allocates nothing once its buffers have grown to a tick's worth of
 // traffic. A Group is safe for concurrent use, but is meant for one
-// reader.
+// reader. The zero Group is an empty group ready to use.
 type Group struct {
 	mu    sync.Mutex
 	ready []*Conn // connections with news, each once, in the order it came
 	spare []*Conn
-	arena []byte // payloads of the events of the last Poll
-	conns int    // connections added and not yet reported ended
-	wake  chan struct{}
+	arena []byte        // payloads of the events of the last Poll
+	conns int           // connections added and not yet reported ended
+	wake  chan struct{} // capacity 1, made by wakeLocked
 }
 
 // NewGroup returns an empty group.
 func NewGroup() *Group { return &Group{wake: make(chan struct{}, 1)} }
+
+// ErrInGroup is returned by Receive, ReceiveInto and Read on a connection
+// in a Group, whose messages go to the group's Poll.
+var ErrInGroup = errors.New("knet: connection in a group: its messages go to Poll")
+
+// wakeLocked is the channel that wakes Wait, made on first use so that
+// the zero Group works; the caller holds g.mu.
+func (g *Group) wakeLocked() chan struct{} {
+	if g.wake == nil {
+		g.wake = make(chan struct{}, 1)
+	}
+	return g.wake
+}
 
 // EventKind says what an Event reports.
 type EventKind uint8
@@ -100,6 +114,7 @@ func (g *Group) Add(c *Conn) {
 		g.conns++
 	}
 	g.mu.Unlock()
+	c.recvq.wake() // a Receive waiting returns ErrInGroup
 	g.notify(c)
 }
 
@@ -108,7 +123,7 @@ func (g *Group) Add(c *Conn) {
 func (g *Group) Remove(c *Conn) {
 	if c.group.CompareAndSwap(g, nil) {
 		g.remove(c)
-		signal(c.recvq.ready)
+		c.recvq.wake()
 	}
 }
 
@@ -146,8 +161,9 @@ func (g *Group) notify(c *Conn) {
 		c.inGroup.queued = true
 		g.ready = append(g.ready, c)
 	}
+	wake := g.wakeLocked()
 	g.mu.Unlock()
-	signal(g.wake)
+	signal(wake)
 }
 
 // Wait blocks until an event waits for Poll, or ctx is done.
@@ -158,12 +174,13 @@ func (g *Group) Wait(ctx context.Context) error {
 	for {
 		g.mu.Lock()
 		n := len(g.ready)
+		wake := g.wakeLocked()
 		g.mu.Unlock()
 		if n > 0 {
 			return nil
 		}
 		select {
-		case <-g.wake:
+		case <-wake:
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -109,15 +110,43 @@ type Message struct {
 // MaxDependencies is the most entries Message.DependsOn may hold.
 const MaxDependencies = 16
 
-// Ref names a message sent with SendRef, for later messages' DependsOn.
-// The zero Ref names nothing.
+// Ref names a message sent with SendRef, for later messages' DependsOn on
+// the same Conn: it carries a tag of its connection, and a Ref of another
+// connection fails Send with ErrBadDependency. The zero Ref names nothing.
 type Ref uint64
+
+// A Ref is, from the top, the 24-bit tag of its connection (never 0), the
+// 39-bit count of the connection's messages sent before it plus one, and
+// the reliable bit. The tags come from one counter, so that two
+// connections share one only after 2^24-1 connections made in between.
+const (
+	refTagShift = 40
+	refSeqMask  = 1<<(refTagShift-1) - 1
+)
+
+// connTags numbers connections for their Refs (newRefTag).
+var connTags atomic.Uint32
+
+// newRefTag is the tag of a new connection's Refs: 1..2^24-1.
+func newRefTag() uint64 {
+	for {
+		if t := uint64(connTags.Add(1)) & (1<<(64-refTagShift) - 1); t != 0 {
+			return t
+		}
+	}
+}
 
 // reliable reports whether r names a reliable message.
 func (r Ref) reliable() bool { return r&1 != 0 }
 
-// StreamMessageID is the message ID that Write sends with. Read returns the
-// payloads of received messages of any ID.
+// tag is the tag of r's connection.
+func (r Ref) tag() uint64 { return uint64(r) >> refTagShift }
+
+// seq is r's count among its connection's messages (from 1).
+func (r Ref) seq() uint64 { return uint64(r) >> 1 & refSeqMask }
+
+// StreamMessageID is the message ID that Write sends with, and the only
+// one whose payloads Read returns; Receive returns messages of every ID.
 const StreamMessageID = MaxMessageID
 
 // A RefusedError is Dial's error when the server refused the connection
@@ -180,8 +209,10 @@ var (
 	// MinMessageID..MaxMessageID.
 	ErrReservedID = errors.New("knet: message ID reserved by the protocol")
 	// ErrBadDependency is returned by Send for a DependsOn that names a
-	// message not sent before on this Conn, names an unreliable message
-	// from a reliable one, or has more than MaxDependencies entries.
+	// message not sent before on this Conn (a Ref of another Conn
+	// included), names an unreliable message from a reliable one, or has
+	// more than MaxDependencies entries, and reported by Broadcast for a
+	// message with any DependsOn.
 	ErrBadDependency = errors.New("knet: bad message dependency")
 	// ErrHandshakeTooLarge is returned by Dial for a
 	// Config.ConnectPayload longer than a ConnectSyn carries
@@ -212,8 +243,8 @@ var errNilContext = errors.New("knet: nil context")
 // TimeoutError ends a connection whose peer stayed silent for
 // ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
 // or a graceful close that got no DisconnectAck within DisconnectTimeout
-// (Close still returns nil; Err says so); Query returns one when no answer
-// came.
+// (Close and CloseWithReason then return it, as Err does; Op is
+// "disconnect"); Query returns one when no answer came.
 type TimeoutError struct {
 	Silent time.Duration
 	Op     string // "connect", "disconnect", "query" (Query), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout) or "" for an established connection

@@ -150,8 +150,8 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 	if err != nil {
 		return nil, err
 	}
-	rc := cfg.resolve()
-	if err := rc.secureListener(); err != nil {
+	rc, err := cfg.resolveListener()
+	if err != nil {
 		return nil, err
 	}
 	if err := rc.checkServerID(); err != nil {
@@ -373,8 +373,13 @@ func (l *Listener) Stats() ListenerStats {
 	return st
 }
 
+// errListenerClosed is a second Listener.Close's error.
+var errListenerClosed = fmt.Errorf("knet: listener already closed: %w", net.ErrClosed)
+
 // Close stops accepting, closes every connection gracefully (in parallel,
-// within DisconnectTimeout) and then the sockets. It is idempotent.
+// within DisconnectTimeout) and then the sockets. A later call closes
+// nothing more: once the first is done, it returns an error wrapping
+// net.ErrClosed, as a net.Listener's does.
 func (l *Listener) Close() error {
 	// Later calls wait for the first on a channel, not in the Once: a
 	// goroutine blocked on a mutex is not durably blocked in a
@@ -384,7 +389,7 @@ func (l *Listener) Close() error {
 	l.closeOnce.Do(func() { first = true })
 	if !first {
 		<-l.closeDone
-		return nil
+		return errListenerClosed
 	}
 	defer close(l.closeDone)
 	close(l.closed)
@@ -568,8 +573,11 @@ func refuseWith(ep *endpoint, addr netip.AddrPort, in, why []byte) {
 // roomToAccept reports whether the accept backlog has room.
 func (l *Listener) roomToAccept() bool { return len(l.acceptq) < cap(l.acceptq) }
 
-// Dial connects to a kNet server at address, over its own UDP socket. The
-// network is "udp", "udp4" or "udp6". It returns once the handshake is
+// Dial connects to a kNet server at address. The network is "udp",
+// "udp4" or "udp6" for kNet over its own UDP socket (with
+// Config.FallbackTCP, over TCP too if UDP has no answer), or "tcp", "tcp4"
+// or "tcp6" for kNet over TCP, to a Listener with Config.TCP (see
+// DialWebSocket for WebSocket). It returns once the handshake is
 // complete, or fails with ErrRefused, a *TimeoutError after
 // ConnectTimeout, or ctx's error.
 //
@@ -597,8 +605,8 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	}
 	switch network {
 	case "tcp", "tcp4", "tcp6":
-		rc := cfg.resolve()
-		if err := rc.secureDialer(); err != nil {
+		rc, err := cfg.resolveDialer()
+		if err != nil {
 			return nil, err
 		}
 		return dialTCP(ctx, network, address, rc, o)
@@ -606,8 +614,8 @@ func dialWith(ctx context.Context, network, address string, cfg *Config, o *endp
 	if err := checkNetwork(network); err != nil {
 		return nil, err
 	}
-	rc := cfg.resolve()
-	if err := rc.secureDialer(); err != nil {
+	rc, err := cfg.resolveDialer()
+	if err != nil {
 		return nil, err
 	}
 	if address == "" && rc.token != nil {
@@ -652,8 +660,8 @@ func dialUDP(ctx context.Context, network, address string, rc *config, o *endpoi
 // dialTarget resolves a Dial's Config, which it checks, and the server's
 // address.
 func dialTarget(network, address string, cfg *Config) (*config, *net.UDPAddr, error) {
-	rc := cfg.resolve()
-	if err := rc.secureDialer(); err != nil {
+	rc, err := cfg.resolveDialer()
+	if err != nil {
 		return nil, nil, err
 	}
 	if err := rc.checkSynPayload(); err != nil {

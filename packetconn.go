@@ -43,12 +43,12 @@ func listenPacketWith(pc net.PacketConn, cfg *Config, o *endpointOptions) (*List
 		pc.Close()
 		return nil, err
 	}
-	rc := cfg.resolve()
+	rc, err := cfg.resolveListener()
+	if err != nil {
+		return fail(err)
+	}
 	if rc.sockets > 1 {
 		return fail(fmt.Errorf("knet: Config.Sockets is %d, but ListenPacket serves the one socket it is given", rc.sockets))
-	}
-	if err := rc.secureListener(); err != nil {
-		return fail(err)
 	}
 	if uc, ok := pc.(*net.UDPConn); ok && uc.RemoteAddr() != nil {
 		return fail(errors.New("knet: ListenPacket on a connected UDP socket"))

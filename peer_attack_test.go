@@ -55,7 +55,7 @@ func peerConnect(t *testing.T, nw *testNet, side peerSide, secure bool, cfg Conf
 	v := &peerVictim{}
 	if side.listener {
 		cfg.PrivateKey = priv
-		v.l = nw.listen(t, &cfg)
+		v.l = nw.listen(t, forListen(&cfg))
 		server := addrOf(v.l.Addr())
 		sock := peerEvilSocket(t, nw, server)
 		v.toEvil, _ = peerPaths(nw, server, sock.Addr(), down, up)
@@ -69,7 +69,7 @@ func peerConnect(t *testing.T, nw *testNet, side peerSide, secure bool, cfg Conf
 	v.e = peerListenEvil(t, sock)
 	errc := make(chan error, 1)
 	go func() { errc <- v.e.accept(priv, pub, 5*time.Second) }()
-	v.c = nw.dial(t, sock.Addr().String(), &cfg)
+	v.c = nw.dial(t, sock.Addr().String(), forDial(&cfg))
 	require.NoError(t, <-errc)
 	return v
 }

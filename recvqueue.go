@@ -181,11 +181,30 @@ func (q *recvQueue) advance() {
 	}
 }
 
-// read copies payload bytes into p, across messages, skipping empty ones.
-func (q *recvQueue) read(p []byte) int {
+// has reports whether a message of ID id waits.
+func (q *recvQueue) has(id uint32) bool {
+	for i := q.head; i < len(q.entries); i++ {
+		if q.entries[i].id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// read copies the payload bytes of the messages of ID id into p, across
+// messages, skipping empty ones; messages of other IDs stay in their place.
+func (q *recvQueue) read(p []byte, id uint32) int {
 	n := 0
 	for n < len(p) && q.len() > 0 {
 		e := q.peek()
+		if e.id != id {
+			k := q.readBehind(p[n:], id)
+			if k < 0 {
+				break
+			}
+			n += k
+			continue
+		}
 		k := copy(p[n:], q.bytes(e))
 		n += k
 		if k == e.n {
@@ -201,4 +220,39 @@ func (q *recvQueue) read(p []byte) int {
 		}
 	}
 	return n
+}
+
+// readBehind is read from the first message of ID id behind the head, or -1
+// if there is none. It is for a Read that finds messages of other IDs
+// ahead (the peer sent them for Receive), so it may take its time: a
+// message read out is cut from the entries; its bytes in the arena count
+// until the head passes them.
+func (q *recvQueue) readBehind(p []byte, id uint32) int {
+	i := q.head + 1
+	for i < len(q.entries) && q.entries[i].id != id {
+		i++
+	}
+	if i == len(q.entries) {
+		return -1
+	}
+	e := &q.entries[i]
+	k := copy(p, q.bytes(e))
+	if k < e.n {
+		e.off += k
+		e.n -= k
+		if e.own != 0 {
+			q.owned -= k
+		}
+		return k
+	}
+	if e.own != 0 {
+		// Its slot in bufs stays, empty, until the queue empties: bufs.done
+		// counts the slots read from the front.
+		q.owned -= e.n
+		putPayload(q.bufs.b[e.own-1])
+		q.bufs.b[e.own-1] = nil
+	}
+	copy(q.entries[i:], q.entries[i+1:])
+	q.entries = q.entries[:len(q.entries)-1]
+	return k
 }

@@ -17,10 +17,10 @@ func TestRecvQueueOwnedAmongArena(t *testing.T) {
 		*b = append((*b)[:0], bytes.Repeat([]byte{c}, n)...)
 		return *b, b
 	}
-	q.push(6, []byte("ab"), true, true)
+	q.push(StreamMessageID, []byte("ab"), true, true)
 	p, b := big('x', 100)
-	q.pushOwned(7, p, b, true, true)
-	q.push(8, []byte("cd"), true, true)
+	q.pushOwned(StreamMessageID, p, b, true, true)
+	q.push(StreamMessageID, []byte("cd"), true, true)
 	p2, b2 := big('y', 50)
 	q.pushOwned(9, p2, b2, true, false)
 	require.Equal(t, 4, q.len())
@@ -28,14 +28,14 @@ func TestRecvQueueOwnedAmongArena(t *testing.T) {
 
 	// A stream read across the first arena message and into the owned one.
 	buf := make([]byte, 30)
-	require.Equal(t, 30, q.read(buf))
+	require.Equal(t, 30, q.read(buf, StreamMessageID))
 	require.Equal(t, "ab"+string(bytes.Repeat([]byte{'x'}, 28)), string(buf))
 	require.Equal(t, 124, q.used())
 	require.Equal(t, 3, q.len())
 
 	// The rest of the owned one, then the arena one after it.
 	buf = make([]byte, 74)
-	require.Equal(t, 74, q.read(buf))
+	require.Equal(t, 74, q.read(buf, StreamMessageID))
 	require.Equal(t, string(bytes.Repeat([]byte{'x'}, 72))+"cd", string(buf))
 	require.Equal(t, 50, q.used())
 

@@ -142,11 +142,11 @@ func TestAdmitHookDoesNotHoldOthers(t *testing.T) {
 		}
 		l := nw.listen(t, cfg)
 		serveEcho(t, l)
-		c := nw.dial(t, l.Addr().String(), cfg)
+		c := nw.dial(t, l.Addr().String(), forDial(cfg))
 		calls.Add(1)
 		dialed := make(chan error, 1)
 		go func() {
-			c2, err := nw.Dial(within(t, time.Minute), l.Addr().String(), cfg)
+			c2, err := nw.Dial(within(t, time.Minute), l.Addr().String(), forDial(cfg))
 			if err == nil {
 				c2.Close()
 			}

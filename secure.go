@@ -540,10 +540,6 @@ func (c *config) secureListener() error {
 		return errTokenKeyAlone
 	}
 	if c.privateKey == nil {
-		if c.serverKey != nil { // a Config shared with clients
-			c.serverKey = nil
-			c.maxDatagram += sealOverhead
-		}
 		return nil
 	}
 	pub, err := publicKeyOf(c.privateKey)
@@ -565,10 +561,6 @@ func (c *config) secureDialer() error {
 		return errTokenInClear
 	}
 	if c.serverKey == nil {
-		if c.privateKey != nil { // a Config shared with a server
-			c.privateKey = nil
-			c.maxDatagram += sealOverhead
-		}
 		return nil
 	}
 	c.privateKey = nil

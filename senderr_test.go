@@ -87,7 +87,7 @@ func TestPortUnreachableMustRepeat(t *testing.T) {
 	// the connection up.
 	cfg := testConfig()
 	cfg.DisconnectTimeout = 200 * time.Millisecond // the server's side, when the client is gone
-	l := listen(t, cfg)
+	l := listen(t, forListen(cfg))
 	serveEcho(t, l)
 	c := dial(t, l.Addr().String(), cfg)
 	for range 3 {
@@ -107,11 +107,11 @@ func TestPortUnreachableMustRepeat(t *testing.T) {
 // relayed runs an echo server behind a lossless relay, and returns the
 // relay, the client and, once accepted, the server's side.
 func relayed(t *testing.T, cfg *Config) (*netsim.Relay, *Conn, *Conn) {
-	l := listen(t, cfg)
+	l := listen(t, forListen(cfg))
 	r, err := netsim.NewRelay(l.Addr().String(), netsim.Params{}, netsim.Params{})
 	require.NoError(t, err)
 	t.Cleanup(func() { r.Close() })
-	c := dial(t, r.Addr().String(), cfg)
+	c := dial(t, r.Addr().String(), forDial(cfg))
 	sc := serverConn(t, l)
 	var wg sync.WaitGroup
 	wg.Go(func() {

@@ -711,7 +711,7 @@ func (c *Conn) streamFinish() {
 		l.streamEnded(c)
 	}
 	close(c.done)
-	signal(c.recvq.ready)
+	c.recvq.wake()
 	signal(c.sendq.space)
 	c.readDL.stop()
 	c.writeDL.stop()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -215,4 +216,23 @@ func (n *testNet) rawSocket(t testing.TB, addr net.Addr) rawConn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// forListen is cfg without the fields only Dial reads, and forDial cfg
+// without those only a Listener reads (Config.checkSide): for a test whose
+// two sides share their settings.
+func forListen(cfg *Config) *Config { return withoutFields(cfg, dialFields) }
+
+func forDial(cfg *Config) *Config { return withoutFields(cfg, listenFields) }
+
+func withoutFields(cfg *Config, fields []string) *Config {
+	if cfg == nil {
+		return nil
+	}
+	c := *cfg
+	v := reflect.ValueOf(&c).Elem()
+	for _, f := range fields {
+		v.FieldByName(f).SetZero()
+	}
+	return &c
 }

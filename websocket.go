@@ -53,8 +53,8 @@ func DialWebSocket(ctx context.Context, url string, cfg *Config) (*Conn, error) 
 	if ctx == nil {
 		return nil, errNilContext
 	}
-	rc := cfg.resolve()
-	if err := rc.secureDialer(); err != nil {
+	rc, err := cfg.resolveDialer()
+	if err != nil {
 		return nil, err
 	}
 	ws, _, err := websocket.Dial(ctx, url, nil)

@@ -415,9 +415,9 @@ func (s *server) sendSnapshots(now time.Time) {
 			continue
 		}
 		// SendRef never waits for an unreliable message: with no room, it
-		// is dropped (Ref 0).
+		// is dropped (ErrSendBufferFull).
 		ref, err := p.conn.SendRef(m)
-		if err != nil || ref == 0 {
+		if err != nil {
 			p.snapsMissed++
 			continue
 		}
