@@ -173,7 +173,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		dialect: dialect,
 		ep:      ep,
 		raddr:   raddr,
-		cfg:     cfg,
+		cfg:     cfg.forDialect(dialect),
 		sendq:   connSendQueue{space: make(chan struct{}, 1)},
 		recvq:   connRecvQueue{ready: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),

@@ -402,9 +402,9 @@ func (s *session) pollReliable(now time.Time) []byte {
 			// Versions of latest state: what is still the newest goes
 			// in a new datagram, the rest no more (latest.go).
 			s.abandonLatest(d)
-		} else if d.bulk && s.mtu() != nil {
-			s.suspectBulk(now, d)
-			if !s.tooLarge(d) {
+		} else if s.mtu() != nil {
+			s.suspectLost(now, d)
+			if !d.bulk || !s.tooLarge(d) {
 				break
 			}
 			s.retire(d) // its fragments go in smaller datagrams (pmtu.go)
@@ -633,11 +633,11 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
-	if a := &s.sc().acked; a.bulkAcked {
-		a.bulkAcked = false
+	if a := &s.sc().acked; a.largest > 0 {
 		if p := s.mtu(); p != nil {
-			p.bulkAckedAt = now
+			p.carried(now, a.largest)
 		}
+		a.largest = 0
 	}
 	if a := &s.sc().acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {
