@@ -155,7 +155,7 @@ type Config struct {
 
 	// ConnectPayload is the content of the client's ConnectSyn:
 	// application data for the server's Admit hook, at most
-	// MaxDatagramSize-104 bytes (1296 by default, never more than 2035).
+	// MaxDatagramSize-104 bytes (1096 by default, never more than 2035).
 	// Dial refuses a longer one with ErrHandshakeTooLarge. The reference
 	// dialect has no handshake content: there it is not sent.
 	ConnectPayload []byte

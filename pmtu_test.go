@@ -278,6 +278,9 @@ func TestPMTUThroughputFigure(t *testing.T) {
 		}
 		cfg := testConfig()
 		cfg.MaxPathDatagramSize = path
+		if path == 0 {
+			cfg.MaxDatagramSize = 1400 // the fixed size, no discovery
+		}
 		start := time.Now()
 		st, _ := pmtuTransfer(t, sysNet(), cfg, cfg, n, size)
 		took := time.Since(start)
