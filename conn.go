@@ -344,7 +344,8 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 // the peer's), and otherwise the reason it ended, before Close or during
 // it, as Err reports it: a *TimeoutError when the peer fell silent or did
 // not answer the Disconnect within DisconnectTimeout (Op "disconnect"),
-// ErrPortUnreachable, ErrRetransmitLimit, a *ProtocolError. As with a
+// ErrPortUnreachable, ErrRetransmitLimit, a *PathMTUError, a
+// *ProtocolError. As with a
 // net.Conn, only the first call says so: later ones return an error
 // wrapping net.ErrClosed. (A Listener's Close, which closes its
 // connections, does not count as a call.)
