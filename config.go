@@ -358,7 +358,8 @@ type Config struct {
 
 // MaxUnreliablePayload is the largest payload an unreliable message can
 // have and still travel as one unreliable datagram with this
-// configuration (1304 bytes at the default MaxDatagramSize). A larger one
+// configuration (1104 bytes at the default MaxDatagramSize, 1304 in the
+// reference dialect). A larger one
 // goes as a reliable fragmented transfer, as the protocol requires:
 // retransmitted, and counted in Stats.UnreliableAsReliable.
 func (c *Config) MaxUnreliablePayload() int { return c.resolve().wholeLimit() }
