@@ -363,9 +363,8 @@ func TestOrderedStreamKeepsUpUnderLoss(t *testing.T) {
 		seeds = 1
 	}
 	for seed := range seeds {
-		// 1000 bytes: one message a datagram at the 1200-byte base.
-		unordered, _ := streamTime(t, nil, path, seed, 24000, 1000, false)
-		ordered, p := streamTime(t, nil, path, seed, 24000, 1000, true)
+		unordered, _ := streamTime(t, nil, path, seed, 20000, 1200, false)
+		ordered, p := streamTime(t, nil, path, seed, 20000, 1200, true)
 		t.Logf("seed %d: 24 MB unordered in %v, ordered in %v (%.2fx the rate)", seed, unordered, ordered, unordered.Seconds()/ordered.Seconds())
 		assert.Less(t, ordered.Seconds(), unordered.Seconds()/0.8, "ordered below 0.8x unordered")
 		assert.Less(t, unordered, 1500*time.Millisecond, "unordered: the tail of losses took long")

@@ -100,6 +100,7 @@ type pmtuState struct {
 
 	probes, probesLost, blackHoles uint64
 	retiredCount                   uint64 // datagrams retired (tests)
+	converted                      uint64 // datagrams converted (tests)
 }
 
 // pmtuProbe is a probe in flight: its size, ping ID, when it is taken for
@@ -122,6 +123,11 @@ type retiredDgram struct {
 	tids []byte
 	pids []uint32
 	left int // fragments not yet sent again
+	// converted: d was not retired but goes again smaller, its large
+	// messages made transfers whose fragments past the first are
+	// these (convert); old holds the bytes they alias.
+	converted bool
+	old       []byte
 }
 
 // refrag is a fragment of a retired datagram waiting to go again; payload
@@ -131,6 +137,10 @@ type refrag struct {
 	tid     uint8
 	number  uint32
 	payload []byte
+	// For a converted message's last fragment: the message's track,
+	// complete once it is packed (see convert).
+	last  bool
+	track depOn
 }
 
 // What a probe is for.
@@ -324,7 +334,10 @@ func (s *session) pollProbe(now time.Time, buf []byte) []byte {
 	if p == nil || s.spanFull() {
 		return nil
 	}
-	if !p.started && s.send.bulk != nil {
+	if !p.started && (s.send.bulk != nil || s.send.relQ.len() > 0) {
+		// With the first reliable message: a message that fits the
+		// size found goes whole (pathSize), so the connection's first
+		// round trips settle it.
 		p.started = true
 		p.startSearch(p.base, p.max)
 	}
@@ -491,7 +504,7 @@ func (s *session) suspectLost(now time.Time, d *sent) {
 		return
 	}
 	switch {
-	case d.bulk && len(d.b) > p.base:
+	case len(d.b) > p.base:
 		p.csize = p.size
 	case len(d.b) > p.base/2 && d.sends >= 2:
 		p.csize = p.base
@@ -518,7 +531,7 @@ func (s *session) blackHole(now time.Time) {
 	p.raiseAt = time.Time{}
 	l := &s.loss
 	for k := range l.sent.n {
-		if d := l.sent.at(k); !d.acked && d.bulk && len(d.b) > p.size && d.retireAt == 0 {
+		if d := l.sent.at(k); !d.acked && len(d.latest) == 0 && len(d.b) > p.size && d.retireAt == 0 {
 			d.retireAt = d.sends + pmtuRetireSends
 			if !d.lost && d.b != nil {
 				// Lost to the path, not to congestion: out of flight
@@ -531,10 +544,10 @@ func (s *session) blackHole(now time.Time) {
 	}
 }
 
-// tooLarge reports whether d, found lost, may not go again as it is: a bulk
+// tooLarge reports whether d, found lost, may not go again as it is: a
 // datagram larger than the path now carries.
 func (s *session) tooLarge(d *sent) bool {
-	return s.mtu() != nil && d.bulk && len(d.b) > s.mtu().size && d.retireAt > 0 && d.sends >= d.retireAt
+	return s.mtu() != nil && len(d.b) > s.mtu().size && d.retireAt > 0 && d.sends >= d.retireAt
 }
 
 // retire takes d, from nextResend, out of the resends: its fragments are
@@ -563,6 +576,109 @@ func (s *session) retire(d *sent) {
 	p.retiredCount++
 }
 
+// convert makes d, an ordinary reliable datagram larger than the path
+// carries after a black hole, small enough to go again under its
+// PacketID: its largest application messages, each whole in it, become
+// fragmented transfers whose FragmentStart takes the message's place (the
+// same index, MessageID and InOrder fields) and whose other fragments
+// are repacked (refrags). What names the message, (PacketID, index),
+// names the FragmentStart now, and a dependency on a fragmented message
+// resolves once it is reassembled and delivered (DECISIONS §5): nothing
+// that depends on it waits in vain. As with a retired bulk datagram,
+// it was sent as it was once more after the black hole was found
+// (pmtuRetireSends), so that a peer that had it acked it again; should
+// it have arrived anyway, the receiver drops the converted copy as a
+// duplicate and holds fragments of a transfer that never starts until
+// the TransferID is reused (reassembly.stale). It returns false, and d
+// goes as it is, when no TransferIDs are free or nothing converts.
+func (s *session) convert(d *sent) bool {
+	p := s.mtu()
+	dg := &p.parsed
+	if parseInto(d.b, dg) != nil {
+		return false
+	}
+	fs := s.cfg.fragSizeFor(p.size)
+	size := len(d.b)
+	var picked [maxPerDatagram]bool
+	var tids []byte
+	for size > p.size {
+		k := -1
+		for i := range dg.msgs {
+			m := &dg.msgs[i]
+			if picked[i] || m.fragment || m.id < MinMessageID || m.id > MaxMessageID || len(m.payload) <= fs {
+				continue
+			}
+			if k < 0 || len(m.payload) > len(dg.msgs[k].payload) {
+				k = i
+			}
+		}
+		if k < 0 {
+			break
+		}
+		tid, ok := s.send.tids.alloc()
+		if !ok {
+			break
+		}
+		m := &dg.msgs[k]
+		before := sizeMessage(m)
+		picked[k] = true
+		tids = append(tids, tid)
+		rest := len(m.payload) - fs
+		m.fragStart, m.fragment, m.transferID = true, true, tid
+		m.fragCount = 1 + uint32((rest+fs-1)/fs)
+		size += sizeMessage(&message{id: m.id, fragStart: true, fragment: true, fragCount: m.fragCount, transferID: tid, payload: m.payload[:fs], order: m.order, orderIndex: m.orderIndex, orderMulti: m.orderMulti}) - before
+	}
+	if size > p.size {
+		for _, tid := range tids {
+			s.send.tids.release(tid)
+		}
+		return false
+	}
+	r := &retiredDgram{d: d, gen: d.gen, converted: true, old: d.b}
+	n := 0
+	for i := range dg.msgs {
+		m := &dg.msgs[i]
+		if !picked[i] {
+			continue
+		}
+		whole := m.payload
+		m.payload = whole[:fs]
+		tid := tids[n]
+		n++
+		t := s.trackAt(msgRef{d.packetID, uint16(i)})
+		for num, off := uint32(1), fs; off < len(whole); num, off = num+1, off+fs {
+			end := min(off+fs, len(whole))
+			f := refrag{from: r, tid: tid, number: num, payload: whole[off:end], last: end == len(whole)}
+			if f.last && t != nil {
+				f.track = depOn{t: t, ref: t.ref}
+			}
+			p.refrags = append(p.refrags, f)
+			r.left++
+		}
+		if t != nil {
+			t.complete, t.fragmented = false, true
+		}
+		s.send.tids.carried(tid) // d carries its FragmentStart
+		d.transfers = append(d.transfers, tid)
+	}
+	b := s.getBuf(size)
+	d.b = appendDatagram(b, dg)
+	p.retired = append(p.retired, r)
+	p.converted++
+	return true
+}
+
+// trackAt returns the track of the message placed at ref, or nil.
+func (s *session) trackAt(ref msgRef) *track {
+	o := &s.send.order
+	for _, t := range o.fifo[o.fifoAt:] {
+		if t != nil && t.packed && t.at == ref {
+			return t
+		}
+	}
+	return nil
+}
+
 // repackedOut records that the datagram with PacketID pid carries
 // fragments of r.
 func (r *retiredDgram) repackedOut(pid uint32) {
@@ -578,6 +694,12 @@ func (s *session) settleRetired() {
 	w := &s.loss.sent
 	kept := p.retired[:0]
 	for _, r := range p.retired {
+		if r.converted {
+			if r.left > 0 {
+				kept = append(kept, r) // its ack releases the rest
+			}
+			continue
+		}
 		done := r.d.gen != r.gen || r.d.acked
 		if !done && r.left == 0 {
 			done = true
@@ -635,11 +757,20 @@ func (w *specWire) buildBulk(now time.Time) []byte {
 			}
 			pk.body = appendMessage(pk.body, &msg)
 			pk.count++
-			pk.appBytes += len(f.payload)
+			if !f.from.converted {
+				pk.appBytes += len(f.payload) // a converted datagram's acks count them
+			}
 			pk.holds = true
 			if !containsByte(pk.tids, f.tid) {
 				s.send.tids.carried(f.tid)
 				pk.tids = append(pk.tids, f.tid)
+			}
+			if f.last {
+				// The transfer is packed (as tookFragment).
+				if t := f.track.live(); t != nil {
+					t.lastPID, t.complete = h.packetID, true
+				}
+				s.send.tids.release(f.tid)
 			}
 			f.from.repackedOut(h.packetID)
 			f.from.left--
@@ -705,3 +836,33 @@ func (s *session) dropRetired() (released int) {
 // repacking reports whether fragments of retired datagrams wait to go
 // again.
 func (s *session) repacking() bool { return s.mtu() != nil && len(s.mtu().refrags) > 0 }
+
+// pathSize sizes m, a reliable message about to be placed (or queued), for
+// the datagram size in use now: whole if it fits one (grow), else a
+// transfer with fragments that fill one. Versions of latest state keep
+// the base's sizes: their datagrams are never resent (latest.go).
+func (s *session) pathSize(m *outMsg) {
+	p := s.mtu()
+	if p == nil || m.off > 0 || !m.reliable || m.contentID != 0 {
+		return
+	}
+	if len(m.payload) <= s.cfg.wholeLimitFor(p.size) {
+		m.frag, m.fragSize, m.fragCount = false, 0, 0
+		return
+	}
+	m.frag = true
+	m.fragSize = s.cfg.fragSizeFor(p.size)
+	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
+}
+
+// grow lets the datagram p, limited to the base, take m, a whole message
+// of need bytes too large for the base, up to the size path MTU discovery
+// found; it reports whether it did. After a black hole such a datagram
+// goes again converted (convert).
+func (p *specPacking) grow(s *session, m *outMsg, need int) bool {
+	if m.frag || p.path <= p.limit || len(m.payload) <= s.cfg.wholeLimit() || need > p.path-sizeHeader(p.h)-len(p.body) {
+		return false
+	}
+	p.limit = p.path
+	return true
+}

@@ -184,3 +184,43 @@ func TestPMTUPathBelowBase(t *testing.T) {
 	assert.Positive(t, pe.Largest)
 	assert.Less(t, pe.Largest, 1000)
 }
+
+func TestPMTUWholeMessagesFollowPath(t *testing.T) {
+	// With the default Config over a path that carries 1400 bytes,
+	// 1250-byte messages go whole once the search found 1400 (none but
+	// the first few as transfers). The path then falls to 1250 with
+	// such datagrams in flight: they go again converted (their messages
+	// made transfers under the same PacketID and index), and everything
+	// arrives, intact and in order.
+	p := newSimPair(t, &Config{}, &Config{}, pathOf(1400, 10*time.Millisecond, 4<<20), pathOf(1400, 10*time.Millisecond, 4<<20))
+	log := &sizeLog{p: p}
+	p.tap = log.tap
+	p.connect()
+	start := p.now
+	var want []Message
+	send := func(seed uint64, n int) {
+		for i := range n {
+			m := Message{ID: 402, Payload: randomPayload(seed*1000+uint64(i), 1250), Reliable: true, InOrder: true}
+			p.send(0, m)
+			want = append(want, m)
+		}
+	}
+	send(1, 200)
+	require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == len(want) }))
+	assert.Equal(t, 1400, p.client().snapshot().PathDatagramSize)
+	all, above := log.reliableBytes(0, start, 1250)
+	assert.Greater(t, float64(above), 0.9*float64(all), "reliable bytes in datagrams above 1250: whole messages")
+	send(2, 400)
+	require.True(t, p.run(time.Minute, func() bool { return p.client().loss.inflight > 40<<10 }))
+	p.links[0].SetMaxSize(1250)
+	p.links[1].SetMaxSize(1250)
+	send(3, 100)
+	ok := p.run(20*time.Second, func() bool { return len(p.h[1].msgs) == len(want) })
+	require.True(t, ok, "delivered %d of %d; client %v %v", len(p.h[1].msgs), len(want), p.client().state, p.client().err)
+	delivered(t, p, want)
+	mtu := p.client().mtu()
+	t.Logf("black holes %d, converted %d, retired %d, size %d", mtu.blackHoles, mtu.converted, mtu.retiredCount, mtu.size)
+	assert.Positive(t, mtu.blackHoles)
+	assert.Positive(t, mtu.converted, "datagrams of whole messages went again converted")
+	assert.Equal(t, stateOK, p.client().state)
+}
