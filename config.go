@@ -61,8 +61,8 @@ type Config struct {
 	// taken within 64..2039 (what one message block carries), and
 	// fragments are never larger than a datagram allows.
 	MaxFragmentSize int
-	// MaxDatagramSize is the largest datagram sent but for a transfer's
-	// bulk datagrams (MaxPathDatagramSize), in bytes: the base size the
+	// MaxDatagramSize is the largest datagram sent but for those of large
+	// reliable messages (MaxPathDatagramSize), in bytes: the base size the
 	// path must carry. Default 1200 in the specification's dialect, the
 	// UDP payload every real path carries (RFC 9000 §14: IPv6's minimum
 	// MTU less headers is 1232), and 1400 in the reference dialect, the
@@ -71,14 +71,16 @@ type Config struct {
 	// too.
 	MaxDatagramSize int
 	// MaxPathDatagramSize, when above MaxDatagramSize, turns on path MTU
-	// discovery (RFC 8899) in the specification's dialect: once a
-	// fragmented transfer starts, the connection probes the path with
-	// padded datagrams for the largest size it carries, up to this one,
-	// in rounds of probes sent together (it settles within a few round
-	// trips), and sends the transfer's fragments in datagrams of that
-	// size. A path that stops carrying it (a black hole) is detected,
-	// and the fragments in flight go again at MaxDatagramSize, without
-	// the connection failing; a path that stops carrying even
+	// discovery (RFC 8899) in the specification's dialect: from the first
+	// reliable message, the connection probes the path with padded
+	// datagrams for the largest size it carries, up to this one, in
+	// rounds of probes sent together (it settles within a few round
+	// trips); a reliable message that fits a datagram of that size then
+	// goes whole in one, and a larger one's fragments fill such
+	// datagrams. A path that stops carrying it (a black hole) is
+	// detected, and what is in flight goes again at MaxDatagramSize
+	// (whole messages too large for it made fragmented transfers),
+	// without the connection failing; a path that stops carrying even
 	// MaxDatagramSize ends the connection with a *PathMTUError.
 	// MaxDatagramSize stays the size of every other datagram. The
 	// receiving end reads datagrams up to the larger of its two sizes
@@ -359,9 +361,11 @@ type Config struct {
 // MaxUnreliablePayload is the largest payload an unreliable message can
 // have and still travel as one unreliable datagram with this
 // configuration (1104 bytes at the default MaxDatagramSize, 1304 in the
-// reference dialect). A larger one
-// goes as a reliable fragmented transfer, as the protocol requires:
-// retransmitted, and counted in Stats.UnreliableAsReliable.
+// reference dialect), whatever size path MTU discovery finds: an
+// unreliable datagram is never resent, so it stays within the base the
+// path must carry. A larger one goes as a reliable fragmented transfer,
+// as the protocol requires: retransmitted, and counted in
+// Stats.UnreliableAsReliable.
 func (c *Config) MaxUnreliablePayload() int { return c.resolve().wholeLimit() }
 
 // Simulation describes a bad network for Config.Simulate. The zero value

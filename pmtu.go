@@ -8,17 +8,23 @@ import (
 // Path MTU discovery (Config.MaxPathDatagramSize): datagram packetization
 // layer PMTUD, RFC 8899, in the specification's dialect.
 //
-// What may grow. A reliable datagram is sent again as the same bytes under
-// its PacketID until acked (DECISIONS §4), and other datagrams name its
-// messages by PacketID and index: it can never be cut up. So every datagram
-// stays within MaxDatagramSize (the base: RFC 8899's BASE_PLPMTU, which
-// the path must carry), but for bulk datagrams, which hold nothing but
-// fragments of the transfer under way past its FragmentStart (and acks).
-// Those name nothing and nothing names them (a fragment is found by its
-// TransferID and FragmentNumber), so they alone may go at the size the
-// path is found to carry, and, after a black hole, be repacked: their
-// fragments go again in new datagrams of the base size, under new
-// PacketIDs, while the old one is never sent again (retire).
+// What may grow. A reliable message is sized when it is placed
+// (pathSize), for the size confirmed then: whole if it fits a datagram of
+// that size, and the ordinary datagram grows past MaxDatagramSize (the
+// base: RFC 8899's BASE_PLPMTU, which the path must carry) to take it
+// (grow); else a transfer whose fragments fill such datagrams. Bulk
+// datagrams, which hold nothing but fragments of the transfer under way
+// past its FragmentStart (and acks), take the size too. Every other
+// datagram stays within the base.
+//
+// After a black hole, a datagram too large for the path must go again
+// smaller. Bulk datagrams name nothing and nothing names them (a fragment
+// is found by its TransferID and FragmentNumber): they are retired, never
+// sent again, and their fragments repacked in new datagrams under new
+// PacketIDs (retire). Any other datagram's messages are named by PacketID
+// and index (DECISIONS §4, §5): it goes again under its PacketID with its
+// large messages made transfers, each FragmentStart in its message's place
+// (convert), the one case where a resend is not the same bytes.
 //
 // Probes. A probe is an unreliable datagram holding a PingRequest padded
 // with reserved messages of ID 5 (which receivers ignore, as for the
