@@ -667,6 +667,9 @@ func (s *session) convert(d *sent) bool {
 		s.send.tids.carried(tid) // d carries its FragmentStart
 		d.transfers = append(d.transfers, tid)
 	}
+	if picked[0] {
+		d.whole0 = false // its first block waits for the transfer now
+	}
 	b := s.getBuf(size)
 	d.b = appendDatagram(b, dg)
 	p.retired = append(p.retired, r)

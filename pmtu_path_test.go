@@ -206,8 +206,16 @@ func TestPMTUWholeMessagesFollowPath(t *testing.T) {
 		}
 	}
 	send(1, 200)
-	require.True(t, p.run(10*time.Second, func() bool { return len(p.h[1].msgs) == len(want) }))
+	var settled time.Duration
+	require.True(t, p.run(10*time.Second, func() bool {
+		if settled == 0 && p.client().snapshot().PathDatagramSize == 1400 {
+			settled = p.now.Sub(start)
+		}
+		return len(p.h[1].msgs) == len(want)
+	}))
+	t.Logf("1400 confirmed %v (%.1f round trips) after the first message", settled, settled.Seconds()/0.02)
 	assert.Equal(t, 1400, p.client().snapshot().PathDatagramSize)
+	assert.LessOrEqual(t, settled, 3*20*time.Millisecond, "within a few round trips")
 	all, above := log.reliableBytes(0, start, 1250)
 	assert.Greater(t, float64(above), 0.9*float64(all), "reliable bytes in datagrams above 1250: whole messages")
 	send(2, 400)
