@@ -72,7 +72,8 @@ type Config struct {
 	MaxDatagramSize int
 	// MaxPathDatagramSize, when above MaxDatagramSize, turns on path MTU
 	// discovery (RFC 8899) in the specification's dialect: from the first
-	// reliable message, the connection probes the path with padded
+	// reliable message too large to go whole at MaxDatagramSize (or the
+	// first transfer), the connection probes the path with padded
 	// datagrams for the largest size it carries, up to this one, in
 	// rounds of probes sent together (it settles within a few round
 	// trips); a reliable message that fits a datagram of that size then

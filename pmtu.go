@@ -76,7 +76,8 @@ type pmtuState struct {
 	max  int // cfg.maxPathDatagram
 	size int // the largest datagram confirmed: bulk datagrams' limit
 
-	started   bool // the search began (with the first transfer)
+	started   bool // the search began
+	wanted    bool // a message too large for the base was queued (pathSize)
 	searching bool
 	lo, hi    int       // the search's bounds: lo carried, above hi failed
 	round     []int     // the sizes of the search's round still to send
@@ -340,10 +341,11 @@ func (s *session) pollProbe(now time.Time, buf []byte) []byte {
 	if p == nil || s.spanFull() {
 		return nil
 	}
-	if !p.started && (s.send.bulk != nil || s.send.relQ.len() > 0) {
-		// With the first reliable message: a message that fits the
-		// size found goes whole (pathSize), so the connection's first
-		// round trips settle it.
+	if !p.started && (s.send.bulk != nil || p.wanted) {
+		// With the first message the base does not carry whole: one
+		// that fits the size found goes whole (pathSize), so the
+		// search settles in the round trips after it. A connection of
+		// small messages never probes.
 		p.started = true
 		p.startSearch(p.base, p.max)
 	}
@@ -854,6 +856,9 @@ func (s *session) pathSize(m *outMsg) {
 	p := s.mtu()
 	if p == nil || m.off > 0 || !m.reliable || m.contentID != 0 {
 		return
+	}
+	if len(m.payload) > s.cfg.wholeLimit() {
+		p.wanted = true
 	}
 	if len(m.payload) <= s.cfg.wholeLimitFor(p.size) {
 		m.frag, m.fragSize, m.fragCount = false, 0, 0
