@@ -26,7 +26,7 @@ func TestConnectPayloadTooLarge(t *testing.T) {
 		l := nw.listen(t, testConfig())
 		serveEcho(t, l)
 		limit := (&Config{}).resolve().handshakeLimit()
-		require.Equal(t, 1296, limit, "the limit Config.ConnectPayload documents")
+		require.Equal(t, 1096, limit, "the limit Config.ConnectPayload documents")
 
 		// The largest allowed arrives whole.
 		c := nw.dial(t, l.Addr().String(), &Config{ConnectPayload: make([]byte, limit)})

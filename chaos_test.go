@@ -214,7 +214,7 @@ func (g *chaosGen) small() int {
 	case r < 95:
 		return 100 + g.rng.IntN(500)
 	default:
-		return 600 + g.rng.IntN(600) // still one datagram
+		return 600 + g.rng.IntN(500) // still one datagram (the base, 1200 bytes)
 	}
 }
 

@@ -72,20 +72,35 @@ type Config struct {
 	// taken within 64..2039 (what one message block carries), and
 	// fragments are never larger than a datagram allows.
 	MaxFragmentSize int
-	// MaxDatagramSize is the largest datagram sent, in bytes. Default 1400.
-	// It is taken within 256..65507 (one UDP payload).
+	// MaxDatagramSize is the largest datagram sent but for those of large
+	// reliable messages (MaxPathDatagramSize), in bytes: the base size the
+	// path must carry. Default 1200 in the specification's dialect, the
+	// UDP payload every real path carries (RFC 9000 §14: IPv6's minimum
+	// MTU less headers is 1232), and 1400 in the reference dialect, the
+	// C++ kNet's. It is taken within 256..65507 (one UDP payload). Set,
+	// it is the largest datagram sent unless MaxPathDatagramSize is set
+	// too.
 	MaxDatagramSize int
 	// MaxPathDatagramSize, when above MaxDatagramSize, turns on path MTU
-	// discovery (RFC 8899) in the specification's dialect: once a
-	// fragmented transfer starts, the connection probes the path with
-	// padded datagrams for the largest size it carries, up to this one,
-	// and sends the transfer's fragments in datagrams of that size. A
-	// path that stops carrying it (a black hole) is detected, and the
-	// fragments in flight go again at MaxDatagramSize, without the
-	// connection failing. MaxDatagramSize stays the size of every other
-	// datagram, which the path must carry. The receiving end reads
-	// datagrams up to the larger of its two sizes: set it on both ends.
-	// Default 0: off (the reference dialect never probes). At most 65507.
+	// discovery (RFC 8899) in the specification's dialect: from the first
+	// reliable message too large to go whole at MaxDatagramSize (or the
+	// first transfer), the connection probes the path with padded
+	// datagrams for the largest size it carries, up to this one, in
+	// rounds of probes sent together (it settles within a few round
+	// trips); a reliable message that fits a datagram of that size then
+	// goes whole in one, and a larger one's fragments fill such
+	// datagrams. A path that stops carrying it (a black hole) is
+	// detected, and what is in flight goes again at MaxDatagramSize
+	// (whole messages too large for it made fragmented transfers),
+	// without the connection failing; a path that stops carrying even
+	// MaxDatagramSize ends the connection with a *PathMTUError.
+	// MaxDatagramSize stays the size of every other datagram. The
+	// receiving end reads datagrams up to the larger of its two sizes
+	// and 2048 bytes: set it on both ends above that. Default 1400 (the
+	// former MaxDatagramSize: no peer gets a larger datagram than
+	// before) when MaxDatagramSize is left at its default, else 0; a
+	// negative value turns discovery off, and the reference dialect
+	// never probes. At most 65507.
 	MaxPathDatagramSize int
 	// MaxMessageSize is the largest message, in bytes, that Send accepts
 	// and that a peer may make us reassemble. Default 16 MiB.
@@ -154,7 +169,7 @@ type Config struct {
 
 	// ConnectPayload is the content of the client's ConnectSyn:
 	// application data for the server's Admit hook, at most
-	// MaxDatagramSize-104 bytes (1296 by default, never more than 2035).
+	// MaxDatagramSize-104 bytes (1096 by default, never more than 2035).
 	// Dial refuses a longer one with ErrHandshakeTooLarge. The reference
 	// dialect has no handshake content: there it is not sent.
 	ConnectPayload []byte
@@ -357,9 +372,12 @@ type Config struct {
 
 // MaxUnreliablePayload is the largest payload an unreliable message can
 // have and still travel as one unreliable datagram with this
-// configuration (1304 bytes at the default MaxDatagramSize). A larger one
-// goes as a reliable fragmented transfer, as the protocol requires:
-// retransmitted, and counted in Stats.UnreliableAsReliable.
+// configuration (1104 bytes at the default MaxDatagramSize, 1304 in the
+// reference dialect), whatever size path MTU discovery finds: an
+// unreliable datagram is never resent, so it stays within the base the
+// path must carry. A larger one goes as a reliable fragmented transfer,
+// as the protocol requires: retransmitted, and counted in
+// Stats.UnreliableAsReliable.
 func (c *Config) MaxUnreliablePayload() int { return c.resolve().wholeLimit() }
 
 // Simulation describes a bad network for Config.Simulate. The zero value
@@ -483,6 +501,10 @@ type config struct {
 	// datagramSize is MaxDatagramSize as resolved, before sealing's
 	// overhead comes off maxDatagram.
 	datagramSize int
+	// reference is this configuration for a session of the reference
+	// dialect on a listener that serves both (forDialect); nil when it is
+	// the same.
+	reference *config
 }
 
 // Spec "Characteristic Values" and DECISIONS §7.
@@ -496,7 +518,9 @@ const (
 	defaultMinDatagramRate     = 5
 	defaultMaxMessageSendCount = 50
 	defaultMaxFragmentSize     = 470
-	defaultMaxDatagramSize     = 1400
+	defaultMaxDatagramSize     = 1200 // RFC 9000 §14's base: every real path carries it
+	defaultMaxPathDatagramSize = 1400 // the former MaxDatagramSize: no peer gets larger datagrams than it did
+	referenceDatagramSize      = 1400 // the C++ reference's (its default maxSendSize)
 	defaultMaxMessageSize      = 16 << 20
 	defaultSendBuffer          = 4 << 20
 	defaultReceiveBuffer       = 32 << 20
@@ -681,9 +705,16 @@ func (c *Config) resolve() *config {
 		logger:           c.Logger,
 	}
 	r.maxPendingPerSource = min(pick(c.MaxPendingPerSource, max(min(r.maxPending, 16), r.maxPending/16)), r.maxPending)
+	if c.MaxDatagramSize <= 0 && r.dialect == DialectReference {
+		r.maxDatagram = referenceDatagramSize
+	}
 	r.datagramSize = r.maxDatagram
-	if c.MaxPathDatagramSize > r.maxDatagram {
-		r.pathExtra = min(c.MaxPathDatagramSize, maxDatagramSizeLimit) - r.maxDatagram
+	path := c.MaxPathDatagramSize
+	if path == 0 && c.MaxDatagramSize <= 0 {
+		path = defaultMaxPathDatagramSize // a MaxDatagramSize set is the largest sent
+	}
+	if path > r.maxDatagram && r.dialect != DialectReference {
+		r.pathExtra = min(path, maxDatagramSizeLimit) - r.maxDatagram
 	}
 	r.privateKey = bytes.Clone(c.PrivateKey)
 	r.serverKey = bytes.Clone(c.ServerKey)
@@ -707,7 +738,25 @@ func (c *Config) resolve() *config {
 	}
 	r.lostTimeout = clampDur(pick(c.ConnectionLostTimeout, 3*r.pingInterval), minTimeout)
 	r.maxFragment = min(max(r.maxFragment, minFragmentSize), maxContentLength-8)
+	if c.MaxDatagramSize <= 0 && r.dialect == DialectAuto {
+		// A listener's peers of the reference dialect get its size.
+		ref := *r
+		ref.maxDatagram += referenceDatagramSize - r.datagramSize
+		ref.datagramSize = referenceDatagramSize
+		ref.pathExtra = 0
+		r.reference = &ref
+	}
 	return r
+}
+
+// forDialect returns the configuration of a session speaking dialect: the
+// reference dialect keeps the reference's datagram size (1400 bytes)
+// unless MaxDatagramSize says otherwise, and never probes the path.
+func (c *config) forDialect(d Dialect) *config {
+	if d == DialectReference && c.reference != nil {
+		return c.reference
+	}
+	return c
 }
 
 // maxPathDatagram is the largest datagram path MTU discovery may send, in

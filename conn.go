@@ -183,7 +183,7 @@ func newConn(ep *endpoint, raddr netip.AddrPort, cfg *config, client bool, diale
 		dialect: dialect,
 		ep:      ep,
 		raddr:   raddr,
-		cfg:     cfg,
+		cfg:     cfg.forDialect(dialect),
 		sendq:   connSendQueue{space: make(chan struct{}, 1), lastRef: newRefTag() << (refTagShift - 1)},
 		recvq:   connRecvQueue{ready: make(chan struct{}, 1), streamReady: make(chan struct{}, 1)},
 		estab:   make(chan struct{}),
@@ -374,7 +374,8 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 // the peer's), and otherwise the reason it ended, before Close or during
 // it, as Err reports it: a *TimeoutError when the peer fell silent or did
 // not answer the Disconnect within DisconnectTimeout (Op "disconnect"),
-// ErrPortUnreachable, ErrRetransmitLimit, a *ProtocolError. As with a
+// ErrPortUnreachable, ErrRetransmitLimit, a *PathMTUError, a
+// *ProtocolError. As with a
 // net.Conn, only the first call says so: later ones return an error
 // wrapping net.ErrClosed. (A Listener's Close, which closes its
 // connections, does not count as a call.)

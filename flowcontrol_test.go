@@ -254,7 +254,7 @@ func TestAIMDControlEndToEnd(t *testing.T) {
 		cli := testConfig()
 		cli.CongestionControl = func(p CongestionParams) CongestionControl {
 			made.Add(1)
-			assert.Equal(t, CongestionParams{InitialRate: 15 * 1400, MinRate: 5 * 1400, DatagramSize: 1400}, p)
+			assert.Equal(t, CongestionParams{InitialRate: 15 * 1200, MinRate: 5 * 1200, DatagramSize: 1200}, p)
 			return tallyControl{NewAIMDControl(p), &acks, &losses, &timeouts, &paced}
 		}
 		cli.Simulate = &Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Seed: 21}

@@ -276,6 +276,29 @@ func (e *TimeoutError) Unwrap() error {
 	return net.ErrClosed
 }
 
+// PathMTUError ends a connection whose path stopped carrying datagrams of
+// MaxDatagramSize (the base size, 1200 bytes by default in the
+// specification's dialect: every real path carries it, RFC 9000 §14) while
+// smaller ones still got through: Probes padded probes of Size bytes were
+// lost in a row, each followed by a smaller datagram that was answered, and
+// no datagram of Size bytes or more was acknowledged meanwhile. Largest is
+// the largest datagram the peer acknowledged or answered since (0: none).
+// Sizes are UDP payloads, sealing included. A connection over such a path
+// needs a smaller MaxDatagramSize on both ends.
+type PathMTUError struct {
+	Size    int // the base datagram size the path no longer carries
+	Largest int // the largest datagram that got through since
+	Probes  int // probes of Size lost
+}
+
+func (e *PathMTUError) Error() string {
+	return fmt.Sprintf("knet: the path does not carry %d-byte datagrams (MaxDatagramSize): %d probes of %d bytes lost while datagrams of up to %d bytes got through",
+		e.Size, e.Probes, e.Size, e.Largest)
+}
+
+// Unwrap makes errors.Is(err, net.ErrClosed) hold.
+func (e *PathMTUError) Unwrap() error { return net.ErrClosed }
+
 // ProtocolError ends a connection whose peer broke the protocol in a way
 // that could make us hold unbounded state, such as a fragmented transfer
 // announcing more than MaxMessageSize, or send more than the path

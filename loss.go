@@ -165,7 +165,7 @@ type ackResult struct {
 	// datagrams carrying fragments.
 	rels       []relRange
 	fragDgrams int
-	bulkAcked  bool // a bulk datagram larger than MaxDatagramSize (pmtu.go)
+	largest    int // the largest datagram acked (pmtu.go)
 }
 
 // relRange is count reliable numbers from first on.
@@ -216,9 +216,7 @@ func (l *lossState) ackOne(now time.Time, d *sent, through bool, r *ackResult) {
 		l.spuriousLoss(now)
 	}
 	l.newlyAcked += len(d.b)
-	if d.bulk && len(d.b) > l.cfg.maxDatagram {
-		r.bulkAcked = true // the path carries it (pmtu.go)
-	}
+	r.largest = max(r.largest, len(d.b)) // the path carries it (pmtu.go)
 	// The delivery rate sample comes from the most recently sent datagram
 	// acked.
 	l.delivered += int64(len(d.b))

@@ -164,7 +164,7 @@ func TestSecureEchoNothingInClear(t *testing.T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	assert.NotContains(t, string(r.wire), "SECRET", "application bytes crossed the wire in clear")
-	assert.LessOrEqual(t, r.largest, defaultMaxDatagramSize, "sealing made a datagram larger than MaxDatagramSize")
+	assert.LessOrEqual(t, r.largest, defaultMaxPathDatagramSize, "sealing made a datagram larger than MaxPathDatagramSize")
 	assert.Greater(t, len(r.wire), len(big), "the relay saw the traffic")
 }
 

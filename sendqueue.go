@@ -307,6 +307,7 @@ func (s *session) prepare(m *outMsg) {
 	}
 	m.fragSize = s.send.fragSize
 	m.fragCount = uint32((len(m.payload) + m.fragSize - 1) / m.fragSize)
+	s.pathSize(m)
 }
 
 // freeList keeps released values for reuse, so that steady traffic

@@ -21,7 +21,7 @@ import (
 func TestMaxUnreliablePayload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
-		assert.Equal(t, 1304, (*Config)(nil).MaxUnreliablePayload())
+		assert.Equal(t, 1104, (*Config)(nil).MaxUnreliablePayload()) // the 1200-byte base less 96
 		assert.Equal(t, 500-96, (&Config{MaxDatagramSize: 500}).MaxUnreliablePayload())
 		l := nw.listen(t, testConfig())
 		got := make(chan Message, 4)

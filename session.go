@@ -230,6 +230,7 @@ func (s *session) sc() *scratchSpace {
 // newSession makes a session speaking dialect's wire (DialectSpec or
 // DialectReference).
 func newSession(cfg *config, h host, client bool, dialect Dialect, now time.Time) *session {
+	cfg = cfg.forDialect(dialect)
 	s := &session{
 		cfg:    cfg,
 		host:   h,

@@ -141,8 +141,12 @@ func putShared(b []byte) {
 // wholeLimit is the largest payload sent as one message block; larger ones
 // are fragmented. It leaves room in the content block for the MessageID,
 // and in a datagram for the headers and up to MaxDependencies dependencies.
-func (c *config) wholeLimit() int {
-	return min(maxContentLength-maxVLE32Size, c.maxDatagram-wholeRoom)
+func (c *config) wholeLimit() int { return c.wholeLimitFor(c.maxDatagram) }
+
+// wholeLimitFor is wholeLimit in datagrams of size bytes (as maxDatagram,
+// sealing's overhead taken off): path MTU discovery's (pmtu.go).
+func (c *config) wholeLimitFor(size int) int {
+	return min(maxContentLength-maxVLE32Size, size-wholeRoom)
 }
 
 const (
@@ -178,13 +182,19 @@ func (t *track) placed(now time.Time, at msgRef, m *outMsg, named bool) {
 
 // fragSize is the payload of each fragment: at most MaxFragmentSize, and
 // sized so that whole fragments fill a datagram with little left over.
-func (c *config) fragSize() int {
+func (c *config) fragSize() int { return c.fragSizeFor(c.maxDatagram) }
+
+// fragSizeFor is fragSize in datagrams of size bytes: a transfer started
+// once path MTU discovery found a larger size than the base fills those
+// (pmtu.go). DECISIONS §6 bounds fragments by MaxFragmentSize only, and a
+// receiver takes fragments of any size.
+func (c *config) fragSizeFor(size int) int {
 	const perFrag = 7 // header, TransferID, FragmentNumber at its longest
-	avail := c.maxDatagram - minHeaderSize - 16
+	avail := size - minHeaderSize - 16
 	k := (avail + c.maxFragment + perFrag - 1) / (c.maxFragment + perFrag)
 	// Below the whole-message limit, so that a fragmented message has at
 	// least two fragments and its first leaves room for the MessageID.
-	return min(c.maxFragment, avail/k-perFrag, c.wholeLimit()-startRoom)
+	return min(c.maxFragment, avail/k-perFrag, c.wholeLimitFor(size)-startRoom)
 }
 
 // poll returns the next datagram to send, or nil when there is none now. A
@@ -402,9 +412,15 @@ func (s *session) pollReliable(now time.Time) []byte {
 			// Versions of latest state: what is still the newest goes
 			// in a new datagram, the rest no more (latest.go).
 			s.abandonLatest(d)
-		} else if d.bulk && s.mtu() != nil {
-			s.suspectBulk(now, d)
+		} else if s.mtu() != nil {
+			s.suspectLost(now, d)
 			if !s.tooLarge(d) {
+				break
+			}
+			if !d.bulk {
+				// Its large messages become transfers, and it goes
+				// again smaller, under its PacketID (pmtu.go).
+				s.convert(d)
 				break
 			}
 			s.retire(d) // its fragments go in smaller datagrams (pmtu.go)
@@ -655,11 +671,11 @@ func (s *session) afterAcks(now time.Time) {
 	if ev, ok := s.loss.takeSample(now); ok {
 		s.rc.cc.OnAck(now, ev)
 	}
-	if a := &s.sc().acked; a.bulkAcked {
-		a.bulkAcked = false
+	if a := &s.sc().acked; a.largest > 0 {
 		if p := s.mtu(); p != nil {
-			p.bulkAckedAt = now
+			p.carried(now, a.largest)
 		}
+		a.largest = 0
 	}
 	if a := &s.sc().acked; a.appBytes > 0 || len(a.tids) > 0 || len(a.rels) > 0 {
 		if a.appBytes > 0 {

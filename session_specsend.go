@@ -94,6 +94,10 @@ type specPacking struct {
 	packing
 	h      *header // its header, where place adds dependencies
 	whole0 bool    // the first block is a whole message
+	// path is the size path MTU discovery found, when larger than limit:
+	// a whole message too large for limit may take the datagram to it
+	// (grow, pmtu.go).
+	path int
 }
 
 // room is how many bytes the datagram can still take.
@@ -111,7 +115,7 @@ func (w *specWire) buildReliable(now time.Time) []byte {
 	}
 	h := &s.sc().wh
 	*h = header{packetID: s.send.nextPID, reliable: true, deltas: h.deltas[:0], indices: h.indices[:0]}
-	p := specPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram, tids: s.sc().tidBuf[:0]}, h: h}
+	p := specPacking{packing: packing{body: s.sc().body[:0], limit: s.cfg.maxDatagram, tids: s.sc().tidBuf[:0]}, h: h, path: s.datagramLimit()}
 	if s.owed.take(oweAck) {
 		p.body = appendMessage(p.body, &message{id: idConnectAck})
 		p.count++
@@ -329,6 +333,7 @@ func (w *specWire) pack(now time.Time, p *specPacking, q *sendQueue) {
 // with the dependencies it names.
 func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
 	s, h := w.s, p.h
+	s.pathSize(m)
 	if m.frag && s.send.bulk != nil {
 		return false // one transfer at a time keeps the receiver's reassembly small
 	}
@@ -354,7 +359,7 @@ func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
 	if m.relLatest {
 		tag = maxLatestTag // a version too large for one datagram: its tag before its first fragment
 	}
-	if sizeMessage(&msg)+tag > p.room() {
+	if sizeMessage(&msg)+tag > p.room() && !p.grow(s, m, sizeMessage(&msg)+tag) {
 		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
 		return false
 	}

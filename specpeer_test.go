@@ -742,6 +742,7 @@ type spPeer struct {
 	unreliableAcked, fragments, multiAcks                               int
 	kinds                                                               map[string]int
 	violations                                                          int
+	probes                                                              int // path MTU probes seen
 }
 
 func (p *spPeer) violation(format string, args ...any) {
@@ -1058,9 +1059,33 @@ func (p *spPeer) handleBlock(now time.Time, d spDatagram, m spBlock) {
 		if d.reliable {
 			p.echoRel[k] = true
 		}
+	case id == spPadding && spIsProbe(d):
+		// A path MTU probe (README "Path MTU"): an unreliable datagram
+		// of reserved ID 5 blocks, which receivers ignore, and a
+		// PingRequest last, so that a receiver that truncates it never
+		// answers.
+		p.probes++
 	default:
 		p.violation("message ID %#x (%s) is not one a server sends", id, spIDName(id))
 	}
+}
+
+// spPadding is the reserved message ID 5 (DECISIONS §2).
+const spPadding = 5
+
+// spIsProbe reports whether d is a path MTU probe: unreliable, its last
+// block a PingRequest, every other block padding.
+func spIsProbe(d spDatagram) bool {
+	n := len(d.blocks)
+	if d.reliable || n < 2 || d.blocks[n-1].id != spPingRequest {
+		return false
+	}
+	for _, b := range d.blocks[:n-1] {
+		if b.id != spPadding || b.frag || b.fragStart {
+			return false
+		}
+	}
+	return true
 }
 
 // reassemble collects a fragment; it returns the message once complete. It
