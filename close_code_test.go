@@ -269,3 +269,29 @@ func TestCloseCodeStreamHello(t *testing.T) {
 	assert.Zero(t, short.closeCode)
 	assert.Empty(t, short.closeWhy)
 }
+
+// DrainWithError closes each connection as CloseWithError does: every
+// player's DisconnectError holds the code, over every transport.
+func TestDrainWithErrorCarriesCode(t *testing.T) {
+	for _, tr := range []Transport{TransportUDP, TransportTCP, TransportWebSocket} {
+		for _, secure := range []bool{false, true} {
+			name := tr.String()
+			if secure {
+				name += "-secure"
+			}
+			t.Run(name, func(t *testing.T) {
+				l, dial := ccListener(t, tr, secure)
+				c, _ := ccConnect(t, l, dial)
+				require.NoError(t, l.DrainWithError(within(t, 10*time.Second), 4001, "server shutting down: rejoin"))
+				select {
+				case <-c.Done():
+				case <-within(t, 10*time.Second).Done():
+					t.Fatal("the player did not end")
+				}
+				var de *DisconnectError
+				require.True(t, errors.As(c.Err(), &de), "%v %T", c.Err(), c.Err())
+				assert.Equal(t, DisconnectError{Code: 4001, Reason: "server shutting down: rejoin"}, *de)
+			})
+		}
+	}
+}
