@@ -307,7 +307,7 @@ func (c *Conn) closeOverBudget() {
 			s.err = ErrOverBudget
 		}
 	}
-	c.closeFor(why)
+	c.closeFor(0, why)
 }
 
 // leaveBudget runs as the connection ends: the budget no longer counts it,

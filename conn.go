@@ -103,7 +103,8 @@ type connSendQueue struct {
 	lastRef     uint64 // the last Ref handed out >> 1: the tag, the count
 	closing     bool   // Close was called
 	peerGone    bool   // the peer closed (beside closing: one word for both)
-	closeReason []byte // CloseWithReason's
+	closeCode   uint32 // CloseWithError's (beside the bools: no room taken)
+	closeReason []byte // CloseWithReason's, CloseWithError's
 	flowReq     int    // FlowControl rate to send, 0 if none
 	used        int    // payload bytes queued or unacked
 	drops       uint64
@@ -258,11 +259,25 @@ func (c *Conn) StartClose(reason string) {
 // server, a shutdown. The reason (at most MaxReasonLength bytes) rides in
 // the Disconnect; a knet peer's connection then ends with a
 // *DisconnectError holding it. A peer that only reads the specification
-// ignores it, and the reference dialect cannot carry it.
+// ignores it, and the reference dialect cannot carry it. It is
+// CloseWithError with code 0.
 func (c *Conn) CloseWithReason(reason string) error {
+	return c.CloseWithError(0, reason)
+}
+
+// CloseWithError is CloseWithReason with a code the peer's program can
+// branch on instead of comparing reasons, as QUIC's application error
+// codes and GameNetworkingSockets' end reasons: a knet peer's connection
+// ends with a *DisconnectError holding both, over UDP (plaintext or
+// secure), TCP and WebSocket. The codes are the application's to define;
+// 0 means none, and sends exactly what CloseWithReason always did. A peer
+// that only reads the specification sees the reason alone, and the
+// reference dialect carries neither. Only the first close's code and
+// reason are sent.
+func (c *Conn) CloseWithError(code uint32, reason string) error {
 	c.sendq.mu.Lock()
 	if c.sendq.closeReason == nil {
-		c.sendq.closeReason = reasonBytes(reason)
+		c.sendq.closeCode, c.sendq.closeReason = code, reasonBytes(reason)
 	}
 	c.sendq.mu.Unlock()
 	return c.Close()

@@ -177,7 +177,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	c.sendq.mu.Lock()
 	q := c.sendq.msgs
 	c.sendq.msgs = c.sendq.spare[:0]
-	closing, why := c.sendq.closing, c.sendq.closeReason
+	closing, why, code := c.sendq.closing, c.sendq.closeReason, c.sendq.closeCode
 	gone := c.sendq.peerGone // Send refuses from now on: q is its last
 	flow := c.sendq.flowReq
 	c.sendq.flowReq = 0
@@ -204,7 +204,7 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	}
 	if closing {
 		if c.sess.closing.reason == nil && c.dialect != DialectReference {
-			c.sess.closing.reason = why
+			c.sess.closing.code, c.sess.closing.reason = code, why
 		}
 		if !c.sess.closing.asked && c.dialect != DialectReference {
 			// A drain reads on after its Disconnect, and says so
@@ -454,8 +454,8 @@ func (c *Conn) finish() {
 	case err != nil:
 	case eof:
 		err = ErrPeerClosed
-		if len(s.closing.peerReason) > 0 {
-			err = &DisconnectError{Reason: string(s.closing.peerReason)}
+		if len(s.closing.peerReason) > 0 || s.closing.peerCode != 0 {
+			err = &DisconnectError{Code: s.closing.peerCode, Reason: string(s.closing.peerReason)}
 		}
 	case closing:
 		err = net.ErrClosed

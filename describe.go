@@ -208,6 +208,10 @@ func describeID(sb *strings.Builder, id uint32, p []byte, fragment bool, ack fun
 			sb.WriteString(" drain-notice")
 			return
 		}
+		if code, ok := parseCloseCode(&message{id: idExt, payload: p}); ok {
+			sb.WriteString(" close-code=" + strconv.FormatUint(uint64(code), 10))
+			return
+		}
 		if len(p) > 0 {
 			sb.WriteString(" len=" + strconv.Itoa(len(p)))
 		}

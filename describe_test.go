@@ -69,6 +69,8 @@ func TestDescribeDatagram(t *testing.T) {
 			DialectSpec, []string{"ack-request"}},
 		{"spec drain notice", appendDatagram(nil, &datagram{header: header{packetID: 9, inOrder: true}, msgs: []message{{id: idExt, payload: drainNotice[:]}, {id: idDisconnect, payload: []byte("bye")}}}),
 			DialectSpec, []string{"drain-notice", `Disconnect len=3 "bye"`}},
+		{"spec close code", appendMessage(appendCloseCode(appendHeader(nil, &header{packetID: 9, inOrder: true}), 4003), &message{id: idDisconnect, payload: []byte("bye")}),
+			DialectSpec, []string{"close-code=4003", `Disconnect len=3 "bye"`}},
 		{"spec binary payload", appendDatagram(nil, &datagram{msgs: []message{{id: 200, payload: []byte{0, 1, 0xff}}}}),
 			DialectSpec, []string{"ID=200 len=3 hex:0001ff"}},
 		{"spec truncated", []byte{0x01, 0x00, 0x00, 0x09, 0x00, 0x64}, DialectSpec,

@@ -183,8 +183,9 @@ type msgView struct {
 	Rate                int // FlowControlRequest
 	Acked               []uint32
 	// knet's extensions in ID 5: 1 an ack request, 2 a latest-state
-	// tag and what it says, 3 the drain notice.
+	// tag and what it says, 3 the drain notice, 4 a close code.
 	ExtKind                      int
+	CloseCode                    uint32
 	LatestContent, LatestVersion uint32
 }
 
@@ -214,6 +215,8 @@ func reservedView(v *msgView, payload []byte, cpp bool) bool {
 		}
 		if len(payload) == 1 && (payload[0] == extAckRequest || payload[0] == extDrain) {
 			v.ExtKind = int(payload[0])
+		} else if code, ok := parseCloseCode(&message{id: idExt, payload: payload}); ok {
+			v.ExtKind, v.CloseCode = extCloseCode, code
 		} else if tag, ok := parseLatestTag(payload); ok {
 			v.ExtKind, v.LatestContent, v.LatestVersion = extLatest, tag.content, tag.ver
 		}
@@ -356,6 +359,8 @@ func pdmlView(t *testing.T, tree *pdmlField) wireView {
 			m.Acked = append(m.Acked, uint32(num(f)))
 		case "knetgo.ext.kind":
 			m.ExtKind = int(num(f))
+		case "knetgo.close.code":
+			m.CloseCode = uint32(num(f))
 		case "knetgo.latest.content_id":
 			m.LatestContent = uint32(num(f))
 		case "knetgo.latest.version":
@@ -423,8 +428,10 @@ func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 	// Past PingInterval, so that both sides ping.
 	require.True(t, p.run(7*time.Second, func() bool { return len(p.h[1].msgs) >= 41 && p.now.Sub(timeZero) > 6*time.Second }), "delivered %d %d, now %v, states %v %v, %+v", len(p.h[1].msgs), len(p.h[0].msgs), p.now.Sub(timeZero), p.client().state, p.server().state, p.server().snapshot())
 	if dialect == DialectSpec {
-		// The server drains: its Disconnect comes with the drain notice.
+		// The server drains: its Disconnect comes with the drain notice
+		// and a close code (DrainWithError).
 		p.server().closing.readOn = true
+		p.server().closing.code = 0xfeedf00d
 		p.server().requestClose(p.now)
 	} else {
 		p.client().requestClose(p.now)
@@ -574,6 +581,8 @@ func TestDissector(t *testing.T) {
 				covered["latest-state tag"] = true
 			case extDrain:
 				covered["drain notice"] = true
+			case extCloseCode:
+				covered["close code"] = true
 			}
 		}
 	}
@@ -584,7 +593,7 @@ func TestDissector(t *testing.T) {
 		"reference PacketAck", "reference PingRequest", "reference PingReply", "reference Disconnect",
 		"reference DisconnectAck", "reference FragmentStart", "reference FragmentNumber", "reference malformed",
 		"reliable number above 32767", "reference FlowControlRequest", "spec PacketID above 16 bits", "reference PacketID above 16 bits",
-		"PacketID wrap", "ack request", "latest-state tag", "drain notice",
+		"PacketID wrap", "ack request", "latest-state tag", "drain notice", "close code",
 	} {
 		assert.True(t, covered[k], "no datagram exercised %q", k)
 	}

@@ -67,8 +67,17 @@ func (l *Listener) refusal() []byte {
 // ends (its Close, called meanwhile, stops it reading, as ever). Drain
 // returns nil at once on a listener without connections, and may be
 // called again, after it returned ctx's error, to wait some more. Close
-// still has to be called.
+// still has to be called. It is DrainWithError with code 0.
 func (l *Listener) Drain(ctx context.Context, reason string) error {
+	return l.DrainWithError(ctx, 0, reason)
+}
+
+// DrainWithError is Drain closing each connection as
+// CloseWithError(code, reason) does: a knet player's *DisconnectError
+// holds the code, for its program to branch on (go back to the
+// matchmaker), beside the reason. Refused attempts are told the reason
+// alone (a RefusedError has no code).
+func (l *Listener) DrainWithError(ctx context.Context, code uint32, reason string) error {
 	if ctx == nil {
 		return errNilContext
 	}
@@ -79,14 +88,14 @@ func (l *Listener) Drain(ctx context.Context, reason string) error {
 	for {
 		cs, streaming := l.live()
 		for _, c := range streaming {
-			c.closeFor(why)
+			c.closeFor(code, why)
 		}
 		if len(cs) == 0 {
 			return nil
 		}
 		for _, c := range cs {
 			c.readOn.Store(true) // it reads on until its player is done (session_close.go)
-			c.closeFor(why)
+			c.closeFor(code, why)
 		}
 		for _, c := range cs {
 			select {
@@ -143,15 +152,19 @@ func (l *Listener) live() (cs, streaming []*Conn) {
 	return cs, streaming
 }
 
-// closeFor starts c's graceful close with why as its reason, unless the
-// application gave one (CloseWithReason, StartClose): what a Listener's
-// Drain does to each connection. Like the Listener's Close it does not
-// count as the application's Close, whose first call still reports how
-// the connection ended.
-func (c *Conn) closeFor(why []byte) {
+// closeFor starts c's graceful close with code and why as its code and
+// reason, unless the application gave them (CloseWithError,
+// CloseWithReason, StartClose): what a Listener's Drain does to each
+// connection. Like the Listener's Close it does not count as the
+// application's Close, whose first call still reports how the connection
+// ended.
+func (c *Conn) closeFor(code uint32, why []byte) {
 	c.sendq.mu.Lock()
-	if c.sendq.closeReason == nil && len(why) > 0 {
-		c.sendq.closeReason = why
+	if c.sendq.closeReason == nil && (len(why) > 0 || code != 0) {
+		c.sendq.closeCode, c.sendq.closeReason = code, why
+		if why == nil {
+			c.sendq.closeReason = []byte{} // given: a later close keeps it
+		}
 	}
 	c.sendq.mu.Unlock()
 	c.shutdown()

@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -160,13 +161,24 @@ func (e *RefusedError) Error() string     { return ErrRefused.Error() + ": " + e
 func (e *RefusedError) Is(err error) bool { return err == ErrRefused }
 
 // A DisconnectError is how a connection ended when the peer closed it
-// with a reason (CloseWithReason): Err, and Send once the peer closed,
-// return it; it matches ErrPeerClosed and net.ErrClosed with errors.Is.
+// with a reason or a code (CloseWithReason, CloseWithError): Err, and
+// Send once the peer closed, return it; it matches ErrPeerClosed and
+// net.ErrClosed with errors.Is.
 type DisconnectError struct {
+	// Code is the peer's CloseWithError code: the application's, for a
+	// program to branch on (a kick, a ban, a drain, a full server). It is
+	// 0 after CloseWithReason, and from a peer that cannot send one (one
+	// that speaks only the specification, or the reference dialect).
+	Code   uint32
 	Reason string
 }
 
-func (e *DisconnectError) Error() string { return ErrPeerClosed.Error() + ": " + e.Reason }
+func (e *DisconnectError) Error() string {
+	if e.Code != 0 {
+		return ErrPeerClosed.Error() + ": code " + strconv.FormatUint(uint64(e.Code), 10) + ": " + e.Reason
+	}
+	return ErrPeerClosed.Error() + ": " + e.Reason
+}
 func (e *DisconnectError) Is(err error) bool {
 	return err == ErrPeerClosed || err == net.ErrClosed
 }

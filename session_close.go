@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"encoding/binary"
 	"net"
 	"time"
 )
@@ -26,6 +27,8 @@ type closeState struct {
 	reason       []byte // ours, sent in our Disconnect
 	refuseReason []byte // sent in the DisconnectAck that refuses
 	peerReason   []byte // the peer's, from its Disconnect
+	code         uint32 // ours, sent beside our Disconnect when not 0 (extCloseCode)
+	peerCode     uint32 // the peer's, from the close code beside its Disconnect
 	discResend   time.Time
 	discBackoff  time.Duration // between Disconnects, doubling
 	discAckedAt  time.Time     // when we answered the peer's Disconnect
@@ -95,6 +98,38 @@ var drainNotice = [1]byte{extDrain}
 // isDrainNotice reports whether m is the drain notice.
 func isDrainNotice(m *message) bool {
 	return m.id == idExt && !m.fragment && len(m.payload) == 1 && m.payload[0] == extDrain
+}
+
+// The close code (CloseWithError): a closer with a code other than 0
+// says it with a message of reserved ID 5 whose content is extCloseCode
+// and the code, a u32 little-endian, in the Disconnect's datagram, just
+// before the Disconnect (and after the drain notice, if any); the
+// Disconnect's content is the reason, as ever. A knet peer takes it for
+// the code of the close, whatever the order the Disconnect is applied in
+// (the datagram is sent only with the Disconnect); a peer that does not
+// know it ignores it, and reads the reason alone. Code 0 sends nothing:
+// CloseWithReason's datagram is what it always was. The reference's
+// wire has no ID 5, and carries neither code nor reason.
+
+// extCloseCode is the idExt kind of the close code.
+const extCloseCode = 4
+
+// closeCodeSize is the close code's message content: the kind, the code.
+const closeCodeSize = 5
+
+// appendCloseCode appends the close code's message block for code.
+func appendCloseCode(b []byte, code uint32) []byte {
+	p := [closeCodeSize]byte{extCloseCode}
+	binary.LittleEndian.PutUint32(p[1:], code)
+	return appendMessage(b, &message{id: idExt, payload: p[:]})
+}
+
+// parseCloseCode reads m as a close code; ok is false if it is none.
+func parseCloseCode(m *message) (code uint32, ok bool) {
+	if m.id != idExt || m.fragment || len(m.payload) != closeCodeSize || m.payload[0] != extCloseCode {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(m.payload[1:]), true
 }
 
 // peerDisconnect applies the peer's Disconnect, in order after what the

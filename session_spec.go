@@ -167,6 +167,9 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 				if isDrainNotice(m) {
 					s.closing.peerReadsOn = true // session_close.go
 				}
+				if code, ok := parseCloseCode(m); ok && s.closing.peerCode == 0 {
+					s.closing.peerCode = code // session_close.go
+				}
 			}
 		}
 		if i == tagFor && h.reliable && (!m.fragment || m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {

@@ -39,6 +39,9 @@ func (w *specWire) control(buf []byte, id uint32, payload []byte) []byte {
 	if id == idDisconnect && s.closing.readOn {
 		b = appendMessage(b, &message{id: idExt, payload: drainNotice[:]}) // session_close.go
 	}
+	if id == idDisconnect && s.closing.code != 0 {
+		b = appendCloseCode(b, s.closing.code) // session_close.go
+	}
 	b = appendMessage(b, &message{id: id, payload: payload})
 	if id == idConnectSyn {
 		b = appendPadding(b, s.synPadding())

@@ -93,6 +93,7 @@ type streamConn struct {
 	finSent   bool
 	byeSent   bool   // the close hello, to a knet peer
 	reason    []byte // CloseWithReason's, for a knet peer
+	code      uint32 // CloseWithError's, for a knet peer
 	eof       bool   // the peer ended its side
 	writeErr  error
 	writeFrom time.Time // when the write under way began
@@ -541,7 +542,7 @@ func (c *Conn) streamSendQueue(now time.Time) {
 	c.sendq.mu.Lock()
 	q := c.sendq.msgs
 	c.sendq.msgs = c.sendq.spare[:0]
-	closing, why := c.sendq.closing, c.sendq.closeReason
+	closing, why, code := c.sendq.closing, c.sendq.closeReason, c.sendq.closeCode
 	c.sendq.flowReq = 0 // the stream has its own
 	c.sendq.mu.Unlock()
 	for i := range q {
@@ -554,7 +555,7 @@ func (c *Conn) streamSendQueue(now time.Time) {
 	c.sendq.spare = q[:0]
 	if closing && !st.closing {
 		st.closing = true
-		st.reason = why
+		st.reason, st.code = why, code
 		if st.phase != phaseOpen {
 			// Nothing to say goodbye to yet.
 			s.failQueue()
@@ -590,7 +591,7 @@ func (c *Conn) streamWrite(now time.Time) {
 		// A knet peer hears of the close, and why, in a frame: a
 		// WebSocket has no half-close to say it with; over a secure
 		// stream, an end without it is a cut (streamEOF).
-		s.sendHello(helloClose, st.reason)
+		s.sendClose(st.code, st.reason)
 		st.byeSent = true
 	}
 	if b := s.take(streamWriteMax); len(b) > 0 {
@@ -678,8 +679,8 @@ func (c *Conn) streamFinish() {
 	err := s.err
 	switch {
 	case err != nil:
-	case eof && len(s.closeWhy) > 0:
-		err = &DisconnectError{Reason: string(s.closeWhy)}
+	case eof && (len(s.closeWhy) > 0 || s.closeCode != 0):
+		err = &DisconnectError{Code: s.closeCode, Reason: string(s.closeWhy)}
 	case eof:
 		err = ErrPeerClosed
 	default:

@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"encoding/binary"
 	"slices"
 	"time"
 )
@@ -80,6 +81,7 @@ type streamSession struct {
 	knet      bool      // the peer said it is knet (its hello)
 	free      []*outMsg // messages let go, for newMsg
 	closeWhy  []byte    // a knet peer's reason for closing, once it gave one
+	closeCode uint32    // a knet peer's code for closing (helloCloseCode), or 0
 	peerClose bool      // a knet peer's close hello came
 
 	// seal seals and opens frames once a secure session has its keys
@@ -362,10 +364,31 @@ func (s *streamSession) sendHello(kind byte, content []byte) {
 // hello acts on a knet peer's hello.
 func (s *streamSession) hello(kind byte, content []byte) {
 	s.knet = true
+	if kind == helloCloseCode {
+		if len(content) < 4 {
+			content = nil // no code: a close without one
+		} else {
+			s.closeCode = binary.LittleEndian.Uint32(content)
+			content = content[4:]
+		}
+		kind = helloClose
+	}
 	if kind == helloClose || kind == helloRefuse {
 		s.peerClose = true
 		s.closeWhy = append([]byte(nil), content[:min(len(content), MaxReasonLength)]...)
 	}
+}
+
+// sendClose queues the close hello: kind 4 with the reason, as ever, or,
+// for a code other than 0 (CloseWithError), kind 7 with the code (u32
+// little-endian) before the reason.
+func (s *streamSession) sendClose(code uint32, reason []byte) {
+	if code == 0 {
+		s.sendHello(helloClose, reason)
+		return
+	}
+	p := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+len(reason)), code)
+	s.sendHello(helloCloseCode, append(p, reason...))
 }
 
 // The knet hello: a PingReply whose payload is pingID 0 (the reference
@@ -376,6 +399,10 @@ const (
 	helloAccept = 2 // the server's answer; content: the Admit reply
 	helloRefuse = 3 // the server's refusal; content: the reason
 	helloClose  = 4 // a close with a reason; content: the reason
+	// helloCloseCode (7) is a close with a code (CloseWithError); content:
+	// the code, u32 little-endian, then the reason. Kinds 5 and 6 are
+	// stream_secure.go's.
+	helloCloseCode = 7
 )
 
 var streamHelloMagic = [...]byte{0, 'k', 'N', 'T', 1}
@@ -388,7 +415,7 @@ func appendStreamHello(b []byte, kind byte, content []byte) []byte {
 
 func parseStreamHello(p []byte) (kind byte, content []byte, ok bool) {
 	n := len(streamHelloMagic)
-	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloSecureAccept {
+	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloCloseCode {
 		return 0, nil, false
 	}
 	return p[n], p[n+1:], true

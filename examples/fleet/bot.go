@@ -100,7 +100,7 @@ func (b *bot) connected(play context.Context, c *knet.Conn, every time.Duration)
 			at = time.Now()
 			<-c.Done()
 			var de *knet.DisconnectError
-			if errors.As(c.Err(), &de) && de.Reason == drainReason {
+			if errors.As(c.Err(), &de) && de.Code == closeDrain {
 				return true, at
 			}
 			if play.Err() == nil {

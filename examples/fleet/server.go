@@ -29,8 +29,17 @@ import (
 // server echoes.
 const msgPlay = 100
 
-// drainReason is what a draining server tells its players: a client sees
-// it in its *knet.DisconnectError and goes back to the backend.
+// closeDrain is the close code of a draining server (Listener.
+// DrainWithError): the player goes back to the backend for another
+// server. A player's program branches on the code in its
+// *knet.DisconnectError, never on the reason, which is for people and
+// logs. Codes are the game's own (a kick, a ban, a full server would
+// have theirs, sent with Conn.CloseWithError); knet gives meaning to
+// none but 0, no code.
+const closeDrain = 1
+
+// drainReason is what a draining server tells its players, beside
+// closeDrain.
 const drainReason = "server shutting down: rejoin"
 
 // gameServer is one server's state.
@@ -151,7 +160,7 @@ func (s *gameServer) drain(progress func(left int)) error {
 	defer cancel()
 	progress(s.l.Stats().Connections)
 	done := make(chan error, 1)
-	go func() { done <- s.l.Drain(ctx, drainReason) }()
+	go func() { done <- s.l.DrainWithError(ctx, closeDrain, drainReason) }()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {

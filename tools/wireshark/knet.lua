@@ -121,7 +121,8 @@ local pf = {
 	connect_data = ProtoField.bytes("knetgo.connect.data", "Application content"),
 	-- knet's extensions in reserved ID 5 (docs/PROTOCOL.md 4).
 	ext_kind = ProtoField.uint8("knetgo.ext.kind", "knet extension", base.DEC,
-		{ [1] = "AckRequest", [2] = "LatestStateTag", [3] = "DrainNotice" }),
+		{ [1] = "AckRequest", [2] = "LatestStateTag", [3] = "DrainNotice", [4] = "CloseCode" }),
+	close_code = ProtoField.uint32("knetgo.close.code", "Close code (CloseWithError)"),
 	latest_content = ProtoField.uint32("knetgo.latest.content_id", "ContentID"),
 	latest_version = ProtoField.uint32("knetgo.latest.version", "Version number"),
 }
@@ -495,6 +496,11 @@ local function add_reserved(t, tvb, m, dialect)
 		-- delivers what it has in flight before its DisconnectAck.
 		t:add(pf.ext_kind, tvb(at, 1))
 		return "DrainNotice"
+	elseif id == ID_ANCHOR and dialect == "spec" and len == 5 and u8(tvb, at) == 4 then
+		-- With a Disconnect: the closer's code (CloseWithError).
+		t:add(pf.ext_kind, tvb(at, 1))
+		t:add_le(pf.close_code, tvb(at + 1, 4))
+		return "CloseCode " .. le(tvb, at + 1, 4)
 	elseif id == ID_ANCHOR and dialect == "spec" and len == 9 and u8(tvb, at) == 2 then
 		-- The next message is a reliable latest-state version.
 		t:add(pf.ext_kind, tvb(at, 1))
@@ -711,7 +717,8 @@ local tf = {
 	payload = ProtoField.bytes("knetgo_tcp.payload", "Payload"),
 	ping_id = ProtoField.uint8("knetgo_tcp.ping.id", "pingID"),
 	hello = ProtoField.uint8("knetgo_tcp.hello", "knet hello", base.DEC,
-		{ [1] = "client hello (ConnectPayload)", [2] = "accept (Admit reply)", [3] = "refuse (reason)", [4] = "close (reason)" }),
+		{ [1] = "client hello (ConnectPayload)", [2] = "accept (Admit reply)", [3] = "refuse (reason)", [4] = "close (reason)",
+		  [5] = "secure (Noise message 1)", [6] = "secure accept (Noise message 2)", [7] = "close (code u32 LE, reason)" }),
 	hello_content = ProtoField.bytes("knetgo_tcp.hello.content", "Hello content"),
 }
 knettcp.fields = tf
