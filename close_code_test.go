@@ -31,6 +31,7 @@ import (
 type ccCase struct {
 	name       string
 	withReason bool // CloseWithReason(reason)
+	start      bool // StartCloseWithError, then wait for Done
 	code       uint32
 	reason     string
 	want       DisconnectError
@@ -43,6 +44,7 @@ var ccCases = []ccCase{
 	// still comes, all four bytes of it.
 	{name: "longest-reason", code: math.MaxUint32, reason: strings.Repeat("é", 150), want: DisconnectError{Code: math.MaxUint32, Reason: strings.Repeat("é", MaxReasonLength/2)}},
 	{name: "code-alone", code: 7, want: DisconnectError{Code: 7}},
+	{name: "StartCloseWithError", start: true, code: 4, reason: "kicked: no input", want: DisconnectError{Code: 4, Reason: "kicked: no input"}},
 }
 
 // ccListener listens for tr, secure or not, and returns how to dial it
@@ -91,9 +93,14 @@ func ccConnect(t *testing.T, l *Listener, dial func(context.Context) (*Conn, err
 func ccClose(t *testing.T, tc ccCase, closer, peer *Conn) error {
 	closed := make(chan error, 1)
 	go func() {
-		if tc.withReason {
+		switch {
+		case tc.withReason:
 			closed <- closer.CloseWithReason(tc.reason)
-		} else {
+		case tc.start:
+			closer.StartCloseWithError(tc.code, tc.reason)
+			<-closer.Done()
+			closed <- nil
+		default:
 			closed <- closer.CloseWithError(tc.code, tc.reason)
 		}
 	}()

@@ -245,10 +245,14 @@ func (c *Conn) UserData() any {
 // returns at once: for a game loop that kicks a player without waiting
 // for the close to end. The end shows on Done, and as EventDisconnected
 // in a Group; Err then says how it ended (net.ErrClosed when gracefully).
-func (c *Conn) StartClose(reason string) {
+func (c *Conn) StartClose(reason string) { c.StartCloseWithError(0, reason) }
+
+// StartCloseWithError begins what CloseWithError does and returns at once,
+// as StartClose: a game loop's kick with a code the client branches on.
+func (c *Conn) StartCloseWithError(code uint32, reason string) {
 	c.sendq.mu.Lock()
-	if c.sendq.closeReason == nil && reason != "" {
-		c.sendq.closeReason = reasonBytes(reason)
+	if c.sendq.closeReason == nil && (reason != "" || code != 0) {
+		c.sendq.closeCode, c.sendq.closeReason = code, reasonBytes(reason)
 	}
 	c.sendq.mu.Unlock()
 	c.userClosed.Store(true)

@@ -33,6 +33,7 @@ type bot struct {
 	id         uint16
 	refused    string     // the server's reason, when it refused us
 	kickReason string     // the server's reason, when it closed on us
+	kickCode   uint32     // and its code (server.go: closeRoundOver...)
 	endErr     error      // how the connection ended otherwise
 	stats      knet.Stats // its connection's, when the round ended
 	sawEnd     bool       // it got the round-over event and left
@@ -132,7 +133,7 @@ loop:
 	wg.Wait()
 	var de *knet.DisconnectError
 	if errors.As(c.Err(), &de) {
-		b.kickReason = de.Reason
+		b.kickReason, b.kickCode = de.Reason, de.Code
 	} else if e := c.Err(); e != nil && !errors.Is(e, net.ErrClosed) {
 		b.endErr = e
 	}

@@ -32,8 +32,8 @@
 // the player to the connection as its user data. Besides the -bots
 // ordinary bots, three misbehave on purpose: one presents a forged token
 // and is refused with a reason, one floods the chat and one stops sending
-// input, and the server kicks both with a reason (CloseWithReason), which
-// they print.
+// input, and the server kicks both with a code and a reason
+// (StartCloseWithError), which they print.
 package main
 
 import (
@@ -241,8 +241,8 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 			break
 		}
 		switch {
-		case b.kickReason != "":
-			fmt.Fprintf(out, "%s kicked: %q (*knet.DisconnectError.Reason)\n", b.name, b.kickReason)
+		case b.kickCode != 0:
+			fmt.Fprintf(out, "%s kicked: code %d, %q (*knet.DisconnectError)\n", b.name, b.kickCode, b.kickReason)
 		case b == res.idler && o.duration < idleLimit+time.Second:
 			fmt.Fprintf(out, "%s: the round was too short to kick it\n", b.name)
 		default:
@@ -290,7 +290,7 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		res.checked += b.checked
 		res.wrong += b.wrong
 		res.bad += b.bad
-		if b.kickReason == "round over" {
+		if b.kickCode == closeRoundOver {
 			// Its handshake took longer than the round (datagrams
 			// lost, again and again): it joined once the round was
 			// over, and the server sent it away at once.
@@ -300,7 +300,7 @@ func report(out io.Writer, o options, srv *server, res *result, elapsed time.Dur
 		if b.snaps == 0 {
 			fail("%s received no snapshot", b.name)
 		}
-		if !b.sawEnd || b.kickReason != "" || b.endErr != nil {
+		if !b.sawEnd || b.kickCode != 0 || b.endErr != nil {
 			fail("%s did not leave at the round's end: kicked %q, error %v", b.name, b.kickReason, b.endErr)
 		}
 	}

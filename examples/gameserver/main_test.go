@@ -43,7 +43,7 @@ func TestGameServerSmoke(t *testing.T) {
 			}
 			late := 0
 			for _, b := range res.bots {
-				if b.kickReason == "round over" {
+				if b.kickCode == closeRoundOver {
 					late++ // its handshake outlasted the round (the report says so)
 					continue
 				}
@@ -63,8 +63,8 @@ func TestGameServerSmoke(t *testing.T) {
 			if res.refused.refused != "bad join token" && !tc.plain {
 				t.Errorf("refusal reason %q", res.refused.refused)
 			}
-			if (res.spammer.kickReason == "" || res.idler.kickReason == "") && !tc.plain {
-				t.Errorf("kicks: spammer %q, idler %q", res.spammer.kickReason, res.idler.kickReason)
+			if (res.spammer.kickCode != closeChatSpam || res.idler.kickCode != closeIdle) && !tc.plain {
+				t.Errorf("kicks: spammer %d %q, idler %d %q", res.spammer.kickCode, res.spammer.kickReason, res.idler.kickCode, res.idler.kickReason)
 			}
 			if r := float64(res.snapsRecv) / float64(res.snapsSent); r < tc.minRate || r > 1 {
 				t.Errorf("snapshots delivered: %d of %d", res.snapsRecv, res.snapsSent)

@@ -196,17 +196,28 @@ func (s *server) sendNow(c *knet.Conn, m knet.Message) bool {
 	return c.TrySend(m) == nil
 }
 
-// kick closes p's connection with a reason its client reads in its
-// *knet.DisconnectError. StartClose returns at once (the close goes on:
-// what was queued delivered, the Disconnect acked) and the end comes out
-// of Poll as EventDisconnected: the tick never waits for a client.
-func (s *server) kick(p *player, why string) {
+// Why a player is sent away: the code its client reads in its
+// *knet.DisconnectError, to branch on (the reason is for people).
+const (
+	closeRoundOver uint32 = 1 + iota
+	closeTooSlow
+	closeMalformed
+	closeChatSpam
+	closeIdle
+)
+
+// kick closes p's connection with a code and a reason its client reads in
+// its *knet.DisconnectError. StartCloseWithError returns at once (the
+// close goes on: what was queued delivered, the Disconnect acked) and the
+// end comes out of Poll as EventDisconnected: the tick never waits for a
+// client.
+func (s *server) kick(p *player, code uint32, why string) {
 	if p.kicked != "" {
 		return
 	}
 	p.kicked = why
 	p.final = p.conn.Stats()
-	p.conn.StartClose(why)
+	p.conn.StartCloseWithError(code, why)
 }
 
 // broadcastEvent sends a reliable ordered event to every player. One
@@ -216,7 +227,7 @@ func (s *server) broadcastEvent(payload []byte) {
 	knet.Broadcast(s.conns, knet.Message{ID: msgEvent, Payload: payload, Reliable: true, InOrder: true, Channel: chanEvents},
 		func(c *knet.Conn, err error) {
 			if p, _ := c.UserData().(*player); p != nil && errors.Is(err, knet.ErrSendBufferFull) {
-				s.kick(p, "kicked: too slow, missed a reliable event")
+				s.kick(p, closeTooSlow, "kicked: too slow, missed a reliable event")
 			}
 		})
 }
@@ -281,14 +292,14 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 		s.setQueryInfo()
 		s.broadcastEvent(spawnEvent(p))
 		if !live {
-			s.kick(p, "round over")
+			s.kick(p, closeRoundOver, "round over")
 		}
 	case knet.EventMessage:
 		switch e.Message.ID {
 		case msgInput:
 			in, err := parseInput(e.Message.Payload)
 			if err != nil {
-				s.kick(p, "kicked: malformed input")
+				s.kick(p, closeMalformed, "kicked: malformed input")
 				return
 			}
 			// The channel is sequenced: an input never arrives after a
@@ -303,7 +314,7 @@ func (s *server) handle(e *knet.Event, now time.Time, live bool) {
 				p.chat = p.chat[1:]
 			}
 			if len(p.chat) > chatLimit {
-				s.kick(p, fmt.Sprintf("kicked: more than %d chat lines in %v", chatLimit, chatWindow))
+				s.kick(p, closeChatSpam, fmt.Sprintf("kicked: more than %d chat lines in %v", chatLimit, chatWindow))
 				return
 			}
 			line := fmt.Appendf(nil, "%s: %s", p.name, e.Message.Payload) // copy: the payload is only good until the next Poll
@@ -338,7 +349,7 @@ func (s *server) simulate(now time.Time) {
 			continue
 		}
 		if now.Sub(p.lastHeard) > idleLimit {
-			s.kick(p, fmt.Sprintf("kicked: no input for %v", idleLimit))
+			s.kick(p, closeIdle, fmt.Sprintf("kicked: no input for %v", idleLimit))
 			continue
 		}
 		p.x = wrap(p.x + int32(p.dx)*s.move)
