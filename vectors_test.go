@@ -320,4 +320,3 @@ func readVectors(t *testing.T, path string, v any) {
 	require.NoError(t, err, "make them with: go test -run TestVectors -knet.vectors.update")
 	require.NoError(t, json.Unmarshal(b, v))
 }
-
