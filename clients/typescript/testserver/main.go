@@ -202,6 +202,7 @@ func serve(c *knet.Conn, secure bool) {
 			info, _ := json.Marshal(map[string]any{
 				"name": name(c), "secure": c.Secure(), "payload": string(syn),
 				"messagesReceived": st.MessagesReceived, "invalid": st.InvalidDatagrams,
+				"rttMs": float64(st.RTT) / float64(time.Millisecond),
 			})
 			c.Send(knet.Message{ID: 13, Payload: info, Reliable: true})
 		default:

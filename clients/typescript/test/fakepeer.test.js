@@ -1,0 +1,151 @@
+// The client against scripted peers (the ws package's server): what the
+// client writes first, and how it takes a server that breaks the rules
+// or stays silent. Timeouts here are the client's own timers, short.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { WebSocketServer } from 'ws';
+import { WebSocket, hex, toHex, concat } from './helpers.js';
+import { connect, TimeoutError, ProtocolError, RefusedError, HandshakeError, DisconnectError } from '../dist/index.js';
+import { encodeFrame, helloPayload } from '../dist/wire.js';
+
+/** Runs a peer that hands each connection to script; resolves with its URL and a stop. */
+async function peer(script) {
+  const wss = new WebSocketServer({ port: 0, host: '127.0.0.1' });
+  await new Promise((r) => wss.once('listening', r));
+  wss.on('connection', (ws) => {
+    const first = new Promise((r) => ws.once('message', (d) => r(new Uint8Array(d))));
+    script(ws, first);
+  });
+  return {
+    url: `ws://127.0.0.1:${wss.address().port}/`,
+    stop: () => new Promise((r) => wss.close(r)),
+  };
+}
+
+const accept = (reply = '') => encodeFrame(2, helloPayload(2, new TextEncoder().encode(reply)));
+
+test("the client's first write: its hello with the payload, then its first ping", async () => {
+  let got;
+  const p = await peer(async (ws, first) => {
+    got = await first;
+    ws.send(accept('hi'));
+  });
+  const c = await connect(p.url, { WebSocket, payload: 'abc' });
+  // size 10, PingReply, 00 kNT 01, kind 1, 'abc'; then size 2, PingRequest, pingID 1
+  assert.equal(toHex(got), '0a02006b4e54010161626302' + '0101');
+  c.close();
+  await p.stop();
+});
+
+test('a server that never answers: a connect timeout', async () => {
+  const p = await peer(() => {});
+  const err = await connect(p.url, { WebSocket, connectTimeout: 200 }).catch((e) => e);
+  assert.ok(err instanceof TimeoutError, String(err));
+  assert.equal(err.op, 'connect');
+  await p.stop();
+});
+
+test('a server that goes silent: the connection is lost', async () => {
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.send(accept());
+  });
+  const c = await connect(p.url, { WebSocket, lostTimeout: 300 });
+  const e = await c.closed;
+  assert.ok(e instanceof TimeoutError, String(e));
+  assert.equal(e.op, '');
+  await assert.rejects(c.receive(), TimeoutError);
+  await p.stop();
+});
+
+test('a text message ends the connection', async () => {
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.send(accept());
+    ws.send('text');
+  });
+  const c = await connect(p.url, { WebSocket });
+  const e = await c.closed;
+  assert.ok(e instanceof ProtocolError, String(e));
+  await p.stop();
+});
+
+test('a stream that ends inside a frame is a protocol error', async () => {
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.send(concat(accept(), hex('0a0a41'))); // a frame of 10 bytes, 2 of them
+    ws.close(1000);
+  });
+  const c = await connect(p.url, { WebSocket });
+  const e = await c.closed;
+  assert.ok(e instanceof ProtocolError, String(e));
+  assert.match(e.message, /inside a frame/);
+  await p.stop();
+});
+
+test("the server's end of the stream without a close hello: closed by the peer", async () => {
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.send(concat(accept(), encodeFrame(20, hex('01'))));
+    ws.close(1000);
+  });
+  const c = await connect(p.url, { WebSocket });
+  const [m] = await (async () => {
+    const got = [];
+    for await (const m of c) got.push(m);
+    return got;
+  })();
+  assert.equal(m.id, 20);
+  const e = await c.closed;
+  assert.ok(e instanceof DisconnectError, String(e));
+  assert.equal(e.code, 0);
+  assert.equal(e.reason, '');
+  await p.stop();
+});
+
+test('a server of the reference wire (no hello): established, its first frame delivered; not with a payload', async () => {
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.send(concat(encodeFrame(1, hex('01')), encodeFrame(30, hex('ff'))));
+  });
+  const c = await connect(p.url, { WebSocket });
+  assert.equal(c.reference, true);
+  const m = await c.receive();
+  assert.equal(m.id, 30);
+  c.close();
+  const err = await connect(p.url, { WebSocket, payload: 'needs knet' }).catch((e) => e);
+  assert.ok(err instanceof RefusedError, String(err));
+  await p.stop();
+});
+
+test('a secure client never takes an answer in clear, nor one that does not authenticate', async () => {
+  const key = new Uint8Array(32).fill(5);
+  let p = await peer(async (ws, first) => {
+    await first;
+    ws.send(accept());
+  });
+  let err = await connect(p.url, { WebSocket, serverKey: key }).catch((e) => e);
+  assert.ok(err instanceof HandshakeError, String(err));
+  assert.match(err.message, /in clear/);
+  await p.stop();
+
+  p = await peer(async (ws, first) => {
+    await first;
+    ws.send(encodeFrame(2, helloPayload(6, new Uint8Array(60).fill(1))));
+  });
+  err = await connect(p.url, { WebSocket, serverKey: key }).catch((e) => e);
+  assert.ok(err instanceof HandshakeError, String(err));
+  assert.match(err.message, /did not prove/);
+  await p.stop();
+});
+
+test('a refusal before an answer: the WebSocket closed', async () => {
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.close(1000);
+  });
+  const err = await connect(p.url, { WebSocket }).catch((e) => e);
+  assert.ok(err instanceof RefusedError, String(err));
+  await p.stop();
+});
