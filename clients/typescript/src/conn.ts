@@ -82,6 +82,8 @@ export interface ConnectOptions {
   onreceipt?: (r: Receipt) => void;
   /** The WebSocket class: the global one by default. */
   WebSocket?: WebSocketConstructor;
+  /** Aborts the attempt while the server has not answered (connect rejects with a ClosedError). */
+  signal?: AbortSignal;
 }
 
 export interface SendOptions {
@@ -183,7 +185,15 @@ function now(): number {
 export function connect(url: string, options: ConnectOptions = {}): Promise<Conn> {
   return new Promise((resolve, reject) => {
     const c = new Conn(url, options, resolve, reject);
-    void c;
+    const sig = options.signal;
+    if (sig) {
+      const abort = () => {
+        if (c.error === null) c.abort();
+      };
+      if (sig.aborted) abort();
+      else sig.addEventListener('abort', abort, { once: true });
+      void c.closed.then(() => sig.removeEventListener('abort', abort));
+    }
   });
 }
 
@@ -230,7 +240,7 @@ export class Conn implements AsyncIterable<Message> {
   private pingEvery: number;
   private lastRecv: number;
   private rttMs = 0;
-  private pingWaiters: ((rtt: number) => void)[] = [];
+  private pingWaiters: { resolve: (rtt: number) => void; reject: (e: unknown) => void }[] = [];
   private timer: ReturnType<typeof setTimeout> | undefined;
   private deadline: number; // of the opening, or of the close
 
@@ -320,7 +330,7 @@ export class Conn implements AsyncIterable<Message> {
   /** Sends a ping now and resolves with the round-trip time once the server answers it. */
   ping(): Promise<number> {
     if (this.phase !== 'open') return Promise.reject(this.err ?? new ClosedError());
-    const p = new Promise<number>((r) => this.pingWaiters.push(r));
+    const p = new Promise<number>((resolve, reject) => this.pingWaiters.push({ resolve, reject }));
     this.sendPing(now());
     this.schedulePump();
     return p;
@@ -332,7 +342,9 @@ export class Conn implements AsyncIterable<Message> {
    * outside 6..0x3FFFFFFA, or for a payload over maxMessageSize.
    */
   send(id: number, payload: Uint8Array | string, options: SendOptions = {}): number {
-    if (this.phase !== 'open' || this.closing) throw this.err ?? new ClosedError();
+    if (this.phase !== 'open' || this.closing) {
+      throw this.err ?? (this.peerClose ? new DisconnectError(this.closeCode, this.closeWhy) : new ClosedError());
+    }
     if (!Number.isInteger(id) || id < MIN_MESSAGE_ID || id > MAX_MESSAGE_ID) {
       throw new RangeError(`knet: message ID ${id} is reserved (the application's are ${MIN_MESSAGE_ID} to ${MAX_MESSAGE_ID})`);
     }
@@ -382,6 +394,11 @@ export class Conn implements AsyncIterable<Message> {
     return this.closed;
   }
 
+  /** @internal connect's AbortSignal: ends an attempt not yet answered. */
+  abort(): void {
+    if (this.phase === 'opening') this.fail(new ClosedError('knet: the attempt was aborted'));
+  }
+
   /** The next message; it rejects with how the connection ended, once it has and every message was read. */
   async receive(): Promise<Message> {
     const r = await this.next();
@@ -410,7 +427,18 @@ export class Conn implements AsyncIterable<Message> {
   private deliver(m: Message): void {
     this.stats.messagesReceived++;
     if (this.onmessage) {
-      this.onmessage(m);
+      try {
+        this.onmessage(m);
+      } catch (e) {
+        // The application's failure, not the connection's: reported
+        // as an event handler's would be, and the stream goes on.
+        const report = (globalThis as any).reportError;
+        if (typeof report === 'function') report(e);
+        else
+          queueMicrotask(() => {
+            throw e;
+          });
+      }
       return;
     }
     const r = this.readers.shift();
@@ -521,13 +549,15 @@ export class Conn implements AsyncIterable<Message> {
           // Only the reply to the last request counts.
           this.rttMs = now() - this.pingSent;
           this.pingSent = -1;
-          for (const w of this.pingWaiters.splice(0)) w(this.rttMs);
+          for (const w of this.pingWaiters.splice(0)) w.resolve(this.rttMs);
         }
         return;
       }
       default:
         // Every other ID is the application's, reserved ones included.
-        this.deliver({ id, payload: payload.slice(), reliable: false, inOrder: false });
+        // payload is the frame's own copy (Framer.next, or the
+        // decryption's output): the application may keep it.
+        this.deliver({ id, payload, reliable: false, inOrder: false });
     }
   }
 
@@ -751,6 +781,7 @@ export class Conn implements AsyncIterable<Message> {
     for (const m of this.q.splice(0)) this.receipt(m.ref, false);
     this.qBytes = 0;
     this.endMessages();
+    for (const w of this.pingWaiters.splice(0)) w.reject(e);
     if (wasOpening && this.rejectConnect) {
       const r = this.rejectConnect;
       this.resolveConnect = this.rejectConnect = undefined;

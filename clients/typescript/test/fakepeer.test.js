@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { WebSocketServer } from 'ws';
 import { WebSocket, hex, toHex, concat } from './helpers.js';
-import { connect, TimeoutError, ProtocolError, RefusedError, HandshakeError, DisconnectError } from '../dist/index.js';
+import { connect, TimeoutError, ProtocolError, RefusedError, HandshakeError, DisconnectError, ClosedError } from '../dist/index.js';
 import { encodeFrame, helloPayload } from '../dist/wire.js';
 
 /** Runs a peer that hands each connection to script; resolves with its URL and a stop. */
@@ -147,5 +147,34 @@ test('a refusal before an answer: the WebSocket closed', async () => {
   });
   const err = await connect(p.url, { WebSocket }).catch((e) => e);
   assert.ok(err instanceof RefusedError, String(err));
+  await p.stop();
+});
+
+test('an attempt aborted while the server has not answered', async () => {
+  const ac = new AbortController();
+  let seen;
+  const helloSeen = new Promise((r) => (seen = r));
+  const p = await peer(async (ws, first) => {
+    await first;
+    seen();
+  });
+  const attempt = connect(p.url, { WebSocket, signal: ac.signal });
+  await helloSeen;
+  ac.abort();
+  await assert.rejects(attempt, (e) => e instanceof ClosedError && /aborted/.test(e.message));
+  await p.stop();
+});
+
+test('a ping waiting for its answer fails with the connection', async () => {
+  let peerWS;
+  const p = await peer(async (ws, first) => {
+    await first;
+    peerWS = ws;
+    ws.send(accept());
+  });
+  const c = await connect(p.url, { WebSocket });
+  const waiting = c.ping();
+  peerWS.send(hex('00')); // a frame of size 0
+  await assert.rejects(waiting, ProtocolError);
   await p.stop();
 });

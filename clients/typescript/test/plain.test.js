@@ -247,6 +247,32 @@ test('the server closes with a code and a reason: a DisconnectError after its la
   assert.equal(e2.reason, 'see you');
 });
 
+test('messages by callback instead of the iterator; an exception in it is not the connection\'s', async () => {
+  let got;
+  const two = new Promise((r) => (got = r));
+  const seen = [];
+  const c = await dial('callback', {
+    onmessage: (m) => {
+      seen.push(text(m.payload));
+      if (seen.length === 2) got();
+      throw new Error('the application failed');
+    },
+  });
+  // Reported as a browser reports an event handler's exception.
+  const uncaught = [];
+  const had = globalThis.reportError;
+  globalThis.reportError = (e) => uncaught.push(e);
+  c.send(10, 'one', { reliable: true });
+  c.send(10, 'two', { reliable: true });
+  await two;
+  globalThis.reportError = had;
+  assert.deepEqual(seen, ['one', 'two']);
+  assert.equal(c.error, null, 'still open');
+  assert.equal(uncaught.length, 2);
+  assert.ok(uncaught.every((e) => e.message === 'the application failed'));
+  await c.close();
+});
+
 test('receipts: delivered once written, lost when the connection ends first', async () => {
   const c = await dial('receipts');
   const receipts = [];
