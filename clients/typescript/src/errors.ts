@@ -3,9 +3,10 @@
 
 /** Every error of this package. */
 export class KnetError extends Error {
-  constructor(message: string) {
+  constructor(message: string, name = 'KnetError') {
     super(message);
-    this.name = new.target.name;
+    // Named by hand: a minifier renames classes.
+    this.name = name;
   }
 }
 
@@ -16,7 +17,7 @@ export class KnetError extends Error {
  */
 export class RefusedError extends KnetError {
   constructor(public readonly reason: string) {
-    super(reason ? `knet: connection refused: ${reason}` : 'knet: connection refused');
+    super(reason ? `knet: connection refused: ${reason}` : 'knet: connection refused', 'RefusedError');
   }
   /** The server refused the connect token (Go's ErrTokenRejected). */
   get tokenRejected(): boolean {
@@ -38,6 +39,7 @@ export class DisconnectError extends KnetError {
       'knet: connection closed by peer' +
         (code !== 0 ? `: code ${code}` : '') +
         (code !== 0 || reason ? `: ${reason}` : ''),
+      'DisconnectError',
     );
   }
 }
@@ -45,7 +47,7 @@ export class DisconnectError extends KnetError {
 /** This side closed the connection (Go's net.ErrClosed). */
 export class ClosedError extends KnetError {
   constructor(message = 'knet: use of closed connection') {
-    super(message);
+    super(message, 'ClosedError');
   }
 }
 
@@ -56,7 +58,7 @@ export class ClosedError extends KnetError {
  */
 export class ProtocolError extends KnetError {
   constructor(detail: string) {
-    super(`knet: protocol error: ${detail}`);
+    super(`knet: protocol error: ${detail}`, 'ProtocolError');
   }
 }
 
@@ -66,7 +68,7 @@ export class TimeoutError extends KnetError {
     public readonly op: string,
     public readonly silentMs: number,
   ) {
-    super(`knet: ${op ? op + ' ' : ''}timeout: nothing for ${Math.round(silentMs)} ms`);
+    super(`knet: ${op ? op + ' ' : ''}timeout: nothing for ${Math.round(silentMs)} ms`, 'TimeoutError');
   }
 }
 
@@ -77,7 +79,7 @@ export class TimeoutError extends KnetError {
  */
 export class HandshakeError extends KnetError {
   constructor(detail: string) {
-    super(`knet: secure handshake failed: ${detail}`);
+    super(`knet: secure handshake failed: ${detail}`, 'HandshakeError');
   }
 }
 
@@ -87,6 +89,6 @@ export class WebSocketError extends KnetError {
     public readonly code: number,
     public readonly reason: string,
   ) {
-    super(`knet: websocket closed (code ${code}${reason ? ': ' + reason : ''})`);
+    super(`knet: websocket closed (code ${code}${reason ? ': ' + reason : ''})`, 'WebSocketError');
   }
 }

@@ -139,3 +139,8 @@ test("a token's clear head", () => {
   assert.equal(h.expires.getTime(), token.expires * 1000);
   assert.throws(() => tokenServers(hex('01')), /not a connect token/);
 });
+
+test('errors keep their names when minified', async () => {
+  const errs = await import('../dist/errors.js');
+  for (const [name, E] of Object.entries(errs)) assert.equal(new E('x').name, name);
+});

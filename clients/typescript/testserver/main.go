@@ -14,6 +14,9 @@
 //	12  burst: u32 count, u32 size: the server sends count messages of ID 12, each size bytes, the first four the index
 //	13  info: the server answers with JSON of what it knows of the connection
 //
+// Any other message is counted in an event ("message"). POST /report
+// takes the browser test's page's JSON report and prints it as an event.
+//
 // A ConnectPayload "refuse:why" is refused with the reason why; any
 // other is admitted with the reply "welcome " + payload (and the token's
 // client ID, secure). The payload names the connection in the events.
@@ -85,6 +88,15 @@ func main() {
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Write(tok)
+	})
+	mux.HandleFunc("/report", func(w http.ResponseWriter, r *http.Request) {
+		// The browser test's page says how it went.
+		var rep any
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&rep); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		emit(map[string]any{"event": "report", "report": rep})
 	})
 	if *static != "" {
 		mux.Handle("/", http.FileServer(http.Dir(*static)))
