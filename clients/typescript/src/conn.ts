@@ -40,6 +40,8 @@ export const MAX_MESSAGE_ID = 0x3ffffffa;
 export const MAX_REASON_LENGTH = 256;
 
 const DEFAULT_MAX_MESSAGE = 16 << 20;
+/** The longest connect token (Go's maxTokenSize). */
+const MAX_TOKEN_SIZE = 460;
 /** Unreliable messages are dropped at the sender past this many bytes waiting (Go's streamUnreliableLimit). */
 const UNRELIABLE_LIMIT = 64 << 10;
 /** What one WebSocket message carries at most, unless one frame is larger (Go's streamWriteMax). */
@@ -278,7 +280,16 @@ export class Conn implements AsyncIterable<Message> {
     let first: Uint8Array;
     if (options.serverKey !== undefined) {
       const token = options.token ?? new Uint8Array(0);
-      const { msg1, state } = writeMessage1(keyOf(options.serverKey), randomKey(), synPayload(token, payload));
+      if (token.length > MAX_TOKEN_SIZE) throw new TypeError(`knet: a token of ${token.length} bytes: a connect token has at most ${MAX_TOKEN_SIZE}`);
+      const key = keyOf(options.serverKey);
+      let hs;
+      try {
+        hs = writeMessage1(key, randomKey(), synPayload(token, payload));
+      } catch (e) {
+        // A key no X25519 exchange can use (a low-order point).
+        throw new TypeError(`knet: serverKey: ${(e as Error).message}`);
+      }
+      const { msg1, state } = hs;
       this.initiator = state;
       this.needKnet = true;
       // A secure ConnectSyn's content: no cookie (a length of 0), message 1.

@@ -178,3 +178,13 @@ test('a ping waiting for its answer fails with the connection', async () => {
   await assert.rejects(waiting, ProtocolError);
   await p.stop();
 });
+
+test('keys and tokens the client cannot use are refused before anything is sent', async () => {
+  await assert.rejects(connect('ws://127.0.0.1:1/', { WebSocket, serverKey: new Uint8Array(31) }), /32 bytes/);
+  await assert.rejects(connect('ws://127.0.0.1:1/', { WebSocket, serverKey: 'zz' }), /hex/);
+  await assert.rejects(connect('ws://127.0.0.1:1/', { WebSocket, serverKey: new Uint8Array(32) }), /serverKey/, 'the zero point');
+  await assert.rejects(
+    connect('ws://127.0.0.1:1/', { WebSocket, serverKey: new Uint8Array(32).fill(9), token: new Uint8Array(461) }),
+    /at most 460/,
+  );
+});
