@@ -514,8 +514,13 @@ export class Conn implements AsyncIterable<Message> {
         this.seal = new StreamSeal(send, recv);
         this.framer.sealed = true;
         // A sealed ping at once: the server establishes the connection
-        // on the first frame that opens under the keys.
+        // on the first frame that opens under the keys. It goes alone in
+        // its WebSocket message: until it has read it, the server takes
+        // frames of at most 4 KiB, and reads no message after the one
+        // that carries it; a large message right behind it in the same
+        // WebSocket message would end the connection.
         this.sendPing(now());
+        this.write(withSize(this.seal.seal(this.ctrl.pop()!)));
         this.established();
       } else if (h?.kind === HELLO_REFUSE) {
         throw new RefusedError(new TextDecoder().decode(h.content));

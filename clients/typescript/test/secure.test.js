@@ -83,6 +83,16 @@ test('a secure session: the token and payload reach the Admit hook, every mode c
   assert.ok((await c.closed) instanceof ClosedError);
 });
 
+test('a large message sent the moment the connection opens', async () => {
+  // The server takes frames of at most 4 KiB until the client's first
+  // sealed frame has proved it holds the keys: the proof goes alone.
+  const c = await dial('large-first');
+  c.send(10, new Uint8Array(100000).fill(3), { reliable: true });
+  const [m] = await take(c, 1);
+  assert.equal(m.payload.length, 100000);
+  await c.close();
+});
+
 test('a token gets in once: the second use is refused', async () => {
   const token = await srv.token(7);
   const c = await dial('once', { token });
