@@ -166,6 +166,11 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 		// first frame of a hello's size, read in small pieces.
 		st.inLimit.Store(streamHelloInLimit)
 		s.fr.setLimit(streamHelloLimit)
+		// What follows the first frame is read once the connection is
+		// established, under its limit: a secure client's message
+		// right behind its first sealed frame (its proof), larger than
+		// a hello, is no reason to end the stream.
+		s.fr.peekMax = tcpMaxFrame(cfg.maxMessage)
 	}
 	if client && dialect == DialectReference {
 		// The reference's wire: nothing to wait for, established

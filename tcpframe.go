@@ -115,6 +115,11 @@ type tcpFramer struct {
 	// MessageID sealed in the body (parseSealedFrame); next returns the
 	// body whole, with id 0.
 	sealed bool
+	// peekMax, when not 0, is the limit peek holds a size field to
+	// instead of maxFrame: a server's stream reads its client's first
+	// frame under the hello's limit, and the frames behind it, held until
+	// the admission decides, under the established connection's.
+	peekMax int
 }
 
 // newTCPFramer returns a framer accepting messages of up to maxMessage
@@ -216,14 +221,18 @@ func (f *tcpFramer) peek() error {
 	if f.err != nil {
 		return f.err
 	}
+	limit := f.maxFrame
+	if f.peekMax > 0 {
+		limit = f.peekMax
+	}
 	size, k := consumeVLE32(f.buf[f.off:])
 	switch {
 	case k < 0:
 		return nil
 	case size == 0:
 		f.err = errTCPFrameSize0
-	case int64(size) > int64(f.maxFrame)+sealOverhead:
-		f.err = fmt.Errorf("%w: size %d, the limit %d", errTCPFrameTooLarge, size, f.maxFrame)
+	case int64(size) > int64(limit)+sealOverhead:
+		f.err = fmt.Errorf("%w: size %d, the limit %d", errTCPFrameTooLarge, size, limit)
 	default:
 		return nil
 	}
