@@ -188,3 +188,25 @@ test('keys and tokens the client cannot use are refused before anything is sent'
     /at most 460/,
   );
 });
+
+test('a close the server never answers: the close hello on the wire, then a disconnect timeout', async () => {
+  let closeHello;
+  const gotIt = new Promise((r) => (closeHello = r));
+  const p = await peer(async (ws, first) => {
+    await first;
+    ws.on('message', (d) => {
+      const b = new Uint8Array(d);
+      if (b[1] === 2 && b[2] === 0) closeHello(b); // a PingReply with pingID 0: a hello
+    });
+    ws.send(accept());
+  });
+  const c = await connect(p.url, { WebSocket, disconnectTimeout: 300 });
+  const closing = c.close('later', 258);
+  // size 16, PingReply, 00 kNT 01, kind 7, code 258 little-endian, "later"
+  assert.equal(toHex(await gotIt), '1002006b4e54010702010000' + '6c61746572');
+  const e = await closing;
+  assert.ok(e instanceof TimeoutError, String(e));
+  assert.equal(e.op, 'disconnect');
+  assert.throws(() => c.send(10, 'x'), TimeoutError);
+  await p.stop();
+});
