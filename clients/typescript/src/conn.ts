@@ -310,6 +310,9 @@ export class Conn implements AsyncIterable<Message> {
     this.ws.binaryType = 'arraybuffer';
     this.ws.onopen = () => {
       if (this.phase === 'ended') return;
+      // The first ping's time is its write's: the RTT leaves out the
+      // WebSocket's own handshake, as Go's does.
+      if (this.pingSent >= 0) this.pingSent = now();
       this.write(first);
     };
     this.ws.onmessage = (ev) => this.onData(ev.data);
