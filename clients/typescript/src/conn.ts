@@ -690,6 +690,12 @@ export class Conn implements AsyncIterable<Message> {
    */
   private pump(): void {
     if (this.phase !== 'open') return;
+    if (this.byeSent) {
+      // Nothing goes after our close hello, as nothing goes after Go's
+      // (pings the server sends meanwhile go unanswered).
+      this.ctrl.length = 0;
+      return;
+    }
     const parts: Uint8Array[] = [];
     let n = 0;
     const add = (body: Uint8Array) => {

@@ -2,12 +2,19 @@
 // client writes first, and how it takes a server that breaks the rules
 // or stays silent. Timeouts here are the client's own timers, short.
 
-import { test } from 'node:test';
+import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { WebSocketServer } from 'ws';
 import { WebSocket, hex, toHex, concat } from './helpers.js';
 import { connect, TimeoutError, ProtocolError, RefusedError, HandshakeError, DisconnectError, ClosedError } from '../dist/index.js';
 import { encodeFrame, helloPayload } from '../dist/wire.js';
+
+const peers = new Set();
+// A test that failed left its peer up: end it, and its connections, so
+// that the file ends.
+after(async () => {
+  for (const p of peers) await p.stop();
+});
 
 /** Runs a peer that hands each connection to script; resolves with its URL and a stop. */
 async function peer(script) {
@@ -17,10 +24,16 @@ async function peer(script) {
     const first = new Promise((r) => ws.once('message', (d) => r(new Uint8Array(d))));
     script(ws, first);
   });
-  return {
+  const p = {
     url: `ws://127.0.0.1:${wss.address().port}/`,
-    stop: () => new Promise((r) => wss.close(r)),
+    stop: () => {
+      peers.delete(p);
+      for (const ws of wss.clients) ws.terminate();
+      return new Promise((r) => wss.close(r));
+    },
   };
+  peers.add(p);
+  return p;
 }
 
 const accept = (reply = '') => encodeFrame(2, helloPayload(2, new TextEncoder().encode(reply)));
@@ -208,5 +221,36 @@ test('a close the server never answers: the close hello on the wire, then a disc
   assert.ok(e instanceof TimeoutError, String(e));
   assert.equal(e.op, 'disconnect');
   assert.throws(() => c.send(10, 'x'), TimeoutError);
+  await p.stop();
+});
+
+test('nothing goes after the close hello: a ping that comes then goes unanswered', async () => {
+  let closeHello, later;
+  const gotHello = new Promise((r) => (closeHello = r));
+  const gotLater = new Promise((r) => (later = r));
+  const p = await peer(async (ws, first) => {
+    await first;
+    let bye = false;
+    ws.on('message', (d) => {
+      const b = new Uint8Array(d);
+      if (bye) later(b);
+      else if (b[1] === 2 && b[2] === 0) {
+        bye = true;
+        closeHello(ws);
+      }
+    });
+    ws.send(accept());
+  });
+  const c = await connect(p.url, { WebSocket, disconnectTimeout: 300 });
+  const closing = c.close('bye');
+  const ws = await gotHello;
+  // A ping after the close, and no end from us: the client gives up
+  // waiting and ends its WebSocket, after which no answer can come; any
+  // answer to the ping would have come before.
+  ws.send(encodeFrame(1, hex('09')));
+  const e = await closing;
+  assert.ok(e instanceof TimeoutError && e.op === 'disconnect', String(e));
+  const answered = await Promise.race([gotLater.then(() => true), new Promise((r) => ws.once('close', () => r(false)))]);
+  assert.equal(answered, false);
   await p.stop();
 });
