@@ -254,3 +254,33 @@ test('nothing goes after the close hello: a ping that comes then goes unanswered
   assert.equal(answered, false);
   await p.stop();
 });
+
+test('receipts: messages still waiting when the connection ends are lost', async () => {
+  // A WebSocket whose buffer never drains (a stalled network): nothing
+  // the client queues can be written.
+  class Stalled extends WebSocket {
+    get bufferedAmount() {
+      return 1 << 20;
+    }
+  }
+  let peerWS;
+  const p = await peer(async (ws, first) => {
+    await first;
+    peerWS = ws;
+    ws.send(accept());
+  });
+  const receipts = [];
+  const c = await connect(p.url, { WebSocket: Stalled, onreceipt: (r) => receipts.push(r) });
+  const a = c.send(10, 'a', { reliable: true });
+  const b = c.send(10, 'b', { reliable: true, priority: 1 });
+  const u = c.send(10, 'u'); // unreliable behind a full stream: dropped at once
+  assert.deepEqual(receipts, [{ ref: u, delivered: false }]);
+  peerWS.close(1000);
+  const e = await c.closed;
+  assert.ok(e instanceof DisconnectError, String(e));
+  assert.deepEqual(receipts.slice(1), [
+    { ref: b, delivered: false },
+    { ref: a, delivered: false },
+  ]);
+  assert.equal(c.stats.droppedMessages, 1);
+});
