@@ -508,7 +508,10 @@ type chaosRecv struct {
 	// newest marks the newest version of each reliable latest state: of
 	// those, only it must arrive (the others may be replaced).
 	newest  map[int]bool
-	errs    []string
+	// untagged: latest state went without tags (the reference
+	// dialect), named by back-references only (olderMayFollow).
+	untagged bool
+	errs     []string
 	classes map[string]int // problems by class, for the summary line
 }
 
@@ -640,25 +643,22 @@ func (r *chaosRecv) mustArrive(i int) bool {
 	return r.plan[i].kind != chaosRelContent || r.newest[i]
 }
 
-// olderMayFollowFragmented reports the one case where Message.ContentID
-// allows an older state after a newer one: the newer is too large for a
-// datagram, so it travels as a reliable fragmented transfer, which may not
-// name an unreliable message on the wire; an older one sent in a single
-// datagram and delayed on the path past the whole transfer is then not
-// known for older.
-func olderMayFollowFragmented(newer, older *chaosMsg) bool {
-	return newer.kind == chaosContent && newer.size >= chaosFragmented && older.size < chaosFragmented
-}
-
-// olderMayFollowUnnamed reports the other case: a newer update names the
-// eight versions sent before it (the README's promise, contentBackRefs), so an older one with more sent
-// between them, all of them lost or held back on the path, is not known for
-// older when it comes (README, "Latest state"; seen in
-// priorities-held60ms, where a 60ms hold let ten versions pass one). The
-// plan counts the Sends: versions replaced in the queue never left, so at
-// most that many went between.
-func olderMayFollowUnnamed(newer, older *chaosMsg) bool {
-	return newer.kind == chaosContent && newer.seq-older.seq > 8
+// olderMayFollow reports where latest state without tags (the reference
+// dialect's wire) allows an older version after a newer one. The newer
+// names the eight versions sent before it (contentBackRefs), so an older
+// one with more sent between them, all of them lost or held back, is not
+// known for older when it comes (the plan counts the Sends: versions
+// replaced in the queue never left, so at most that many went between).
+// And a newer one too large for a datagram travels as a reliable transfer,
+// which may not name an unreliable message on the wire: an older one in a
+// single datagram delayed past the whole transfer is not known for older.
+// With tags (the spec dialect), versions carry their number, and neither
+// happens.
+func olderMayFollow(newer, older *chaosMsg) bool {
+	if newer.kind != chaosContent {
+		return false
+	}
+	return newer.seq-older.seq > 8 || newer.size >= chaosFragmented && older.size < chaosFragmented
 }
 
 // check applies the ordering rules to everything delivered, and with all,
@@ -673,7 +673,7 @@ func (r *chaosRecv) check(all bool) {
 		if !ok || r.pos[i] < 0 {
 			continue
 		}
-		if j, ok := last[g]; ok && r.pos[j] > r.pos[i] && !olderMayFollowFragmented(m, &r.plan[j]) && !olderMayFollowUnnamed(m, &r.plan[j]) {
+		if j, ok := last[g]; ok && r.pos[j] > r.pos[i] && !(r.untagged && olderMayFollow(m, &r.plan[j])) {
 			r.errorf("order", "%v: %s delivered before the older %s (deliveries %d, %d)%s", g, r.describe(i), r.describe(j), r.pos[i], r.pos[j], r.behind(j))
 		}
 		if j, ok := last[g]; !ok || r.pos[j] < r.pos[i] {
@@ -888,6 +888,7 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	}
 	// recv[i] checks what side i receives.
 	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
+	recv[0].untagged, recv[1].untagged = dialect == DialectReference, dialect == DialectReference
 	take := func() {
 		recv[0].take(p.h[0])
 		recv[1].take(p.h[1])
@@ -1141,6 +1142,7 @@ func runChaosConn(t *testing.T, cell chaosConnCell, seed uint64, dialect Dialect
 			plans[1] = nil
 		}
 		recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
+		recv[0].untagged, recv[1].untagged = dialect == DialectReference, dialect == DialectReference
 		var sendErr, recvErr [2]error
 		var wg sync.WaitGroup
 		for i, c := range conns {

@@ -420,6 +420,16 @@ func simulate(t *testing.T, dialect Dialect) (sent [][2][]byte) {
 		p.send(0, Message{ID: 600, ContentID: 70000, Reliable: true, Payload: []byte{byte(i)}}) // reliable latest state
 		p.run(2*time.Millisecond, nil)
 	}
+	if dialect == DialectSpec {
+		// knet no longer sends latest state as back-references (a
+		// version follows its tag), but its receiver still reads the
+		// marker older knet peers send: code 7 naming two earlier
+		// updates, its first entry repeated.
+		h := header{packetID: p.client().send.nextPID, inOrder: true, deltas: []uint16{0, 3}, indices: []uint16{0, 0}}
+		b := appendHeader(nil, &h)
+		b = appendMessage(b, &message{id: 500, order: orderMulti, orderMulti: []byte{0, 1, 0}, payload: []byte{99}})
+		sent = append(sent, [2][]byte{b, nil})
+	}
 	big := make([]byte, 5000)
 	for i := range big {
 		big[i] = byte(i)
