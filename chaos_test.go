@@ -511,7 +511,11 @@ type chaosRecv struct {
 	// untagged: latest state went without tags (the reference
 	// dialect), named by back-references only (olderMayFollow).
 	untagged bool
-	errs     []string
+	// wholeLimit is the largest unreliable message that travels
+	// unreliably (MaxUnreliablePayload: smaller in a secure session);
+	// a larger one travels reliably and may say so.
+	wholeLimit int
+	errs       []string
 	classes map[string]int // problems by class, for the summary line
 }
 
@@ -603,7 +607,11 @@ func (r *chaosRecv) add(m Message) {
 	}
 	// An unreliable message too large for a datagram travels reliably
 	// and may say so.
-	if m.ID != s.id || m.Reliable != s.reliable && (s.reliable || s.size < chaosFragmented) {
+	limit := r.wholeLimit
+	if limit == 0 {
+		limit = chaosFragmented - 1
+	}
+	if m.ID != s.id || m.Reliable != s.reliable && (s.reliable || s.size <= limit) {
 		r.errorf("integrity", "%s arrived as ID %d reliable %v, sent as ID %d reliable %v", r.describe(i), m.ID, m.Reliable, s.id, s.reliable)
 	}
 	// README: a received message reports InOrder when it was sent with an
@@ -889,6 +897,8 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	// recv[i] checks what side i receives.
 	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
 	recv[0].untagged, recv[1].untagged = dialect == DialectReference, dialect == DialectReference
+	recv[0].wholeLimit = min(p.client().cfg.wholeLimit(), p.server().cfg.wholeLimit())
+	recv[1].wholeLimit = recv[0].wholeLimit
 	take := func() {
 		recv[0].take(p.h[0])
 		recv[1].take(p.h[1])
@@ -1143,6 +1153,8 @@ func runChaosConn(t *testing.T, cell chaosConnCell, seed uint64, dialect Dialect
 		}
 		recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
 		recv[0].untagged, recv[1].untagged = dialect == DialectReference, dialect == DialectReference
+		recv[0].wholeLimit = min(conns[0].MaxUnreliablePayload(), conns[1].MaxUnreliablePayload())
+		recv[1].wholeLimit = recv[0].wholeLimit
 		var sendErr, recvErr [2]error
 		var wg sync.WaitGroup
 		for i, c := range conns {
