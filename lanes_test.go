@@ -252,3 +252,85 @@ func TestChannelWeightsShareBulk(t *testing.T) {
 	t.Logf("no weights: %d and %d", a, b)
 	assert.Zero(t, b, "send order: the second download waits for the first")
 }
+
+// gatedTrySocket is a gatedSocket that can be asked to write without
+// waiting (tryWriter): shut, it has no room.
+type gatedTrySocket struct {
+	*gatedSocket
+	tried *atomic.Int64 // datagrams TryWrite wrote
+}
+
+func (g gatedTrySocket) TryWrite(p *udp.Packet) error {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+	default:
+		return udp.ErrWouldBlock
+	}
+	p.Err = g.socket.WriteTo(p.Buf, p.Addr)
+	g.tried.Add(1)
+	return p.Err
+}
+
+// A TrySend on a dialed connection after a pause runs its round on the
+// caller's goroutine and writes there (a worker writes with WriteBatch,
+// never TryWrite): no goroutine is woken for a game client's input.
+// Should the socket have no room, TrySend still returns at once, and the
+// datagram goes once there is.
+func TestTrySendRunsHere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		var gate *gatedSocket
+		var tried atomic.Int64
+		nw.wrapDial = func(s socket) socket {
+			gate = &gatedSocket{socket: s, open: make(chan struct{})}
+			close(gate.open)
+			return gatedTrySocket{gate, &tried}
+		}
+		l := nw.listen(t, testConfig())
+		accepted := make(chan *Conn, 1)
+		go func() {
+			sc, err := l.AcceptConn(context.Background())
+			if err == nil {
+				accepted <- sc
+			}
+		}()
+		c := nw.dial(t, l.Addr().String(), testConfig())
+		require.NoError(t, c.Send(Message{ID: 6, Payload: []byte("hello")}))
+		sc := <-accepted
+		for i := range 10 {
+			time.Sleep(inlineGap) // the bubble's clock: a pause between inputs
+			synctest.Wait()       // everything idle: no worker has the connection
+			before := tried.Load()
+			require.NoError(t, c.TrySend(Message{ID: 7, Payload: []byte{byte(i)}}))
+			require.Greater(t, tried.Load(), before, "input %d: not written when TrySend returned", i)
+			m, err := sc.Receive(within(t, time.Second))
+			require.NoError(t, err)
+			if m.ID == 6 {
+				m, err = sc.Receive(within(t, time.Second))
+				require.NoError(t, err)
+			}
+			require.Equal(t, []byte{byte(i)}, m.Payload)
+		}
+		// No room in the socket: TrySend returns at once all the same.
+		time.Sleep(time.Second)
+		synctest.Wait()
+		gate.shut()
+		done := make(chan error, 1)
+		go func() { done <- c.TrySend(Message{ID: 7, Payload: []byte("late"), Reliable: true}) }()
+		synctest.Wait()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		default:
+			gate.release()
+			t.Fatal("TrySend waited for the socket")
+		}
+		gate.release()
+		m, err := sc.Receive(within(t, time.Second))
+		require.NoError(t, err)
+		assert.Equal(t, "late", string(m.Payload))
+	})
+}
