@@ -100,8 +100,10 @@ func (w *cppWire) read(now time.Time, b []byte) {
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
-		// Any datagram opens the connection.
+		// Any datagram opens the connection; our pings tell whether the
+		// server took our answer to its challenge (openPings).
 		s.clientEstablished(now, nil)
+		s.openPings(now)
 		w.recvOpen(now, d)
 	case stateAdmit:
 		// Nothing comes before our answer to the opening; a stray
