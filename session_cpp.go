@@ -111,7 +111,13 @@ func (w *cppWire) read(now time.Time, b []byte) {
 	case stateSynAck:
 		// Any datagram says the client is open, but only with the
 		// PingReply to our answer is the connection established
-		// (handleMessage).
+		// (handleMessage). Until then each one earns the credit for our
+		// challenge again, which goes at once: the client sends one
+		// (its ping, see openPings) when its PingReply may have been
+		// lost. Proven by this one, the challenge stays home.
+		if s.awaitsProof() {
+			s.owed.owe(oweSynAck)
+		}
 		s.establishServer(now)
 		w.recvOpen(now, d)
 	case stateLinger:
