@@ -51,18 +51,18 @@ func TestReferenceHandshakeDatagramLost(t *testing.T) {
 		t.Run(fmt.Sprintf("%s %dx", tt.what, tt.n), func(t *testing.T) {
 			p := newSimPairIn(t, DialectReference, nil, nil, perfect, perfect)
 			dropped := 0
-			in, out := 0, 0 // before the proof: bytes to and from the server
+			in, out := 0, 0 // before the proof: bytes the server received and sent
 			p.drop = func(from int, b []byte) bool {
-				if kind(from, b) == tt.what && dropped < tt.n && !p.server().addressProven() {
+				unproven := !p.server().addressProven()
+				if from == 1 && unproven {
+					out += len(b)
+				}
+				if kind(from, b) == tt.what && dropped < tt.n && unproven {
 					dropped++
 					return true
 				}
-				if !p.server().addressProven() {
-					if from == 0 {
-						in += len(b)
-					} else {
-						out += len(b)
-					}
+				if from == 0 && unproven {
+					in += len(b)
 				}
 				return false
 			}
@@ -73,6 +73,8 @@ func TestReferenceHandshakeDatagramLost(t *testing.T) {
 			assert.Equal(t, tt.n, dropped)
 			assert.Less(t, p.now.Sub(start), 4*time.Second, "connected by resends, well before the keepalive ping")
 			assert.True(t, p.server().addressProven())
+			require.True(t, p.run(time.Second, func() bool { return !p.client().handshake.pinging }), "the client's pings answered")
+			assert.Greater(t, p.client().live.nextPing.Sub(p.now), time.Second, "then at the keepalive's pace")
 			assert.LessOrEqual(t, out, in, "no more to the unproven address than it sent")
 			assert.LessOrEqual(t, p.server().handshake.preOut, p.server().handshake.preIn)
 		})
