@@ -27,8 +27,8 @@ import (
 // bursts) both ways over a path with the cell's condition in both
 // directions, and checks what each side received against what the other
 // sent: exactly once for reliable messages, at most once for the others,
-// payloads intact, order as DECISIONS §5 and the README's delivery-mode
-// table promise, and progress (every reliable message delivered within
+// payloads intact, order as DECISIONS §5 and the delivery-mode table of
+// docs/delivery.md promise, and progress (every reliable message delivered within
 // chaosProgressBound of simulated time after the last send).
 //
 // One cell, or one column:
@@ -603,7 +603,7 @@ func (r *chaosRecv) add(m Message) {
 	if m.ID != s.id || m.Reliable != s.reliable && (s.reliable || s.size < chaosFragmented) {
 		r.errorf("integrity", "%s arrived as ID %d reliable %v, sent as ID %d reliable %v", r.describe(i), m.ID, m.Reliable, s.id, s.reliable)
 	}
-	// README: a received message reports InOrder when it was sent with an
+	// docs/delivery.md: a received message reports InOrder when it was sent with an
 	// ordering requirement.
 	if (s.kind == chaosOrdered || s.kind == chaosSequenced) && !m.InOrder {
 		r.errorf("inorder-flag", "%s arrived without InOrder", r.describe(i))
@@ -651,9 +651,9 @@ func olderMayFollowFragmented(newer, older *chaosMsg) bool {
 }
 
 // olderMayFollowUnnamed reports the other case: a newer update names the
-// eight versions sent before it (the README's promise, contentBackRefs), so an older one with more sent
+// eight versions sent before it (docs/delivery.md's promise, contentBackRefs), so an older one with more sent
 // between them, all of them lost or held back on the path, is not known for
-// older when it comes (README, "Latest state"; seen in
+// older when it comes (docs/status.md, "Latest state"; seen in
 // priorities-held60ms, where a 60ms hold let ten versions pass one). The
 // plan counts the Sends: versions replaced in the queue never left, so at
 // most that many went between.
