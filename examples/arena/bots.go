@@ -133,11 +133,14 @@ func (bs *botSet) play(b *bot, base string) error {
 }
 
 // report waits for the bots to end and prints what each transport's saw.
-func (bs *botSet) report(out io.Writer) []transportReport {
+// It returns the drain's error (drainErr) joined with the bots' failures:
+// a transport whose bots had no snapshot, or a bot not told closeDrain.
+func (bs *botSet) report(out io.Writer, drainErr error) ([]transportReport, error) {
 	bs.wg.Wait()
 	if len(bs.bots) == 0 {
-		return nil
+		return nil, drainErr
 	}
+	errs := []error{drainErr}
 	var rs []transportReport
 	for _, tr := range botTransports {
 		r := transportReport{Transport: tr}
@@ -163,9 +166,12 @@ func (bs *botSet) report(out io.Writer) []transportReport {
 		fmt.Fprintf(out, "%-9s bots %d: %d snapshots, age p50 %v p99 %v; %d drained\n",
 			tr, r.Bots, r.Snapshots, r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond), r.Drained)
 		for _, err := range r.Errs {
-			fmt.Fprintf(out, "%-9s a bot ended with %v\n", tr, err)
+			errs = append(errs, fmt.Errorf("a bot over %v ended with %v, not closeDrain", tr, err))
+		}
+		if r.Snapshots == 0 {
+			errs = append(errs, fmt.Errorf("no bot over %v had a snapshot", tr))
 		}
 		rs = append(rs, r)
 	}
-	return rs
+	return rs, errors.Join(errs...)
 }

@@ -122,7 +122,7 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 	fmt.Fprintf(out, "drained: %d players left (err %v)\n", s.l.Stats().Connections, err)
 	stopTick()
 	<-ticked
-	return bots.report(out), err
+	return bots.report(out, err)
 }
 
 // token issues a connect token to whoever asks: a backend's job, here for
