@@ -182,7 +182,7 @@ func (s *server) tick(ctx context.Context, g *knet.Group) {
 // transportStats is what /metrics and the drain print say of each transport.
 type transportStats struct {
 	Players int
-	RTT     time.Duration // mean Stats.RTT: see docs/server.md on what it measures
+	RTT     time.Duration // mean Stats.RTT (nanoseconds in JSON); docs/server.md says what it measures
 	Sent    uint64        // messages
 }
 
