@@ -27,8 +27,8 @@ import (
 // bursts) both ways over a path with the cell's condition in both
 // directions, and checks what each side received against what the other
 // sent: exactly once for reliable messages, at most once for the others,
-// payloads intact, order as DECISIONS §5 and the README's delivery-mode
-// table promise, and progress (every reliable message delivered within
+// payloads intact, order as DECISIONS §5 and the delivery-mode table of
+// docs/delivery.md promise, and progress (every reliable message delivered within
 // chaosProgressBound of simulated time after the last send).
 //
 // One cell, or one column:
@@ -614,7 +614,7 @@ func (r *chaosRecv) add(m Message) {
 	if m.ID != s.id || m.Reliable != s.reliable && (s.reliable || s.size <= limit) {
 		r.errorf("integrity", "%s arrived as ID %d reliable %v, sent as ID %d reliable %v", r.describe(i), m.ID, m.Reliable, s.id, s.reliable)
 	}
-	// README: a received message reports InOrder when it was sent with an
+	// docs/delivery.md: a received message reports InOrder when it was sent with an
 	// ordering requirement.
 	if (s.kind == chaosOrdered || s.kind == chaosSequenced) && !m.InOrder {
 		r.errorf("inorder-flag", "%s arrived without InOrder", r.describe(i))

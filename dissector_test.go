@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/knet-go/knet/internal/netsim"
+	"github.com/knet-go/knet/internal/testtool"
 )
 
 // The Wireshark dissector (tools/wireshark/knet.lua) against the codec:
@@ -28,17 +29,11 @@ import (
 
 const dissectorScript = "tools/wireshark/knet.lua"
 
-// tshark returns the path of tshark, skipping the test only when asked to.
+// tshark returns the path of tshark; without it, the test skips (fails
+// with KNET_REQUIRE_TOOLS=1: internal/testtool).
 func tshark(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("tshark")
-	if err != nil {
-		if os.Getenv("KNET_NO_TSHARK") == "1" {
-			t.Skip("tshark not installed and KNET_NO_TSHARK=1")
-		}
-		t.Fatal("the dissector test needs tshark: install it (apt-get install tshark) or set KNET_NO_TSHARK=1 to skip")
-	}
-	return path
+	return testtool.Need(t, "tshark", "apt-get install tshark")
 }
 
 // pcapWriter writes LINKTYPE_RAW (101) records, an IPv4 and UDP header
