@@ -175,10 +175,12 @@ func (r gameResult) clientCores() (float64, bool) {
 }
 
 // saturated reports whether server + clients used at least
-// gameSaturated of the cores over the window.
-func (r gameResult) saturated() bool {
+// gameSaturated of the cores over the window (own), and whether the
+// whole machine, other processes included, was that busy (machine).
+func (r gameResult) saturated() (own, machine bool) {
 	c, ok := r.clientCores()
-	return ok && r.serverCores()+c >= gameSaturated*float64(gameCores())
+	own = ok && r.serverCores()+c >= gameSaturated*float64(gameCores())
+	return own, r.srv.MachineBusy >= gameSaturated
 }
 
 func (r gameResult) cpuPerClient() float64 { // µs of CPU per client per second
@@ -1573,6 +1575,8 @@ func (h *harness) gameLegend() []string {
 		fmt.Sprintf("Game: one server, N clients; each client sends a %d B input %d times a second (knet: unreliable sequenced), the server's %d Hz tick sends each client a %d B snapshot (knet: latest state, ContentID) and, once a second per client, a %d B reliable ordered event. kcp-go has no unreliable mode: its inputs and snapshots are reliable ordered kcp messages. Server and clients run in two separate processes; window %v after %v warm-up (from when all N are connected).",
 			gameInputLen, gameInputHz, gameTickHz, gameSnapLen, gameEventLen, h.o.gameDur, h.o.gameWarmup),
 		"Game server CPU per client: the server process's user+sys CPU time over the window / window / N, in µs of CPU per client per second (the clients' process is not counted).",
+		fmt.Sprintf("Game server / clients process CPU: each process's user+sys CPU time over the window / window, in cores (the clients' window: from the first snapshot of the window they receive to the first one sent after it); of %d cores (GOMAXPROCS). A run where the two together used ≥ %.0f %% of them, or where the whole machine (all processes, /proc/stat) was ≥ %.0f %% busy, is marked on the server's rows: they then measure the CPU the server could get as much as the server.", gameCores(), gameSaturated*100, gameSaturated*100),
+		"Raw UDP batched (game only): the raw UDP server with recvmmsg/sendmmsg (x/net ipv4 ReadBatch/WriteBatch: one sendmmsg per 1,024 datagrams of a tick), no protocol work, raw UDP's clients: the machine's limit for this load.",
 		"Game snapshot latency: client receive time - the server tick's start time stamped in the snapshot (wall clock shared by the two processes), over the window's snapshots that arrived.",
 		"Game server CPU per message: the same CPU time / (inputs the server received + snapshots the clients received + events sent) in the window: it does not shrink when a server that falls behind carries fewer messages.",
 		"Game memory per connection: the server process's heap in use + goroutine stacks after GC at the window's end, minus the same before any client, / N.",
