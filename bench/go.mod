@@ -6,6 +6,7 @@ require (
 	github.com/knet-go/knet v0.0.0
 	github.com/quic-go/quic-go v0.65.0
 	github.com/xtaci/kcp-go/v5 v5.6.24
+	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4
 	golang.org/x/net v0.62.0
 )
 

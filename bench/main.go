@@ -88,6 +88,7 @@ func main() {
 	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write CPU profiles over the window of the server process to FILE.<lib>-<N> (and its heap at the window's end to FILE.<lib>-<N>.heap) and of the clients process to FILE.<lib>-<N>.clients (the last run's)")
 	flag.StringVar(&o.gameTrace, "game-trace", "", "game scenario: write execution traces (runtime/trace) of the server process to FILE.<lib>-<N>.server and of the clients process to FILE.<lib>-<N>.clients, over the window's first -game-trace-for")
 	flag.DurationVar(&o.gameTraceFor, "game-trace-for", time.Second, "game scenario: how much of the window -game-trace records")
+	traceReport := flag.String("game-trace-report", "", "read the traces FILE.server and FILE.clients that -game-trace wrote (e.g. /tmp/gt.knet-1000), print where the snapshots' time goes, and exit")
 	var gf gameFlags
 	flag.StringVar(&gf.role, "game-role", "", "internal: run as the game scenario's server or clients process")
 	flag.StringVar(&gf.lib, "game-lib", "", "internal: library of a game process (knet, kcp, udp)")
@@ -99,6 +100,13 @@ func main() {
 		gf.warmup, gf.dur, gf.cpuprofile = o.gameWarmup, o.gameDur, o.gameProfile
 		gf.trace, gf.traceFor = o.gameTrace, o.gameTraceFor
 		gameChild(gf)
+		return
+	}
+	if *traceReport != "" {
+		if err := gameTraceReport(os.Stdout, *traceReport); err != nil {
+			fmt.Fprintln(os.Stderr, "game-trace-report:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	o.runs = *runs
