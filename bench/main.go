@@ -1,6 +1,6 @@
 // Command bench compares knet with kcp-go, quic-go and raw UDP on loopback.
 //
-//	go run .                 # full run: 3 runs of everything, about 13 minutes
+//	go run .                 # full run: 3 runs of everything, about 17 minutes
 //	go run . -quick          # smoke run: 1 short run, about 1 minute
 //	go run . -only=pingpong,lossy -libs=knet,kcp-go
 //
