@@ -187,19 +187,6 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	switch {
 	case k != nil:
 		k.add(c)
-	case light && try && c.ep.connected && c.ep.tries && c.claim():
-		// A TrySend on a dialed connection after a pause (a game
-		// client's input): its round runs here, as Send's does below,
-		// writing only what the socket takes at once (runTry). A plain
-		// UDP client writes from this goroutine too; handing the round
-		// to the worker woke a goroutine per input.
-		if now := time.Now(); now.Sub(c.sched.sentHere) >= inlineGap {
-			c.sched.sentHere = now
-			c.ep.sched.runTry(c)
-		} else {
-			c.release()
-			c.kick()
-		}
 	case light && !try && (reply || c.ep.connected) && c.claim():
 		// The round runs here, with no hand-off, for a reply (the first
 		// Send after Receive or Read took a message: an echo, a response,

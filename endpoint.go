@@ -24,7 +24,6 @@ type packet struct {
 type endpoint struct {
 	sock      socket
 	connected bool // a dialed socket: writes go to its peer
-	tries     bool // the socket writes without waiting when asked (tryWriter)
 	l         *Listener
 	cfg       *config
 	pool      *sync.Pool
@@ -123,7 +122,6 @@ func newEndpoint(sock socket, connected bool, cfg *config, o *endpointOptions) *
 	if ep.parkAfter <= 0 {
 		ep.parkAfter = defaultParkAfter
 	}
-	_, ep.tries = sock.(tryWriter)
 	ep.sched.init(ep, workersFor(!connected))
 	ep.pool = packetPool(max(cfg.readSize(), 2048) + 1)
 	if cfg.readSize()+1 > smallPacketSize {

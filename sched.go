@@ -1,7 +1,6 @@
 package knet
 
 import (
-	"errors"
 	"runtime"
 	"sync"
 	"time"
@@ -291,27 +290,6 @@ func (q *scheduler) runHere(c *Conn) {
 	q.putDriver(d)
 }
 
-// runTry runs a round of c, claimed, for a TrySend on the calling
-// goroutine, which must never wait: what the round produced is written
-// here as far as the socket takes it at once; should the socket have no
-// room, a goroutine writes the rest, waiting for it, and holds c until
-// then, as a worker's batch would.
-func (q *scheduler) runTry(c *Conn) {
-	d := q.getDriver()
-	d.try = true
-	d.run(c)
-	d.try = false
-	if d.tryFlush() {
-		d.write() // nothing left to write: releases c
-		q.putDriver(d)
-		return
-	}
-	go func() {
-		d.write()
-		q.putDriver(d)
-	}()
-}
-
 // getDriver takes a driver from those no goroutine is using, or makes one.
 func (q *scheduler) getDriver() *driver {
 	q.mu.Lock()
@@ -359,11 +337,6 @@ type driver struct {
 	// scratch is the space the sessions of its rounds work in, one at a
 	// time.
 	scratch scratchSpace
-	// try: the round runs for a TrySend (runTry), whose goroutine writes
-	// only what the socket takes at once; from is the first datagram of
-	// the batch not yet written (tryFlush wrote those before).
-	try  bool
-	from int
 }
 
 func newDriver(ep *endpoint) *driver { return &driver{ep: ep} }
@@ -374,9 +347,7 @@ func (d *driver) run(c *Conn) {
 	if c.round(d) {
 		c.run.Store(runDone)
 		d.ended = append(d.ended, c)
-		if !d.try { // runTry writes them
-			d.write() // its last datagrams (a DisconnectAck) go before it ends
-		}
+		d.write() // its last datagrams (a DisconnectAck) go before it ends
 		return
 	}
 	if d.n > 0 && d.owner[d.n-1] == c {
@@ -418,58 +389,28 @@ func (d *driver) add(c *Conn, b []byte) {
 // into.
 func (d *driver) spare() []byte { return d.w.bufs[d.n] }
 
-// flushBatch writes the batch (from d.from: tryFlush wrote those before).
+// flushBatch writes the batch.
 func (d *driver) flushBatch() {
 	if d.n == 0 {
 		return
 	}
-	ps := d.w.ps[d.from:d.n]
+	ps := d.w.ps[:d.n]
 	if d.ep.writeBatch(d.w, ps) != nil {
 		for i := range ps {
 			if err := ps[i].Err; err != nil {
-				d.sendFailed(d.from+i, err)
+				c := d.owner[i]
+				c.sendErrs++
+				c.unsentBytes += uint64(len(ps[i].Buf))
+				c.sess.unreachable(err)
+				if len(d.failed) == 0 || d.failed[len(d.failed)-1] != c {
+					d.failed = append(d.failed, c)
+				}
 			}
 		}
 	}
 	clear(d.owner)
 	d.owner = d.owner[:0]
-	d.n, d.from = 0, 0
-}
-
-// sendFailed notes that the system refused the batch's i-th datagram.
-func (d *driver) sendFailed(i int, err error) {
-	c := d.owner[i]
-	c.sendErrs++
-	c.unsentBytes += uint64(len(d.w.ps[i].Buf))
-	c.sess.unreachable(err)
-	if len(d.failed) == 0 || d.failed[len(d.failed)-1] != c {
-		d.failed = append(d.failed, c)
-	}
-}
-
-// tryFlush writes the batch's datagrams, in order, as far as the socket
-// takes them without waiting, and reports whether all went. A socket that
-// cannot be asked so (no tryWriter) writes none of them here.
-func (d *driver) tryFlush() bool {
-	tw, ok := d.ep.sock.(tryWriter)
-	if !ok {
-		return d.n == 0
-	}
-	for d.from < d.n {
-		p := &d.w.ps[d.from]
-		err := tw.TryWrite(p)
-		if errors.Is(err, udp.ErrWouldBlock) {
-			return false
-		}
-		if err != nil {
-			d.sendFailed(d.from, err)
-		}
-		d.from++
-	}
-	clear(d.owner)
-	d.owner = d.owner[:0]
-	d.n, d.from = 0, 0
-	return true
+	d.n = 0
 }
 
 // write writes the batch and releases the connections it held.

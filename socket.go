@@ -43,22 +43,7 @@ type socket interface {
 	Close() error
 }
 
-// tryWriter is a socket that can be asked to write a datagram only if it
-// need not wait for room: TryWrite returns udp.ErrWouldBlock, having
-// written nothing, where WriteBatch would wait. A TrySend's round on a
-// dialed connection writes with it on the caller's goroutine (runTry).
-type tryWriter interface {
-	TryWrite(p *udp.Packet) error
-}
-
-var (
-	_ socket    = (*udpSocket)(nil)
-	_ tryWriter = (*udpSocket)(nil)
-)
-
-// TryWrite writes p if the kernel takes it at once (a dialed socket only:
-// a listener's answers udp.ErrWouldBlock).
-func (s *udpSocket) TryWrite(p *udp.Packet) error { return s.uc.TryWriteOne(p) }
+var _ socket = (*udpSocket)(nil)
 
 // udpSocket is a socket of the system, read and written in batches by
 // internal/udp. It holds the one reader's state.

@@ -377,13 +377,6 @@ func (s *Socket) WriteBatch(w *udp.Writer, ps []udp.Packet) error {
 	return first
 }
 
-// TryWrite is WriteTo for one packet: a simulated socket never waits for
-// room, so it always writes.
-func (s *Socket) TryWrite(p *udp.Packet) error {
-	p.Err = s.WriteTo(p.Buf, p.Addr)
-	return p.Err
-}
-
 // ReadWant is max when datagrams wait beyond the next, and otherwise 1.
 func (s *Socket) ReadWant(max int) int {
 	if len(s.in) > 1 {

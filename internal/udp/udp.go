@@ -7,7 +7,6 @@
 package udp
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 )
@@ -106,20 +105,6 @@ func (c *Conn) WriteBatch(w *Writer, ps []Packet) (int, error) {
 		ps[i].Err = nil
 	}
 	return c.sys.writeBatch(&w.sys, ps)
-}
-
-// ErrWouldBlock is TryWriteOne's word that the socket has no room now:
-// nothing was written.
-var ErrWouldBlock = errors.New("udp: the socket has no room now")
-
-// TryWriteOne writes one packet on a connected socket if the kernel takes
-// it at once, and otherwise returns ErrWouldBlock, having written
-// nothing, where WriteOne would wait for room. An unconnected socket, and
-// a system where the kernel cannot be asked so, always answer
-// ErrWouldBlock.
-func (c *Conn) TryWriteOne(p *Packet) error {
-	p.Err = c.sys.tryWriteOne(p)
-	return p.Err
 }
 
 // WriteOne writes one packet, as WriteBatch would, with no Writer: a

@@ -5,7 +5,6 @@ package udp
 import (
 	"encoding/binary"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -26,52 +25,15 @@ type sysConn struct {
 	// socket with UDP_GRO. It is cleared for good at the first send the
 	// kernel refuses with it (a device without checksum offload).
 	gso atomic.Bool
-	// try is TryWriteOne's call in progress.
-	try struct {
-		mu sync.Mutex
-		p  *Packet
-		e  syscall.Errno
-		fn func(fd uintptr) bool // s.trySend, made once
-	}
 }
 
 func (s *sysConn) init(c *Conn) {
 	s.c = c
-	s.try.fn = s.trySend
 	s.rc, _ = c.pc.SyscallConn()
 	s.rc.Control(func(fd uintptr) {
 		_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
 		s.gso.Store(err == nil)
 	})
-}
-
-// tryWriteOne writes p on a connected socket if the kernel takes it now.
-func (s *sysConn) tryWriteOne(p *Packet) error {
-	if !s.c.connected {
-		return ErrWouldBlock // not needed: only dialed sockets try
-	}
-	t := &s.try
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.p, t.e = p, 0
-	err := s.rc.Write(t.fn)
-	t.p = nil
-	switch {
-	case err != nil:
-		return err
-	case t.e == unix.EAGAIN:
-		return ErrWouldBlock
-	case t.e != 0:
-		return t.e
-	}
-	return nil
-}
-
-// trySend is tryWriteOne's call: it never asks the poller to wait.
-func (s *sysConn) trySend(fd uintptr) bool {
-	b := s.try.p.Buf
-	_, _, s.try.e = unix.Syscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), unix.MSG_DONTWAIT, 0, 0)
-	return true
 }
 
 // A GSO run: at most maxSegments datagrams and maxRunBytes in all (the

@@ -6,10 +6,6 @@ type sysConn struct{ c *Conn }
 
 func (s *sysConn) init(c *Conn) { s.c = c }
 
-// tryWriteOne cannot tell here whether a write would wait: it never
-// writes.
-func (s *sysConn) tryWriteOne(p *Packet) error { return ErrWouldBlock }
-
 type sysReader struct{}
 
 func (r *sysReader) init(c *Conn) {}
