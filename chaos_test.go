@@ -27,8 +27,8 @@ import (
 // bursts) both ways over a path with the cell's condition in both
 // directions, and checks what each side received against what the other
 // sent: exactly once for reliable messages, at most once for the others,
-// payloads intact, order as DECISIONS §5 and the README's delivery-mode
-// table promise, and progress (every reliable message delivered within
+// payloads intact, order as DECISIONS §5 and the delivery-mode table of
+// docs/delivery.md promise, and progress (every reliable message delivered within
 // chaosProgressBound of simulated time after the last send).
 //
 // One cell, or one column:
@@ -508,7 +508,14 @@ type chaosRecv struct {
 	// newest marks the newest version of each reliable latest state: of
 	// those, only it must arrive (the others may be replaced).
 	newest  map[int]bool
-	errs    []string
+	// untagged: latest state went without tags (the reference
+	// dialect), named by back-references only (olderMayFollow).
+	untagged bool
+	// wholeLimit is the largest unreliable message that travels
+	// unreliably (MaxUnreliablePayload: smaller in a secure session);
+	// a larger one travels reliably and may say so.
+	wholeLimit int
+	errs       []string
 	classes map[string]int // problems by class, for the summary line
 }
 
@@ -600,10 +607,14 @@ func (r *chaosRecv) add(m Message) {
 	}
 	// An unreliable message too large for a datagram travels reliably
 	// and may say so.
-	if m.ID != s.id || m.Reliable != s.reliable && (s.reliable || s.size < chaosFragmented) {
+	limit := r.wholeLimit
+	if limit == 0 {
+		limit = chaosFragmented - 1
+	}
+	if m.ID != s.id || m.Reliable != s.reliable && (s.reliable || s.size <= limit) {
 		r.errorf("integrity", "%s arrived as ID %d reliable %v, sent as ID %d reliable %v", r.describe(i), m.ID, m.Reliable, s.id, s.reliable)
 	}
-	// README: a received message reports InOrder when it was sent with an
+	// docs/delivery.md: a received message reports InOrder when it was sent with an
 	// ordering requirement.
 	if (s.kind == chaosOrdered || s.kind == chaosSequenced) && !m.InOrder {
 		r.errorf("inorder-flag", "%s arrived without InOrder", r.describe(i))
@@ -640,25 +651,22 @@ func (r *chaosRecv) mustArrive(i int) bool {
 	return r.plan[i].kind != chaosRelContent || r.newest[i]
 }
 
-// olderMayFollowFragmented reports the one case where Message.ContentID
-// allows an older state after a newer one: the newer is too large for a
-// datagram, so it travels as a reliable fragmented transfer, which may not
-// name an unreliable message on the wire; an older one sent in a single
-// datagram and delayed on the path past the whole transfer is then not
-// known for older.
-func olderMayFollowFragmented(newer, older *chaosMsg) bool {
-	return newer.kind == chaosContent && newer.size >= chaosFragmented && older.size < chaosFragmented
-}
-
-// olderMayFollowUnnamed reports the other case: a newer update names the
-// eight versions sent before it (the README's promise, contentBackRefs), so an older one with more sent
-// between them, all of them lost or held back on the path, is not known for
-// older when it comes (README, "Latest state"; seen in
-// priorities-held60ms, where a 60ms hold let ten versions pass one). The
-// plan counts the Sends: versions replaced in the queue never left, so at
-// most that many went between.
-func olderMayFollowUnnamed(newer, older *chaosMsg) bool {
-	return newer.kind == chaosContent && newer.seq-older.seq > 8
+// olderMayFollow reports where latest state without tags (the reference
+// dialect's wire) allows an older version after a newer one. The newer
+// names the eight versions sent before it (contentBackRefs), so an older
+// one with more sent between them, all of them lost or held back, is not
+// known for older when it comes (the plan counts the Sends: versions
+// replaced in the queue never left, so at most that many went between).
+// And a newer one too large for a datagram travels as a reliable transfer,
+// which may not name an unreliable message on the wire: an older one in a
+// single datagram delayed past the whole transfer is not known for older.
+// With tags (the spec dialect), versions carry their number, and neither
+// happens.
+func olderMayFollow(newer, older *chaosMsg) bool {
+	if newer.kind != chaosContent {
+		return false
+	}
+	return newer.seq-older.seq > 8 || newer.size >= chaosFragmented && older.size < chaosFragmented
 }
 
 // check applies the ordering rules to everything delivered, and with all,
@@ -673,7 +681,7 @@ func (r *chaosRecv) check(all bool) {
 		if !ok || r.pos[i] < 0 {
 			continue
 		}
-		if j, ok := last[g]; ok && r.pos[j] > r.pos[i] && !olderMayFollowFragmented(m, &r.plan[j]) && !olderMayFollowUnnamed(m, &r.plan[j]) {
+		if j, ok := last[g]; ok && r.pos[j] > r.pos[i] && !(r.untagged && olderMayFollow(m, &r.plan[j])) {
 			r.errorf("order", "%v: %s delivered before the older %s (deliveries %d, %d)%s", g, r.describe(i), r.describe(j), r.pos[i], r.pos[j], r.behind(j))
 		}
 		if j, ok := last[g]; !ok || r.pos[j] < r.pos[i] {
@@ -888,6 +896,9 @@ func runChaosCellIn(t *testing.T, dialect Dialect, mode chaosMode, cond chaosCon
 	}
 	// recv[i] checks what side i receives.
 	recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
+	recv[0].untagged, recv[1].untagged = dialect == DialectReference, dialect == DialectReference
+	recv[0].wholeLimit = min(p.client().cfg.wholeLimit(), p.server().cfg.wholeLimit())
+	recv[1].wholeLimit = recv[0].wholeLimit
 	take := func() {
 		recv[0].take(p.h[0])
 		recv[1].take(p.h[1])
@@ -1141,6 +1152,9 @@ func runChaosConn(t *testing.T, cell chaosConnCell, seed uint64, dialect Dialect
 			plans[1] = nil
 		}
 		recv := [2]*chaosRecv{newChaosRecv(1, plans[1]), newChaosRecv(0, plans[0])}
+		recv[0].untagged, recv[1].untagged = dialect == DialectReference, dialect == DialectReference
+		recv[0].wholeLimit = min(conns[0].MaxUnreliablePayload(), conns[1].MaxUnreliablePayload())
+		recv[1].wholeLimit = recv[0].wholeLimit
 		var sendErr, recvErr [2]error
 		var wg sync.WaitGroup
 		for i, c := range conns {

@@ -305,7 +305,7 @@ type Config struct {
 	// TCP makes a Listener accept kNet over TCP as well, on the same
 	// port number as its UDP socket, for players whose networks block
 	// UDP: the C++ reference's framing, with knet's hello between knet
-	// peers (see the README's "Players without UDP"). Default: UDP only.
+	// peers (see docs/streams.md). Default: UDP only.
 	// With PrivateKey, its streams are secure too, and take no plaintext
 	// (docs/PROTOCOL.md §9.1).
 	TCP bool

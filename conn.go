@@ -99,7 +99,7 @@ type connInbox struct {
 type connSendQueue struct {
 	// Guarded by mu.
 	mu          sync.Mutex
-	msgs        []outMsg
+	msgs        []appMsg
 	lastRef     uint64 // the last Ref handed out >> 1: the tag, the count
 	closing     bool   // Close was called
 	peerGone    bool   // the peer closed (beside closing: one word for both)
@@ -111,9 +111,33 @@ type connSendQueue struct {
 	space       chan struct{} // capacity 1
 
 	// Owned by the round (Conn.round).
-	spare    []outMsg // the slice msgs is swapped with each round
+	spare    []appMsg // the slice msgs is swapped with each round
 	peak     int      // the most messages one round took since the last tidy
 	released int      // send buffer bytes to hand back
+}
+
+// appMsg is a message the application queued, as the send queue holds it
+// until a round makes it the session's outMsg: 80 bytes, not outMsg's 200,
+// in two slices per connection that a burst grows.
+type appMsg struct {
+	ref       Ref
+	id        uint32
+	contentID uint32
+	payload   []byte
+	pbuf      *[]byte // the pooled buffer behind payload
+	after     []Ref
+	reliable  bool
+	inOrder   bool
+	tracked   bool
+	channel   uint8
+	priority  int8
+}
+
+// outMsg makes a the session's message m, keeping m's recycled storage.
+func (a *appMsg) outMsg(m *outMsg) {
+	deps := m.deps[:0]
+	*m = outMsg{ref: a.ref, id: a.id, payload: a.payload, pbuf: a.pbuf, reliable: a.reliable, inOrder: a.inOrder,
+		tracked: a.tracked, channel: a.channel, priority: a.priority, contentID: a.contentID, after: a.after, deps: deps}
 }
 
 // connRecvQueue holds the messages the rounds delivered (deliver) until the

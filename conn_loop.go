@@ -191,12 +191,10 @@ func (c *Conn) drainSendQueue(now time.Time) {
 	}
 	for i := range q {
 		m := c.sess.newMsg()
-		deps := m.deps[:0] // keep the recycled message's storage
-		*m = q[i]
-		m.deps = deps
+		q[i].outMsg(m)
 		c.sess.prepare(m)
 		c.sess.enqueue(m)
-		q[i] = outMsg{}
+		q[i] = appMsg{}
 	}
 	c.sendq.spare = q[:0]
 	if gone {
@@ -327,11 +325,15 @@ func (c *Conn) tidy() {
 		c.inbox.pkts = nil
 	}
 	c.inbox.mu.Unlock()
-	if big(cap(c.sendq.spare), c.sendq.peak) {
+	// The send queue's two slices: a game server's thousand connections
+	// each took a snapshot and an event a round, yet kept room for 20
+	// from the ticks when their rounds fell behind.
+	bigQ := func(n, peak int) bool { return n > 2*peak+2 }
+	if bigQ(cap(c.sendq.spare), c.sendq.peak) {
 		c.sendq.spare = nil
 	}
 	c.sendq.mu.Lock()
-	if len(c.sendq.msgs) == 0 && big(cap(c.sendq.msgs), c.sendq.peak) {
+	if len(c.sendq.msgs) == 0 && bigQ(cap(c.sendq.msgs), c.sendq.peak) {
 		c.sendq.msgs = nil
 	}
 	c.sendq.mu.Unlock()

@@ -159,7 +159,7 @@ func (c *Conn) queue(ctx context.Context, m *Message, tracked bool, k *kicks) (R
 	if m.Reliable {
 		ref |= 1
 	}
-	o := outMsg{
+	o := appMsg{
 		ref:       ref,
 		id:        m.ID,
 		pbuf:      pbuf,

@@ -42,7 +42,7 @@ import (
 //     sent after the previous one is acked: the reference reassembles
 //     fragments in the order they arrive, so any reordering or loss in
 //     a window of them would corrupt its copy. That costs a round trip
-//     per datagram of fragments; see the README for measurements.
+//     per datagram of fragments; see docs/cpp-knet.md for measurements.
 type Dialect uint8
 
 const (

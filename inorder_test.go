@@ -341,7 +341,7 @@ func TestContentIDDropsOlderArrivingLate(t *testing.T) {
 		got = append(got, m.Payload[0])
 	}
 	assert.Equal(t, []byte{2}, got)
-	assert.Positive(t, p.server().stats.DroppedMessages)
+	assert.Positive(t, p.server().stats.ObsoleteMessages, "dropped by its tag's number")
 }
 
 func TestDependencyEntriesSplitAt255(t *testing.T) {

@@ -96,7 +96,7 @@ type Message struct {
 	// replaces it, an older version is never delivered after a newer
 	// one, and a version replaced is not sent again, queued or lost on
 	// the way. It is carried on the wire in a tag that knet reads and
-	// other receivers ignore. See the README's "Reliable latest state".
+	// other receivers ignore. See docs/delivery.md, "Reliable latest state".
 	ContentID uint32
 	// DependsOn lists earlier messages, sent with SendRef on the same
 	// Conn, that must be applied before this one: a dependency graph

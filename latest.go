@@ -36,6 +36,12 @@ import "encoding/binary"
 // for one datagram travels as an ordinary fragmented transfer, its tag
 // before its first fragment, and is resent until acked.
 
+// Unreliable latest state (Message.ContentID on an unreliable message, not
+// in order, naming nothing) takes its number from the same counter and
+// goes after the same tag, in an unreliable datagram with the other
+// unreliable messages; the receiver's check is the same. It names no
+// earlier version, so the sender keeps no record of it once it has left.
+
 // extLatest is the idExt kind of a latest-state tag.
 const extLatest = 2
 
@@ -131,16 +137,24 @@ func (s *session) relLatestState() *relLatest {
 // false if m is not one (the reference dialect keeps the reference's
 // meaning: none).
 func (s *session) queueLatest(m *outMsg) bool {
-	if !m.reliable || m.contentID == 0 || m.inOrder || len(m.after) > 0 {
+	if m.contentID == 0 || m.inOrder || len(m.after) > 0 {
+		return false
+	}
+	tags := s.wire.latestTags()
+	if !m.reliable {
+		if tags {
+			// Unreliable latest state: numbered from the same
+			// counter, tagged, and queued with the other unreliable
+			// messages (or as a transfer, if too large).
+			m.version = s.relLatestState().next(contentKey{m.id, m.contentID})
+		}
 		return false
 	}
 	rl := s.relLatestState()
 	k := contentKey{m.id, m.contentID}
-	tags := s.wire.latestTags()
 	if tags {
-		m.version = rl.newest[k] + 1
+		m.version = rl.next(k)
 		m.relLatest = true
-		rl.newest[k] = m.version
 	}
 	if old := rl.queued[k]; old != nil && old.off == 0 && !old.done && s.send.bulk != old {
 		// The state's datagrams given up so far count for the newer
@@ -175,6 +189,17 @@ func (s *session) queueLatest(m *outMsg) bool {
 	// reliable number is taken when it is packed, so no number goes
 	// missing), as the reference itself does.
 	return tags
+}
+
+// next takes state k's next version number. 0 is skipped: a message
+// numbered 0 is untagged (outMsg.version).
+func (rl *relLatest) next(k contentKey) uint32 {
+	v := rl.newest[k] + 1
+	if v == 0 {
+		v = 1
+	}
+	rl.newest[k] = v
+	return v
 }
 
 // sweep lets go of the replaced versions left in the queue.

@@ -261,7 +261,7 @@ func TestPMTUSecureConn(t *testing.T) {
 }
 
 func TestPMTUThroughputFigure(t *testing.T) {
-	// The figure in README's "Path MTU": 1 MiB messages over real
+	// The figure in docs/configuration.md, "Path MTU": 1 MiB messages over real
 	// loopback, with discovery up to 9000 bytes and at the fixed 1400,
 	// in turns; the medians.
 	//

@@ -142,7 +142,10 @@ func (o *sendOrder) add(m *outMsg) {
 			m.deps = append(m.deps, depOn{t: t, ref: r, hard: !reliable && t.reliable || t.relLatest})
 		}
 	}
-	hasKey := m.contentID != 0 && !m.reliable
+	// Untagged latest state (in order or naming others, or the
+	// reference dialect's): named back-references. A tagged version
+	// (m.version, latest.go) names nothing: its number orders it.
+	hasKey := m.contentID != 0 && !m.reliable && m.version == 0
 	var key contentKey
 	var prev depOn
 	if hasKey {

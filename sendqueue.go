@@ -76,7 +76,8 @@ type outMsg struct {
 	// keep: the session keeps it until it is known delivered, for
 	// Conn.Unacknowledged (unacked.go); left: its queue let go of it.
 	keep, left bool
-	// A reliable latest-state version (latest.go), and its number.
+	// A reliable latest-state version (latest.go), and its number; an
+	// unreliable one has its number too (0: untagged).
 	relLatest bool
 	version   uint32
 	// share orders messages of one priority by channel weight
@@ -167,7 +168,7 @@ func (s *session) enqueue(m *outMsg) {
 	}
 	if m.contentID != 0 && !m.reliable {
 		k := contentKey{m.id, m.contentID}
-		if old := s.send.latestQueued[k]; old != nil && !old.track.packed {
+		if old := s.send.latestQueued[k]; old != nil && !old.packed() {
 			// Latest state wins: the newer content replaces the older
 			// one still queued.
 			s.stats.ReplacedMessages++
@@ -182,7 +183,9 @@ func (s *session) enqueue(m *outMsg) {
 			// the other queue, or a message later ones may name by its
 			// Ref: the older one goes, the newer one queues.
 			s.queueFor(old).remove(old)
-			old.track.dropped = true
+			if old.track != nil {
+				old.track.dropped = true
+			}
 			if old.receipted {
 				// A transfer's receipt is kept with the reliable
 				// ones (queuedForReceipt): told lost there, or, its
@@ -241,6 +244,14 @@ func (s *session) raise(m *outMsg) {
 			}
 		}
 	}
+}
+
+// packed reports whether m's (first) block is in a datagram.
+func (m *outMsg) packed() bool {
+	if m.track != nil {
+		return m.track.packed
+	}
+	return m.done || m.off > 0
 }
 
 // queueFor is the queue m waits in: fragmented transfers travel in

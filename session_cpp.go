@@ -100,8 +100,10 @@ func (w *cppWire) read(now time.Time, b []byte) {
 	s.countIn(len(b))
 	switch s.state {
 	case stateSyn:
-		// Any datagram opens the connection.
+		// Any datagram opens the connection; our pings tell whether the
+		// server took our answer to its challenge (openPings).
 		s.clientEstablished(now, nil)
+		s.openPings(now)
 		w.recvOpen(now, d)
 	case stateAdmit:
 		// Nothing comes before our answer to the opening; a stray
@@ -109,7 +111,13 @@ func (w *cppWire) read(now time.Time, b []byte) {
 	case stateSynAck:
 		// Any datagram says the client is open, but only with the
 		// PingReply to our answer is the connection established
-		// (handleMessage).
+		// (handleMessage). Until then each one earns the credit for our
+		// challenge again, which goes at once: the client sends one
+		// (its ping, see openPings) when its PingReply may have been
+		// lost. Proven by this one, the challenge stays home.
+		if s.awaitsProof() {
+			s.owed.owe(oweSynAck)
+		}
 		s.establishServer(now)
 		w.recvOpen(now, d)
 	case stateLinger:

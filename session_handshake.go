@@ -17,6 +17,9 @@ type handshakeState struct {
 	wasOpen      bool // the handshake completed
 	proven       bool // server: the peer proved it is at its address (addressProven)
 	confirmed    bool // server: the client said it is open (establishServer)
+	// pinging: a reference client whose pings the server has not yet
+	// answered pings at the opening's pace (openPings).
+	pinging bool
 	// challenge is what a plaintext server's peer must echo to prove its
 	// address, set as the ConnectSynAck first goes (takeProof): its
 	// PacketID (the spec's wire), its PingRequest's ID (the reference's).
@@ -226,6 +229,33 @@ func (s *session) takeProof(now time.Time, right bool) bool {
 		s.establishServer(now)
 	}
 	return true
+}
+
+// openPings has a client open on the reference's wire ping at once, and
+// then at the pace of its openings (firstSynResend, backing off to
+// maxSynBackoff) until a ping is answered or ConnectTimeout has passed,
+// instead of every keepalive interval. Its PingReply to the server's
+// challenge is the proof a knet server waits for (takeProof), and goes
+// once: if it is lost, only another challenge gets another, and the
+// server may send one only on the credit of a datagram from the client
+// (amplifies). The reference's client pings at once too (README fact 2);
+// a server answers a ping once it holds the connection open, the
+// reference's at once, a knet server with the proof.
+func (s *session) openPings(now time.Time) {
+	s.handshake.pinging = true
+	s.handshake.synBackoff = firstSynResend
+	s.live.nextPing = now
+}
+
+// pingGap is the time from a ping going now to the next (pingNow).
+func (s *session) pingGap(now time.Time) time.Duration {
+	if !s.handshake.pinging || !now.Before(s.handshake.started.Add(s.cfg.connectTimeout)) {
+		s.handshake.pinging = false
+		return s.cfg.keepalive()
+	}
+	d := s.handshake.synBackoff
+	s.handshake.synBackoff = min(2*d, maxSynBackoff)
+	return d
 }
 
 // randomBits returns a number from crypto/rand, masked by mask.

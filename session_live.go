@@ -59,7 +59,7 @@ func (s *session) pingNow(now time.Time) uint8 {
 	s.live.pings[s.live.pingCount%len(s.live.pings)] = pingRecord{id: id, at: now.Sub(s.live.epoch)}
 	s.live.pingCount++
 	s.live.nextPingID++
-	s.live.nextPing = now.Add(s.cfg.keepalive())
+	s.live.nextPing = now.Add(s.pingGap(now))
 	return id
 }
 
@@ -92,6 +92,10 @@ func (s *session) handlePingReply(now time.Time, id uint8) {
 		if p.id == id && !p.answered {
 			s.loss.rtt.sample(now.Sub(s.live.epoch) - p.at)
 			p.answered = true
+			if s.handshake.pinging {
+				s.handshake.pinging = false // the server holds us open (openPings)
+				s.live.nextPing = now.Add(s.cfg.keepalive())
+			}
 			return
 		}
 	}

@@ -172,7 +172,7 @@ func (w *specWire) recvOpen(now time.Time, d *datagram) {
 				}
 			}
 		}
-		if i == tagFor && h.reliable && (!m.fragment || m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {
+		if i == tagFor && (!m.fragment || h.reliable && m.fragStart) && m.id >= MinMessageID && m.id <= MaxMessageID && m.order == orderNone {
 			if m.fragStart {
 				s.sc().ltag, s.sc().ltagOK = tag, true
 			} else if !s.takeVersion(contentKey{m.id, tag.content}, tag.ver) {

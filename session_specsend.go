@@ -359,8 +359,10 @@ func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
 		msg.payload = m.payload
 	}
 	tag := 0
-	if m.relLatest {
-		tag = maxLatestTag // a version too large for one datagram: its tag before its first fragment
+	if m.version != 0 {
+		// A version goes after its tag: an unreliable one, or one too
+		// large for one datagram before its first fragment.
+		tag = maxLatestTag
 	}
 	if sizeMessage(&msg)+tag > p.room() && !p.grow(s, m, sizeMessage(&msg)+tag) {
 		h.deltas, h.indices, h.inOrder = h.deltas[:mark], h.indices[:mark], wasInOrder
@@ -374,10 +376,12 @@ func (w *specWire) place(now time.Time, p *specPacking, m *outMsg) bool {
 		}
 		msg.transferID = tid
 	}
-	if m.relLatest {
+	if m.version != 0 {
 		p.body = appendLatestTag(p.body, m.contentID, m.version)
 		p.count++
-		s.packedLatest(m)
+		if m.relLatest {
+			s.packedLatest(m)
+		}
 	}
 	p.body = appendMessage(p.body, &msg)
 	if p.count == 0 && !m.frag && len(refs) == 0 {

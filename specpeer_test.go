@@ -1060,7 +1060,7 @@ func (p *spPeer) handleBlock(now time.Time, d spDatagram, m spBlock) {
 			p.echoRel[k] = true
 		}
 	case id == spPadding && spIsProbe(d):
-		// A path MTU probe (README "Path MTU"): an unreliable datagram
+		// A path MTU probe (docs/configuration.md, "Path MTU"): an unreliable datagram
 		// of reserved ID 5 blocks, which receivers ignore, and a
 		// PingRequest last, so that a receiver that truncates it never
 		// answers.

@@ -552,9 +552,9 @@ func (c *Conn) streamSendQueue(now time.Time) {
 	c.sendq.mu.Unlock()
 	for i := range q {
 		m := s.newMsg()
-		*m = q[i]
+		q[i].outMsg(m)
 		s.enqueue(m)
-		q[i] = outMsg{}
+		q[i] = appMsg{}
 		c.sched.active = true
 	}
 	c.sendq.spare = q[:0]

@@ -23,6 +23,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,6 +80,8 @@ type gameFlags struct {
 	warmup     time.Duration
 	dur        time.Duration
 	cpuprofile string
+	trace      string        // runtime/trace of each process, base name
+	traceFor   time.Duration // from the window's start
 }
 
 // gameServerResult is what the server process reports, as one JSON line.
@@ -109,6 +112,8 @@ type gameServerResult struct {
 	InvolCS      uint64  `json:"invol_cs"` // and involuntary ones (preempted by the OS)
 	Extra        string  `json:"extra,omitempty"`
 	Profile      string  `json:"profile,omitempty"`
+	Trace        string  `json:"trace,omitempty"`
+	MachineBusy  float64 `json:"machine_busy,omitempty"` // all CPUs, all processes (/proc/stat), over the window
 	// System calls over the window (perf), if counted.
 	SendCalls uint64 `json:"send_calls,omitempty"`
 	RecvCalls uint64 `json:"recv_calls,omitempty"`
@@ -126,7 +131,18 @@ type gameClientResult struct {
 	LatMax    float64 `json:"lat_max_us"`
 	CPU       float64 `json:"cpu_s"` // whole life of the process
 	Life      float64 `json:"life_s"`
-	Extra     string  `json:"extra,omitempty"`
+	// Over the server's window as the clients saw it: from the first
+	// snapshot of the window to the first one sent after it.
+	WinCPU   float64 `json:"win_cpu_s,omitempty"`
+	Win      float64 `json:"win_s,omitempty"`
+	SchedP50 float64 `json:"sched_p50_us,omitempty"` // goroutines' wait while runnable, over the window
+	SchedP99 float64 `json:"sched_p99_us,omitempty"`
+	SchedN   uint64  `json:"sched_n,omitempty"`
+	VolCS    uint64  `json:"vol_cs,omitempty"`
+	InvolCS  uint64  `json:"invol_cs,omitempty"`
+	Profile  string  `json:"profile,omitempty"`
+	Trace    string  `json:"trace,omitempty"`
+	Extra    string  `json:"extra,omitempty"`
 }
 
 // ---------------------------------------------------------------- parent
@@ -135,6 +151,36 @@ type gameClientResult struct {
 type gameResult struct {
 	srv gameServerResult
 	cli gameClientResult
+}
+
+// gameSaturated is the share of the machine's cores (GOMAXPROCS) that
+// the server and clients processes together may use over the window
+// before the run is flagged as saturated: beyond it the server's figures
+// say as much about the CPU its own load generator took as about it.
+const gameSaturated = 0.9
+
+// gameCores is the cores the processes may use: GOMAXPROCS, which the
+// children inherit (NumCPU unless set).
+func gameCores() int { return min(runtime.GOMAXPROCS(0), runtime.NumCPU()) }
+
+// serverCores is the server process's CPU over the window / window.
+func (r gameResult) serverCores() float64 { return r.srv.CPU / r.srv.Window }
+
+// clientCores is the clients process's CPU over the window / window.
+func (r gameResult) clientCores() (float64, bool) {
+	if r.cli.Win <= 0 {
+		return 0, false
+	}
+	return r.cli.WinCPU / r.cli.Win, true
+}
+
+// saturated reports whether server + clients used at least
+// gameSaturated of the cores over the window (own), and whether the
+// whole machine, other processes included, was that busy (machine).
+func (r gameResult) saturated() (own, machine bool) {
+	c, ok := r.clientCores()
+	own = ok && r.serverCores()+c >= gameSaturated*float64(gameCores())
+	return own, r.srv.MachineBusy >= gameSaturated
 }
 
 func (r gameResult) cpuPerClient() float64 { // µs of CPU per client per second
@@ -199,6 +245,8 @@ func gameLibName(col string) string {
 		return "kcp"
 	case colUDP:
 		return "udp"
+	case colUDPB:
+		return "udpbatch"
 	}
 	return ""
 }
@@ -281,14 +329,17 @@ func (c *child) expect(e *env, who, prefix string, limit time.Duration) (string,
 }
 
 // runGame runs the scenario once for one library and n clients.
-func runGame(e *env, col string, n int, warm, dur time.Duration, profile string) (gameResult, error) {
+func runGame(e *env, col string, n int, warm, dur time.Duration, profile, trace string, traceFor time.Duration) (gameResult, error) {
 	var res gameResult
 	common := []string{"-game-lib=" + gameLibName(col), "-game-n=" + strconv.Itoa(n),
 		"-game-warmup=" + warm.String(), "-game-duration=" + dur.String()}
-	sargs := append([]string{"-game-role=server"}, common...)
 	if profile != "" {
-		sargs = append(sargs, "-game-cpuprofile="+profile)
+		common = append(common, "-game-cpuprofile="+profile)
 	}
+	if trace != "" {
+		common = append(common, "-game-trace="+trace, "-game-trace-for="+traceFor.String())
+	}
+	sargs := append([]string{"-game-role=server"}, common...)
 	srv, err := startChild(e, "server process", sargs...)
 	if err != nil {
 		return res, err
@@ -476,6 +527,8 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 		s, err = newKCPGameServer()
 	case "udp":
 		s, err = newUDPGameServer()
+	case "udpbatch":
+		s, err = newUDPBatchGameServer()
 	default:
 		err = fmt.Errorf("unknown -game-lib %q", g.lib)
 	}
@@ -512,6 +565,9 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 		cpu1                float64
 		windowTicks, tickNo int
 		calls               *syscallCounter
+		traceFile           *os.File
+		traceEnd            time.Time
+		busy0, all0         uint64
 	)
 	defer ticker.Stop()
 	for !stopped {
@@ -523,6 +579,10 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			continue
 		}
 		start := time.Now()
+		if traceFile != nil {
+			// The tick's wall-clock start at this point of the trace.
+			trace.Log(context.Background(), "tick", strconv.FormatInt(start.UnixNano(), 10))
+		}
 		binary.LittleEndian.PutUint64(snap[2:], uint64(start.UnixNano()))
 		binary.LittleEndian.PutUint64(event[2:], uint64(start.UnixNano()))
 		snap[1], event[1] = byte(phase), byte(phase)
@@ -535,6 +595,10 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			windowTicks++
 		}
 		now := time.Now()
+		if traceFile != nil && now.After(traceEnd) {
+			stopTrace(traceFile)
+			traceFile = nil
+		}
 		switch {
 		case !connectedAll:
 			if s.clients() >= g.n {
@@ -554,7 +618,15 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 					return err
 				}
 			}
+			if g.trace != "" {
+				res.Trace = fmt.Sprintf("%s.%s-%d.server", g.trace, g.lib, g.n)
+				if traceFile, err = startTrace(res.Trace); err != nil {
+					return err
+				}
+				traceEnd = now.Add(g.traceFor)
+			}
 			calls = countSyscalls()
+			busy0, all0 = machineBusy()
 			gc0 = gcCount()
 			sent0, miss0, evS0, evM0, in0 = s.counters()
 			rcv0 = udpRcvbufErrors()
@@ -565,13 +637,29 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 			windowEnd = windowStart.Add(g.dur)
 		case phase == phaseMeasure && now.After(windowEnd):
 			cpu1 = cpuTime()
-			res.SendCalls, res.RecvCalls, res.Counted = calls.stop()
+			// The window ends here, with the CPU time: stopping perf
+			// below takes a while (0.3 s seen), which is not the window.
 			res.Window = time.Since(windowStart).Seconds()
+			busy1, all1 := machineBusy()
+			if all1 > all0 {
+				res.MachineBusy = float64(busy1-busy0) / float64(all1-all0)
+			}
+			sent1, miss1, evS1, evM1, in1 = s.counters()
 			res.RcvbufErrors = udpRcvbufErrors() - rcv0
 			res.SchedP50, res.SchedP99, res.SchedN = schedQuantiles(sched0, schedHist())
 			vcs1, ics1 := ctxSwitches()
 			res.VolCS, res.InvolCS = vcs1-vcs0, ics1-ics0
-			sent1, miss1, evS1, evM1, in1 = s.counters()
+			if traceFile != nil {
+				stopTrace(traceFile)
+				traceFile = nil
+			}
+			// Stopping perf waits for it to exit: not on the tick loop,
+			// whose next snapshots tell the clients the window is over.
+			callsDone := make(chan struct{})
+			go func() {
+				res.SendCalls, res.RecvCalls, res.Counted = calls.stop()
+				close(callsDone)
+			}()
 			if profFile != nil {
 				pprof.StopCPUProfile()
 				profFile.Close()
@@ -596,8 +684,11 @@ func gameServe(g gameFlags, say func(string, ...any)) error {
 					f.Close()
 				}
 			}
-			b, _ := json.Marshal(res)
-			say("result %s", b)
+			go func() { // res is final: the loop only ticks from here
+				<-callsDone
+				b, _ := json.Marshal(res)
+				say("result %s", b)
+			}()
 		}
 	}
 	return nil
@@ -612,12 +703,14 @@ func gameClients(g gameFlags, say func(string, ...any)) error {
 		c = &knetGameClients{}
 	case "kcp":
 		c = &kcpGameClients{}
-	case "udp":
+	case "udp", "udpbatch": // the batched server's clients are raw UDP's
 		c = &udpGameClients{}
 	default:
 		return fmt.Errorf("unknown -game-lib %q", g.lib)
 	}
 	st := &gameClientStats{}
+	w := &clientWindow{g: g}
+	st.onBegin, st.onEnd = w.begin, w.end
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := stdinClosed()
@@ -631,11 +724,154 @@ func gameClients(g gameFlags, say func(string, ...any)) error {
 	res := gameClientResult{Connected: k, Snaps: st.snaps.Load(), Events: st.events.Load(), InputsOK: st.inputs.Load()}
 	res.LatP50, res.LatP99, res.LatMax = st.lat.quantile(0.5), st.lat.quantile(0.99), st.lat.max()
 	res.CPU, res.Life = cpuTime(), time.Since(born).Seconds()
+	st.endOnce.Do(w.end) // if no snapshot after the window arrived
+	w.report(&res)
 	res.Extra = extraOf(c)
 	b, _ := json.Marshal(res)
 	say("result %s", b)
 	c.close()
 	return nil
+}
+
+// clientWindow measures the clients process over the server's window,
+// from the first snapshot of the window received to the first one sent
+// after it, and profiles or traces it when asked.
+type clientWindow struct {
+	g          gameFlags
+	mu         sync.Mutex
+	t0, t1     time.Time
+	cpu0, cpu1 float64
+	sched0     *metrics.Float64Histogram
+	sched1     *metrics.Float64Histogram
+	vcs, ics   [2]uint64
+	profile    string
+	prof       *os.File
+	traceName  string
+	trace      *os.File
+}
+
+func (w *clientWindow) begin() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cpu0, w.t0 = cpuTime(), time.Now()
+	w.sched0 = schedHist()
+	w.vcs[0], w.ics[0] = ctxSwitches()
+	if w.g.cpuprofile != "" {
+		w.profile = fmt.Sprintf("%s.%s-%d.clients", w.g.cpuprofile, w.g.lib, w.g.n)
+		if f, err := os.Create(w.profile); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				w.prof = f
+			} else {
+				f.Close()
+			}
+		}
+	}
+	if w.g.trace != "" {
+		w.traceName = fmt.Sprintf("%s.%s-%d.clients", w.g.trace, w.g.lib, w.g.n)
+		if f, err := startTrace(w.traceName); err == nil {
+			w.trace = f
+			go w.traceClock(f)
+			time.AfterFunc(w.g.traceFor, func() {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				if w.trace != nil {
+					stopTrace(w.trace)
+					w.trace = nil
+				}
+			})
+		}
+	}
+}
+
+// traceClock logs the wall clock into the trace every millisecond, so
+// that its events can be set against the server's (whose ticks log
+// their wall-clock start).
+func (w *clientWindow) traceClock(f *os.File) {
+	for {
+		w.mu.Lock()
+		on := w.trace == f
+		w.mu.Unlock()
+		if !on {
+			return
+		}
+		trace.Log(context.Background(), "wall", strconv.FormatInt(time.Now().UnixNano(), 10))
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (w *clientWindow) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.t0.IsZero() {
+		return
+	}
+	w.cpu1, w.t1 = cpuTime(), time.Now()
+	w.sched1 = schedHist()
+	w.vcs[1], w.ics[1] = ctxSwitches()
+	if w.prof != nil {
+		pprof.StopCPUProfile()
+		w.prof.Close()
+		w.prof = nil
+	}
+	if w.trace != nil {
+		stopTrace(w.trace)
+		w.trace = nil
+	}
+}
+
+func (w *clientWindow) report(r *gameClientResult) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.t1.IsZero() {
+		return
+	}
+	r.WinCPU, r.Win = w.cpu1-w.cpu0, w.t1.Sub(w.t0).Seconds()
+	r.SchedP50, r.SchedP99, r.SchedN = schedQuantiles(w.sched0, w.sched1)
+	r.VolCS, r.InvolCS = w.vcs[1]-w.vcs[0], w.ics[1]-w.ics[0]
+	r.Profile, r.Trace = w.profile, w.traceName
+}
+
+// startTrace starts the execution tracer into a new file.
+func startTrace(name string) (*os.File, error) {
+	f, err := os.Create(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func stopTrace(f *os.File) {
+	trace.Stop()
+	f.Close()
+}
+
+// machineBusy is the machine's CPU time so far (/proc/stat, all CPUs,
+// all processes): busy and total, in clock ticks.
+func machineBusy() (busy, total uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, x := range f[1:] {
+		v, _ := strconv.ParseUint(x, 10, 64)
+		if i >= 7 { // guest time is counted in user already
+			break
+		}
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total
 }
 
 // gameClientSet is one library's n clients.
@@ -650,11 +886,24 @@ type gameClientSet interface {
 type gameClientStats struct {
 	snaps, events, inputs atomic.Uint64
 	lat                   latHist
+	// onBegin runs at the first message of the window, onEnd at the
+	// first one sent after it.
+	onBegin, onEnd     func()
+	beginOnce, endOnce sync.Once
 }
 
 // got counts a message received at now.
 func (st *gameClientStats) got(p []byte, now int64) {
-	if len(p) < 10 || p[1] != phaseMeasure {
+	if len(p) < 10 {
+		return
+	}
+	switch p[1] {
+	case phaseMeasure:
+		st.beginOnce.Do(st.onBegin)
+	case phaseAfter:
+		st.endOnce.Do(st.onEnd)
+		return
+	default:
 		return
 	}
 	switch p[0] {
@@ -1242,7 +1491,7 @@ func (h *harness) gameLargestOnTime() {
 	if h.sel != nil && !h.sel["game"] {
 		return
 	}
-	for _, col := range []string{colKnet, colKCP, colUDP} {
+	for _, col := range []string{colKnet, colKCP, colUDP, colUDPB} {
 		best, any, failed := 0, false, false
 		var stray []string
 		for _, n := range slices.Sorted(slices.Values(h.o.gameClients)) {
@@ -1289,6 +1538,12 @@ func (h *harness) gameTargets() []string {
 		if s := ratioText(h.t.index[gameRowID("cpu", n)], colKnet, colKCP); s != "" {
 			out = append(out, fmt.Sprintf("Game, %d clients: knet server CPU per client / kcp-go's = %s (target ≤ 0.5×).", n, s))
 		}
+		if s := ratioText(h.t.index[gameRowID("cpu", n)], colKnet, colUDPB); s != "" {
+			// Per client flatters a server that fell behind; per
+			// message does not, so both are given.
+			out = append(out, fmt.Sprintf("Game, %d clients: knet server CPU per client / raw UDP batched's = %s, per message %s (target ≤ 2×).",
+				n, s, ratioText(h.t.index[gameRowID("cpum", n)], colKnet, colUDPB)))
+		}
 	}
 	if slices.Contains(h.o.gameClients, 1000) {
 		ok, okOK := medianOf(h.t, gameRowID("ok", 1000), colKnet)
@@ -1323,6 +1578,8 @@ func (h *harness) gameLegend() []string {
 		fmt.Sprintf("Game: one server, N clients; each client sends a %d B input %d times a second (knet: unreliable sequenced), the server's %d Hz tick sends each client a %d B snapshot (knet: latest state, ContentID) and, once a second per client, a %d B reliable ordered event. kcp-go has no unreliable mode: its inputs and snapshots are reliable ordered kcp messages. Server and clients run in two separate processes; window %v after %v warm-up (from when all N are connected).",
 			gameInputLen, gameInputHz, gameTickHz, gameSnapLen, gameEventLen, h.o.gameDur, h.o.gameWarmup),
 		"Game server CPU per client: the server process's user+sys CPU time over the window / window / N, in µs of CPU per client per second (the clients' process is not counted).",
+		fmt.Sprintf("Game server / clients process CPU: each process's user+sys CPU time over the window / window, in cores (the clients' window: from the first snapshot of the window they receive to the first one sent after it); of %d cores (GOMAXPROCS). A run where the two together used ≥ %.0f %% of them, or where the whole machine (all processes, /proc/stat) was ≥ %.0f %% busy, is marked on the server's rows: they then measure the CPU the server could get as much as the server.", gameCores(), gameSaturated*100, gameSaturated*100),
+		"Raw UDP batched (game only): the raw UDP server with recvmmsg/sendmmsg (x/net ipv4 ReadBatch/WriteBatch: one sendmmsg per 1,024 datagrams of a tick), no protocol work, raw UDP's clients: the machine's limit for this load.",
 		"Game snapshot latency: client receive time - the server tick's start time stamped in the snapshot (wall clock shared by the two processes), over the window's snapshots that arrived.",
 		"Game server CPU per message: the same CPU time / (inputs the server received + snapshots the clients received + events sent) in the window: it does not shrink when a server that falls behind carries fewer messages.",
 		"Game memory per connection: the server process's heap in use + goroutine stacks after GC at the window's end, minus the same before any client, / N.",
@@ -1334,16 +1591,31 @@ func (h *harness) gameLegend() []string {
 
 // gameNote is one run's details, for the notes.
 func gameNote(r gameResult) string {
-	profile := ""
+	files := ""
 	if r.srv.Profile != "" {
-		profile = ", CPU profile of the window in " + r.srv.Profile
+		files += ", CPU profile of the window in " + r.srv.Profile
 	}
-	return fmt.Sprintf("server: %d connected, %.2f s CPU in %.2f s, %d ticks (work p50 %.0f µs, p99 %.0f µs, max %.0f µs; start late p99 %.0f µs), goroutines waited to run p50 %.0f µs, p99 %.0f µs (%d schedulings sampled), %.0f voluntary and %.0f involuntary context switches/s, snapshots sent %d, missed %d (send buffer/window full), events sent %d, missed %d, inputs received %d (%.0f/s/client), %d goroutines, %d GCs in the window, memory %.1f MiB → %.1f MiB, system-wide UDP receive-buffer drops in the window %d%s%s; clients: %d connected, %d snapshots and %d events of the window received, inputs accepted %d, latency max %.1f ms, clients process CPU %.1f s in %.1f s (%.2f cores)%s",
-		r.srv.Connected, r.srv.CPU, r.srv.Window, r.srv.Ticks, r.srv.TickP50, r.srv.TickP99, r.srv.TickMax, r.srv.LateP99, r.srv.SchedP50, r.srv.SchedP99, r.srv.SchedN, float64(r.srv.VolCS)/r.srv.Window, float64(r.srv.InvolCS)/r.srv.Window,
+	if r.srv.Trace != "" {
+		files += ", execution trace in " + r.srv.Trace
+	}
+	cliFiles := ""
+	if r.cli.Profile != "" {
+		cliFiles += ", CPU profile of the window in " + r.cli.Profile
+	}
+	if r.cli.Trace != "" {
+		cliFiles += ", execution trace in " + r.cli.Trace
+	}
+	cliWin := "window not seen"
+	if c, ok := r.clientCores(); ok {
+		cliWin = fmt.Sprintf("%.2f s CPU in the window's %.2f s (%.2f cores), goroutines waited to run p50 %.0f µs, p99 %.0f µs (%d schedulings sampled), %.0f voluntary and %.0f involuntary context switches/s",
+			r.cli.WinCPU, r.cli.Win, c, r.cli.SchedP50, r.cli.SchedP99, r.cli.SchedN, float64(r.cli.VolCS)/r.cli.Win, float64(r.cli.InvolCS)/r.cli.Win)
+	}
+	return fmt.Sprintf("server: %d connected, %.2f s CPU in %.2f s (%.2f cores), %d ticks (work p50 %.0f µs, p99 %.0f µs, max %.0f µs; start late p99 %.0f µs), goroutines waited to run p50 %.0f µs, p99 %.0f µs (%d schedulings sampled), %.0f voluntary and %.0f involuntary context switches/s, snapshots sent %d, missed %d (send buffer/window full), events sent %d, missed %d, inputs received %d (%.0f/s/client), %d goroutines, %d GCs in the window, memory %.1f MiB → %.1f MiB, system-wide UDP receive-buffer drops in the window %d, machine busy %.0f %% of all CPUs in the window (all processes)%s%s; clients: %d connected, %d snapshots and %d events of the window received, inputs accepted %d, latency max %.1f ms, %s, whole process %.1f s CPU in %.1f s%s%s",
+		r.srv.Connected, r.srv.CPU, r.srv.Window, r.serverCores(), r.srv.Ticks, r.srv.TickP50, r.srv.TickP99, r.srv.TickMax, r.srv.LateP99, r.srv.SchedP50, r.srv.SchedP99, r.srv.SchedN, float64(r.srv.VolCS)/r.srv.Window, float64(r.srv.InvolCS)/r.srv.Window,
 		r.srv.SnapsSent, r.srv.SnapsMissed, r.srv.EventsSent, r.srv.EventsMissed, r.srv.Inputs,
 		float64(r.srv.Inputs)/r.srv.Window/float64(max(r.srv.N, 1)), r.srv.Goroutines, r.srv.GCs,
-		float64(r.srv.MemBase)/(1<<20), float64(r.srv.MemAfter)/(1<<20), r.srv.RcvbufErrors, prefixed("; ", r.srv.Extra), profile,
-		r.cli.Connected, r.cli.Snaps, r.cli.Events, r.cli.InputsOK, r.cli.LatMax/1000, r.cli.CPU, r.cli.Life, r.cli.CPU/r.cli.Life, prefixed("; ", r.cli.Extra))
+		float64(r.srv.MemBase)/(1<<20), float64(r.srv.MemAfter)/(1<<20), r.srv.RcvbufErrors, 100*r.srv.MachineBusy, prefixed("; ", r.srv.Extra), files,
+		r.cli.Connected, r.cli.Snaps, r.cli.Events, r.cli.InputsOK, r.cli.LatMax/1000, cliWin, r.cli.CPU, r.cli.Life, prefixed("; ", r.cli.Extra), cliFiles)
 }
 
 func prefixed(p, s string) string {

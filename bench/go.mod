@@ -6,6 +6,8 @@ require (
 	github.com/knet-go/knet v0.0.0
 	github.com/quic-go/quic-go v0.65.0
 	github.com/xtaci/kcp-go/v5 v5.6.24
+	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4
+	golang.org/x/net v0.62.0
 )
 
 require (
@@ -16,7 +18,6 @@ require (
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/tjfoc/gmsm v1.4.1 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
-	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
 

@@ -1,6 +1,6 @@
 // Command bench compares knet with kcp-go, quic-go and raw UDP on loopback.
 //
-//	go run .                 # full run: 3 runs of everything, about 13 minutes
+//	go run .                 # full run: 3 runs of everything, about 17 minutes
 //	go run . -quick          # smoke run: 1 short run, about 1 minute
 //	go run . -only=pingpong,lossy -libs=knet,kcp-go
 //
@@ -47,7 +47,9 @@ type options struct {
 	largeSize             int
 	gameClients           []int // game scenario: client counts
 	gameWarmup, gameDur   time.Duration
-	gameProfile           string // base name of the game server's CPU profiles
+	gameProfile           string // base name of the game processes' CPU profiles
+	gameTrace             string // base name of the game processes' execution traces
+	gameTraceFor          time.Duration
 }
 
 var scenarioNames = []string{"pingpong", "throughput", "large", "sessions", "lossy", "capped", "late", "game"}
@@ -59,7 +61,7 @@ func main() {
 
 	var o options
 	only := flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(scenarioNames, ","))
-	libsFlag := flag.String("libs", "knet,knet-unordered,knet-secure,kcp-go,quic-go,udp", "comma-separated libraries: knet (in order), knet-unordered, knet-secure (in order, encrypted), kcp-go, quic-go, udp")
+	libsFlag := flag.String("libs", "knet,knet-unordered,knet-secure,kcp-go,quic-go,udp,udp-batch", "comma-separated libraries: knet (in order), knet-unordered, knet-secure (in order, encrypted), kcp-go, quic-go, udp, udp-batch (game scenario only: raw UDP with recvmmsg/sendmmsg)")
 	flag.BoolVar(&o.quick, "quick", false, "smoke run, about 1 minute: one run of short windows (overrides the duration flags)")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "loopback scenarios: warm-up before each measurement window")
 	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "loopback scenarios: measurement window")
@@ -83,7 +85,10 @@ func main() {
 	gameClients := flag.String("game-clients", "100,1000,2000,3000,5000", "game scenario: comma-separated numbers of clients (100 with -quick unless given)")
 	flag.DurationVar(&o.gameWarmup, "game-warmup", 2*time.Second, "game scenario: warm-up once all clients are connected")
 	flag.DurationVar(&o.gameDur, "game-duration", 5*time.Second, "game scenario: measurement window")
-	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write a CPU profile of knet's server process over the window to FILE.knet-<N>, and its heap at the window's end to FILE.knet-<N>.heap (the last run's)")
+	flag.StringVar(&o.gameProfile, "game-cpuprofile", "", "game scenario: write CPU profiles over the window of the server process to FILE.<lib>-<N> (and its heap at the window's end to FILE.<lib>-<N>.heap) and of the clients process to FILE.<lib>-<N>.clients (the last run's)")
+	flag.StringVar(&o.gameTrace, "game-trace", "", "game scenario: write execution traces (runtime/trace) of the server process to FILE.<lib>-<N>.server and of the clients process to FILE.<lib>-<N>.clients, over the window's first -game-trace-for")
+	flag.DurationVar(&o.gameTraceFor, "game-trace-for", time.Second, "game scenario: how much of the window -game-trace records")
+	traceReport := flag.String("game-trace-report", "", "read the traces FILE.server and FILE.clients that -game-trace wrote (e.g. /tmp/gt.knet-1000), print where the snapshots' time goes, and exit")
 	var gf gameFlags
 	flag.StringVar(&gf.role, "game-role", "", "internal: run as the game scenario's server or clients process")
 	flag.StringVar(&gf.lib, "game-lib", "", "internal: library of a game process (knet, kcp, udp)")
@@ -93,7 +98,15 @@ func main() {
 	flag.Parse()
 	if gf.role != "" {
 		gf.warmup, gf.dur, gf.cpuprofile = o.gameWarmup, o.gameDur, o.gameProfile
+		gf.trace, gf.traceFor = o.gameTrace, o.gameTraceFor
 		gameChild(gf)
+		return
+	}
+	if *traceReport != "" {
+		if err := gameTraceReport(os.Stdout, *traceReport); err != nil {
+			fmt.Fprintln(os.Stderr, "game-trace-report:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	o.runs = *runs
@@ -165,6 +178,8 @@ func main() {
 			h.libs = append(h.libs, quicLib{})
 		case "udp", "raw", "raw UDP":
 			h.udp = true
+		case "udp-batch", "raw UDP batched":
+			h.udpBatch = true
 		case "":
 		default:
 			fmt.Fprintf(os.Stderr, "unknown library %q\n", s)
@@ -274,11 +289,12 @@ func depVersions() string {
 
 // harness runs the scenarios and fills the table.
 type harness struct {
-	o    options
-	t    *table
-	sel  map[string]bool
-	libs []lib
-	udp  bool
+	o        options
+	t        *table
+	sel      map[string]bool
+	libs     []lib
+	udp      bool
+	udpBatch bool // the game scenario's batched raw UDP server
 
 	run   int      // current run, from 0
 	loads []string // load average after each run
@@ -423,6 +439,8 @@ func (h *harness) declare() {
 		game := fmt.Sprintf("Game %d clients", n)
 		t.add("game", gameRowID("cpu", n), game+": server CPU per client", "us", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("cpum", n), game+": server CPU per message", "us", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("scores", n), game+": server process CPU", "cores", true, colKnetU, colKnetS, colQUIC)
+		t.add("game", gameRowID("ccores", n), game+": clients process CPU (not the server's)", "cores", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("p50", n), game+": snapshot latency p50", "us", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("p99", n), game+": snapshot latency p99", "us", true, colKnetU, colKnetS, colQUIC)
 		t.add("game", gameRowID("mem", n), game+": server memory per connection", "KiB", true, colKnetU, colKnetS, colQUIC)
@@ -742,17 +760,16 @@ func (h *harness) scenario(name string) []job {
 		if h.udp {
 			cols = append(cols, colUDP)
 		}
+		if h.udpBatch {
+			cols = append(cols, colUDPB)
+		}
 		limit := gameConnectLimit + o.gameWarmup + o.gameDur + 40*time.Second
 		for _, col := range cols {
 			add(col, func() {
 				for _, n := range o.gameClients {
-					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n), gameRowID("cpum", n), gameRowID("sys", n)}
+					ids := []string{gameRowID("cpu", n), gameRowID("p50", n), gameRowID("p99", n), gameRowID("mem", n), gameRowID("tick", n), gameRowID("dlv", n), gameRowID("ok", n), gameRowID("cpum", n), gameRowID("sys", n), gameRowID("scores", n), gameRowID("ccores", n)}
 					h.measure(fmt.Sprintf("%s %d", name, n), col, ids, limit, func(e *env, r *results) error {
-						profile := ""
-						if col == colKnet {
-							profile = o.gameProfile
-						}
-						res, err := runGame(e, col, n, o.gameWarmup, o.gameDur, profile)
+						res, err := runGame(e, col, n, o.gameWarmup, o.gameDur, o.gameProfile, o.gameTrace, o.gameTraceFor)
 						if err != nil {
 							return err
 						}
@@ -772,6 +789,24 @@ func (h *harness) scenario(name string) []job {
 						r.set(ids[4], res.srv.TickP99)
 						if v, ok := res.sendCallsPerSnap(); ok {
 							r.set(ids[8], v)
+						}
+						r.set(ids[9], res.serverCores())
+						if c, ok := res.clientCores(); ok {
+							r.set(ids[10], c)
+						}
+						// A saturated machine: the server's rows say as much
+						// about the CPU it could get as about the server.
+						mark := ""
+						switch own, machine := res.saturated(); {
+						case own:
+							mark = fmt.Sprintf("in some run the machine was saturated: the server and clients processes together used ≥ %.0f %% of the %d cores (GOMAXPROCS) over the window, so the server competed with its own load generator for CPU (see the two CPU rows)", gameSaturated*100, gameCores())
+						case machine:
+							mark = fmt.Sprintf("in some run the machine was saturated by other work too: all its CPUs were ≥ %.0f %% busy over the window (/proc/stat, every process; the notes give the share), so the server and its clients competed with other processes for CPU", gameSaturated*100)
+						}
+						if mark != "" {
+							for _, id := range []string{ids[0], ids[7], ids[1], ids[2], ids[4], ids[9]} {
+								r.mark(id, mark)
+							}
 						}
 						r.set(ids[5], 100*res.delivered())
 						if res.onTime() {

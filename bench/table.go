@@ -18,18 +18,29 @@ const (
 	colKCP   = "kcp-go"
 	colQUIC  = "quic-go"
 	colUDP   = "raw UDP"
+	// colUDPB is the game scenario's raw UDP server batching its
+	// system calls (recvmmsg/sendmmsg): the machine's limit.
+	colUDPB = "raw UDP batched"
 )
 
-var columns = []string{colKnet, colKnetU, colKnetS, colKCP, colQUIC, colUDP}
+var columns = []string{colKnet, colKnetU, colKnetS, colKCP, colQUIC, colUDP, colUDPB}
+
+// optionalCols are printed (with their ratio columns) only when some
+// row has a cell in them: raw UDP batched exists in the game scenario
+// alone, and only with -libs=...,udp-batch.
+var optionalCols = map[string]bool{colUDPB: true}
 
 // heads are the column headings where they say more than the name.
 var heads = map[string]string{colQUIC: "quic-go (TLS 1.3)"}
 
 // ratioCols are the ratio columns: num's median divided by den's.
-var ratioCols = []struct{ num, den, head string }{
+type ratioCol struct{ num, den, head string }
+
+var ratioCols = []ratioCol{
 	{colKnet, colKCP, "knet/kcp-go"},
 	{colKnet, colQUIC, "knet/quic-go"},
 	{colKnet, colUDP, "knet/raw UDP"},
+	{colKnet, colUDPB, "knet/raw UDP batched"},
 	{colKnet, colKnetU, "ordered/unordered"},
 	{colKnetS, colKnet, "secure/plain"},
 	{colKnetS, colQUIC, "secure/quic-go"},
@@ -230,11 +241,25 @@ func (t *table) write(w io.Writer, only map[string]bool) {
 		}
 		return fmt.Sprintf("[%d]", i)
 	}
-	head := []string{"Scenario"}
+	shown := map[string]bool{}
 	for _, c := range columns {
+		shown[c] = !optionalCols[c]
+	}
+	for _, r := range t.rows {
+		if only != nil && !only[r.scenario] {
+			continue
+		}
+		for c := range r.cells {
+			shown[c] = true
+		}
+	}
+	cols := slices.DeleteFunc(slices.Clone(columns), func(c string) bool { return !shown[c] })
+	ratios := slices.DeleteFunc(slices.Clone(ratioCols), func(rc ratioCol) bool { return !shown[rc.num] || !shown[rc.den] })
+	head := []string{"Scenario"}
+	for _, c := range cols {
 		head = append(head, cmp.Or(heads[c], c))
 	}
-	for _, rc := range ratioCols {
+	for _, rc := range ratios {
 		head = append(head, rc.head)
 	}
 	head = append(head, "better")
@@ -253,7 +278,7 @@ func (t *table) write(w io.Writer, only map[string]bool) {
 			continue
 		}
 		line := []string{r.label}
-		for _, col := range columns {
+		for _, col := range cols {
 			c := r.cells[col]
 			if r.skip[col] || c == nil {
 				line = append(line, "–")
@@ -283,7 +308,7 @@ func (t *table) write(w io.Writer, only map[string]bool) {
 			}
 			line = append(line, strings.Join(parts, " "))
 		}
-		for _, rc := range ratioCols {
+		for _, rc := range ratios {
 			line = append(line, ratioText(r, rc.num, rc.den))
 		}
 		if r.lower {

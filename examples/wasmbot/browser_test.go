@@ -21,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/knet-go/knet"
+	"github.com/knet-go/knet/internal/testtool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -28,7 +29,8 @@ import (
 // The bot in a real browser: headless Chromium loads the page from the
 // example's server on loopback, runs the bot (Go compiled to WebAssembly)
 // in its JavaScript engine, over the browser's WebSocket, and the bot
-// posts its report. The tests need chromium (.ci/run installs it).
+// posts its report. The tests need chromium (.ci/run installs it); without
+// it they skip.
 
 // browserWait bounds every wait on the browser.
 const browserWait = 60 * time.Second
@@ -85,20 +87,18 @@ func startServer(t *testing.T) (*server, string) {
 	return s, hs.URL + "/"
 }
 
-// startChromium opens url in headless Chromium, which runs until the test
-// ends; it returns what Chromium writes on stderr, line by line.
-func startChromium(t *testing.T, url string, args ...string) <-chan string {
+// chromium returns the path of Chromium; without it, the test skips
+// (fails with KNET_REQUIRE_TOOLS=1, as in .ci/run: internal/testtool).
+func chromium(t *testing.T) string {
 	t.Helper()
-	path := ""
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			path = p
-			break
-		}
-	}
-	if path == "" {
-		t.Fatal("chromium not found: the browser tests need it (Debian: apt-get install chromium; .ci/run installs it)")
-	}
+	return testtool.Need(t, "chromium", "apt-get install chromium", "chromium-browser")
+}
+
+// startChromium opens url in headless Chromium (at path), which runs
+// until the test ends; it returns what Chromium writes on stderr, line by
+// line.
+func startChromium(t *testing.T, path, url string, args ...string) <-chan string {
+	t.Helper()
 	args = append([]string{
 		"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
 		"--no-first-run", "--user-data-dir=" + t.TempDir(), "--window-size=800,600",
@@ -143,9 +143,10 @@ func awaitReport(t *testing.T, s *server) report {
 // and every delivery mode crosses: what the bot reports and what the
 // server saw agree.
 func TestBrowserBotExchange(t *testing.T) {
+	browser := chromium(t)
 	s, url := startServer(t)
 	start := time.Now()
-	startChromium(t, url)
+	startChromium(t, browser, url)
 	rep := awaitReport(t, s)
 	t.Logf("the bot reported after %v: %+v", time.Since(start), rep)
 	assert.True(t, rep.OK, "the bot's error: %s", rep.Error)
@@ -187,8 +188,9 @@ func TestBrowserBotExchange(t *testing.T) {
 // The page shows the bot's success: a screenshot (Chrome DevTools
 // protocol, taken once the bot has posted) has the success colour.
 func TestBrowserPageScreenshot(t *testing.T) {
+	browser := chromium(t)
 	s, url := startServer(t)
-	lines := startChromium(t, url, "--remote-debugging-port=0")
+	lines := startChromium(t, browser, url, "--remote-debugging-port=0")
 	devtools := ""
 	deadline := time.After(browserWait)
 	for devtools == "" {
