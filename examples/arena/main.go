@@ -114,7 +114,7 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 	bots := startBots("http://"+hl.Addr().String(), o.bots, o.fed)
 	<-ctx.Done()                    // SIGTERM, Ctrl-C or -duration
 	for tr, st := range s.stats() { // in no order
-		fmt.Fprintf(out, "%-9s %d players, mean RTT %v, messages sent %d\n", tr, st.Players, st.RTT, st.Sent)
+		fmt.Fprintf(out, "%-9s %d players, mean RTT %v, messages sent %d, received %d\n", tr, st.Players, st.RTT, st.Sent, st.Received)
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -128,9 +128,9 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 // token issues a connect token to whoever asks: a backend's job, here for
 // brevity. A real one checks who asks (a login); tokenKey stays secret.
 func (s *server) token(w http.ResponseWriter, _ *http.Request) {
-	game := netip.MustParseAddrPort(s.l.Addr().String())
+	game, id := netip.MustParseAddrPort(s.l.Addr().String()), s.lastID.Add(1)
 	tok, err := knet.IssueToken(s.tokenKey, knet.Token{
-		ClientID: s.lastID.Add(1),
+		ClientID: id, // the player's id in snapshots
 		Expires:  time.Now().Add(30 * time.Second),
 		Servers:  []netip.AddrPort{game}, // the Listener's address, for TCP and WebSocket too
 	})
@@ -138,7 +138,7 @@ func (s *server) token(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	json.NewEncoder(w).Encode(map[string]any{"token": tok, "serverKey": s.pub, // base64
+	json.NewEncoder(w).Encode(map[string]any{"token": tok, "serverKey": s.pub, "id": id, // bytes in base64
 		"game": game.String(), "webSocket": "/knet"}) // UDP and TCP address; a path here
 }
 
@@ -181,9 +181,9 @@ func (s *server) tick(ctx context.Context, g *knet.Group) {
 
 // transportStats is what /metrics and the drain print say of each transport.
 type transportStats struct {
-	Players int
-	RTT     time.Duration // mean Stats.RTT (nanoseconds in JSON); docs/server.md says what it measures
-	Sent    uint64        // messages
+	Players        int
+	RTT            time.Duration // mean Stats.RTT (nanoseconds in JSON); docs/server.md says what it measures
+	Sent, Received uint64        // messages: snapshots out, inputs in
 }
 
 func (s *server) stats() map[string]transportStats {
@@ -193,7 +193,7 @@ func (s *server) stats() map[string]transportStats {
 		st := m[tr]
 		st.RTT = (st.RTT*time.Duration(st.Players) + cs.RTT) / time.Duration(st.Players+1)
 		st.Players++
-		st.Sent += cs.MessagesSent
+		st.Sent, st.Received = st.Sent+cs.MessagesSent, st.Received+cs.MessagesReceived
 		m[tr] = st
 	}
 	return m

@@ -36,7 +36,8 @@ func (l *lockedBuffer) String() string {
 // The arena runs with two bots over each transport until every bot has
 // had botFed snapshots; the HTTP side serves the page and the metrics
 // meanwhile; then the run ends as on SIGTERM: the drain tells every bot
-// closeDrain, waits for all of them and returns without error.
+// closeDrain, waits for all of them and returns without error. (The page
+// in a browser: clients/typescript/test/arena.test.js.)
 func TestArena(t *testing.T) {
 	const perTransport = 2
 	fed := make(chan struct{})
@@ -64,12 +65,15 @@ func TestArena(t *testing.T) {
 	m := regexp.MustCompile(`http://([0-9.:]+)/`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, "the run names its HTTP address:\n%s", out.String())
 	page := get(t, "http://"+m[1]+"/")
-	assert.Contains(t, page, "clients/typescript", "the placeholder page at /")
+	assert.Contains(t, page, `src="game.js"`, "the page at /")
+	assert.Contains(t, get(t, "http://"+m[1]+"/game.js"), "from './knet.js'", "the page's game loop")
+	assert.Contains(t, get(t, "http://"+m[1]+"/knet.js"), "noble", "the bundled client, with its cryptography")
 	var metrics map[string]transportStats
 	require.NoError(t, json.Unmarshal([]byte(get(t, "http://"+m[1]+"/metrics")), &metrics))
 	for _, tr := range botTransports {
 		assert.Equal(t, perTransport, metrics[tr.String()].Players, "/metrics: %v players", tr)
 		assert.NotZero(t, metrics[tr.String()].Sent, "/metrics: %v messages sent", tr)
+		assert.NotZero(t, metrics[tr.String()].Received, "/metrics: %v messages received", tr)
 	}
 
 	sigterm()
