@@ -101,7 +101,7 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /token", s.token)
-	mux.Handle("/knet", s.l.WebSocketHandler()) // browsers: knet over WebSocket
+	mux.Handle("/knet", s.l.WebSocketHandler("*")) // browsers: knet over WebSocket, from any page (tokens admit, not cookies)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { json.NewEncoder(w).Encode(s.stats()) })
 	pages, _ := fs.Sub(web, "web")
 	mux.Handle("/", http.FileServerFS(pages))
@@ -128,6 +128,7 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 // token issues a connect token to whoever asks: a backend's job, here for
 // brevity. A real one checks who asks (a login); tokenKey stays secret.
 func (s *server) token(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Access-Control-Allow-Origin", "*") // a page served elsewhere (a dev server) may ask too
 	game, id := netip.MustParseAddrPort(s.l.Addr().String()), s.lastID.Add(1)
 	tok, err := knet.IssueToken(s.tokenKey, knet.Token{
 		ClientID: id, // the player's id in snapshots
@@ -192,8 +193,7 @@ func (s *server) stats() map[string]transportStats {
 		tr, cs := c.Transport().String(), c.Stats()
 		st := m[tr]
 		st.RTT = (st.RTT*time.Duration(st.Players) + cs.RTT) / time.Duration(st.Players+1)
-		st.Players++
-		st.Sent, st.Received = st.Sent+cs.MessagesSent, st.Received+cs.MessagesReceived
+		st.Players, st.Sent, st.Received = st.Players+1, st.Sent+cs.MessagesSent, st.Received+cs.MessagesReceived
 		m[tr] = st
 	}
 	return m
