@@ -273,7 +273,7 @@ func ruleset(ty Type, secs int) string {
 		fmt.Fprintf(&b, "\t\toifname \"wan\" ct direction original update @contacted { udp sport . ip daddr }\n\t}\n")
 		fmt.Fprintf(&b, "\tchain pre { type nat hook prerouting priority dstnat; policy accept;\n")
 		gate := ""
-		if ty == FullCone || ty == RestrictedCone {
+		if ty == RestrictedCone {
 			gate = "udp dport . ip saddr @contacted "
 		}
 		fmt.Fprintf(&b, "\t\tiifname \"wan\" %sdnat ip to udp dport map @mapped\n\t}\n", gate)
