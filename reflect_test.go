@@ -346,3 +346,18 @@ func TestReflectTimeout(t *testing.T) {
 		})
 	}
 }
+
+// Answering an ask allocates nothing: the reader does it inline.
+func TestReflectAnswerNoAllocs(t *testing.T) {
+	ask := appendQueryDatagram(nil, reflectKindAsk, testNonce(5), nil, queryPadTo)
+	buf := make([]byte, 0, 2048)
+	from := netip.MustParseAddrPort("[2001:db8::2]:40000")
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		kind, nonce, _, ok := parseQueryDatagram(ask)
+		if ok && kind == reflectKindAsk {
+			var body [reflectMaxBody]byte
+			buf = appendQueryDatagram(buf[:0], reflectKindAnswer, &nonce, appendReflectBody(body[:0], &nonce, from), 0)
+		}
+	}))
+	assert.Len(t, buf, 39)
+}
