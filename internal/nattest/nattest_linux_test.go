@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -184,4 +185,29 @@ func TestNATRuleset(t *testing.T) {
 	assert.NotContains(t, ruleset(FullCone, 10), "@contacted dnat")
 	assert.Contains(t, ruleset(RestrictedCone, 10), "udp dport . ip saddr @contacted dnat")
 	assert.True(t, strings.Contains(ruleset(RestrictedCone, 3), "timeout 3s"))
+}
+
+// The routers forget an idle mapping after Options.MapTimeout: conntrack's
+// UDP timeouts in their namespaces, and the cone sets' element timeouts.
+func TestNATMapTimeout(t *testing.T) {
+	t.Parallel()
+	n := New(t, FullCone, Symmetric, &Options{MapTimeout: 3 * time.Second})
+	for _, r := range []*Node{n.A.Router, n.B.Router} {
+		for _, f := range []string{"nf_conntrack_udp_timeout", "nf_conntrack_udp_timeout_stream"} {
+			var v []byte
+			require.NoError(t, r.Run(func() (err error) {
+				v, err = os.ReadFile("/proc/sys/net/netfilter/" + f)
+				return err
+			}))
+			assert.Equal(t, "3", strings.TrimSpace(string(v)), "%s in %s", f, r.Name)
+		}
+	}
+	out, err := exec.Command("ip", "netns", "exec", n.A.Router.Name, "nft", "list", "map", "ip", "nat", "mapped").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "timeout 3s")
+	// And the host's own namespace keeps its settings.
+	v, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_udp_timeout")
+	if err == nil {
+		assert.NotEqual(t, "3", strings.TrimSpace(string(v)))
+	}
 }
