@@ -4,8 +4,10 @@ package knet
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,4 +116,90 @@ func TestNATReflectNoAnswer(t *testing.T) {
 	defer cancel()
 	_, err := host.Reflect(ctx, "203.0.113.1:7000")
 	require.ErrorIs(t, err, context.DeadlineExceeded, "no answer, before the caller's deadline")
+}
+
+// spoofUDP sends b as a UDP datagram from `from` to `to` over a raw
+// socket (IP_HDRINCL), whatever from is: an attacker forging its victim's
+// address. It runs in node's namespace.
+func spoofUDP(t *testing.T, node *nattest.Node, from, to netip.AddrPort, bs [][]byte) {
+	t.Helper()
+	require.NoError(t, node.Run(func() error {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		dst := &syscall.SockaddrInet4{Addr: to.Addr().As4()}
+		for _, b := range bs {
+			// IPv4 header (the kernel fills in the checksum and total
+			// length), then UDP (checksum 0: none).
+			p := make([]byte, 28, 28+len(b))
+			p[0], p[8], p[9] = 0x45, 64, syscall.IPPROTO_UDP
+			s, d := from.Addr().As4(), to.Addr().As4()
+			copy(p[12:16], s[:])
+			copy(p[16:20], d[:])
+			binary.BigEndian.PutUint16(p[20:], from.Port())
+			binary.BigEndian.PutUint16(p[22:], to.Port())
+			binary.BigEndian.PutUint16(p[24:], uint16(8+len(b)))
+			p = append(p, b...)
+			if err := syscall.Sendto(fd, p, 0, dst); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+// The attacker's view, on a real network: asks spoofing a victim's
+// address (every one 1200 bytes, or short) make a reflector send the
+// victim one source's burst of answers, each 27 bytes: no amplification,
+// and a bounded rate.
+func TestNATReflectSpoofedVictim(t *testing.T) {
+	t.Parallel()
+	n := nattest.New(t, nattest.PortRestrictedCone, nattest.PortRestrictedCone, nil)
+	l := listenIn(t, n.Public, "203.0.113.1:7000", testConfig())
+	require.NoError(t, l.SetQueryInfo([]byte("sentinel")))
+	victim := n.Public.ListenUDP(t, "203.0.113.3:9000")
+	const flood = 200
+	var asks [][]byte
+	sent := 0
+	for i := range flood {
+		size := queryPadTo
+		if i%4 == 3 {
+			size = 100 // short: no answer at all
+		}
+		asks = append(asks, appendQueryDatagram(nil, reflectKindAsk, testNonce(byte(i)), nil, size))
+		sent += size
+	}
+	start := time.Now()
+	spoofUDP(t, n.Public, netip.MustParseAddrPort("203.0.113.3:9000"), netip.MustParseAddrPort("203.0.113.1:7000"), asks)
+	// The listener's reader takes datagrams in order: once a query from
+	// another source is answered, every ask before it was handled.
+	var info []byte
+	ctx := within(t, 5*time.Second)
+	require.NoError(t, n.Public.Run(func() (err error) {
+		info, _, err = Query(ctx, "udp4", "203.0.113.1:7000")
+		return err
+	}))
+	assert.Equal(t, "sentinel", string(info))
+	elapsed := time.Since(start)
+	st := l.Stats()
+	assert.Equal(t, uint64(flood), st.ReflectionsAnswered+st.ReflectionsDropped)
+	// A burst, and what the rate adds over the flood's time.
+	most := querySourceBurst + int(elapsed.Seconds()*querySourceRate) + 1
+	assert.LessOrEqual(t, int(st.ReflectionsAnswered), most)
+	assert.GreaterOrEqual(t, int(st.ReflectionsAnswered), querySourceBurst)
+	// What the victim got: the answers, 27 bytes each, to its address.
+	got := 0
+	buf := make([]byte, 2048)
+	require.NoError(t, victim.SetReadDeadline(time.Now().Add(5*time.Second)))
+	for range st.ReflectionsAnswered {
+		k, from, err := victim.ReadFromUDPAddrPort(buf)
+		require.NoError(t, err)
+		assert.Equal(t, netip.MustParseAddrPort("203.0.113.1:7000"), from)
+		assert.Equal(t, 27, k)
+		got += k
+	}
+	assert.LessOrEqual(t, got*40, sent, "the victim gets under a fortieth of what the attacker sent")
+	t.Logf("attacker sent %d bytes in %d asks; the victim got %d bytes in %d answers", sent, flood, got, st.ReflectionsAnswered)
 }
