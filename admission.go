@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"time"
 )
 
@@ -781,11 +782,13 @@ func (l *Listener) sendUnproven(ep *endpoint, addr netip.AddrPort, in, d []byte)
 // must be no larger, and the source (an IPv4 address, an IPv6 /64) and
 // the listener as a whole must be within their rates (queryState.allow:
 // querySourceRate, queryRate), which queries and reflections share. It
-// reports whether d was sent.
-func (l *Listener) answerUnconnected(ep *endpoint, addr netip.AddrPort, in int, d []byte) bool {
+// reports whether d was sent, counted in answered before it goes (so
+// that whoever reads the answer finds it counted).
+func (l *Listener) answerUnconnected(ep *endpoint, addr netip.AddrPort, in int, d []byte, answered *atomic.Uint64) bool {
 	if in < queryPadTo || len(d) > in || !l.query.allow(addr.Addr(), time.Now()) {
 		return false
 	}
+	answered.Add(1)
 	ep.write(d, addr)
 	return true
 }

@@ -218,9 +218,7 @@ func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) boo
 	// Built in the query's own buffer (at least 2 KiB): the nonce is
 	// copied out already.
 	d := appendQueryDatagram(p.buf[:0], queryKindAnswer, &nonce, *info, 0)
-	if l.answerUnconnected(ep, addr, in, d) {
-		l.query.answered.Add(1)
-	} else {
+	if !l.answerUnconnected(ep, addr, in, d, &l.query.answered) {
 		l.query.dropped.Add(1)
 	}
 	ep.putPacket(p)

@@ -115,9 +115,7 @@ func (l *Listener) answerReflect(ep *endpoint, addr netip.AddrPort, p *packet, n
 	// copied out already.
 	var body [reflectMaxBody]byte
 	d := appendQueryDatagram(p.buf[:0], reflectKindAnswer, nonce, appendReflectBody(body[:0], nonce, addr), 0)
-	if l.answerUnconnected(ep, addr, in, d) {
-		l.reflect.answered.Add(1)
-	} else {
+	if !l.answerUnconnected(ep, addr, in, d, &l.reflect.answered) {
 		l.reflect.dropped.Add(1)
 	}
 	ep.putPacket(p)
