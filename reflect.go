@@ -173,6 +173,11 @@ func (l *Listener) Reflect(ctx context.Context, serverAddr string) (netip.AddrPo
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
+	select {
+	case <-l.closed:
+		return netip.AddrPort{}, fmt.Errorf("knet: reflect via %v: %w", server, net.ErrClosed)
+	default:
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, queryTimeout, errQueryTimeout)
 	defer cancel()
 	got := make(chan netip.AddrPort, 1)

@@ -341,6 +341,8 @@ func TestReflectTimeout(t *testing.T) {
 					synctest.Wait()
 					host.Close()
 					assert.ErrorIs(t, <-done, net.ErrClosed)
+					_, err = host.Reflect(context.Background(), server.String())
+					assert.ErrorIs(t, err, net.ErrClosed, "closed before")
 				}
 			})
 		})
