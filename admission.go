@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,7 +31,13 @@ import (
 //     (establish, Conn.clientProven): in a secure session by its first
 //     datagram or frame that opens under the session's keys, in plaintext
 //     over UDP by answering what the server chose at random, over a
-//     stream by TCP's handshake.
+//     stream by TCP's handshake;
+//   - be answered without a connection: a server query (query.go) or an
+//     address reflection's ask (reflect.go) gets an answer only if it
+//     was padded to 1200 bytes, never with more bytes than it had, and
+//     within one rate per source and one overall that both share
+//     (answerUnconnected): a spoofed source makes the listener send its
+//     victim no more than it sent, at a bounded rate.
 //
 // The UDP path (listener.go: handleNew, admitSecure) and the streams'
 // (stream_listen.go: takeStream; stream_door.go: the first frames) call
@@ -766,4 +773,22 @@ func (l *Listener) sendUnproven(ep *endpoint, addr netip.AddrPort, in, d []byte)
 	}
 	l.unprovenOut.Add(uint64(len(d)))
 	ep.write(d, addr)
+}
+
+// answerUnconnected sends d to addr in answer to a datagram of in bytes
+// from that address, which has no connection: a server query's answer
+// (query.go), an address reflection's (reflect.go). It is the one rule
+// for them: the datagram asked must have been padded to queryPadTo, d
+// must be no larger, and the source (an IPv4 address, an IPv6 /64) and
+// the listener as a whole must be within their rates (queryState.allow:
+// querySourceRate, queryRate), which queries and reflections share. It
+// reports whether d was sent, counted in answered before it goes (so
+// that whoever reads the answer finds it counted).
+func (l *Listener) answerUnconnected(ep *endpoint, addr netip.AddrPort, in int, d []byte, answered *atomic.Uint64) bool {
+	if in < queryPadTo || len(d) > in || !l.query.allow(addr.Addr(), time.Now()) {
+		return false
+	}
+	answered.Add(1)
+	ep.write(d, addr)
+	return true
 }

@@ -256,10 +256,11 @@ var errNilContext = errors.New("knet: nil context")
 // ConnectionLostTimeout, a handshake that took longer than ConnectTimeout,
 // or a graceful close that got no DisconnectAck within DisconnectTimeout
 // (Close and CloseWithReason then return it, as Err does; Op is
-// "disconnect"); Query returns one when no answer came.
+// "disconnect"); Query and Reflect return one (Reflect's wrapped, naming
+// the server) when no answer came.
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect", "disconnect", "query" (Query), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout) or "" for an established connection
+	Op     string // "connect", "disconnect", "query" (Query), "reflect" (Reflect, Listener.Reflect), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout) or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
@@ -270,6 +271,8 @@ func (e *TimeoutError) Error() string {
 		return "knet: no DisconnectAck within " + e.Silent.String()
 	case "query":
 		return "knet: no answer to the server query within " + e.Silent.String()
+	case "reflect":
+		return "knet: no answer from the reflector (address discovery) within " + e.Silent.String()
 	case "frame":
 		return "knet: a frame neither whole nor 4 KiB further after " + e.Silent.String() + " (ConnectionLostTimeout)"
 	}
@@ -279,10 +282,10 @@ func (e *TimeoutError) Timeout() bool   { return true }
 func (e *TimeoutError) Temporary() bool { return false }
 
 // Unwrap makes errors.Is(err, net.ErrClosed) hold for a lost connection,
-// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake or query
-// timeout.
+// and errors.Is(err, os.ErrDeadlineExceeded) for a handshake, query or
+// reflection timeout.
 func (e *TimeoutError) Unwrap() error {
-	if e.Op == "connect" || e.Op == "query" {
+	if e.Op == "connect" || e.Op == "query" || e.Op == "reflect" {
 		return errDeadline
 	}
 	return net.ErrClosed

@@ -66,6 +66,8 @@ type Listener struct {
 
 	// Server queries (query.go): the info they are answered with.
 	query queryState
+	// Address reflection (reflect.go): this Listener's own asks.
+	reflect reflectState
 
 	// budget bounds what all the connections hold (budget.go).
 	budget *receiveBudget
@@ -85,20 +87,22 @@ type Listener struct {
 
 // ListenerStats are a Listener's counters.
 type ListenerStats struct {
-	Connections      int    // connections on the socket(s) that have not ended, pending ones included: what a Drain waits for
-	Pending          int    // connections whose handshake is not complete
-	Established      uint64 // connections whose handshake completed and that were handed to Accept (or the Group), since Listen
-	InvalidDatagrams uint64 // malformed datagrams from unknown endpoints, dropped; and plaintext attempts ended because their proof of address (an ack or a PingReply) named nothing sent to them
-	StrayDatagrams   uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
-	IgnoredAttempts  uint64 // connection attempts ignored (too many pending, listener closed)
-	RefusedAttempts  uint64 // connection attempts refused by Admit or a full backlog, or by a secure listener for their handshake or token
-	SendErrors       uint64 // datagrams the system refused to send that were no connection's: refusals, and deliveries of Config.Simulate
-	OversizedReplies uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
-	RejectedTokens   uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
-	CookiesSent      uint64 // secure attempts answered with a cookie to echo instead of a handshake (Config.CookieThreshold)
-	QueriesAnswered  uint64 // server queries answered (SetQueryInfo)
-	QueriesDropped   uint64 // server queries not answered: no info set, shorter than the 1200 bytes a query is padded to, or over the rate limits
-	Sockets          int    // sockets sharing the address (Config.Sockets)
+	Connections         int    // connections on the socket(s) that have not ended, pending ones included: what a Drain waits for
+	Pending             int    // connections whose handshake is not complete
+	Established         uint64 // connections whose handshake completed and that were handed to Accept (or the Group), since Listen
+	InvalidDatagrams    uint64 // malformed datagrams from unknown endpoints, dropped; and plaintext attempts ended because their proof of address (an ack or a PingReply) named nothing sent to them
+	StrayDatagrams      uint64 // datagrams from unknown endpoints that were not connection attempts (a Disconnect among them is answered, unless Stealth)
+	IgnoredAttempts     uint64 // connection attempts ignored (too many pending, listener closed)
+	RefusedAttempts     uint64 // connection attempts refused by Admit or a full backlog, or by a secure listener for their handshake or token
+	SendErrors          uint64 // datagrams the system refused to send that were no connection's: refusals, and deliveries of Config.Simulate
+	OversizedReplies    uint64 // Admit replies longer than a ConnectSynAck carries: those attempts were refused (see Config.Admit)
+	RejectedTokens      uint64 // secure attempts refused for their connect token (Config.TokenKey): missing, invalid, expired, already used, for another server; also in RefusedAttempts
+	CookiesSent         uint64 // secure attempts answered with a cookie to echo instead of a handshake (Config.CookieThreshold)
+	QueriesAnswered     uint64 // server queries answered (SetQueryInfo)
+	QueriesDropped      uint64 // server queries not answered: no info set, shorter than the 1200 bytes a query is padded to, or over the rate limits
+	ReflectionsAnswered uint64 // address reflections (Reflect, Listener.Reflect) answered with the address they came from
+	ReflectionsDropped  uint64 // address reflections not answered: Stealth, shorter than 1200 bytes, or over the rate limits (shared with queries)
+	Sockets             int    // sockets sharing the address (Config.Sockets)
 	// Writes to the socket(s): each a system call on Linux as a rule
 	// (sendmmsg for a batch of datagrams, sendto for one), whatever the
 	// connections. DatagramsWritten / Writes is how many datagrams a
@@ -360,6 +364,8 @@ func (l *Listener) Stats() ListenerStats {
 	st.CookiesSent = l.cookiesSent.Load()
 	st.QueriesAnswered = l.query.answered.Load()
 	st.QueriesDropped = l.query.dropped.Load()
+	st.ReflectionsAnswered = l.reflect.answered.Load()
+	st.ReflectionsDropped = l.reflect.dropped.Load()
 	st.KeyExchanges = l.keyExchanges.Load()
 	st.ReplayedHandshakes = l.replayedHandshakes.Load()
 	st.FailedStreams = l.failedStreams.Load()

@@ -26,7 +26,7 @@ import (
 //	     MessageID 5 (VLE, one byte: reserved by DECISIONS §2, ignored by receivers)
 //	4    magic "kNet"
 //	u8   version, 1
-//	u8   kind: 1 query, 2 answer
+//	u8   kind: 1 query, 2 answer (3 and 4: address reflection, reflect.go)
 //	8    nonce: random in a query, echoed by its answer
 //	...  a query: padding (zeros) up to 1200 bytes in all;
 //	     an answer: the info, at most MaxQueryInfo bytes
@@ -128,7 +128,7 @@ func parseQueryDatagram(b []byte) (kind byte, nonce [queryNonceSize]byte, body [
 		return 0, nonce, nil, false
 	}
 	kind = p[len(queryMagic)+1]
-	if kind != queryKindQuery && kind != queryKindAnswer {
+	if kind < queryKindQuery || kind > reflectKindAnswer { // 3 and 4: address reflection (reflect.go)
 		return 0, nonce, nil, false
 	}
 	p = p[len(queryMagic)+2:]
@@ -189,17 +189,28 @@ func (l *Listener) SetQueryInfo(info []byte) error {
 	return nil
 }
 
-// answerQuery answers p, from addr, if it is a query, and then reports
-// true, having taken p. The socket's reader calls it, for addresses with
-// no connection: what it does is bounded (no allocation, one write).
+// answerQuery answers p, from addr, if it is a query or an address
+// reflection's ask (reflect.go), or hands it to the Listener's Reflect
+// waiting for it if it is the answer to one, and then reports true,
+// having taken p. The socket's reader calls it, for addresses with no
+// connection: what it does is bounded (no allocation, one write).
 func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) bool {
-	kind, nonce, _, ok := parseQueryDatagram(p.b)
-	if !ok || kind != queryKindQuery {
-		return false // an answer, say, is stray as before
+	kind, nonce, body, ok := parseQueryDatagram(p.b)
+	switch {
+	case !ok:
+		return false
+	case kind == reflectKindAsk:
+		l.answerReflect(ep, addr, p, &nonce)
+		return true
+	case kind == reflectKindAnswer && l.takeReflection(addr, &nonce, body):
+		ep.putPacket(p)
+		return true
+	case kind != queryKindQuery:
+		return false // an answer to no ask of ours, say: stray as before
 	}
 	in := len(p.b)
 	info := l.query.info.Load()
-	if info == nil || in < queryPadTo || !l.query.allow(addr.Addr(), time.Now()) {
+	if info == nil {
 		l.query.dropped.Add(1)
 		ep.putPacket(p)
 		return true
@@ -207,11 +218,8 @@ func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) boo
 	// Built in the query's own buffer (at least 2 KiB): the nonce is
 	// copied out already.
 	d := appendQueryDatagram(p.buf[:0], queryKindAnswer, &nonce, *info, 0)
-	if len(d) > in {
-		l.query.dropped.Add(1) // cannot happen (MaxQueryInfo); the rule is worth the check
-	} else {
-		ep.write(d, addr)
-		l.query.answered.Add(1)
+	if !l.answerUnconnected(ep, addr, in, d, &l.query.answered) {
+		l.query.dropped.Add(1)
 	}
 	ep.putPacket(p)
 	return true
@@ -259,7 +267,7 @@ func queryWith(ctx context.Context, network, address string, o *endpointOptions)
 	ctx, cancel := context.WithTimeoutCause(ctx, queryTimeout, errQueryTimeout)
 	defer cancel()
 	found := false
-	err = exchangeQueries(ctx, sock, unmap(raddr.AddrPort()), queryMaxSends, func(_ netip.AddrPort, i []byte, r time.Duration) bool {
+	err = exchangeQueries(ctx, sock, unmap(raddr.AddrPort()), queryMaxSends, queryKindQuery, func(_ netip.AddrPort, _ *[queryNonceSize]byte, i []byte, r time.Duration) bool {
 		info, rtt, found = bytes.Clone(i), r, true
 		return true
 	})
@@ -318,7 +326,7 @@ func discoverWith(ctx context.Context, network, address string, found func(netip
 		return err
 	}
 	seen := make(map[netip.AddrPort]bool)
-	err = exchangeQueries(ctx, sock, unmap(raddr.AddrPort()), discoverSends, func(from netip.AddrPort, info []byte, rtt time.Duration) bool {
+	err = exchangeQueries(ctx, sock, unmap(raddr.AddrPort()), discoverSends, queryKindQuery, func(from netip.AddrPort, _ *[queryNonceSize]byte, info []byte, rtt time.Duration) bool {
 		if !seen[from] && len(seen) < maxDiscovered {
 			seen[from] = true
 			found(from, info, rtt)
@@ -341,13 +349,14 @@ type queryIn struct {
 	fatal bool
 }
 
-// exchangeQueries sends queries to `to` on sock, sends times at most
+// exchangeQueries sends queries of the kind ask (a server query, an
+// address reflection's ask) to `to` on sock, sends times at most
 // (queryFirstResend apart, then doubling), and hands each answer to one
-// of them to found, until found reports true (done), ctx is done or a
-// send fails; it closes sock. A connected socket's refusals (ICMP port
+// of them (its kind ask+1, the nonce it echoes, its body) to found, until
+// found reports true (done), ctx is done or a send fails; it closes sock. A connected socket's refusals (ICMP port
 // unreachable) end it after handshakeStrikes in a row with
 // ErrPortUnreachable.
-func exchangeQueries(ctx context.Context, sock socket, to netip.AddrPort, sends int, found func(from netip.AddrPort, info []byte, rtt time.Duration) bool) error {
+func exchangeQueries(ctx context.Context, sock socket, to netip.AddrPort, sends int, ask byte, found func(from netip.AddrPort, nonce *[queryNonceSize]byte, body []byte, rtt time.Duration) bool) error {
 	in := make(chan queryIn)
 	stop := make(chan struct{})
 	readerDone := make(chan struct{})
@@ -367,7 +376,7 @@ func exchangeQueries(ctx context.Context, sock socket, to netip.AddrPort, sends 
 	send := func() error {
 		var s sent
 		rand.Read(s.nonce[:]) // never fails (crypto/rand)
-		buf = appendQueryDatagram(buf[:0], queryKindQuery, &s.nonce, nil, queryPadTo)
+		buf = appendQueryDatagram(buf[:0], ask, &s.nonce, nil, queryPadTo)
 		s.at = time.Now()
 		out = append(out, s)
 		if err := sock.WriteTo(buf, to); err != nil {
@@ -409,12 +418,12 @@ func exchangeQueries(ctx context.Context, sock socket, to netip.AddrPort, sends 
 				continue
 			}
 			kind, nonce, info, ok := parseQueryDatagram(r.b)
-			if !ok || kind != queryKindAnswer || len(r.b) > queryPadTo {
+			if !ok || kind != ask+1 || len(r.b) > queryPadTo {
 				continue // not an answer; or one larger than any query we send
 			}
 			for _, s := range out {
 				if s.nonce == nonce {
-					if found(r.from, info, r.at.Sub(s.at)) {
+					if found(r.from, &nonce, info, r.at.Sub(s.at)) {
 						return nil
 					}
 					break

@@ -185,7 +185,7 @@ type ListenerCollector struct {
 	completed, refused, ignored        *prometheus.Desc
 	writes, written                    *prometheus.Desc
 	keyExchanges, cookies, replayed    *prometheus.Desc
-	hsDropped, queries                 *prometheus.Desc
+	hsDropped, queries, reflections    *prometheus.Desc
 	counters                           [len(connCounters)]*prometheus.Desc
 	perConn                            *connDescs // with PerConnection
 
@@ -234,6 +234,7 @@ func NewListenerCollector(l *knet.Listener, opts *Options) *ListenerCollector {
 	c.replayed = desc("handshakes_replayed_total", "Secure attempts whose handshake message had cost a key exchange lately: dropped, or refused again.")
 	c.hsDropped = desc("handshakes_dropped_total", "Secure attempts dropped before their key exchange, by reason: rate_limited (their source address), queue_full (too many waiting).", "reason")
 	c.queries = desc("queries_total", "Server queries, by result: answered, dropped.", "result")
+	c.reflections = desc("reflections_total", "Address reflections (the address an asker is seen at), by result: answered, dropped.", "result")
 	c.counters = counterDescs("knet_", nil, cl)
 	if c.opts.PerConnection {
 		c.perConn = newConnDescs([]string{"remote"}, cl)
@@ -245,7 +246,7 @@ func NewListenerCollector(l *knet.Listener, opts *Options) *ListenerCollector {
 func (c *ListenerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.conns, c.pending, c.queued, c.recvQueued, c.rtt, c.loss,
 		c.completed, c.refused, c.ignored, c.writes, c.written,
-		c.keyExchanges, c.cookies, c.replayed, c.hsDropped, c.queries} {
+		c.keyExchanges, c.cookies, c.replayed, c.hsDropped, c.queries, c.reflections} {
 		ch <- d
 	}
 	for i, d := range c.counters {
@@ -333,6 +334,8 @@ func (c *ListenerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.hsDropped, ls.DroppedHandshakes, "queue_full")
 	counter(c.queries, ls.QueriesAnswered, "answered")
 	counter(c.queries, ls.QueriesDropped, "dropped")
+	counter(c.reflections, ls.ReflectionsAnswered, "answered")
+	counter(c.reflections, ls.ReflectionsDropped, "dropped")
 
 	if c.perConn != nil {
 		labelled := make(map[string]bool, len(current))

@@ -26,11 +26,18 @@ func Need(t testing.TB, name, install string, others ...string) string {
 			return p
 		}
 	}
-	msg := name + " not found: this test needs it (Debian: " + install + ")"
+	Missing(t, name+" not found: this test needs it (Debian: "+install+")")
+	return ""
+}
+
+// Missing skips t, saying what it lacks and how to get it (msg: "needs
+// root: run as root"), or fails t if KNET_REQUIRE_TOOLS=1: the same rule
+// as Need's, for what is not a program in PATH (root, a kernel feature).
+func Missing(t testing.TB, msg string) {
+	t.Helper()
 	if os.Getenv(RequireEnv) == "1" {
 		t.Fatal(msg + "; " + RequireEnv + "=1 makes that a failure")
 	} else {
 		t.Skip(msg + "; skipped (" + RequireEnv + "=1 would make it fail)")
 	}
-	return ""
 }

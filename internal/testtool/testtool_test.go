@@ -47,3 +47,18 @@ func TestNeed(t *testing.T) {
 	assert.Contains(t, r.failed, RequireEnv)
 	assert.Empty(t, r.skipped)
 }
+
+// Missing skips with the message, or fails under KNET_REQUIRE_TOOLS=1.
+func TestMissing(t *testing.T) {
+	t.Setenv(RequireEnv, "")
+	r := &recorder{TB: t}
+	Missing(r, "needs root")
+	assert.Contains(t, r.skipped, "needs root")
+	assert.Empty(t, r.failed)
+
+	t.Setenv(RequireEnv, "1")
+	r = &recorder{TB: t}
+	Missing(r, "needs root")
+	assert.Contains(t, r.failed, "needs root")
+	assert.Empty(t, r.skipped)
+}
