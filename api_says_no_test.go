@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/http"
 	"reflect"
 	"testing"
 	"testing/synctest"
@@ -343,6 +344,8 @@ func configWith(t *testing.T, field string) *Config {
 			}
 			return out
 		}))
+	case reflect.Interface: // Config.HTTP, an http.Handler
+		v.Set(reflect.ValueOf(http.NotFoundHandler()))
 	default:
 		t.Fatalf("configWith: %s is a %v", field, v.Kind())
 	}

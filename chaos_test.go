@@ -507,7 +507,7 @@ type chaosRecv struct {
 	relGot  int
 	// newest marks the newest version of each reliable latest state: of
 	// those, only it must arrive (the others may be replaced).
-	newest  map[int]bool
+	newest map[int]bool
 	// untagged: latest state went without tags (the reference
 	// dialect), named by back-references only (olderMayFollow).
 	untagged bool
@@ -516,7 +516,7 @@ type chaosRecv struct {
 	// a larger one travels reliably and may say so.
 	wholeLimit int
 	errs       []string
-	classes map[string]int // problems by class, for the summary line
+	classes    map[string]int // problems by class, for the summary line
 }
 
 func newChaosRecv(from int, plan []chaosMsg) *chaosRecv {

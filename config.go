@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"time"
@@ -27,7 +28,7 @@ import (
 // ListenPacket fail, and those it gives to a Listener (ReceiveBudget,
 // Admit, AdmitConn, Stealth, MaxPendingConnections, MaxPendingPerSource,
 // AcceptBacklog, Sockets, PrivateKey, TokenKey, PublicAddrs, ServerID,
-// CookieThreshold, TCP) make Dial, DialPacket and DialWebSocket fail,
+// CookieThreshold, TCP, HTTP) make Dial, DialPacket and DialWebSocket fail,
 // with an error naming the field: a client and a server that share
 // settings each take a copy with the other's fields cleared.
 type Config struct {
@@ -309,6 +310,18 @@ type Config struct {
 	// With PrivateKey, its streams are secure too, and take no plaintext
 	// (docs/PROTOCOL.md §9.1).
 	TCP bool
+	// HTTP, with TCP, serves HTTP on the game's TCP port beside kNet over
+	// TCP: a stream whose first bytes are an HTTP/1 request line (a
+	// method, a space, then "/" or "*") goes to this handler instead of
+	// becoming a connection, so that UDP, kNet over TCP and WebSocket
+	// (WebSocketHandler mounted on it) share one port number. The stream
+	// takes its place among the pending attempts like any other until
+	// its first bytes tell (docs/streams.md); once handed over, it is an
+	// http.Server's, with ReadHeaderTimeout at ConnectTimeout and
+	// IdleTimeout at ConnectionLostTimeout. A knet hello, and the
+	// reference's first ping, never look like one; a reference client
+	// whose first frame spelled a request line would be taken for HTTP.
+	HTTP http.Handler
 	// FallbackTCP makes Dial over UDP try TCP to the same address too,
 	// when UDP has no answer within 250 ms (or fails sooner); the first
 	// connection established wins (Conn.Transport says which).
@@ -481,6 +494,7 @@ type config struct {
 	admit                                      func(net.Addr, []byte) ([]byte, error)
 	admitConn                                  func(*Conn, []byte) ([]byte, error)
 	stealth                                    bool
+	http                                       http.Handler // Config.HTTP
 	receipts                                   bool
 	channelWeights                             map[uint8]int
 	simulate                                   *Simulation
@@ -567,7 +581,7 @@ var (
 	// listenFields are read by a Listener only.
 	listenFields = []string{"ReceiveBudget", "Admit", "AdmitConn", "Stealth", "MaxPendingConnections",
 		"MaxPendingPerSource", "AcceptBacklog", "Sockets", "PrivateKey", "TokenKey", "PublicAddrs",
-		"ServerID", "CookieThreshold", "TCP"}
+		"ServerID", "CookieThreshold", "TCP", "HTTP"}
 )
 
 // set reports whether c sets the field of that name (dialFields,
@@ -610,6 +624,8 @@ func (c *Config) set(field string) bool {
 		return c.CookieThreshold != 0
 	case "TCP":
 		return c.TCP
+	case "HTTP":
+		return c.HTTP != nil
 	}
 	panic("knet: no Config field " + field)
 }
@@ -691,6 +707,7 @@ func (c *Config) resolve() *config {
 		sockets:          min(pick(c.Sockets, 1), maxSockets),
 		connectPayload:   c.ConnectPayload,
 		tcp:              c.TCP,
+		http:             c.HTTP,
 		fallbackTCP:      c.FallbackTCP,
 		admit:            c.Admit,
 		admitConn:        c.AdmitConn,

@@ -80,6 +80,7 @@ type Listener struct {
 	// Config.TCP: the TCP socket on the same port, and the stream
 	// connections (stream_listen.go), true once established (under mu).
 	tcp           *net.TCPListener
+	http          httpOn // Config.HTTP's server (stream_http.go)
 	streams       map[*Conn]bool
 	failedStreams atomic.Uint64
 	simStreams    atomic.Uint64 // streams given a simulated path, each its own seed (streamsim.go)
@@ -160,6 +161,9 @@ func listenWith(network, address string, cfg *Config, o *endpointOptions) (*List
 	}
 	if err := rc.checkServerID(); err != nil {
 		return nil, err
+	}
+	if rc.http != nil && !rc.tcp {
+		return nil, errors.New("knet: Config.HTTP is served on the TCP port: it needs Config.TCP")
 	}
 	var socks []socket
 	var tcp *net.TCPListener
@@ -400,6 +404,7 @@ func (l *Listener) Close() error {
 	defer close(l.closeDone)
 	close(l.closed)
 	l.closeTCP()
+	l.closeHTTP()
 	l.mu.Lock()
 	l.closing = true
 	for i, j := range l.hs.queue {

@@ -47,6 +47,9 @@ func listenPacketWith(pc net.PacketConn, cfg *Config, o *endpointOptions) (*List
 	if err != nil {
 		return fail(err)
 	}
+	if rc.http != nil {
+		return fail(errors.New("knet: Config.HTTP is served on a Listener's TCP port, and ListenPacket has none"))
+	}
 	if rc.sockets > 1 {
 		return fail(fmt.Errorf("knet: Config.Sockets is %d, but ListenPacket serves the one socket it is given", rc.sockets))
 	}

@@ -103,6 +103,11 @@ type streamConn struct {
 	needKnet  bool                      // a client that must reach a knet server (ConnectPayload)
 	sealedIn  bool                      // a server's: the client's first sealed frame opened (clientProven)
 	refusal   []byte                    // a server's: the reason it refused the client with
+	// sniff: a server's TCP stream with Config.HTTP, its first bytes
+	// still to tell kNet from HTTP (sniffing), or told HTTP
+	// (sniffedHTTP: the round hands it to the Listener's HTTP server;
+	// stream_http.go).
+	sniff atomic.Int32
 
 	// The reader's, under mu.
 	mu    sync.Mutex
@@ -161,6 +166,9 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 	}
 	c.st = st
 	st.inLimit.Store(streamInLimit)
+	if !client && cfg.http != nil && tr == TransportTCP {
+		st.sniff.Store(sniffing)
+	}
 	if !client {
 		// What a client that has proven nothing may make us hold: a
 		// first frame of a hello's size, read in small pieces.
@@ -259,10 +267,20 @@ func (st *streamConn) readLoop(c *Conn) {
 			st.rerr = err
 		}
 		full := st.inN >= int(st.inLimit.Load())
+		toHTTP := false
+		if st.sniff.Load() == sniffing && n > 0 {
+			switch isHTTP, told := sniffHTTP(st.inBytes(sniffLen)); {
+			case isHTTP:
+				st.sniff.Store(sniffedHTTP)
+				toHTTP = true
+			case told:
+				st.sniff.Store(0)
+			}
+		}
 		st.mu.Unlock()
 		c.kick()
-		if err != nil {
-			return
+		if err != nil || toHTTP {
+			return // an HTTP stream is read by the HTTP server from now on
 		}
 		if full {
 			select {
@@ -359,6 +377,15 @@ func minTime(a, b time.Time) time.Time {
 // waits) and the gate is open.
 func (c *Conn) streamInput(now time.Time) {
 	st, s := c.st, c.st.sess
+	switch st.sniff.Load() {
+	case sniffing:
+		return // the first bytes do not tell yet: they wait in st.in
+	case sniffedHTTP:
+		if s.err == nil {
+			s.err = errStreamToHTTP // the connection ends, the stream goes on (streamFinish)
+		}
+		return
+	}
 	for {
 		if s.err != nil || s.gate && s.sawFirst || c.recvUsed() >= c.cfg.recvBuffer || c.streamOverBudget() {
 			break
@@ -669,13 +696,21 @@ func (c *Conn) streamDone(now time.Time) bool {
 // streamFinish is finish for a stream connection (Conn.end).
 func (c *Conn) streamFinish() {
 	st, s := c.st, c.st.sess
+	toHTTP := s.err == errStreamToHTTP
 	if l := c.ep.l; l != nil && !c.isEstablished() {
-		if !errors.Is(s.err, ErrRefused) {
+		if !errors.Is(s.err, ErrRefused) && !toHTTP {
 			l.failedStreams.Add(1) // before the peer sees the stream end
 		}
 		l.endAttempt(c, s.err, st.refusal)
 	}
-	st.nc.Close()
+	if l := c.ep.l; toHTTP && l != nil {
+		st.mu.Lock()
+		pre := st.inBytes(st.inN)
+		st.mu.Unlock()
+		l.serveHTTP(st.nc, pre) // what was read of it goes first
+	} else {
+		st.nc.Close()
+	}
 	close(st.wch)
 	s.failQueue()
 	c.recvq.mu.Lock()

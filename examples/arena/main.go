@@ -19,7 +19,6 @@ import (
 	"io"
 	"io/fs"
 	"log"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -42,15 +41,14 @@ const (
 var web embed.FS // the browser client's pages, served at "/"
 
 type options struct {
-	addr, http string        // the game's UDP and TCP address; the HTTP one
-	bots       int           // bots per transport (bots.go)
-	fed        chan struct{} // closed once every bot has had snapshots (the test)
+	addr string        // the game's address: UDP, kNet over TCP and HTTP on one port number
+	bots int           // bots per transport (bots.go)
+	fed  chan struct{} // closed once every bot has had snapshots (the test)
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.addr, "addr", "127.0.0.1:7000", "the game: UDP and TCP on this port number")
-	flag.StringVar(&o.http, "http", "127.0.0.1:8080", "HTTP: tokens (POST /token), WebSocket (/knet), metrics (/metrics), pages (/)")
+	flag.StringVar(&o.addr, "addr", "127.0.0.1:7000", "the game: UDP and TCP on this port number; HTTP on TCP: tokens (POST /token), WebSocket (/knet), metrics, pages (/)")
 	flag.IntVar(&o.bots, "bots", 3, "bots over each of UDP, TCP and WebSocket (0: none)")
 	duration := flag.Duration("duration", 0, "drain and exit after this long (0: at SIGTERM or Ctrl-C)")
 	flag.Parse()
@@ -82,9 +80,10 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 	g := knet.NewGroup() // every connection's events, for the tick
 	s := &server{pub: pub, tokenKey: make([]byte, knet.TokenKeySize)}
 	rand.Read(s.tokenKey)
+	mux := http.NewServeMux() // HTTP on the game's TCP port too (Config.HTTP)
 	s.l, err = knet.Listen("udp", o.addr, &knet.Config{
 		PrivateKey: priv, TokenKey: s.tokenKey, // secure; only players with a token get in
-		TCP:   true, // kNet over TCP too, on the same port number, for players without UDP
+		TCP: true, HTTP: mux, // kNet over TCP, and HTTP, on the same port number: for players without UDP
 		Group: g,
 		AdmitConn: func(c *knet.Conn, _ []byte) ([]byte, error) {
 			c.SetUserData(&player{id: int32(c.Token().ClientID)}) // checked already: who the token names
@@ -95,23 +94,16 @@ func run(ctx context.Context, o options, out io.Writer) ([]transportReport, erro
 		return nil, err
 	}
 	defer s.l.Close()
-	hl, err := net.Listen("tcp", o.http)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
 	mux.HandleFunc("POST /token", s.token)
 	mux.Handle("/knet", s.l.WebSocketHandler("*")) // browsers: knet over WebSocket, from any page (tokens admit, not cookies)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { json.NewEncoder(w).Encode(s.stats()) })
 	pages, _ := fs.Sub(web, "web")
 	mux.Handle("/", http.FileServerFS(pages))
-	go http.Serve(hl, mux)
-	defer hl.Close()
-	fmt.Fprintf(out, "game on %v (UDP and TCP); http://%v/ (tokens, WebSocket, metrics, pages)\n", s.l.Addr(), hl.Addr())
+	fmt.Fprintf(out, "game on %v (UDP and TCP); http://%v/ (tokens, WebSocket, metrics, pages)\n", s.l.Addr(), s.l.Addr())
 	ticking, stopTick := context.WithCancel(context.Background())
 	ticked := make(chan struct{})
 	go func() { defer close(ticked); s.tick(ticking, g) }()
-	bots := startBots("http://"+hl.Addr().String(), o.bots, o.fed)
+	bots := startBots("http://"+s.l.Addr().String(), o.bots, o.fed)
 	<-ctx.Done()                    // SIGTERM, Ctrl-C or -duration
 	for tr, st := range s.stats() { // in no order
 		fmt.Fprintf(out, "%-9s %d players, mean RTT %v, messages sent %d, received %d\n", tr, st.Players, st.RTT, st.Sent, st.Received)

@@ -50,7 +50,7 @@ func TestArena(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rs, err := run(ctx, options{addr: "127.0.0.1:0", http: "127.0.0.1:0", bots: perTransport, fed: fed}, &out)
+		rs, err := run(ctx, options{addr: "127.0.0.1:0", bots: perTransport, fed: fed}, &out)
 		done <- result{rs, err}
 	}()
 	select {

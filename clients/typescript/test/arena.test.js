@@ -56,7 +56,7 @@ function dies(p, name) {
 }
 
 test("the arena's page in headless Chromium", { skip: chromium ? false : missing, timeout: 120000 }, async () => {
-  arena = spawn(join(dir, 'arena'), ['-bots', '0', '-addr', '127.0.0.1:0', '-http', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  arena = spawn(join(dir, 'arena'), ['-bots', '0', '-addr', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'inherit'] });
   arenaExit = new Promise((r) => arena.once('exit', (code, sig) => r(code ?? sig)));
   const arenaDied = dies(arena, 'the arena');
   arenaDied.catch(() => {}); // awaited below through the races

@@ -1,0 +1,155 @@
+package knet
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+)
+
+// HTTP on the game's TCP port (Config.HTTP): a server's TCP stream is
+// taken, through the same door as any (a pending place, the per-source
+// limits, the eviction of silent streams), and its first bytes tell kNet
+// from HTTP. A knet hello starts with its size and MessageID 2, the
+// reference's first ping with 02 01 01: neither is a letter, so the
+// second byte at the latest tells them from a request line. An HTTP
+// stream leaves the door (its attempt ends, not counted failed) and goes,
+// with the bytes read of it, to the Listener's http.Server.
+
+// The sniff states of a stream (streamConn.sniff); 0: told kNet, or not
+// asked.
+const (
+	sniffing    = 1
+	sniffedHTTP = 2
+)
+
+// sniffLen is how many first bytes sniffHTTP needs at most: the longest
+// method, its space and the target's first byte.
+const sniffLen = len("OPTIONS") + 2
+
+// errStreamToHTTP ends the connection of a stream handed to HTTP.
+var errStreamToHTTP = errors.New("knet: the stream is HTTP (Config.HTTP)")
+
+var httpMethods = [...]string{"GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"}
+
+// sniffHTTP reports whether b, a stream's first bytes, begin an HTTP/1
+// request line (a method, a space, then "/" or "*"), and whether they
+// tell at all: told is false while b could still become one.
+func sniffHTTP(b []byte) (isHTTP, told bool) {
+	for _, m := range httpMethods {
+		n := min(len(b), len(m))
+		if !bytes.Equal(b[:n], []byte(m)[:n]) {
+			continue
+		}
+		switch {
+		case len(b) <= len(m):
+			return false, false // a method's start
+		case b[len(m)] != ' ':
+			continue
+		case len(b) == len(m)+1:
+			return false, false
+		}
+		return b[len(m)+1] == '/' || b[len(m)+1] == '*', true
+	}
+	return false, true
+}
+
+// inBytes returns a copy of up to max bytes that the reader read and no
+// round took; st.mu is held.
+func (st *streamConn) inBytes(max int) []byte {
+	b := make([]byte, 0, min(max, st.inN))
+	for i, bp := range st.in {
+		if len(b) == max {
+			break
+		}
+		b = append(b, (*bp)[:min(st.inLen[i], max-len(b))]...)
+	}
+	return b
+}
+
+// httpOn is a Listener's HTTP server on its TCP port.
+type httpOn struct {
+	once sync.Once
+	srv  *http.Server
+	ln   *streamsListener
+}
+
+// serveHTTP hands nc, whose first bytes pre were read already, to the
+// Listener's HTTP server, started on first use.
+func (l *Listener) serveHTTP(nc net.Conn, pre []byte) {
+	h := &l.http
+	h.once.Do(func() {
+		h.ln = &streamsListener{addr: l.tcp.Addr(), conns: make(chan net.Conn, 64), closed: make(chan struct{})}
+		h.srv = &http.Server{Handler: l.cfg.http, ReadHeaderTimeout: l.cfg.connectTimeout, IdleTimeout: l.cfg.lostTimeout}
+		go h.srv.Serve(h.ln)
+	})
+	if h.ln == nil {
+		nc.Close() // the Listener closed first (closeHTTP)
+		return
+	}
+	c := &prefixedConn{Conn: nc, pre: pre}
+	select {
+	case h.ln.conns <- c:
+	case <-h.ln.closed:
+		nc.Close()
+	default:
+		nc.Close() // the server is behind by 64 streams: this one goes
+	}
+}
+
+// closeHTTP ends the HTTP server and the streams it serves (Close).
+func (l *Listener) closeHTTP() {
+	h := &l.http
+	h.once.Do(func() {}) // none starts after this
+	if h.srv != nil {
+		h.srv.Close()
+	}
+}
+
+// streamsListener is a net.Listener of the streams handed to HTTP.
+type streamsListener struct {
+	addr      net.Addr
+	conns     chan net.Conn
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (s *streamsListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.conns:
+		return c, nil
+	case <-s.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (s *streamsListener) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return nil
+}
+
+func (s *streamsListener) Addr() net.Addr { return s.addr }
+
+// prefixedConn is a stream whose first bytes, pre, were read already.
+type prefixedConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *prefixedConn) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}
+
+// CloseWrite half-closes the TCP stream, as net/http does after an error.
+func (c *prefixedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
