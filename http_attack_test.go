@@ -5,6 +5,7 @@ package knet
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -230,3 +231,26 @@ func TestHTTPAttackCloseWhileHandingOver(t *testing.T) {
 	}
 }
 
+// A stream told HTTP as the Listener closes (its round hands it over
+// after closeHTTP ran) is closed, not left in the hand-off channel that
+// no server reads any more: its client must not wait on it forever.
+func TestHTTPAttackHandOverAfterClose(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	l := httpListener(t, h, 4, nil)
+	resp, err := http.Get("http://" + l.Addr().String() + "/") // the HTTP server starts
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.NoError(t, l.Close())
+	for i := range 32 {
+		ours, theirs := net.Pipe()
+		l.serveHTTP(ours, nil)
+		theirs.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := theirs.Read(make([]byte, 1))
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("stream %d handed over after Close is still open", i)
+		}
+		theirs.Close()
+	}
+}
