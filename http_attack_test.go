@@ -254,3 +254,65 @@ func TestHTTPAttackHandOverAfterClose(t *testing.T) {
 		theirs.Close()
 	}
 }
+
+// WebSockets upgraded over the game port and then silent come back to
+// the door (takeStream) as any WebSocket does: with 4 places, 16 of them
+// from one source, and a knet client from that source still gets in
+// over TCP, the silent ones giving way; never more than 4 pending.
+func TestHTTPAttackSilentWebSocketsOnGamePort(t *testing.T) {
+	const places, silent = 4, 16
+	mux := http.NewServeMux()
+	l := httpListener(t, mux, places, nil)
+	mux.Handle("/knet", l.WebSocketHandler())
+	serveEcho(t, l)
+	for i := range silent {
+		nc := rawTCP(t, l)
+		_, err := io.WriteString(nc, "GET /knet HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+		require.NoError(t, err)
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+		require.NoError(t, err, "upgrade %d", i)
+		require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+		nc.SetReadDeadline(time.Time{})
+	}
+	require.Eventually(t, func() bool { return l.Stats().IgnoredAttempts >= silent-places }, 10*time.Second, time.Millisecond)
+	assert.LessOrEqual(t, l.Stats().Pending, places)
+	c := dialUntil(t, l, 10*time.Second)
+	defer c.Close()
+	echoOnce(t, c, Message{ID: 100, Payload: []byte("in"), Reliable: true})
+}
+
+// Drain while HTTP requests are handed over, under -race: it returns,
+// and every client's stream ends once the Listener closes.
+func TestHTTPAttackDrainWhileHandingOver(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	l := httpListener(t, h, 64, nil)
+	addr := l.Addr().String()
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	for range 8 {
+		wg.Go(func() {
+			for range 8 {
+				nc, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, nc)
+				mu.Unlock()
+				io.WriteString(nc, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			}
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l.Drain(ctx, "drain")
+	wg.Wait()
+	l.Close()
+	for _, nc := range conns {
+		closedWithin(t, nc, 10*time.Second)
+		nc.Close()
+	}
+}
