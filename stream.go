@@ -277,6 +277,11 @@ func (st *streamConn) readLoop(c *Conn) {
 				st.sniff.Store(0)
 			}
 		}
+		if err != nil && st.sniff.Load() == sniffing {
+			// No more bytes can tell it HTTP: a knet stream cut short,
+			// which the rounds end now (not at ConnectTimeout).
+			st.sniff.Store(0)
+		}
 		st.mu.Unlock()
 		c.kick()
 		if err != nil || toHTTP {

@@ -88,14 +88,7 @@ func (l *Listener) serveHTTP(nc net.Conn, pre []byte) {
 		nc.Close() // the Listener closed first (closeHTTP)
 		return
 	}
-	c := &prefixedConn{Conn: nc, pre: pre}
-	select {
-	case h.ln.conns <- c:
-	case <-h.ln.closed:
-		nc.Close()
-	default:
-		nc.Close() // the server is behind by 64 streams: this one goes
-	}
+	h.ln.put(&prefixedConn{Conn: nc, pre: pre})
 }
 
 // closeHTTP ends the HTTP server and the streams it serves (Close).
@@ -109,13 +102,37 @@ func (l *Listener) closeHTTP() {
 
 // streamsListener is a net.Listener of the streams handed to HTTP.
 type streamsListener struct {
-	addr      net.Addr
-	conns     chan net.Conn
-	closed    chan struct{}
-	closeOnce sync.Once
+	addr   net.Addr
+	conns  chan net.Conn
+	closed chan struct{}
+	// mu orders put against Close: a stream put after Close, or left in
+	// conns when it came, is closed, never left where no Accept takes it.
+	mu   sync.Mutex
+	done bool
+}
+
+// put queues c for Accept, or closes it if the listener is closed or
+// the server is behind by 64 streams.
+func (s *streamsListener) put(c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		c.Close()
+		return
+	}
+	select {
+	case s.conns <- c:
+	default:
+		c.Close() // the server is behind by 64 streams: this one goes
+	}
 }
 
 func (s *streamsListener) Accept() (net.Conn, error) {
+	select {
+	case <-s.closed: // before a queued stream, which Close closes
+		return nil, net.ErrClosed
+	default:
+	}
 	select {
 	case c := <-s.conns:
 		return c, nil
@@ -125,8 +142,21 @@ func (s *streamsListener) Accept() (net.Conn, error) {
 }
 
 func (s *streamsListener) Close() error {
-	s.closeOnce.Do(func() { close(s.closed) })
-	return nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil
+	}
+	s.done = true
+	close(s.closed)
+	for {
+		select {
+		case c := <-s.conns:
+			c.Close() // queued, never accepted
+		default:
+			return nil
+		}
+	}
 }
 
 func (s *streamsListener) Addr() net.Addr { return s.addr }
