@@ -14,26 +14,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// KNOWN WEAKNESS, left failing on purpose (see the attack39 report).
-//
 // The door bounds what one source may hold without proving anything:
 // MaxPendingPerSource streams (TestDoorOneSourceCannotFillPending,
 // TestStreamConnectionFlood). A stream told HTTP gives its pending place
-// back as it is handed over, and the http.Server then holds it, a
-// goroutine and its buffers for ReadHeaderTimeout (ConnectTimeout), or
-// IdleTimeout between requests, with no bound on how many: one source
-// that sends "GET / HTTP/1.1\r\n" and stops, again and again, holds as
-// many sockets as it opens, past every pending limit, until the process
-// runs out of file descriptors and accept fails for every player; so
-// does one that makes requests and leaves each connection idle (keep-
-// alive). Here 4 places, and of 64 streams from one source, each handed
-// over before the next, nearly all stay open either way.
-//
-// A fix (not small, so not made here): keep the handed stream counted
-// against its source's pending places (or a like bound of its own) while
-// the http.Server holds it with no request in progress, through
-// http.Server.ConnState (StateNew and StateIdle counted, StateActive,
-// StateHijacked and StateClosed not), closing a new one past the bound.
+// back as it is handed over; the http.Server then holds it, for
+// ReadHeaderTimeout, or IdleTimeout between requests. Found by the
+// attacker's review: with no bound there, one source that sent
+// "GET / HTTP/1.1\r\n" and stopped, again and again, held as many
+// sockets as it opened, past every pending limit, until the process ran
+// out of file descriptors and accept failed for every player; so did one
+// that made requests and left each connection idle. Now a stream held
+// with no request in progress counts against its source's places and the
+// Listener's (httpOn.hold): past them it is closed. Here 4 places, and 64
+// streams from one source, each handed over before the next.
 func TestHTTPAttackStalledHeadsBoundedPerSource(t *testing.T) {
 	const places, streams = 4, 64
 	for _, tc := range []struct{ name, send string }{

@@ -73,6 +73,66 @@ type httpOn struct {
 	once sync.Once
 	srv  *http.Server
 	ln   *streamsListener
+
+	// What the door bounds for attempts it bounds for HTTP streams that
+	// hold a socket with no request in progress (new, or idle between
+	// requests): at most MaxPendingPerSource of one source, and
+	// MaxPendingConnections in all (heldOK). A stream handed over past
+	// them is closed; so is one going idle past them. A request in
+	// progress is the handler's to bound.
+	mu     sync.Mutex
+	held   map[sourceKey]int
+	total  int
+	counts map[net.Conn]sourceKey // the streams counted in held
+}
+
+// hold counts c, of source k, among the HTTP streams held idle, and
+// reports false (counting nothing) past the bounds.
+func (h *httpOn) hold(l *Listener, c net.Conn, k sourceKey) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.counts[c]; ok {
+		return true
+	}
+	if h.total >= l.cfg.maxPending || h.held[k] >= l.cfg.maxPendingPerSource {
+		return false
+	}
+	if h.held == nil {
+		h.held, h.counts = make(map[sourceKey]int), make(map[net.Conn]sourceKey)
+	}
+	h.held[k]++
+	h.total++
+	h.counts[c] = k
+	return true
+}
+
+// release stops counting c (a request in progress, or its end).
+func (h *httpOn) release(c net.Conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k, ok := h.counts[c]
+	if !ok {
+		return
+	}
+	delete(h.counts, c)
+	h.total--
+	if h.held[k]--; h.held[k] == 0 {
+		delete(h.held, k)
+	}
+}
+
+// connState keeps the count of held streams as the server moves them.
+func (l *Listener) connState(c net.Conn, st http.ConnState) {
+	h := &l.http
+	switch st {
+	case http.StateIdle:
+		if !h.hold(l, c, sourceOf(unmap(streamAddr(c.RemoteAddr())).Addr())) {
+			l.eps[0].ignored.Add(1)
+			c.Close() // past the bounds: the idle connection goes
+		}
+	case http.StateActive, http.StateHijacked, http.StateClosed:
+		h.release(c)
+	}
 }
 
 // serveHTTP hands nc, whose first bytes pre were read already, to the
@@ -81,14 +141,22 @@ func (l *Listener) serveHTTP(nc net.Conn, pre []byte) {
 	h := &l.http
 	h.once.Do(func() {
 		h.ln = &streamsListener{addr: l.tcp.Addr(), conns: make(chan net.Conn, 64), closed: make(chan struct{})}
-		h.srv = &http.Server{Handler: l.cfg.http, ReadHeaderTimeout: l.cfg.connectTimeout, IdleTimeout: l.cfg.lostTimeout}
+		h.srv = &http.Server{Handler: l.cfg.http, ReadHeaderTimeout: l.cfg.connectTimeout, IdleTimeout: l.cfg.lostTimeout, ConnState: l.connState}
 		go h.srv.Serve(h.ln)
 	})
 	if h.ln == nil {
 		nc.Close() // the Listener closed first (closeHTTP)
 		return
 	}
-	h.ln.put(&prefixedConn{Conn: nc, pre: pre})
+	c := &prefixedConn{Conn: nc, pre: pre}
+	if !h.hold(l, c, sourceOf(unmap(streamAddr(nc.RemoteAddr())).Addr())) {
+		l.eps[0].ignored.Add(1)
+		nc.Close() // its source, or the Listener, holds as many as the door lets wait
+		return
+	}
+	if !h.ln.put(c) {
+		h.release(c) // closed, never the server's
+	}
 }
 
 // closeHTTP ends the HTTP server and the streams it serves (Close).
@@ -113,17 +181,19 @@ type streamsListener struct {
 
 // put queues c for Accept, or closes it if the listener is closed or
 // the server is behind by 64 streams.
-func (s *streamsListener) put(c net.Conn) {
+func (s *streamsListener) put(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.done {
 		c.Close()
-		return
+		return false
 	}
 	select {
 	case s.conns <- c:
+		return true
 	default:
 		c.Close() // the server is behind by 64 streams: this one goes
+		return false
 	}
 }
 
