@@ -253,6 +253,16 @@ func (n *Net) router(t testing.TB, s *Site) {
 //
 // The learned entries last secs after the last datagram out, as the
 // flows in conntrack do.
+//
+// Every router drops what comes in by the WAN link for itself (nothing
+// the NAT let in), as a home router's firewall does: conntrack then
+// keeps no entry for the dropped datagram (an entry is kept only once a
+// datagram passes its last hook). Without the drop, a peer's probe
+// arriving before the host's own went out would leave an entry (the
+// peer's address and port toward the router's) that makes the NAT give
+// the host's outgoing flow to that peer another port, and that keeps a
+// cone's dnat from being looked at again for the flow: punching would
+// fail for whoever probed first, which no real NAT with a firewall does.
 func ruleset(ty Type, secs int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table ip nat {\n")
@@ -279,6 +289,8 @@ func ruleset(ty Type, secs int) string {
 		fmt.Fprintf(&b, "\t\tiifname \"wan\" %sdnat ip to udp dport map @mapped\n\t}\n", gate)
 	}
 	fmt.Fprintf(&b, "}\n")
+	fmt.Fprintf(&b, "table ip filter {\n\tchain input { type filter hook input priority filter; policy accept;\n")
+	fmt.Fprintf(&b, "\t\tiifname \"wan\" drop\n\t}\n}\n")
 	return b.String()
 }
 

@@ -185,6 +185,9 @@ func TestNATRuleset(t *testing.T) {
 	assert.NotContains(t, ruleset(FullCone, 10), "@contacted dnat")
 	assert.Contains(t, ruleset(RestrictedCone, 10), "udp dport . ip saddr @contacted dnat")
 	assert.True(t, strings.Contains(ruleset(RestrictedCone, 3), "timeout 3s"))
+	for _, ty := range Types {
+		assert.Contains(t, ruleset(ty, 10), "iifname \"wan\" drop", "a firewall: nothing in for the router itself")
+	}
 }
 
 // The routers forget an idle mapping after Options.MapTimeout: conntrack's
