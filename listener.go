@@ -68,6 +68,7 @@ type Listener struct {
 	query queryState
 	// Address reflection (reflect.go): this Listener's own asks.
 	reflect reflectState
+	punch   punchState // hole punching and introductions (punch.go)
 
 	// budget bounds what all the connections hold (budget.go).
 	budget *receiveBudget
