@@ -459,29 +459,106 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 	if len(id) == 0 || len(id) > MaxIntroID {
 		return Introduction{}, fmt.Errorf("knet: host ID of %d bytes: 1 to %d", len(id), MaxIntroID)
 	}
-	network := "udp"
-	laddr, _ := addrPortOf(pc.LocalAddr())
-	if laddr.Addr().Unmap().Is4() {
-		network = "udp4"
-	}
-	server, err := resolveReflector(network, introducer)
+	laddr, server, err := packetPeer(pc, introducer)
 	if err != nil {
 		return Introduction{}, err
 	}
 	var nonce [queryNonceSize]byte
 	rand.Read(nonce[:])
 	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, id, localCandidates(laddr)), queryPadTo)
+	var in Introduction
+	err = askOver(ctx, pc, server, ask, func(kind byte, got *[queryNonceSize]byte, body []byte) bool {
+		if kind != introKindAnswer || *got != nonce || len(body) < 1 || body[0] != introIntroduced {
+			return false
+		}
+		var ok bool
+		in, ok = parseIntroduced(body[1:], &nonce, time.Now())
+		return ok
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ErrNoHost, err)
+		}
+		return Introduction{}, fmt.Errorf("knet: join %q via %v: %w", id, server, err)
+	}
+	return in, nil
+}
+
+// Candidates returns the Listener's candidates for a game's own
+// signalling (Signal): the address the knet server at reflector sees its
+// socket as (Reflect), then its local addresses.
+func (l *Listener) Candidates(ctx context.Context, reflector string) ([]netip.AddrPort, error) {
+	seen, err := l.Reflect(ctx, reflector)
+	if err != nil {
+		return nil, err
+	}
+	laddr, _ := addrPortOf(l.Addr())
+	return append([]netip.AddrPort{seen}, localCandidates(laddr)...), nil
+}
+
+// PacketCandidates returns a joiner's candidates for a game's own
+// signalling (Signal), for pc, the socket it will dial from
+// (DialCandidates): the address the knet server at reflector sees pc as
+// (asked as Listener.Reflect asks, every 250ms until ctx ends), then its
+// local addresses.
+func PacketCandidates(ctx context.Context, pc net.PacketConn, reflector string) ([]netip.AddrPort, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
+	laddr, server, err := packetPeer(pc, reflector)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, queryTimeout, errQueryTimeout)
+	defer cancel()
+	var nonce [queryNonceSize]byte
+	rand.Read(nonce[:])
+	ask := appendQueryDatagram(nil, reflectKindAsk, &nonce, nil, queryPadTo)
+	var seen netip.AddrPort
+	err = askOver(ctx, pc, server, ask, func(kind byte, got *[queryNonceSize]byte, body []byte) bool {
+		if kind != reflectKindAnswer || *got != nonce {
+			return false
+		}
+		var ok bool
+		seen, ok = parseReflectBody(body, &nonce)
+		return ok
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, reflectError(ctx, server)
+		}
+		return nil, err
+	}
+	return append([]netip.AddrPort{seen}, localCandidates(laddr)...), nil
+}
+
+// packetPeer is pc's own address and the server's at address, of pc's
+// family.
+func packetPeer(pc net.PacketConn, address string) (laddr, server netip.AddrPort, err error) {
+	network := "udp"
+	laddr, _ = addrPortOf(pc.LocalAddr())
+	if laddr.Addr().Unmap().Is4() {
+		network = "udp4"
+	}
+	server, err = resolveReflector(network, address)
+	return laddr, server, err
+}
+
+// askOver sends ask to server over pc every 250ms until take accepts a
+// query datagram from server (its kind, nonce and body), or ctx ends. It
+// leaves pc with no read deadline.
+func askOver(ctx context.Context, pc net.PacketConn, server netip.AddrPort, ask []byte, take func(kind byte, nonce *[queryNonceSize]byte, body []byte) bool) error {
 	defer pc.SetReadDeadline(time.Time{})
 	buf := make([]byte, 2048)
+	to := net.UDPAddrFromAddrPort(server)
 	for {
-		if _, err := pc.WriteTo(ask, net.UDPAddrFromAddrPort(server)); err != nil {
-			return Introduction{}, fmt.Errorf("knet: join %q via %v: %w", id, server, err)
+		if _, err := pc.WriteTo(ask, to); err != nil {
+			return err
 		}
-		next := time.Now().Add(introJoinResend)
-		pc.SetReadDeadline(next)
+		pc.SetReadDeadline(time.Now().Add(introJoinResend))
 		for {
 			if err := ctx.Err(); err != nil {
-				return Introduction{}, fmt.Errorf("knet: join %q via %v: %w (%w)", id, server, ErrNoHost, err)
+				return err
 			}
 			n, from, err := pc.ReadFrom(buf)
 			if err != nil {
@@ -489,15 +566,12 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 				if errors.As(err, &ne) && ne.Timeout() {
 					break
 				}
-				return Introduction{}, fmt.Errorf("knet: join %q via %v: %w", id, server, err)
+				return err
 			}
 			f, _ := addrPortOf(from)
-			kind, got, body, ok := parseQueryDatagram(buf[:n])
-			if !ok || kind != introKindAnswer || got != nonce || unmap(f) != server || len(body) < 1 || body[0] != introIntroduced {
-				continue
-			}
-			if in, ok := parseIntroduced(body[1:], &nonce, time.Now()); ok {
-				return in, nil
+			kind, nonce, body, ok := parseQueryDatagram(buf[:n])
+			if ok && unmap(f) == server && take(kind, &nonce, body) {
+				return nil
 			}
 		}
 	}

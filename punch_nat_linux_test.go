@@ -156,3 +156,108 @@ func TestNATPunchUnproven(t *testing.T) {
 }
 
 func netipFrom(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
+
+// memSignal is a game's own backend in one process: it pairs a host and
+// a joiner under an ID, as Signal says.
+type memSignal struct {
+	hosts chan memOffer
+}
+
+type memOffer struct {
+	id   string
+	self []netip.AddrPort
+	back chan Introduction // the joiner's, for the host
+	peer Introduction      // the host's, for the joiner
+}
+
+func (m *memSignal) Host(ctx context.Context, id string, self []netip.AddrPort) (Introduction, error) {
+	back := make(chan Introduction, 1)
+	select {
+	case m.hosts <- memOffer{id: id, self: self, back: back}:
+	case <-ctx.Done():
+		return Introduction{}, ctx.Err()
+	}
+	select {
+	case in := <-back:
+		return in, nil
+	case <-ctx.Done():
+		return Introduction{}, ctx.Err()
+	}
+}
+
+func (m *memSignal) Join(ctx context.Context, id string, self []netip.AddrPort) (Introduction, error) {
+	select {
+	case h := <-m.hosts:
+		if h.id != id {
+			return Introduction{}, ErrNoHost
+		}
+		var tok [8]byte
+		tok[0], tok[7] = 35, 35
+		start := time.Now().Add(50 * time.Millisecond)
+		h.back <- Introduction{Peer: self, Token: tok, Start: start}
+		return Introduction{Peer: h.self, Token: tok, Start: start}, nil
+	case <-ctx.Done():
+		return Introduction{}, ctx.Err()
+	}
+}
+
+// A game's own backend carries the introductions (Signal), each side
+// gathering its candidates from a knet server that reflects; the
+// connection is a secure one, between two port-restricted cones.
+func TestNATPunchSignal(t *testing.T) {
+	t.Parallel()
+	n := nattest.New(t, nattest.PortRestrictedCone, nattest.PortRestrictedCone, nil)
+	listenIn(t, n.Public, "203.0.113.1:7000", testConfig()) // a reflector: any knet server
+	serverCfg, clientCfg := secureConfigs(t)
+	host := listenIn(t, n.A.Host, "0.0.0.0:0", serverCfg)
+	sig := Signal(&memSignal{hosts: make(chan memOffer)})
+	ctx := within(t, 10*time.Second)
+
+	punched := make(chan error, 1)
+	go func() {
+		var self []netip.AddrPort
+		err := n.A.Host.Run(func() (err error) {
+			self, err = host.Candidates(ctx, "203.0.113.1:7000")
+			return err
+		})
+		var in Introduction
+		if err == nil {
+			in, err = sig.Host(ctx, "lobby", self)
+		}
+		if err == nil {
+			err = host.Punch(ctx, in)
+		}
+		punched <- err
+	}()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, err := host.AcceptConn(ctx)
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+
+	pc := n.B.Host.ListenUDP(t, "0.0.0.0:0")
+	var self []netip.AddrPort
+	require.NoError(t, n.B.Host.Run(func() (err error) {
+		self, err = PacketCandidates(ctx, pc, "203.0.113.1:7000")
+		return err
+	}))
+	require.NotEmpty(t, self)
+	assert.Equal(t, n.B.Router.Addr(), self[0].Addr(), "the joiner's public address first")
+	in, err := sig.Join(ctx, "lobby", self)
+	require.NoError(t, err)
+	c, err := DialCandidates(ctx, pc, in, clientCfg)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, <-punched)
+	sc, ok := <-accepted
+	require.True(t, ok)
+	defer sc.Close()
+	require.NoError(t, c.Send(Message{ID: 100, Payload: []byte("sealed hello"), Reliable: true}))
+	m, err := sc.Receive(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "sealed hello", string(m.Payload))
+	assert.True(t, c.Secure() && sc.Secure(), "a secure session")
+}
