@@ -46,6 +46,7 @@ const (
 	introWaiting    = 0 // no host under the ID yet, or no joiner for a host
 	introIntroduced = 1 // the other side's candidates follow
 	introTaken      = 2 // another address holds the ID
+	introProve      = 3 // echo the cookie that follows: nothing else is done for an address not proven
 
 	// MaxIntroID is the longest ID a host registers under.
 	MaxIntroID = 64
@@ -113,6 +114,7 @@ type Signal interface {
 type punchState struct {
 	active atomic.Int32 // len(tokens)+len(waits): the reader looks no further while 0
 	serve  atomic.Bool  // ServeIntroductions
+	jar    atomic.Pointer[cookieJar]
 
 	mu     sync.Mutex
 	tokens map[[8]byte]chan struct{} // Punch: signalled when a probe or answer comes
@@ -124,8 +126,7 @@ type punchState struct {
 
 type introWait struct {
 	server netip.AddrPort
-	got    chan []byte // the body of an introduced answer; buffered
-	taken  chan struct{}
+	got    chan []byte // answers' bodies, status first; buffered
 }
 
 // introHost is a host an introducer keeps: where it asked from, its
@@ -153,7 +154,14 @@ func (s *punchState) recount() {
 // hosts' and joiners' asks (Listener.Host, Join) from then on. Its
 // answers follow the rules of every answer to an address without a
 // connection (padded asks, no larger answers, per-source rates).
-func (l *Listener) ServeIntroductions() { l.punch.serve.Store(true) }
+func (l *Listener) ServeIntroductions() {
+	l.punch.jar.CompareAndSwap(nil, newCookieJar())
+	l.punch.serve.Store(true)
+}
+
+// introCookieAD is what an introducer's cookies are made for (the
+// cookie jar's msg1): an address that echoes one is proven.
+var introCookieAD = []byte("knet introduction")
 
 // handlePunch handles a datagram of kinds 5 to 8 from addr, which has no
 // connection, and reports whether it took p.
@@ -193,17 +201,9 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 		if w == nil || w.server != addr || len(body) < 1 {
 			return false
 		}
-		switch body[0] {
-		case introIntroduced:
-			select {
-			case w.got <- append([]byte(nil), body[1:]...):
-			default:
-			}
-		case introTaken:
-			select {
-			case w.taken <- struct{}{}:
-			default:
-			}
+		select {
+		case w.got <- append([]byte(nil), body...):
+		default:
 		}
 		ep.putPacket(p)
 		return true
@@ -221,12 +221,25 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, nonce *[queryNonceSize]byte, body []byte) {
 	in := len(p.b)
 	defer ep.putPacket(p)
-	role, id, locals, ok := parseIntroAsk(body)
+	role, cookie, id, locals, ok := parseIntroAsk(body)
 	if !ok || in < queryPadTo {
 		l.punch.dropped.Add(1)
 		return
 	}
 	now := time.Now()
+	jar := l.punch.jar.Load()
+	if !jar.check(cookie, addr, introCookieAD, now) {
+		// Not proven: a cookie to echo, and nothing else. Every other
+		// answer goes to an address that received one, so that a
+		// spoofed ask neither registers a victim as a host nor
+		// introduces it as a joiner (whose host would then probe it).
+		b := jar.appendCookie([]byte{introProve}, addr, introCookieAD, now)
+		d := appendQueryDatagram(p.buf[:0], introKindAnswer, nonce, b, 0)
+		if !l.answerUnconnected(ep, addr, in, d, &l.punch.answered) {
+			l.punch.dropped.Add(1)
+		}
+		return
+	}
 	var status byte = introWaiting
 	var token [8]byte
 	var start time.Time
@@ -255,7 +268,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 			h.locals, h.seen = locals, now
 			if j := h.joiner; j != nil {
 				status, token, start = introIntroduced, j.token, j.start
-				peer = append([]netip.AddrPort{j.observed}, j.locals...)
+				peer = introPeer(j.observed, j.locals, h.observed)
 				h.joiner = nil
 			}
 		}
@@ -270,11 +283,10 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				h.joiner = j
 			}
 			status, token, start = introIntroduced, j.token, j.start
-			peer = append([]netip.AddrPort{h.observed}, h.locals...)
+			peer = introPeer(h.observed, h.locals, addr)
 		}
 	}
 	l.punch.mu.Unlock()
-	peer = peer[:min(len(peer), maxCandidates)]
 	b := make([]byte, 0, 1+8+2+1+maxCandidates*2*reflectMaxBody)
 	b = append(b, status)
 	if status == introIntroduced {
@@ -291,10 +303,27 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 	}
 }
 
-// appendIntroAsk appends an ask's body: role, the ID, the candidates.
-func appendIntroAsk(b []byte, role byte, id string, self []netip.AddrPort) []byte {
+// introPeer is the candidates an introducer tells of a side seen at
+// observed, with local addresses locals, to the other side, seen at
+// other: its local addresses only when both are behind the same public
+// address (the same NAT, where they may reach each other inside), so
+// that what one side names as its local addresses can make the other
+// probe nothing but its own network.
+func introPeer(observed netip.AddrPort, locals []netip.AddrPort, other netip.AddrPort) []netip.AddrPort {
+	peer := []netip.AddrPort{observed}
+	if observed.Addr() == other.Addr() {
+		peer = append(peer, locals...)
+	}
+	return peer[:min(len(peer), maxCandidates)]
+}
+
+// appendIntroAsk appends an ask's body: role, the cookie (none at first),
+// the ID, the candidates.
+func appendIntroAsk(b []byte, role byte, cookie []byte, id string, self []netip.AddrPort) []byte {
 	var zero [queryNonceSize]byte
-	b = append(b, role, byte(len(id)))
+	b = append(b, role, byte(len(cookie)))
+	b = append(b, cookie...)
+	b = append(b, byte(len(id)))
 	b = append(b, id...)
 	b = append(b, byte(len(self)))
 	for _, c := range self {
@@ -303,14 +332,21 @@ func appendIntroAsk(b []byte, role byte, id string, self []netip.AddrPort) []byt
 	return b
 }
 
-func parseIntroAsk(b []byte) (role byte, id string, self []netip.AddrPort, ok bool) {
-	if len(b) < 3 || (b[0] != introRoleHost && b[0] != introRoleJoin) || b[1] == 0 || int(b[1]) > MaxIntroID || len(b) < 3+int(b[1]) {
-		return 0, "", nil, false
+func parseIntroAsk(b []byte) (role byte, cookie []byte, id string, self []netip.AddrPort, ok bool) {
+	if len(b) < 2 || (b[0] != introRoleHost && b[0] != introRoleJoin) || (b[1] != 0 && b[1] != cookieSize) {
+		return 0, nil, "", nil, false
 	}
-	role, id = b[0], string(b[2:2+b[1]])
+	role, cookie, b = b[0], b[2:min(len(b), 2+int(b[1]))], b[min(len(b), 2+int(b[1])):]
+	if len(cookie) == 0 {
+		cookie = nil
+	}
+	if len(b) < 2 || b[0] == 0 || int(b[0]) > MaxIntroID || len(b) < 2+int(b[0]) {
+		return 0, nil, "", nil, false
+	}
+	id = string(b[1 : 1+b[0]])
 	var zero [queryNonceSize]byte
-	self, ok = parseCandidates(b[2+b[1]:], &zero)
-	return role, id, self, ok
+	self, ok = parseCandidates(b[1+b[0]:], &zero)
+	return role, cookie, id, self, ok
 }
 
 // parseCandidates reads a count and that many addresses (appendReflectBody's
@@ -411,7 +447,7 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 	}
 	var nonce [queryNonceSize]byte
 	rand.Read(nonce[:])
-	w := &introWait{server: server, got: make(chan []byte, 1), taken: make(chan struct{}, 1)}
+	w := &introWait{server: server, got: make(chan []byte, 4)}
 	l.punch.mu.Lock()
 	if l.punch.waits == nil {
 		l.punch.waits = make(map[[queryNonceSize]byte]*introWait)
@@ -426,18 +462,27 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 		l.punch.mu.Unlock()
 	}()
 	laddr, _ := addrPortOf(l.Addr())
-	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, id, localCandidates(laddr)), queryPadTo)
+	locals := localCandidates(laddr)
+	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, nil, id, locals), queryPadTo)
 	t := time.NewTicker(introPoll)
 	defer t.Stop()
 	for {
 		l.eps[0].write(ask, server)
+	wait:
 		select {
 		case b := <-w.got:
-			if in, ok := parseIntroduced(b, &nonce, time.Now()); ok {
-				return in, nil
+			switch b[0] {
+			case introIntroduced:
+				if in, ok := parseIntroduced(b[1:], &nonce, time.Now()); ok {
+					return in, nil
+				}
+			case introTaken:
+				return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, ErrIntroIDTaken)
+			case introProve:
+				ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, b[1:], id, locals), queryPadTo)
+				continue // at once
 			}
-		case <-w.taken:
-			return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, ErrIntroIDTaken)
+			goto wait
 		case <-l.closed:
 			return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, net.ErrClosed)
 		case <-ctx.Done():
@@ -465,15 +510,24 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 	}
 	var nonce [queryNonceSize]byte
 	rand.Read(nonce[:])
-	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, id, localCandidates(laddr)), queryPadTo)
+	locals := localCandidates(laddr)
+	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, nil, id, locals), queryPadTo)
 	var in Introduction
-	err = askOver(ctx, pc, server, ask, func(kind byte, got *[queryNonceSize]byte, body []byte) bool {
-		if kind != introKindAnswer || *got != nonce || len(body) < 1 || body[0] != introIntroduced {
-			return false
+	err = askOver(ctx, pc, server, &ask, func(kind byte, got *[queryNonceSize]byte, body []byte) int {
+		if kind != introKindAnswer || *got != nonce || len(body) < 1 {
+			return askIgnore
 		}
-		var ok bool
-		in, ok = parseIntroduced(body[1:], &nonce, time.Now())
-		return ok
+		switch body[0] {
+		case introProve:
+			ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, body[1:], id, locals), queryPadTo)
+			return askAgain
+		case introIntroduced:
+			var ok bool
+			if in, ok = parseIntroduced(body[1:], &nonce, time.Now()); ok {
+				return askDone
+			}
+		}
+		return askIgnore
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -515,13 +569,15 @@ func PacketCandidates(ctx context.Context, pc net.PacketConn, reflector string) 
 	rand.Read(nonce[:])
 	ask := appendQueryDatagram(nil, reflectKindAsk, &nonce, nil, queryPadTo)
 	var seen netip.AddrPort
-	err = askOver(ctx, pc, server, ask, func(kind byte, got *[queryNonceSize]byte, body []byte) bool {
+	err = askOver(ctx, pc, server, &ask, func(kind byte, got *[queryNonceSize]byte, body []byte) int {
 		if kind != reflectKindAnswer || *got != nonce {
-			return false
+			return askIgnore
 		}
 		var ok bool
-		seen, ok = parseReflectBody(body, &nonce)
-		return ok
+		if seen, ok = parseReflectBody(body, &nonce); ok {
+			return askDone
+		}
+		return askIgnore
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -544,15 +600,23 @@ func packetPeer(pc net.PacketConn, address string) (laddr, server netip.AddrPort
 	return laddr, server, err
 }
 
-// askOver sends ask to server over pc every 250ms until take accepts a
+// What askOver's take says of a datagram.
+const (
+	askIgnore = iota // not the answer
+	askDone          // the answer: stop
+	askAgain         // send the ask (changed) again at once
+)
+
+// askOver sends *ask to server over pc every 250ms until take accepts a
 // query datagram from server (its kind, nonce and body), or ctx ends. It
 // leaves pc with no read deadline.
-func askOver(ctx context.Context, pc net.PacketConn, server netip.AddrPort, ask []byte, take func(kind byte, nonce *[queryNonceSize]byte, body []byte) bool) error {
+func askOver(ctx context.Context, pc net.PacketConn, server netip.AddrPort, ask *[]byte, take func(kind byte, nonce *[queryNonceSize]byte, body []byte) int) error {
 	defer pc.SetReadDeadline(time.Time{})
 	buf := make([]byte, 2048)
 	to := net.UDPAddrFromAddrPort(server)
+asking:
 	for {
-		if _, err := pc.WriteTo(ask, to); err != nil {
+		if _, err := pc.WriteTo(*ask, to); err != nil {
 			return err
 		}
 		pc.SetReadDeadline(time.Now().Add(introJoinResend))
@@ -570,8 +634,14 @@ func askOver(ctx context.Context, pc net.PacketConn, server netip.AddrPort, ask 
 			}
 			f, _ := addrPortOf(from)
 			kind, nonce, body, ok := parseQueryDatagram(buf[:n])
-			if ok && unmap(f) == server && take(kind, &nonce, body) {
+			if !ok || unmap(f) != server {
+				continue
+			}
+			switch take(kind, &nonce, body) {
+			case askDone:
 				return nil
+			case askAgain:
+				continue asking
 			}
 		}
 	}
