@@ -415,7 +415,9 @@ func localCandidates(laddr netip.AddrPort) []netip.AddrPort {
 		}
 		ip, ok := netip.AddrFromSlice(ipn.IP)
 		ip = ip.Unmap()
-		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.Is4() != laddr.Addr().Unmap().Is4() {
+		// A socket on IPv4's unspecified address takes IPv4 only; one on
+		// IPv6's takes both (dual stack) unless told otherwise.
+		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() || (laddr.Addr().Is4() && !ip.Is4()) {
 			continue
 		}
 		out = append(out, netip.AddrPortFrom(ip, laddr.Port()))
