@@ -651,7 +651,8 @@ asking:
 
 // Punch opens the Listener's NAT toward a joiner: from in.Start, it sends
 // a probe (20 bytes, carrying in.Token) to each of in.Peer every 50ms, for
-// at most 2s, and stops sooner once a probe of the joiner's reaches it.
+// at most 2s, and stops sooner once a probe of the joiner's, or the
+// answer by which the joiner says it found a path, reaches it.
 // While it runs, the Listener answers the joiner's probes carrying the
 // token (each no larger than the probe, at the rates of every answer to
 // an address without a connection), so that the joiner learns which
@@ -766,7 +767,11 @@ func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (n
 			if ok && (kind == punchKindProbe || kind == punchKindAnswer) && token == in.Token {
 				f, ok := addrPortOf(from)
 				if ok {
-					return unmap(f), nil
+					// Tell the host its probes may stop: an answer,
+					// which it does not answer.
+					to := unmap(f)
+					pc.WriteTo(appendQueryDatagram(buf[:0], punchKindAnswer, &in.Token, nil, 0), net.UDPAddrFromAddrPort(to))
+					return to, nil
 				}
 			}
 		}
