@@ -73,6 +73,10 @@ type Options struct {
 	// each datagram going out). Zero: DefaultMapTimeout. Conntrack
 	// counts in seconds: at least 1 s.
 	MapTimeout time.Duration
+	// Loss is the share of datagrams each router drops at random, in
+	// both directions between its private network and the public one
+	// (0 to 1, in whole percent): a lossy private link.
+	Loss float64
 }
 
 // The fixed addresses (each Net's namespaces are its own).
@@ -211,7 +215,7 @@ func Require(t testing.TB) {
 func (n *Net) router(t testing.TB, s *Site) {
 	t.Helper()
 	secs := max(1, int(n.opts.MapTimeout.Round(time.Second)/time.Second))
-	rules := ruleset(s.Type, secs)
+	rules := ruleset(s.Type, secs) + lossRules(int(n.opts.Loss*100+0.5))
 	cmd := exec.Command("ip", "netns", "exec", s.Router.Name, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -292,6 +296,15 @@ func ruleset(ty Type, secs int) string {
 	fmt.Fprintf(&b, "table ip filter {\n\tchain input { type filter hook input priority filter; policy accept;\n")
 	fmt.Fprintf(&b, "\t\tiifname \"wan\" drop\n\t}\n}\n")
 	return b.String()
+}
+
+// lossRules drops pct percent of what a router forwards, at random; none
+// for 0.
+func lossRules(pct int) string {
+	if pct <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("table ip loss {\n\tchain forward { type filter hook forward priority filter; policy accept;\n\t\tnumgen random mod 100 < %d drop\n\t}\n}\n", pct)
 }
 
 // Run calls fn inside the node's network namespace, and returns its
