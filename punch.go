@@ -62,6 +62,10 @@ const (
 	// poll and a round trip.
 	introPoll = 100 * time.Millisecond
 	introLead = 200 * time.Millisecond
+	// introRetell is how long after the start an introducer still tells
+	// a host of its joiner (the host's Host call asking again because the
+	// answer was lost): the joiner probes that long.
+	introRetell = punchRounds * punchInterval
 	// introJoinResend is how often a joiner asks again.
 	introJoinResend = 250 * time.Millisecond
 
@@ -144,6 +148,8 @@ type introJoiner struct {
 	locals   []netip.AddrPort
 	token    [8]byte
 	start    time.Time
+	told     bool                 // to a host's ask of nonce toldTo
+	toldTo   [queryNonceSize]byte // each Host call asks with a nonce of its own
 }
 
 func (s *punchState) recount() {
@@ -177,9 +183,12 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 		if !ok {
 			return false
 		}
-		select {
-		case seen <- struct{}{}:
-		default:
+		if kind == punchKindAnswer {
+			// The joiner's word that it found a path.
+			select {
+			case seen <- struct{}{}:
+			default:
+			}
 		}
 		if kind == punchKindProbe {
 			// The one answer a probe gets: 20 bytes for a 1200-byte
@@ -266,10 +275,18 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				l.punch.hosts[id] = h
 			}
 			h.locals, h.seen = locals, now
-			if j := h.joiner; j != nil {
+			j := h.joiner
+			if j != nil && (j.told && j.toldTo != *nonce || now.After(j.start.Add(introRetell))) {
+				// Told to an earlier Host call (this one is for the
+				// next joiner), or too late to punch: gone.
+				h.joiner, j = nil, nil
+			}
+			if j != nil {
+				// Told again to the ask of the same Host call, whose
+				// answer may have been lost.
 				status, token, start = introIntroduced, j.token, j.start
 				peer = introPeer(j.observed, j.locals, h.observed)
-				h.joiner = nil
+				j.told, j.toldTo = true, *nonce
 			}
 		}
 	case introRoleJoin:
@@ -651,8 +668,9 @@ asking:
 
 // Punch opens the Listener's NAT toward a joiner: from in.Start, it sends
 // a probe (20 bytes, carrying in.Token) to each of in.Peer every 50ms, for
-// at most 2s, and stops sooner once a probe of the joiner's, or the
-// answer by which the joiner says it found a path, reaches it.
+// at most 2s, and stops sooner once the answer by which the joiner says
+// it found a path reaches it (not at the joiner's first probe: the
+// joiner may be waiting for the answer to it, which may be lost).
 // While it runs, the Listener answers the joiner's probes carrying the
 // token (each no larger than the probe, at the rates of every answer to
 // an address without a connection), so that the joiner learns which
@@ -695,7 +713,7 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 			t.Reset(punchInterval)
 		case <-seen:
 			if sent {
-				return nil // the joiner's probe came in after ours went out
+				return nil // the joiner found a path after our probes went out
 			}
 			heard = true
 		case <-l.closed:
@@ -770,7 +788,10 @@ func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (n
 					// Tell the host its probes may stop: an answer,
 					// which it does not answer.
 					to := unmap(f)
-					pc.WriteTo(appendQueryDatagram(buf[:0], punchKindAnswer, &in.Token, nil, 0), net.UDPAddrFromAddrPort(to))
+					found := appendQueryDatagram(buf[:0], punchKindAnswer, &in.Token, nil, 0)
+					for range 2 { // twice: one lost leaves the host probing for the rest of its 2 s
+						pc.WriteTo(found, net.UDPAddrFromAddrPort(to))
+					}
 					return to, nil
 				}
 			}

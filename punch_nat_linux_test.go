@@ -261,3 +261,60 @@ func TestNATPunchSignal(t *testing.T) {
 	assert.Equal(t, "sealed hello", string(m.Payload))
 	assert.True(t, c.Secure() && sc.Secure(), "a secure session")
 }
+
+// Under 10 % loss on both private links (each router drops a tenth of
+// what it forwards, both ways), the pairs that punch without loss still
+// connect directly: the asks, the probes and the handshake are resent.
+func TestNATPunchLoss(t *testing.T) {
+	for _, pair := range [][2]nattest.Type{
+		{nattest.PortRestrictedCone, nattest.PortRestrictedCone},
+		{nattest.RestrictedCone, nattest.Symmetric},
+		{nattest.Symmetric, nattest.FullCone},
+	} {
+		t.Run(fmt.Sprintf("%v-hosts-%v-joins", pair[0], pair[1]), func(t *testing.T) {
+			t.Parallel()
+			n := nattest.New(t, pair[0], pair[1], &nattest.Options{Loss: 0.1})
+			intro := listenIn(t, n.Public, "203.0.113.1:7000", testConfig())
+			intro.ServeIntroductions()
+			host := listenIn(t, n.A.Host, "0.0.0.0:0", testConfig())
+			ctx := within(t, 20*time.Second)
+			punched := make(chan error, 1)
+			go func() {
+				in, err := host.Host(ctx, "203.0.113.1:7000", "lossy")
+				if err == nil {
+					err = host.Punch(ctx, in)
+				}
+				punched <- err
+			}()
+			accepted := make(chan *Conn, 1)
+			go func() {
+				c, err := host.AcceptConn(ctx)
+				if err == nil {
+					accepted <- c
+				}
+				close(accepted)
+			}()
+			pc := n.B.Host.ListenUDP(t, "0.0.0.0:0")
+			start := time.Now()
+			var in Introduction
+			var err error
+			// The host may not be registered yet: Join asks until it is.
+			require.NoError(t, n.B.Host.Run(func() (err error) {
+				in, err = Join(ctx, pc, "203.0.113.1:7000", "lossy")
+				return err
+			}))
+			c, err := DialCandidates(ctx, pc, in, testConfig())
+			require.NoError(t, err)
+			defer c.Close()
+			t.Logf("NAT pair %v hosts, %v joins, 10%% loss: direct to %v in %v", pair[0], pair[1], c.RemoteAddr(), time.Since(start).Round(time.Millisecond))
+			require.NoError(t, c.Send(Message{ID: 100, Payload: []byte("through loss"), Reliable: true}))
+			require.NoError(t, <-punched)
+			sc, ok := <-accepted
+			require.True(t, ok)
+			defer sc.Close()
+			m, err := sc.Receive(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "through loss", string(m.Payload))
+		})
+	}
+}
