@@ -238,6 +238,18 @@ func describeQuery(p []byte) (string, bool) {
 		return " server query nonce=" + nonce + " padding=" + strconv.Itoa(len(rest)), true
 	case queryKindAnswer:
 		return " query answer nonce=" + nonce + " info len=" + strconv.Itoa(len(rest)) + " " + preview(rest), true
+	case reflectKindAsk:
+		return " reflection ask nonce=" + nonce + " padding=" + strconv.Itoa(len(rest)), true
+	case reflectKindAnswer:
+		return " reflection answer nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
+	case punchKindProbe:
+		return " punch probe token=" + nonce + " padding=" + strconv.Itoa(len(rest)), true
+	case punchKindAnswer:
+		return " punch answer token=" + nonce, true
+	case introKindAsk:
+		return " introduction ask nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
+	case introKindAnswer:
+		return " introduction nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
 	}
 	return "", false
 }

@@ -68,6 +68,7 @@ type Listener struct {
 	query queryState
 	// Address reflection (reflect.go): this Listener's own asks.
 	reflect reflectState
+	punch   punchState // hole punching and introductions (punch.go)
 
 	// budget bounds what all the connections hold (budget.go).
 	budget *receiveBudget
@@ -103,6 +104,8 @@ type ListenerStats struct {
 	QueriesDropped      uint64 // server queries not answered: no info set, shorter than the 1200 bytes a query is padded to, or over the rate limits
 	ReflectionsAnswered uint64 // address reflections (Reflect, Listener.Reflect) answered with the address they came from
 	ReflectionsDropped  uint64 // address reflections not answered: Stealth, shorter than 1200 bytes, or over the rate limits (shared with queries)
+	PunchAnswered       uint64 // introductions (ServeIntroductions) and punch probes (Punch) answered
+	PunchDropped        uint64 // introduction asks and punch probes with a token of a running Punch not answered: malformed, shorter than 1200 bytes, or over the rate limits (shared with queries)
 	Sockets             int    // sockets sharing the address (Config.Sockets)
 	// Writes to the socket(s): each a system call on Linux as a rule
 	// (sendmmsg for a batch of datagrams, sendto for one), whatever the
@@ -370,6 +373,8 @@ func (l *Listener) Stats() ListenerStats {
 	st.QueriesDropped = l.query.dropped.Load()
 	st.ReflectionsAnswered = l.reflect.answered.Load()
 	st.ReflectionsDropped = l.reflect.dropped.Load()
+	st.PunchAnswered = l.punch.answered.Load()
+	st.PunchDropped = l.punch.dropped.Load()
 	st.KeyExchanges = l.keyExchanges.Load()
 	st.ReplayedHandshakes = l.replayedHandshakes.Load()
 	st.FailedStreams = l.failedStreams.Load()

@@ -186,6 +186,7 @@ type ListenerCollector struct {
 	writes, written                    *prometheus.Desc
 	keyExchanges, cookies, replayed    *prometheus.Desc
 	hsDropped, queries, reflections    *prometheus.Desc
+	punch                              *prometheus.Desc
 	counters                           [len(connCounters)]*prometheus.Desc
 	perConn                            *connDescs // with PerConnection
 
@@ -235,6 +236,7 @@ func NewListenerCollector(l *knet.Listener, opts *Options) *ListenerCollector {
 	c.hsDropped = desc("handshakes_dropped_total", "Secure attempts dropped before their key exchange, by reason: rate_limited (their source address), queue_full (too many waiting).", "reason")
 	c.queries = desc("queries_total", "Server queries, by result: answered, dropped.", "result")
 	c.reflections = desc("reflections_total", "Address reflections (the address an asker is seen at), by result: answered, dropped.", "result")
+	c.punch = desc("punch_total", "Introduction asks and punch probes (hole punching), by result: answered, dropped.", "result")
 	c.counters = counterDescs("knet_", nil, cl)
 	if c.opts.PerConnection {
 		c.perConn = newConnDescs([]string{"remote"}, cl)
@@ -246,7 +248,7 @@ func NewListenerCollector(l *knet.Listener, opts *Options) *ListenerCollector {
 func (c *ListenerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.conns, c.pending, c.queued, c.recvQueued, c.rtt, c.loss,
 		c.completed, c.refused, c.ignored, c.writes, c.written,
-		c.keyExchanges, c.cookies, c.replayed, c.hsDropped, c.queries, c.reflections} {
+		c.keyExchanges, c.cookies, c.replayed, c.hsDropped, c.queries, c.reflections, c.punch} {
 		ch <- d
 	}
 	for i, d := range c.counters {
@@ -336,6 +338,8 @@ func (c *ListenerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.queries, ls.QueriesDropped, "dropped")
 	counter(c.reflections, ls.ReflectionsAnswered, "answered")
 	counter(c.reflections, ls.ReflectionsDropped, "dropped")
+	counter(c.punch, ls.PunchAnswered, "answered")
+	counter(c.punch, ls.PunchDropped, "dropped")
 
 	if c.perConn != nil {
 		labelled := make(map[string]bool, len(current))

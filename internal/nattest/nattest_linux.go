@@ -73,6 +73,10 @@ type Options struct {
 	// each datagram going out). Zero: DefaultMapTimeout. Conntrack
 	// counts in seconds: at least 1 s.
 	MapTimeout time.Duration
+	// Loss is the share of datagrams each router drops at random, in
+	// both directions between its private network and the public one
+	// (0 to 1, in whole percent): a lossy private link.
+	Loss float64
 }
 
 // The fixed addresses (each Net's namespaces are its own).
@@ -211,7 +215,7 @@ func Require(t testing.TB) {
 func (n *Net) router(t testing.TB, s *Site) {
 	t.Helper()
 	secs := max(1, int(n.opts.MapTimeout.Round(time.Second)/time.Second))
-	rules := ruleset(s.Type, secs)
+	rules := ruleset(s.Type, secs) + lossRules(int(n.opts.Loss*100+0.5))
 	cmd := exec.Command("ip", "netns", "exec", s.Router.Name, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -253,6 +257,16 @@ func (n *Net) router(t testing.TB, s *Site) {
 //
 // The learned entries last secs after the last datagram out, as the
 // flows in conntrack do.
+//
+// Every router drops what comes in by the WAN link for itself (nothing
+// the NAT let in), as a home router's firewall does: conntrack then
+// keeps no entry for the dropped datagram (an entry is kept only once a
+// datagram passes its last hook). Without the drop, a peer's probe
+// arriving before the host's own went out would leave an entry (the
+// peer's address and port toward the router's) that makes the NAT give
+// the host's outgoing flow to that peer another port, and that keeps a
+// cone's dnat from being looked at again for the flow: punching would
+// fail for whoever probed first, which no real NAT with a firewall does.
 func ruleset(ty Type, secs int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table ip nat {\n")
@@ -279,7 +293,18 @@ func ruleset(ty Type, secs int) string {
 		fmt.Fprintf(&b, "\t\tiifname \"wan\" %sdnat ip to udp dport map @mapped\n\t}\n", gate)
 	}
 	fmt.Fprintf(&b, "}\n")
+	fmt.Fprintf(&b, "table ip filter {\n\tchain input { type filter hook input priority filter; policy accept;\n")
+	fmt.Fprintf(&b, "\t\tiifname \"wan\" drop\n\t}\n}\n")
 	return b.String()
+}
+
+// lossRules drops pct percent of what a router forwards, at random; none
+// for 0.
+func lossRules(pct int) string {
+	if pct <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("table ip loss {\n\tchain forward { type filter hook forward priority filter; policy accept;\n\t\tnumgen random mod 100 < %d drop\n\t}\n}\n", pct)
 }
 
 // Run calls fn inside the node's network namespace, and returns its

@@ -185,6 +185,9 @@ func TestNATRuleset(t *testing.T) {
 	assert.NotContains(t, ruleset(FullCone, 10), "@contacted dnat")
 	assert.Contains(t, ruleset(RestrictedCone, 10), "udp dport . ip saddr @contacted dnat")
 	assert.True(t, strings.Contains(ruleset(RestrictedCone, 3), "timeout 3s"))
+	for _, ty := range Types {
+		assert.Contains(t, ruleset(ty, 10), "iifname \"wan\" drop", "a firewall: nothing in for the router itself")
+	}
 }
 
 // The routers forget an idle mapping after Options.MapTimeout: conntrack's
@@ -210,4 +213,44 @@ func TestNATMapTimeout(t *testing.T) {
 	if err == nil {
 		assert.NotEqual(t, "3", strings.TrimSpace(string(v)))
 	}
+}
+
+// With Options.Loss, a router drops about that share of what it
+// forwards: of 400 datagrams at 50 %, far from all and far from none get
+// through (the bounds are over 10 standard deviations out). The server
+// reads until an end marker sent after them from the public network,
+// which has no loss; one of the 400 overtaken by it only lowers the
+// count by one.
+func TestNATLoss(t *testing.T) {
+	t.Parallel()
+	n := New(t, PortRestrictedCone, PortRestrictedCone, &Options{Loss: 0.5})
+	s := n.Public.ListenUDP(t, "203.0.113.1:7000")
+	c := n.A.Host.ListenUDP(t, "0.0.0.0:0")
+	to := s.LocalAddr().(*net.UDPAddr).AddrPort()
+	const sent = 400
+	for range sent {
+		_, err := c.WriteToUDPAddrPort([]byte("x"), to)
+		require.NoError(t, err)
+	}
+	// A server in the public network sends the end marker from the
+	// router's side of the loss: the public network itself has none.
+	end := n.Public.ListenUDP(t, "203.0.113.2:0")
+	_, err := end.WriteToUDPAddrPort([]byte("end"), to)
+	require.NoError(t, err)
+	got := 0
+	buf := make([]byte, 16)
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(wait)))
+	for {
+		k, _, err := s.ReadFromUDPAddrPort(buf)
+		require.NoError(t, err)
+		if string(buf[:k]) == "end" {
+			break
+		}
+		got++
+	}
+	t.Logf("%d of %d got through at 50 %% loss", got, sent)
+	assert.Greater(t, got, 100)
+	assert.Less(t, got, 300)
+	assert.Contains(t, lossRules(10), "numgen random mod 100 < 10 drop")
+	assert.Empty(t, lossRules(0))
 }

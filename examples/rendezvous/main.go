@@ -1,0 +1,173 @@
+// Command rendezvous shows a player hosting a game behind a NAT: an
+// introducer, a host and a joiner, which find each other by an ID the
+// game chooses and connect directly (knet's hole punching).
+//
+//	go run ./examples/rendezvous                                 # all three, in one process, on loopback
+//	go run ./examples/rendezvous -introducer 0.0.0.0:7000         # a public server
+//	go run ./examples/rendezvous -host game-1 -via 198.51.100.7:7000
+//	go run ./examples/rendezvous -join game-1 -via 198.51.100.7:7000
+//
+// The introducer is any knet Listener that serves introductions; it also
+// reflects addresses, as every knet Listener does. The host registers its
+// Listener under the ID from the Listener's own socket, so the introducer
+// sees the address its NAT maps the Listener to; when a joiner asks for
+// the ID, both learn the other's addresses and a start time, and at that
+// time the host's Listener probes the joiner (opening its NAT toward it)
+// while the joiner probes the host and dials the first address that
+// answers. The connection is an ordinary knet connection, accepted by the
+// host's Listener; the joiner sends a greeting and the host answers.
+//
+// Behind two symmetric NATs, or a symmetric NAT facing a port-restricted
+// cone, no probe gets through: the joiner fails with knet.ErrNoDirectPath
+// (knet has no relay yet).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"time"
+
+	"github.com/knet-go/knet"
+)
+
+func main() {
+	introducer := flag.String("introducer", "", "run only the introducer, on this address")
+	host := flag.String("host", "", "run only a host, registered under this ID")
+	join := flag.String("join", "", "run only a joiner, of the host under this ID")
+	via := flag.String("via", "", "the introducer's address, for -host and -join")
+	wait := flag.Duration("wait", time.Minute, "how long the host waits for a joiner and the joiner for the host")
+	flag.Parse()
+	log.SetFlags(0)
+	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	defer cancel()
+	var err error
+	switch {
+	case *introducer != "":
+		var l *knet.Listener
+		if l, err = serveIntroducer(*introducer); err == nil {
+			log.Printf("introducer on %v", l.Addr())
+			select {} // until killed
+		}
+	case *host != "":
+		err = runHost(ctx, *via, *host, log.Printf)
+	case *join != "":
+		err = runJoiner(ctx, *via, *join, log.Printf)
+	default:
+		err = runAll(ctx, log.Printf)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// serveIntroducer listens at addr and serves introductions.
+func serveIntroducer(addr string) (*knet.Listener, error) {
+	l, err := knet.Listen("udp", addr, nil)
+	if err != nil {
+		return nil, err
+	}
+	l.ServeIntroductions()
+	return l, nil
+}
+
+// runHost hosts one game under id: it registers, punches toward the first
+// joiner, accepts its connection and answers its greeting.
+func runHost(ctx context.Context, via, id string, logf func(string, ...any)) error {
+	l, err := knet.Listen("udp", ":0", nil)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	logf("host: listening on %v, registering %q with %s", l.Addr(), id, via)
+	in, err := l.Host(ctx, via, id)
+	if err != nil {
+		return err
+	}
+	logf("host: a joiner at %v; punching", in.Peer)
+	accepted := make(chan *knet.Conn, 1)
+	acceptErr := make(chan error, 1)
+	go func() {
+		c, err := l.AcceptConn(ctx)
+		if err != nil {
+			acceptErr <- err
+			return
+		}
+		accepted <- c
+	}()
+	if err := l.Punch(ctx, in); err != nil {
+		return err
+	}
+	var c *knet.Conn
+	select {
+	case c = <-accepted:
+	case err := <-acceptErr:
+		return err
+	}
+	defer c.Close()
+	m, err := c.Receive(ctx)
+	if err != nil {
+		return err
+	}
+	logf("host: %v says %q", c.RemoteAddr(), m.Payload)
+	if err := c.Send(knet.Message{ID: 100, Payload: []byte("welcome to " + id), Reliable: true}); err != nil {
+		return err
+	}
+	// Until the joiner has the answer and leaves.
+	for {
+		if _, err := c.Receive(ctx); err != nil {
+			return nil
+		}
+	}
+}
+
+// runJoiner joins the game under id and greets its host.
+func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) error {
+	pc, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return err
+	}
+	logf("joiner: asking %s for %q", via, id)
+	in, err := knet.Join(ctx, pc, via, id)
+	if err != nil {
+		pc.Close()
+		return err
+	}
+	start := time.Now()
+	c, err := knet.DialCandidates(ctx, pc, in, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	logf("joiner: connected to %v in %v", c.RemoteAddr(), time.Since(start).Round(time.Millisecond))
+	if err := c.Send(knet.Message{ID: 100, Payload: []byte("hello from the joiner"), Reliable: true}); err != nil {
+		return err
+	}
+	m, err := c.Receive(ctx)
+	if err != nil {
+		return err
+	}
+	logf("joiner: the host says %q", m.Payload)
+	return c.Close()
+}
+
+// runAll runs the three on loopback.
+func runAll(ctx context.Context, logf func(string, ...any)) error {
+	intro, err := serveIntroducer("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer intro.Close()
+	via := intro.Addr().String()
+	hosted := make(chan error, 1)
+	go func() { hosted <- runHost(ctx, via, "game-1", logf) }()
+	if err := runJoiner(ctx, via, "game-1", logf); err != nil {
+		return fmt.Errorf("joiner: %w", err)
+	}
+	if err := <-hosted; err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,801 @@
+package knet
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Players host games (issue 35): a host behind a NAT registers its
+// Listener under an ID the game chooses with an introducer, a joiner asks
+// for that ID, and the introducer tells each the other's candidates (the
+// address it saw them from, then their local addresses), a token and a
+// time to start. At that time the host's Listener probes the joiner's
+// candidates (Listener.Punch), so that its NAT lets the joiner in, while
+// the joiner probes the host's and dials the first that answers
+// (DialCandidates): a normal connection, admitted as any other. A knet
+// extension on the server query's datagram (query.go); docs/PROTOCOL.md
+// section 8.2 has the layout:
+//
+//	kind 5, probe:     the token; the joiner's padded to 1200 bytes
+//	kind 6, answer:    the token: a Listener's answer to a joiner's probe
+//	kind 7, register:  a host's or joiner's ask to an introducer, padded
+//	kind 8, introduce: the introducer's answer, no larger than the ask
+//
+// Everything a Listener sends to an address with no connection here goes
+// through answerUnconnected (admission.go), except the host's own probes,
+// which its application asked for (Punch) and which go only to the
+// candidates it was given, within a budget of rounds.
+
+const (
+	punchKindProbe  = 5
+	punchKindAnswer = 6
+	introKindAsk    = 7
+	introKindAnswer = 8
+
+	// The roles of an introduction ask.
+	introRoleHost = 1
+	introRoleJoin = 2
+	// The statuses of an introducer's answer.
+	introWaiting    = 0 // no host under the ID yet, or no joiner for a host
+	introIntroduced = 1 // the other side's candidates follow
+	introTaken      = 2 // another address holds the ID
+	introProve      = 3 // echo the cookie that follows: nothing else is done for an address not proven
+
+	// MaxIntroID is the longest ID a host registers under.
+	MaxIntroID = 64
+	// maxCandidates is the most candidates one side sends.
+	maxCandidates = 8
+	// introHostTTL is how long an introducer keeps a host that stopped
+	// asking; introMaxHosts how many it keeps at most.
+	introHostTTL  = 10 * time.Second
+	introMaxHosts = 4096
+	// introPoll is how often a registered host asks again (which keeps
+	// its NAT's mapping toward the introducer), and introLead how far
+	// ahead of a joiner's ask the introducer sets the start: a host's
+	// poll and a round trip.
+	introPoll = 100 * time.Millisecond
+	introLead = 200 * time.Millisecond
+	// introRetell is how long after the start an introducer still tells
+	// a host of its joiner (the host's Host call asking again because the
+	// answer was lost): the joiner probes that long.
+	introRetell = punchRounds * punchInterval
+	// introJoinResend is how often a joiner asks again.
+	introJoinResend = 250 * time.Millisecond
+
+	// Punching: a round of probes to every candidate each punchInterval,
+	// punchRounds rounds at most (the budget: 2 s).
+	punchInterval = 50 * time.Millisecond
+	punchRounds   = 40
+)
+
+// ErrNoDirectPath is DialCandidates' error when no candidate of the host
+// answered a probe within the budget: the NATs between (a symmetric NAT
+// on both sides, or a symmetric one facing a port-restricted cone) let
+// no datagram through either way.
+var ErrNoDirectPath = errors.New("knet: no direct path to the host: no candidate answered a probe")
+
+// ErrIntroIDTaken is Listener.Host's error when another address holds the
+// ID at the introducer.
+var ErrIntroIDTaken = errors.New("knet: the introducer has another host under that ID")
+
+// ErrNoHost is Join's error when the introducer had no host under the ID
+// before ctx ended.
+var ErrNoHost = errors.New("knet: no host registered under that ID")
+
+// Introduction is what one side of a game learns of the other, from an
+// introducer (Listener.Host, Join) or from a game's own signalling: the
+// other side's candidates (the address an introducer saw it from first,
+// then its local addresses), the token that the probes of both carry,
+// and when to start.
+type Introduction struct {
+	Peer  []netip.AddrPort
+	Token [8]byte
+	Start time.Time
+}
+
+// Signal carries introductions between a host and a joiner by other means
+// than knet's introducer: a game's matchmaker or lobby service. Each side
+// gives its own candidates (its Listener.Reflect or Reflect answer and its
+// local addresses); the service pairs them under id, makes one random
+// token and a start time a little ahead, and returns the other side's.
+// knet's introducer is one such service reached over UDP
+// (Listener.Host, Join).
+type Signal interface {
+	Host(ctx context.Context, id string, self []netip.AddrPort) (Introduction, error)
+	Join(ctx context.Context, id string, self []netip.AddrPort) (Introduction, error)
+}
+
+// punchState is a Listener's: the tokens of its Punch calls running, the
+// asks of its Host calls waiting, and, when it serves introductions, its
+// hosts.
+type punchState struct {
+	active atomic.Int32 // len(tokens)+len(waits): the reader looks no further while 0
+	serve  atomic.Bool  // ServeIntroductions
+	jar    atomic.Pointer[cookieJar]
+
+	mu     sync.Mutex
+	tokens map[[8]byte]chan struct{} // Punch: signalled when a probe or answer comes
+	waits  map[[queryNonceSize]byte]*introWait
+	hosts  map[string]*introHost
+
+	answered, dropped atomic.Uint64
+}
+
+type introWait struct {
+	server netip.AddrPort
+	got    chan []byte // answers' bodies, status first; buffered
+}
+
+// introHost is a host an introducer keeps: where it asked from, its
+// local addresses, when it last asked, and the joiner waiting to be
+// told to it.
+type introHost struct {
+	observed netip.AddrPort
+	locals   []netip.AddrPort
+	seen     time.Time
+	joiner   *introJoiner
+}
+
+type introJoiner struct {
+	observed netip.AddrPort
+	locals   []netip.AddrPort
+	token    [8]byte
+	start    time.Time
+	told     bool                 // to a host's ask of nonce toldTo
+	toldTo   [queryNonceSize]byte // each Host call asks with a nonce of its own
+}
+
+func (s *punchState) recount() {
+	s.active.Store(int32(len(s.tokens) + len(s.waits)))
+}
+
+// ServeIntroductions makes the Listener an introducer: it answers
+// hosts' and joiners' asks (Listener.Host, Join) from then on. Its
+// answers follow the rules of every answer to an address without a
+// connection (padded asks, no larger answers, per-source rates).
+func (l *Listener) ServeIntroductions() {
+	l.punch.jar.CompareAndSwap(nil, newCookieJar())
+	l.punch.serve.Store(true)
+}
+
+// introCookieAD is what an introducer's cookies are made for (the
+// cookie jar's msg1): an address that echoes one is proven.
+var introCookieAD = []byte("knet introduction")
+
+// handlePunch handles a datagram of kinds 5 to 8 from addr, which has no
+// connection, and reports whether it took p.
+func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kind byte, nonce *[queryNonceSize]byte, body []byte) bool {
+	switch kind {
+	case punchKindProbe, punchKindAnswer:
+		if l.punch.active.Load() == 0 {
+			return false
+		}
+		l.punch.mu.Lock()
+		seen, ok := l.punch.tokens[*nonce]
+		l.punch.mu.Unlock()
+		if !ok {
+			return false
+		}
+		if kind == punchKindAnswer {
+			// The joiner's word that it found a path.
+			select {
+			case seen <- struct{}{}:
+			default:
+			}
+		}
+		if kind == punchKindProbe {
+			// The one answer a probe gets: 20 bytes for a 1200-byte
+			// probe carrying the token of a Punch running.
+			d := appendQueryDatagram(p.buf[:0], punchKindAnswer, nonce, nil, 0)
+			if !l.answerUnconnected(ep, addr, len(p.b), d, &l.punch.answered) {
+				l.punch.dropped.Add(1)
+			}
+		}
+		ep.putPacket(p)
+		return true
+	case introKindAnswer:
+		if l.punch.active.Load() == 0 {
+			return false
+		}
+		l.punch.mu.Lock()
+		w := l.punch.waits[*nonce]
+		l.punch.mu.Unlock()
+		if w == nil || w.server != addr || len(body) < 1 {
+			return false
+		}
+		select {
+		case w.got <- append([]byte(nil), body...):
+		default:
+		}
+		ep.putPacket(p)
+		return true
+	case introKindAsk:
+		if !l.punch.serve.Load() {
+			return false
+		}
+		l.answerIntro(ep, addr, p, nonce, body)
+		return true
+	}
+	return false
+}
+
+// answerIntro answers an introduction ask p from addr. It takes p.
+func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, nonce *[queryNonceSize]byte, body []byte) {
+	in := len(p.b)
+	defer ep.putPacket(p)
+	role, cookie, id, locals, ok := parseIntroAsk(body)
+	if !ok || in < queryPadTo {
+		l.punch.dropped.Add(1)
+		return
+	}
+	now := time.Now()
+	jar := l.punch.jar.Load()
+	if !jar.check(cookie, addr, introCookieAD, now) {
+		// Not proven: a cookie to echo, and nothing else. Every other
+		// answer goes to an address that received one, so that a
+		// spoofed ask neither registers a victim as a host nor
+		// introduces it as a joiner (whose host would then probe it).
+		b := jar.appendCookie([]byte{introProve}, addr, introCookieAD, now)
+		d := appendQueryDatagram(p.buf[:0], introKindAnswer, nonce, b, 0)
+		if !l.answerUnconnected(ep, addr, in, d, &l.punch.answered) {
+			l.punch.dropped.Add(1)
+		}
+		return
+	}
+	var status byte = introWaiting
+	var token [8]byte
+	var start time.Time
+	var peer []netip.AddrPort
+	l.punch.mu.Lock()
+	h := l.punch.hosts[id]
+	if h != nil && now.Sub(h.seen) > introHostTTL {
+		delete(l.punch.hosts, id)
+		h = nil
+	}
+	switch role {
+	case introRoleHost:
+		switch {
+		case h != nil && h.observed != addr:
+			status = introTaken
+		case h == nil && len(l.punch.hosts) >= introMaxHosts:
+			// Full: the host hears nothing new and asks again.
+		default:
+			if h == nil {
+				if l.punch.hosts == nil {
+					l.punch.hosts = make(map[string]*introHost)
+				}
+				h = &introHost{observed: addr}
+				l.punch.hosts[id] = h
+			}
+			h.locals, h.seen = locals, now
+			j := h.joiner
+			if j != nil && (j.told && j.toldTo != *nonce || now.After(j.start.Add(introRetell))) {
+				// Told to an earlier Host call (this one is for the
+				// next joiner), or too late to punch: gone.
+				h.joiner, j = nil, nil
+			}
+			if j != nil {
+				// Told again to the ask of the same Host call, whose
+				// answer may have been lost.
+				status, token, start = introIntroduced, j.token, j.start
+				peer = introPeer(j.observed, j.locals, h.observed)
+				j.told, j.toldTo = true, *nonce
+			}
+		}
+	case introRoleJoin:
+		if h != nil {
+			j := h.joiner
+			if j == nil || j.observed != addr {
+				// A new joiner takes the place of one the host was not
+				// told of yet.
+				j = &introJoiner{observed: addr, locals: locals, start: now.Add(introLead)}
+				rand.Read(j.token[:])
+				h.joiner = j
+			}
+			status, token, start = introIntroduced, j.token, j.start
+			peer = introPeer(h.observed, h.locals, addr)
+		}
+	}
+	l.punch.mu.Unlock()
+	b := make([]byte, 0, 1+8+2+1+maxCandidates*2*reflectMaxBody)
+	b = append(b, status)
+	if status == introIntroduced {
+		wait := max(start.Sub(now), 0).Milliseconds()
+		b = append(b, token[:]...)
+		b = append(b, byte(wait>>8), byte(wait), byte(len(peer)))
+		for _, c := range peer {
+			b = appendReflectBody(b, nonce, c)
+		}
+	}
+	d := appendQueryDatagram(p.buf[:0], introKindAnswer, nonce, b, 0)
+	if !l.answerUnconnected(ep, addr, in, d, &l.punch.answered) {
+		l.punch.dropped.Add(1)
+	}
+}
+
+// introPeer is the candidates an introducer tells of a side seen at
+// observed, with local addresses locals, to the other side, seen at
+// other: its local addresses only when both are behind the same public
+// address (the same NAT, where they may reach each other inside), so
+// that what one side names as its local addresses can make the other
+// probe nothing but its own network.
+func introPeer(observed netip.AddrPort, locals []netip.AddrPort, other netip.AddrPort) []netip.AddrPort {
+	peer := []netip.AddrPort{observed}
+	if observed.Addr() == other.Addr() {
+		peer = append(peer, locals...)
+	}
+	return peer[:min(len(peer), maxCandidates)]
+}
+
+// appendIntroAsk appends an ask's body: role, the cookie (none at first),
+// the ID, the candidates.
+func appendIntroAsk(b []byte, role byte, cookie []byte, id string, self []netip.AddrPort) []byte {
+	var zero [queryNonceSize]byte
+	b = append(b, role, byte(len(cookie)))
+	b = append(b, cookie...)
+	b = append(b, byte(len(id)))
+	b = append(b, id...)
+	b = append(b, byte(len(self)))
+	for _, c := range self {
+		b = appendReflectBody(b, &zero, c) // not XORed: the nonce is zeros
+	}
+	return b
+}
+
+func parseIntroAsk(b []byte) (role byte, cookie []byte, id string, self []netip.AddrPort, ok bool) {
+	if len(b) < 2 || (b[0] != introRoleHost && b[0] != introRoleJoin) || (b[1] != 0 && b[1] != cookieSize) {
+		return 0, nil, "", nil, false
+	}
+	role, cookie, b = b[0], b[2:min(len(b), 2+int(b[1]))], b[min(len(b), 2+int(b[1])):]
+	if len(cookie) == 0 {
+		cookie = nil
+	}
+	if len(b) < 2 || b[0] == 0 || int(b[0]) > MaxIntroID || len(b) < 2+int(b[0]) {
+		return 0, nil, "", nil, false
+	}
+	id = string(b[1 : 1+b[0]])
+	var zero [queryNonceSize]byte
+	self, ok = parseCandidates(b[1+b[0]:], &zero)
+	return role, cookie, id, self, ok
+}
+
+// parseCandidates reads a count and that many addresses (appendReflectBody's
+// form, XORed with nonce); padding may follow.
+func parseCandidates(b []byte, nonce *[queryNonceSize]byte) ([]netip.AddrPort, bool) {
+	if len(b) < 1 || b[0] > maxCandidates {
+		return nil, false
+	}
+	n := int(b[0])
+	b = b[1:]
+	out := make([]netip.AddrPort, 0, n)
+	for range n {
+		if len(b) < 1 {
+			return nil, false
+		}
+		size := 1 + 4 + 2
+		if b[0] == 6 {
+			size = 1 + 16 + 2
+		}
+		if len(b) < size {
+			return nil, false
+		}
+		a, ok := parseReflectBody(b[:size], nonce)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, a)
+		b = b[size:]
+	}
+	return out, true
+}
+
+// parseIntroduced reads an introduced answer's body after its status.
+func parseIntroduced(b []byte, nonce *[queryNonceSize]byte, now time.Time) (Introduction, bool) {
+	if len(b) < 8+2+1 {
+		return Introduction{}, false
+	}
+	var in Introduction
+	copy(in.Token[:], b)
+	wait := time.Duration(uint16(b[8])<<8|uint16(b[9])) * time.Millisecond
+	in.Start = now.Add(wait)
+	peer, ok := parseCandidates(b[10:], nonce)
+	if !ok || len(peer) == 0 {
+		return Introduction{}, false
+	}
+	in.Peer = peer
+	return in, true
+}
+
+// localCandidates is the addresses a socket bound to laddr is reached at
+// on its own networks: laddr, or with an unspecified address each of the
+// host's own of that family (not loopback), with laddr's port.
+func localCandidates(laddr netip.AddrPort) []netip.AddrPort {
+	if !laddr.Addr().IsUnspecified() {
+		return []netip.AddrPort{laddr}
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(ipn.IP)
+		ip = ip.Unmap()
+		// A socket on IPv4's unspecified address takes IPv4 only; one on
+		// IPv6's takes both (dual stack) unless told otherwise.
+		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() || (laddr.Addr().Is4() && !ip.Is4()) {
+			continue
+		}
+		out = append(out, netip.AddrPortFrom(ip, laddr.Port()))
+		if len(out) == maxCandidates-1 {
+			break
+		}
+	}
+	return out
+}
+
+// Host registers the Listener under id with the introducer at
+// introducer (a knet Listener that ServeIntroductions), from the
+// Listener's own socket, so that the address the introducer sees is the
+// one its NAT maps the Listener to, and waits for a joiner: it returns
+// the joiner's introduction, to give to Punch. It asks again every 100ms
+// while it waits, which keeps the NAT's mapping; it fails with
+// ErrIntroIDTaken if another address holds id, or with ctx's error.
+// Call it again for the next joiner.
+func (l *Listener) Host(ctx context.Context, introducer, id string) (Introduction, error) {
+	if ctx == nil {
+		return Introduction{}, errNilContext
+	}
+	if len(id) == 0 || len(id) > MaxIntroID {
+		return Introduction{}, fmt.Errorf("knet: host ID of %d bytes: 1 to %d", len(id), MaxIntroID)
+	}
+	server, err := resolveReflector(l.Addr().Network(), introducer)
+	if err != nil {
+		return Introduction{}, err
+	}
+	var nonce [queryNonceSize]byte
+	rand.Read(nonce[:])
+	w := &introWait{server: server, got: make(chan []byte, 4)}
+	l.punch.mu.Lock()
+	if l.punch.waits == nil {
+		l.punch.waits = make(map[[queryNonceSize]byte]*introWait)
+	}
+	l.punch.waits[nonce] = w
+	l.punch.recount()
+	l.punch.mu.Unlock()
+	defer func() {
+		l.punch.mu.Lock()
+		delete(l.punch.waits, nonce)
+		l.punch.recount()
+		l.punch.mu.Unlock()
+	}()
+	laddr, _ := addrPortOf(l.Addr())
+	locals := localCandidates(laddr)
+	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, nil, id, locals), queryPadTo)
+	t := time.NewTicker(introPoll)
+	defer t.Stop()
+	for {
+		l.eps[0].write(ask, server)
+	wait:
+		select {
+		case b := <-w.got:
+			switch b[0] {
+			case introIntroduced:
+				if in, ok := parseIntroduced(b[1:], &nonce, time.Now()); ok {
+					return in, nil
+				}
+			case introTaken:
+				return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, ErrIntroIDTaken)
+			case introProve:
+				ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, b[1:], id, locals), queryPadTo)
+				continue // at once
+			}
+			goto wait
+		case <-l.closed:
+			return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, net.ErrClosed)
+		case <-ctx.Done():
+			return Introduction{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Join asks the introducer at introducer for the host registered under
+// id, over pc (the socket the joiner then dials from, DialCandidates), and
+// returns the host's introduction. It asks again every 250ms until the
+// introducer knows the host; it fails with ErrNoHost once ctx ends before
+// that.
+func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introduction, error) {
+	if ctx == nil {
+		return Introduction{}, errNilContext
+	}
+	if len(id) == 0 || len(id) > MaxIntroID {
+		return Introduction{}, fmt.Errorf("knet: host ID of %d bytes: 1 to %d", len(id), MaxIntroID)
+	}
+	laddr, server, err := packetPeer(pc, introducer)
+	if err != nil {
+		return Introduction{}, err
+	}
+	var nonce [queryNonceSize]byte
+	rand.Read(nonce[:])
+	locals := localCandidates(laddr)
+	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, nil, id, locals), queryPadTo)
+	var in Introduction
+	err = askOver(ctx, pc, server, &ask, func(kind byte, got *[queryNonceSize]byte, body []byte) int {
+		if kind != introKindAnswer || *got != nonce || len(body) < 1 {
+			return askIgnore
+		}
+		switch body[0] {
+		case introProve:
+			ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, body[1:], id, locals), queryPadTo)
+			return askAgain
+		case introIntroduced:
+			var ok bool
+			if in, ok = parseIntroduced(body[1:], &nonce, time.Now()); ok {
+				return askDone
+			}
+		}
+		return askIgnore
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ErrNoHost, err)
+		}
+		return Introduction{}, fmt.Errorf("knet: join %q via %v: %w", id, server, err)
+	}
+	return in, nil
+}
+
+// Candidates returns the Listener's candidates for a game's own
+// signalling (Signal): the address the knet server at reflector sees its
+// socket as (Reflect), then its local addresses.
+func (l *Listener) Candidates(ctx context.Context, reflector string) ([]netip.AddrPort, error) {
+	seen, err := l.Reflect(ctx, reflector)
+	if err != nil {
+		return nil, err
+	}
+	laddr, _ := addrPortOf(l.Addr())
+	return append([]netip.AddrPort{seen}, localCandidates(laddr)...), nil
+}
+
+// PacketCandidates returns a joiner's candidates for a game's own
+// signalling (Signal), for pc, the socket it will dial from
+// (DialCandidates): the address the knet server at reflector sees pc as
+// (asked as Listener.Reflect asks, every 250ms until ctx ends), then its
+// local addresses.
+func PacketCandidates(ctx context.Context, pc net.PacketConn, reflector string) ([]netip.AddrPort, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
+	laddr, server, err := packetPeer(pc, reflector)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, queryTimeout, errQueryTimeout)
+	defer cancel()
+	var nonce [queryNonceSize]byte
+	rand.Read(nonce[:])
+	ask := appendQueryDatagram(nil, reflectKindAsk, &nonce, nil, queryPadTo)
+	var seen netip.AddrPort
+	err = askOver(ctx, pc, server, &ask, func(kind byte, got *[queryNonceSize]byte, body []byte) int {
+		if kind != reflectKindAnswer || *got != nonce {
+			return askIgnore
+		}
+		var ok bool
+		if seen, ok = parseReflectBody(body, &nonce); ok {
+			return askDone
+		}
+		return askIgnore
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, reflectError(ctx, server)
+		}
+		return nil, err
+	}
+	return append([]netip.AddrPort{seen}, localCandidates(laddr)...), nil
+}
+
+// packetPeer is pc's own address and the server's at address, of pc's
+// family.
+func packetPeer(pc net.PacketConn, address string) (laddr, server netip.AddrPort, err error) {
+	network := "udp"
+	laddr, _ = addrPortOf(pc.LocalAddr())
+	if laddr.Addr().Unmap().Is4() {
+		network = "udp4"
+	}
+	server, err = resolveReflector(network, address)
+	return laddr, server, err
+}
+
+// What askOver's take says of a datagram.
+const (
+	askIgnore = iota // not the answer
+	askDone          // the answer: stop
+	askAgain         // send the ask (changed) again at once
+)
+
+// askOver sends *ask to server over pc every 250ms until take accepts a
+// query datagram from server (its kind, nonce and body), or ctx ends. It
+// leaves pc with no read deadline.
+func askOver(ctx context.Context, pc net.PacketConn, server netip.AddrPort, ask *[]byte, take func(kind byte, nonce *[queryNonceSize]byte, body []byte) int) error {
+	defer pc.SetReadDeadline(time.Time{})
+	buf := make([]byte, 2048)
+	to := net.UDPAddrFromAddrPort(server)
+asking:
+	for {
+		if _, err := pc.WriteTo(*ask, to); err != nil {
+			return err
+		}
+		pc.SetReadDeadline(time.Now().Add(introJoinResend))
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					break
+				}
+				return err
+			}
+			f, _ := addrPortOf(from)
+			kind, nonce, body, ok := parseQueryDatagram(buf[:n])
+			if !ok || unmap(f) != server {
+				continue
+			}
+			switch take(kind, &nonce, body) {
+			case askDone:
+				return nil
+			case askAgain:
+				continue asking
+			}
+		}
+	}
+}
+
+// Punch opens the Listener's NAT toward a joiner: from in.Start, it sends
+// a probe (20 bytes, carrying in.Token) to each of in.Peer every 50ms, for
+// at most 2s, and stops sooner once the answer by which the joiner says
+// it found a path reaches it (not at the joiner's first probe: the
+// joiner may be waiting for the answer to it, which may be lost).
+// While it runs, the Listener answers the joiner's probes carrying the
+// token (each no larger than the probe, at the rates of every answer to
+// an address without a connection), so that the joiner learns which
+// candidate of the host's gets through. The joiner's connection is then
+// accepted as any other (AcceptConn). It returns nil once its probes are
+// sent, or ctx's error, or net.ErrClosed.
+func (l *Listener) Punch(ctx context.Context, in Introduction) error {
+	if ctx == nil {
+		return errNilContext
+	}
+	seen := make(chan struct{}, 1)
+	l.punch.mu.Lock()
+	if l.punch.tokens == nil {
+		l.punch.tokens = make(map[[8]byte]chan struct{})
+	}
+	l.punch.tokens[in.Token] = seen
+	l.punch.recount()
+	l.punch.mu.Unlock()
+	defer func() {
+		l.punch.mu.Lock()
+		delete(l.punch.tokens, in.Token)
+		l.punch.recount()
+		l.punch.mu.Unlock()
+	}()
+	probe := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)
+	t := time.NewTimer(time.Until(in.Start))
+	defer t.Stop()
+	sent, heard := false, false
+	for round := 0; round < punchRounds; {
+		select {
+		case <-t.C:
+			for _, c := range in.Peer {
+				l.eps[0].write(probe, c)
+			}
+			sent = true
+			round++
+			if heard {
+				return nil
+			}
+			t.Reset(punchInterval)
+		case <-seen:
+			if sent {
+				return nil // the joiner found a path after our probes went out
+			}
+			heard = true
+		case <-l.closed:
+			return net.ErrClosed
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// DialCandidates connects over pc to a host whose candidates (and the
+// token of its Punch) in tells: from in.Start it probes each candidate
+// every 50ms, for at most 2s, and dials (DialPacket) the first address a
+// probe or an answer carrying the token comes from: the host's
+// candidate that answered, or the address a host's probe came from (the
+// port its NAT chose for this joiner). pc should be the socket Join
+// asked from. It fails with ErrNoDirectPath if nothing came in time. As
+// with DialPacket, the Conn owns pc, which is closed if DialCandidates
+// fails.
+func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg *Config) (*Conn, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
+	to, err := probeCandidates(ctx, pc, in)
+	if err != nil {
+		pc.Close()
+		return nil, err
+	}
+	return DialPacket(ctx, pc, to.String(), cfg)
+}
+
+// probeCandidates is DialCandidates' probing: the address to dial.
+func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (netip.AddrPort, error) {
+	if len(in.Peer) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("knet: dial candidates: none given: %w", ErrNoDirectPath)
+	}
+	defer pc.SetReadDeadline(time.Time{})
+	probe := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, queryPadTo)
+	buf := make([]byte, 2048)
+	if d := time.Until(in.Start); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return netip.AddrPort{}, ctx.Err()
+		}
+	}
+	for range punchRounds {
+		for _, c := range in.Peer {
+			pc.WriteTo(probe, net.UDPAddrFromAddrPort(c)) // an unreachable candidate is no error
+		}
+		pc.SetReadDeadline(time.Now().Add(punchInterval))
+		for {
+			if err := ctx.Err(); err != nil {
+				return netip.AddrPort{}, err
+			}
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					break
+				}
+				if errors.Is(err, net.ErrClosed) {
+					return netip.AddrPort{}, err
+				}
+				continue // an ICMP error of an unreachable candidate, say
+			}
+			kind, token, _, ok := parseQueryDatagram(buf[:n])
+			if ok && (kind == punchKindProbe || kind == punchKindAnswer) && token == in.Token {
+				f, ok := addrPortOf(from)
+				if ok {
+					// Tell the host its probes may stop: an answer,
+					// which it does not answer.
+					to := unmap(f)
+					found := appendQueryDatagram(buf[:0], punchKindAnswer, &in.Token, nil, 0)
+					for range 2 { // twice: one lost leaves the host probing for the rest of its 2 s
+						pc.WriteTo(found, net.UDPAddrFromAddrPort(to))
+					}
+					return to, nil
+				}
+			}
+		}
+	}
+	return netip.AddrPort{}, fmt.Errorf("knet: dial %d candidates for %v: %w", len(in.Peer), time.Duration(punchRounds)*punchInterval, ErrNoDirectPath)
+}
