@@ -277,7 +277,11 @@ func TestHTTPAttackSilentWebSocketsOnGamePort(t *testing.T) {
 		nc.SetReadDeadline(time.Time{})
 	}
 	require.Eventually(t, func() bool { return l.Stats().IgnoredAttempts >= silent-places }, 10*time.Second, time.Millisecond)
-	assert.LessOrEqual(t, l.Stats().Pending, places)
+	// An evicted stream counts among Pending until its round ends it
+	// (endAttempt), a moment after the stream that took its place entered:
+	// one over, briefly (seen once in CI). The places themselves stay at
+	// most places (enterLocked), and the client below still gets in.
+	require.Eventually(t, func() bool { return l.Stats().Pending <= places }, 10*time.Second, time.Millisecond)
 	c := dialUntil(t, l, 10*time.Second)
 	defer c.Close()
 	echoOnce(t, c, Message{ID: 100, Payload: []byte("in"), Reliable: true})
