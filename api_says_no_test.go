@@ -301,7 +301,7 @@ func TestAPIConfigSides(t *testing.T) {
 // Every exported Config field is Dial's (dialFields), a Listener's
 // (listenFields) or both's: a field added later is placed on purpose.
 func TestAPIConfigFieldsSided(t *testing.T) {
-	both := []string{"PingInterval", "MaxAckDelay", "DatagramTimeout", "ConnectionLostTimeout",
+	both := []string{"PingInterval", "MaxAckDelay", "DatagramTimeout", "ConnectionLostTimeout", "ResumeTimeout",
 		"ConnectTimeout", "DisconnectTimeout", "InitialDatagramRate", "MinDatagramRate",
 		"MaxMessageSendCount", "MaxFragmentSize", "MaxDatagramSize", "MaxPathDatagramSize",
 		"MaxMessageSize", "SendBuffer", "ReceiveBuffer", "ReassemblyBuffer", "ReorderWindow",

@@ -51,6 +51,20 @@ type Config struct {
 	// the connection is declared lost. Default 3*PingInterval, at least
 	// 10ms.
 	ConnectionLostTimeout time.Duration
+	// ResumeTimeout, when positive, makes an established UDP connection
+	// whose peer was silent for ConnectionLostTimeout wait suspended
+	// for this much longer instead of ending: it sends a small probe a
+	// second, keeps what the application sends queued, and carries on
+	// where it left off when the peer is heard again (a secure
+	// connection's client from a new address too, once the path check
+	// moves it there; a plaintext one only from the same address). See
+	// Stats.Suspended and docs/secure-sessions.md, "Resuming". Set it on
+	// both ends: a peer without it ends the connection at its own
+	// ConnectionLostTimeout. Default 0: a connection ends at
+	// ConnectionLostTimeout, as a peer without the setting expects, and a
+	// server holds no silent connection longer. Stream connections (TCP,
+	// WebSocket) ignore it.
+	ResumeTimeout time.Duration
 	// ConnectTimeout bounds the handshake, on both sides. Default 10s.
 	ConnectTimeout time.Duration
 	// DisconnectTimeout bounds a graceful close: delivering what is
@@ -480,6 +494,7 @@ func (s *Simulation) params() netsim.Params {
 type config struct {
 	pingInterval, maxAckDelay, datagramTimeout time.Duration
 	lostTimeout, connectTimeout, disconnect    time.Duration
+	resumeTimeout                              time.Duration
 	reorderWindow                              time.Duration
 	reorderWindows                             map[uint32]time.Duration
 	initialRate, minRate                       float64
@@ -754,6 +769,7 @@ func (c *Config) resolve() *config {
 		r.reorderWindows[id] = clampDur(w, 0)
 	}
 	r.lostTimeout = clampDur(pick(c.ConnectionLostTimeout, 3*r.pingInterval), minTimeout)
+	r.resumeTimeout = clampDur(c.ResumeTimeout, 0)
 	r.maxFragment = min(max(r.maxFragment, minFragmentSize), maxContentLength-8)
 	if c.MaxDatagramSize <= 0 && r.dialect == DialectAuto {
 		// A listener's peers of the reference dialect get its size.

@@ -260,7 +260,7 @@ var errNilContext = errors.New("knet: nil context")
 // the server) when no answer came.
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect", "disconnect", "query" (Query), "reflect" (Reflect, Listener.Reflect), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout) or "" for an established connection
+	Op     string // "connect", "disconnect", "query" (Query), "reflect" (Reflect, Listener.Reflect), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout), "resume" (an established connection suspended for ResumeTimeout without hearing its peer) or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
@@ -273,6 +273,8 @@ func (e *TimeoutError) Error() string {
 		return "knet: no answer to the server query within " + e.Silent.String()
 	case "reflect":
 		return "knet: no answer from the reflector (address discovery) within " + e.Silent.String()
+	case "resume":
+		return "knet: peer silent for " + e.Silent.String() + ", not back within ResumeTimeout"
 	case "frame":
 		return "knet: a frame neither whole nor 4 KiB further after " + e.Silent.String() + " (ConnectionLostTimeout)"
 	}

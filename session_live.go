@@ -17,12 +17,17 @@ type liveState struct {
 	pingCount   int
 	nextPingID  uint8
 	pingReplies []uint8 // PingReplies owed, by the requests' IDs
+	suspended   bool    // the peer is silent past the lost timeout: resume.go
 }
 
 // liveDeadline adds an open connection's timers of liveness: the next
 // ping, unless held (no new datagram may go, see spanFull), and the lost
 // timeout.
 func (s *session) liveDeadline(held bool, t *deadlines) {
+	if s.live.suspended {
+		s.suspendedDeadline(t)
+		return
+	}
 	if !held {
 		t.at(s.live.nextPing)
 	}
@@ -32,7 +37,14 @@ func (s *session) liveDeadline(held bool, t *deadlines) {
 // advanceLive ends an open connection whose peer was silent for the
 // lost timeout. (A ping due goes with the next poll: see unreliableDue.)
 func (s *session) advanceLive(now time.Time) {
-	if silent := now.Sub(s.live.lastRecv); silent >= s.cfg.lostTimeout {
+	silent := now.Sub(s.live.lastRecv)
+	switch {
+	case s.live.suspended:
+		s.advanceSuspended(now)
+	case silent < s.cfg.lostTimeout:
+	case s.resumable():
+		s.suspend(now)
+	default:
 		s.fail(&TimeoutError{Silent: silent})
 	}
 }
@@ -50,6 +62,9 @@ type pingRecord struct {
 func (s *session) alive(now time.Time) {
 	if !s.live.stale {
 		s.live.lastRecv = now
+		if s.live.suspended {
+			s.resume(now)
+		}
 	}
 }
 
@@ -60,6 +75,9 @@ func (s *session) pingNow(now time.Time) uint8 {
 	s.live.pingCount++
 	s.live.nextPingID++
 	s.live.nextPing = now.Add(s.pingGap(now))
+	if s.live.suspended {
+		s.live.nextPing = s.resumeProbeDue(now)
+	}
 	return id
 }
 

@@ -254,6 +254,10 @@ func (s *session) poll(now time.Time, buf []byte) []byte {
 		s.send.forgotAt = now
 		s.send.order.forget(func(t *track) bool { return s.forgettable(now, t) })
 	}
+	if s.live.suspended {
+		// Probes, acks and answers only (resume.go).
+		return s.wire.pollUnreliable(now, buf)
+	}
 	if s.unreliableFirst() {
 		// Unreliable messages of higher priority than any reliable one
 		// queued go first: every datagram takes room under the peer's
@@ -555,7 +559,7 @@ func (s *session) unreliableDue(now time.Time) (acksDue, pingDue, data bool) {
 	// rate: nothing acks them, so it could never learn to raise it. The
 	// application sets their pace, and the peer can still cap it with a
 	// FlowControlRequest.
-	data = s.send.unrelQ.len() > 0
+	data = s.send.unrelQ.len() > 0 && !s.live.suspended
 	if data && !s.rc.peerAllows(now) {
 		s.send.pacedOut = true
 		data = false

@@ -52,6 +52,11 @@ type Stats struct {
 	// the client proved it receives there (see Conn.RemoteAddr). Only a
 	// server's connections move; a client's count stays 0.
 	Migrations uint64
+	// Suspended is true while the connection waits for its silent peer
+	// (Config.ResumeTimeout); Suspensions counts the times it started
+	// to, Resumes the times the peer was heard again and it carried on.
+	Suspended            bool
+	Suspensions, Resumes uint64
 
 	// PathDatagramSize is the largest datagram the connection sends now,
 	// in UDP payload bytes: MaxDatagramSize, or with path MTU discovery
