@@ -545,3 +545,37 @@ func TestResumeAttackWithoutKeys(t *testing.T) {
 		assert.Equal(t, nat.outerAddr(), sc.RemoteAddr().String())
 	})
 }
+
+// TestResumePeerWithout: a server without ResumeTimeout ends the
+// connection at its ConnectionLostTimeout, as before; the client, which
+// has it, waits suspended, its probes reach a listener that has forgotten
+// it (counted, answered with nothing), and it ends at its
+// ResumeTimeout. No new connection is made.
+func TestResumePeerWithout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		scfg, ccfg, admits := resumeConfigs(t, true)
+		scfg.ResumeTimeout = 0
+		l, nat, c, sc := resumeSetup(t, nw, scfg, ccfg)
+		atClient := seqReceiver(c)
+		nat.setDown(true)
+		<-sc.Done()
+		var te *TimeoutError
+		require.ErrorAs(t, sc.Err(), &te)
+		assert.Empty(t, te.Op, "the server's connection ended otherwise than at its lost timeout")
+		time.Sleep(10 * time.Second)
+		nat.setDown(false)
+		ls := l.Stats()
+		time.Sleep(10 * time.Second)
+		// Sealed, they read as neither a connection attempt nor a
+		// plaintext datagram: invalid.
+		assert.Greater(t, l.Stats().InvalidDatagrams+l.Stats().StrayDatagrams, ls.InvalidDatagrams+ls.StrayDatagrams)
+		assert.True(t, c.Stats().Suspended)
+		for range atClient {
+		}
+		require.ErrorAs(t, c.Err(), &te)
+		assert.Equal(t, "resume", te.Op)
+		assert.Equal(t, int32(1), admits.Load())
+		noNewConn(t, l)
+	})
+}
