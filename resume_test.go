@@ -315,6 +315,9 @@ func TestResumeAfterOutage(t *testing.T) {
 		serverDone := time.Since(back)
 		expectSeq(t, atClient, before, next, 30*time.Second)
 		clientDone := time.Since(back)
+		// The client's next probe (a second at most) finds the server,
+		// and the backlog follows within a few round trips.
+		assert.LessOrEqual(t, clientDone, 2*resumeProbeGap)
 		t.Logf("outage %v, %d messages each way during it: all delivered %v (to the server) and %v (to the client) after the path came back",
 			outage, next-before, serverDone, clientDone)
 
@@ -577,5 +580,36 @@ func TestResumePeerWithout(t *testing.T) {
 		assert.Equal(t, "resume", te.Op)
 		assert.Equal(t, int32(1), admits.Load())
 		noNewConn(t, l)
+	})
+}
+
+// TestResumeSendBufferWhileSuspended: a suspended connection takes what
+// the application sends within SendBuffer, and says no past it
+// (TrySend's ErrSendBufferFull); what it took is delivered once, in
+// order, when the peer is back.
+func TestResumeSendBufferWhileSuspended(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nw := memNet(t)
+		scfg, ccfg, _ := resumeConfigs(t, true)
+		ccfg.SendBuffer = 4096
+		_, nat, c, sc := resumeSetup(t, nw, scfg, ccfg)
+		atServer := seqReceiver(sc)
+		nat.setDown(true)
+		time.Sleep(ccfg.ConnectionLostTimeout + time.Second)
+		require.True(t, c.Stats().Suspended)
+		var took uint32
+		for ; ; took++ {
+			p := binary.LittleEndian.AppendUint32(make([]byte, 0, 100), took)
+			err := c.TrySend(Message{ID: 7, Payload: p[:100], Reliable: true, InOrder: true})
+			if err != nil {
+				require.ErrorIs(t, err, ErrSendBufferFull)
+				break
+			}
+			require.Less(t, took, uint32(1000), "the send buffer took everything")
+		}
+		assert.InDelta(t, 4096/100, took, 2)
+		nat.setDown(false)
+		expectSeq(t, atServer, 0, took, 10*time.Second)
+		assert.Equal(t, uint64(1), sc.Stats().Resumes)
 	})
 }
