@@ -197,6 +197,7 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 				break
 			}
 			sec.tap = cfg.sealTap
+			sec.ku = newKeyUpdates(cfg)
 			c.sec = sec
 			st.needKnet = true
 			s.quiet = true
