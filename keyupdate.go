@@ -328,7 +328,7 @@ func (s *secureState) afterIn(sess *session, now time.Time, buf []byte) ([]byte,
 	return s.seal(b, b, out.pn, out.fresh)
 }
 
-// keyUpdateStats adds the key updates of both directions to n.
+// keyUpdateCount is how many key updates s made, both directions.
 func (s *secureState) keyUpdateCount() uint64 {
 	if s == nil || s.ku == nil {
 		return 0

@@ -52,6 +52,10 @@ type Stats struct {
 	// the client proved it receives there (see Conn.RemoteAddr). Only a
 	// server's connections move; a client's count stays 0.
 	Migrations uint64
+	// KeyUpdates counts the key updates of a secure connection, both
+	// ways: its own sending key replaced, and its peer's taken (see
+	// Config.KeyUpdateInterval).
+	KeyUpdates uint64
 
 	// PathDatagramSize is the largest datagram the connection sends now,
 	// in UDP payload bytes: MaxDatagramSize, or with path MTU discovery

@@ -781,5 +781,6 @@ func (c *Conn) streamSnapshot() Stats {
 	s := c.st.sess
 	st := s.stats
 	st.RTT = s.rtt
+	st.KeyUpdates = c.sec.keyUpdateCount()
 	return st
 }
