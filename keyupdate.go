@@ -285,8 +285,8 @@ func (k *keyUpdates) rekeyRecv(s *secureState) {
 // the peer's announcement if the datagram carried one, replaces the
 // sending key when due and allowed (an ack of a datagram sealed under it
 // came: ackedTop), and returns a sealed announcement to send the peer,
-// built in buf, when one is due (nil otherwise).
-func (s *secureState) afterIn(sess *session, now time.Time, buf []byte) ([]byte, error) {
+// in a new buffer, when one is due (nil otherwise).
+func (s *secureState) afterIn(sess *session, now time.Time) ([]byte, error) {
 	k := s.ku
 	if k == nil || !sess.opened() {
 		return nil, nil
@@ -314,7 +314,7 @@ func (s *secureState) afterIn(sess *session, now time.Time, buf []byte) ([]byte,
 	if reply {
 		content[1] |= kuReply
 	}
-	b := sess.pathChallenge(buf, content[:])
+	b := sess.pathChallenge(make([]byte, 0, challengeSize+cidSize), content[:])
 	if b == nil {
 		return nil, nil // no new datagram may go now: the next one
 	}
@@ -350,7 +350,7 @@ func (c *Conn) keyUpdates(now time.Time) {
 	if s.ku == nil || !c.sess.client && !s.proven {
 		return
 	}
-	b, err := s.afterIn(c.sess, now, make([]byte, 0, challengeSize+cidSize))
+	b, err := s.afterIn(c.sess, now)
 	if err != nil {
 		c.sess.fail(err)
 		return

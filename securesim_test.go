@@ -142,7 +142,7 @@ func (p *simPair) receiveSecure(to int, b []byte, atPeer bool) {
 		s.beginRound()
 		s.handleSealed(p.now, pt, fresh)
 		// Key updates, as Conn.keyUpdates.
-		ann, err := p.sec[to].afterIn(s, p.now, make([]byte, 0, challengeSize+cidSize))
+		ann, err := p.sec[to].afterIn(s, p.now)
 		if err != nil {
 			p.t.Fatalf("side %d: %v", to, err)
 		}
