@@ -302,6 +302,9 @@ func (s *secureState) afterIn(sess *session, now time.Time) ([]byte, error) {
 		}
 	}
 	reply := k.replyOwed
+	if sess.state != stateOK {
+		return nil, nil // closing: no announcement more
+	}
 	if !reply && (k.heard || k.announced >= announceMax || k.announced > 0 && now.Sub(k.lastAnn) < sess.rto()) {
 		return nil, nil
 	}
