@@ -260,15 +260,16 @@ type Config struct {
 	// KeyUpdateInterval is, on a secure connection, how many datagrams
 	// (over a stream, frames) each direction seals under one key before
 	// it replaces it with the next, derived one way from it: 0 means
-	// 2^20, an eighth of AES-GCM's limit of 2^23 per key. Lower values
-	// are taken (1 updates after every datagram whose ack came); a
-	// negative one turns key updates off, as a peer of before them. Keys
+	// 2^20, an eighth of AES-GCM's limit of 2^23 per key, also the most
+	// taken. Lower values are taken (1 updates after every datagram whose
+	// ack came); a negative one turns key updates off, as a peer of
+	// before them. Keys
 	// are replaced only when both ends take updates. See SECURE.md,
 	// "Limits".
 	KeyUpdateInterval int
 	// KeyUpdateTime is the longest a key lives before the next replaces
-	// it, whatever its count: 0 means five minutes; negative, no time
-	// bound.
+	// it, whatever its count (over UDP, at the first ack after it): 0
+	// means five minutes; negative, no time bound.
 	KeyUpdateTime time.Duration
 
 	// TokenKey is, for a secure Listener (PrivateKey), the secret of

@@ -115,3 +115,40 @@ func hasID(msgs []Message, id uint32) bool {
 	}
 	return false
 }
+
+// TestKeyUpdateTimeBound: with the default interval (2^20 datagrams, far
+// off) and KeyUpdateTime 1 s, each direction replaces its key about once
+// a second of simulated time, no more, while traffic flows; the Config's
+// values resolve as documented.
+func TestKeyUpdateTimeBound(t *testing.T) {
+	cfg := &Config{KeyUpdateTime: time.Second}
+	p := newSecureSimPair(t, cfg, cfg, lossy(5, 0.05), lossy(6, 0.05))
+	p.connect()
+	for i := range 1000 {
+		p.send(0, numbered(100, i, 30))
+		p.send(1, numbered(100, i, 30))
+		p.run(10*time.Millisecond, nil)
+	}
+	c, s := p.keyPhases()
+	assert.InDelta(t, 9.5, float64(c), 1.5, "client phases in 10 s")
+	assert.InDelta(t, 9.5, float64(s), 1.5, "server phases in 10 s")
+	assert.Equal(t, c, p.sec[1].ku.recvPhase)
+	assert.Equal(t, s, p.sec[0].ku.recvPhase)
+
+	for _, tc := range []struct {
+		cfg     Config
+		packets uint64
+		every   time.Duration
+	}{
+		{Config{}, 1 << 20, 5 * time.Minute},
+		{Config{KeyUpdateInterval: 1000, KeyUpdateTime: -1}, 1000, 0},
+		{Config{KeyUpdateInterval: 1 << 30}, 1 << 20, 5 * time.Minute},
+		{Config{KeyUpdateInterval: -1, KeyUpdateTime: time.Second}, 0, 0},
+	} {
+		packets, every := tc.cfg.keyUpdates()
+		assert.Equal(t, tc.packets, packets, "%+v", tc.cfg)
+		if packets != 0 {
+			assert.Equal(t, tc.every, every, "%+v", tc.cfg)
+		}
+	}
+}
