@@ -12,40 +12,52 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestKeyUpdateStreamTCP: a secure TCP connection whose ends update their
-// keys after every frame (KeyUpdateInterval 1) carries 2,000 echoed
-// messages: every one comes back in order and intact, each side made
-// thousands of updates both ways, and the nonce ledger finds no frame
-// number sealed twice under one key with different plaintexts.
-func TestKeyUpdateStreamTCP(t *testing.T) {
-	scfg, ccfg, ledger := secureTCPConfigs(t)
-	scfg.KeyUpdateInterval, ccfg.KeyUpdateInterval = 1, 1
-	l := listen(t, scfg)
-	serveEcho(t, l)
-	ctx := within(t, 60*time.Second)
-	c, err := Dial(ctx, "tcp", l.Addr().String(), ccfg)
-	require.NoError(t, err)
-	const n = 2000
-	go func() {
-		for i := range n {
-			if c.Send(Message{ID: 100, Payload: fmt.Appendf(nil, "m%05d", i), Reliable: true, InOrder: true}) != nil {
-				return
+// TestKeyUpdateStream: a secure TCP or WebSocket connection whose ends
+// update their keys after every frame (KeyUpdateInterval 1) carries 2,000
+// echoed messages: every one comes back in order and intact, each side
+// made thousands of updates both ways, and the nonce ledger finds no
+// frame number sealed twice under one key with different plaintexts.
+func TestKeyUpdateStream(t *testing.T) {
+	for _, tr := range []Transport{TransportTCP, TransportWebSocket} {
+		t.Run(tr.String(), func(t *testing.T) {
+			scfg, ccfg, ledger := secureTCPConfigs(t)
+			scfg.KeyUpdateInterval, ccfg.KeyUpdateInterval = 1, 1
+			l := listen(t, scfg)
+			serveEcho(t, l)
+			ctx := within(t, 60*time.Second)
+			var c *Conn
+			var err error
+			if tr == TransportTCP {
+				c, err = Dial(ctx, "tcp", l.Addr().String(), ccfg)
+			} else {
+				c, err = DialWebSocket(ctx, wsServer(t, l), ccfg)
 			}
-		}
-	}()
-	for i := range n {
-		m, err := c.Receive(ctx)
-		require.NoError(t, err, "message %d; client %+v", i, c.Stats())
-		require.Equal(t, fmt.Sprintf("m%05d", i), string(m.Payload))
+			require.NoError(t, err)
+			require.Equal(t, tr, c.Transport())
+			const n = 2000
+			go func() {
+				for i := range n {
+					if c.Send(Message{ID: 100, Payload: fmt.Appendf(nil, "m%05d", i), Reliable: true, InOrder: true}) != nil {
+						return
+					}
+				}
+			}()
+			for i := range n {
+				m, err := c.Receive(ctx)
+				require.NoError(t, err, "message %d; client %+v", i, c.Stats())
+				require.Equal(t, fmt.Sprintf("m%05d", i), string(m.Payload))
+			}
+			require.NoError(t, c.Close())
+			waitDone(t, c, 15*time.Second)
+			// About one update a frame each way: the client's 2,000 and
+			// the server's 2,000 (Stats once the connection is done: all
+			// published).
+			st := c.Stats()
+			assert.Greater(t, st.KeyUpdates, uint64(n), "stats %+v", st)
+			keys, sealed := ledger.keys()
+			assert.Greater(t, keys, 2*n, "%d frames sealed", sealed)
+		})
 	}
-	require.NoError(t, c.Close())
-	waitDone(t, c, 15*time.Second)
-	// About one update a frame each way: the client's 2,000 and the
-	// server's 2,000 (Stats once the connection is done: all published).
-	st := c.Stats()
-	assert.Greater(t, st.KeyUpdates, uint64(n), "stats %+v", st)
-	keys, sealed := ledger.keys()
-	assert.Greater(t, keys, 2*n, "%d frames sealed", sealed)
 }
 
 // TestKeyUpdateStreamOldPeer: against a side with key updates off (as a
