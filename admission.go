@@ -522,6 +522,7 @@ func (l *Listener) handshake(j handshakeJob) {
 	sec, err := newServerSecure(l.cfg.privateKey, l.cfg.publicKey)
 	if err == nil {
 		sec.tap = l.cfg.sealTap
+		sec.ku = newKeyUpdates(l.cfg)
 		var inner []byte
 		inner, err = sec.readSyn(j.msg1)
 		l.keyExchanges.Add(1)

@@ -306,7 +306,7 @@ func TestAPIConfigFieldsSided(t *testing.T) {
 		"MaxMessageSendCount", "MaxFragmentSize", "MaxDatagramSize", "MaxPathDatagramSize",
 		"MaxMessageSize", "SendBuffer", "ReceiveBuffer", "ReassemblyBuffer", "ReorderWindow",
 		"ReorderWindows", "CongestionControl", "Simulate", "Dialect", "Group", "ChannelWeights",
-		"Receipts", "Logger"}
+		"Receipts", "Logger", "KeyUpdateInterval", "KeyUpdateTime"}
 	placed := map[string]int{}
 	for _, fs := range [][]string{both, dialFields, listenFields} {
 		for _, f := range fs {

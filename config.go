@@ -271,6 +271,21 @@ type Config struct {
 	// shorter one).
 	ServerKey []byte
 
+	// KeyUpdateInterval is, on a secure connection, how many datagrams
+	// (over a stream, frames) each direction seals under one key before
+	// it replaces it with the next, derived one way from it: 0 means
+	// 2^20, an eighth of AES-GCM's limit of 2^23 per key, also the most
+	// taken. Lower values are taken (1 updates after every datagram whose
+	// ack came); a negative one turns key updates off, as a peer of
+	// before them. Keys
+	// are replaced only when both ends take updates. See SECURE.md,
+	// "Limits".
+	KeyUpdateInterval int
+	// KeyUpdateTime is the longest a key lives before the next replaces
+	// it, whatever its count (over UDP, at the first ack after it): 0
+	// means five minutes; negative, no time bound.
+	KeyUpdateTime time.Duration
+
 	// TokenKey is, for a secure Listener (PrivateKey), the secret of
 	// TokenKeySize bytes it shares with the backend that issues connect
 	// tokens (IssueToken). With it, the Listener admits only clients
@@ -524,6 +539,10 @@ type config struct {
 	publicAddrs                      []netip.AddrPort
 	cookieThreshold                  int
 	sealTap                          sealTap
+	// Key updates (keyupdate.go): datagrams per key, 0 when off; the
+	// longest a key lives, 0 for no bound.
+	keyUpdatePackets uint64
+	keyUpdateTime    time.Duration
 	// pathExtra is how much larger than maxDatagram path MTU discovery
 	// may make a datagram (Config.MaxPathDatagramSize); 0: off.
 	pathExtra int
@@ -736,6 +755,7 @@ func (c *Config) resolve() *config {
 		group:            c.Group,
 		logger:           c.Logger,
 	}
+	r.keyUpdatePackets, r.keyUpdateTime = c.keyUpdates()
 	r.maxPendingPerSource = min(pick(c.MaxPendingPerSource, max(min(r.maxPending, 16), r.maxPending/16)), r.maxPending)
 	if c.MaxDatagramSize <= 0 && r.dialect == DialectReference {
 		r.maxDatagram = referenceDatagramSize

@@ -385,6 +385,7 @@ func (c *Conn) snapshot() Stats {
 		st.InvalidDatagrams += c.sec.invalid
 		st.DuplicateDatagrams += c.sec.replays
 		st.Migrations = c.sec.migrations
+		st.KeyUpdates = c.sec.keyUpdateCount()
 	}
 	if c.ep.l == nil {
 		st.SendErrors += c.ep.sendErrs.Load() // the socket is ours alone

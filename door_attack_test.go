@@ -754,12 +754,14 @@ func TestDoorInjectedFINIsNotGraceful(t *testing.T) {
 	l := listen(t, scfg)
 	ctx := within(t, 15*time.Second)
 	// A sealed control frame (ping, ping reply) is 18 bytes after its
-	// size field; the client's messages here are longer.
+	// size field, the announcement of key updates 25 (a path hello of
+	// kind 5); the client's messages here are longer.
 	control := 1 + 1 + sealOverhead
+	announce := 1 + len(streamHelloMagic) + 1 + 2 + sealOverhead
 	apps := 0
 	relay := doorCutRelay(t, l.Addr().String(), func(i int, f []byte) bool {
-		if size, _ := consumeVLE32(f); i == 0 || int(size) == control {
-			return true // the hello, a ping
+		if size, _ := consumeVLE32(f); i == 0 || int(size) == control || int(size) == announce {
+			return true // the hello, a ping, the announcement
 		}
 		apps++
 		return apps <= 2

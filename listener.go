@@ -721,6 +721,7 @@ func dialOn(ctx context.Context, sock socket, raddr *net.UDPAddr, rc *config, o 
 			return nil, err
 		}
 		sec.tap = rc.sealTap
+		sec.ku = newKeyUpdates(rc)
 		c.sec = sec
 		c.sess.setSyn(syn, false)
 	}

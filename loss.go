@@ -18,6 +18,9 @@ type lossState struct {
 	lostHead int
 	rtt      rttEstimator
 	inflight int // bytes of reliable datagrams sent and neither acked nor lost
+	// ackedTop is 1 + the highest packet number acked (0: none), the
+	// proof a key update waits for (keyupdate.go).
+	ackedTop uint64
 
 	// The probe timer: from the last reliable send, backed off per probe
 	// since the last ack.
@@ -205,6 +208,9 @@ func (l *lossState) ackOne(now time.Time, d *sent, through bool, r *ackResult) {
 	// PacketID, the ack tells which send it is for.
 	ambiguous := through || d.sends > 1 && now.Sub(d.sentAt) < l.rtt.min && !l.rekeys
 	l.sent.ack(d, ambiguous)
+	if !through {
+		l.ackedTop = max(l.ackedTop, d.pn+1)
+	}
 	if ambiguous {
 		l.spuriousLosses++
 	}

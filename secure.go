@@ -6,7 +6,6 @@ import (
 	"crypto/cipher"
 	"crypto/ecdh"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -138,8 +137,9 @@ type secureState struct {
 	unprovenRefusals int
 
 	send, recv cipher.AEAD
-	tap        sealTap // tests only
-	tapKey     [8]byte // with tap, the send key's fingerprint
+	ku         *keyUpdates // key updates (keyupdate.go); nil when off
+	tap        sealTap     // tests only
+	tapKey     [8]byte     // with tap, the send key's fingerprint
 	sendNonce  [12]byte
 	recvNonce  [12]byte
 	sendTop    uint64 // highest packet number sealed
@@ -295,16 +295,18 @@ func (s *secureState) readSynAck(msg2 []byte) ([]byte, error) {
 // sealing without allocating, the nonce in s).
 func (s *secureState) keys(send, recv *noise.CipherState) error {
 	var err error
-	k := send.UnsafeKey()
+	k, r := send.UnsafeKey(), recv.UnsafeKey()
 	if s.send, err = newGCM(k); err != nil {
 		return err
 	}
 	if s.tap != nil {
-		h := sha256.Sum256(k[:])
-		copy(s.tapKey[:], h[:])
+		s.tapKey = keyPrint(&k)
 	}
-	if s.recv, err = newGCM(recv.UnsafeKey()); err != nil {
+	if s.recv, err = newGCM(r); err != nil {
 		return err
+	}
+	if s.ku != nil {
+		s.ku.start(k, r)
 	}
 	s.ready.Store(true)
 	return nil
@@ -352,6 +354,11 @@ func (s *secureState) seal(dst, b []byte, pn uint64, fresh bool) ([]byte, error)
 		return nil, fmt.Errorf("%w: new packet number %d not above %d", errNonceReuse, pn, s.sendTop)
 	case !fresh && (!s.sealed || pn > s.sendTop):
 		return nil, fmt.Errorf("%w: packet number %d sent again was never sealed", errNonceReuse, pn)
+	}
+	if s.ku != nil {
+		if err := s.ku.sealing(pn, fresh); err != nil {
+			return nil, err
+		}
 	}
 	if fresh {
 		s.sendTop, s.sealed = pn, true
@@ -450,7 +457,7 @@ func (s *secureState) open(b []byte) (pt []byte, fresh bool) {
 		s.replays++
 		return nil, false
 	}
-	pt, err = s.recv.Open(b[ad:ad], nonceFor(&s.recvNonce, pn), b[ad:], b[:ad])
+	pt, err = s.openSealed(b[ad:], pn, b[:ad])
 	if err != nil {
 		s.invalid++
 		return nil, false

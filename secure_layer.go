@@ -83,6 +83,9 @@ func (s *secureState) in(sess *session, now time.Time, b []byte, atPeer bool) (p
 	if atPeer && s.clearAgain(sess, b) {
 		return nil, false
 	}
+	if s.ku != nil {
+		s.ku.at(now, sess.rto())
+	}
 	pt, fresh = s.open(b)
 	return pt, fresh
 }
@@ -314,6 +317,7 @@ func (c *Conn) takeSecure(now time.Time, p *packet) {
 	if atPeer && !c.sec.proven && !c.sess.client {
 		c.proven()
 	}
+	c.keyUpdates(now)
 }
 
 // proven takes the proof that the server's connection is at the right

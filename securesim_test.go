@@ -98,7 +98,7 @@ func newSecureSimPairKeys(t testing.TB, priv, pub []byte, client, server *Config
 		s = *server
 	}
 	c.ServerKey, s.PrivateKey = pub, priv
-	withLedger(t, &c, &s)
+	ledger := withLedger(t, &c, &s)
 	cc, sc := c.resolve(), s.resolve()
 	if err := cc.secureDialer(); err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func newSecureSimPairKeys(t testing.TB, priv, pub []byte, client, server *Config
 		t.Fatal(err)
 	}
 	p := &simPair{t: t, now: timeZero, buf: make([]byte, 0, 65536), spare: make([]byte, 0, 65536+wireOverhead),
-		secure: true, priv: priv, pub: pub}
+		secure: true, priv: priv, pub: pub, ledger: ledger}
 	p.h[0], p.h[1] = new(simHost), new(simHost)
 	p.s[0] = newSession(cc, p.h[0], true, DialectSpec, p.now)
 	p.s[1] = newSession(sc, p.h[1], false, DialectSpec, p.now)
@@ -118,6 +118,7 @@ func newSecureSimPairKeys(t testing.TB, priv, pub []byte, client, server *Config
 		t.Fatal(err)
 	}
 	sec.tap = cc.sealTap
+	sec.ku = newKeyUpdates(cc)
 	p.sec[0] = sec
 	p.s[0].setSyn(syn, false)
 	return p
@@ -140,6 +141,14 @@ func (p *simPair) receiveSecure(to int, b []byte, atPeer bool) {
 	if pt, fresh := p.sec[to].in(s, p.now, b, atPeer); pt != nil {
 		s.beginRound()
 		s.handleSealed(p.now, pt, fresh)
+		// Key updates, as Conn.keyUpdates.
+		ann, err := p.sec[to].afterIn(s, p.now)
+		if err != nil {
+			p.t.Fatalf("side %d: %v", to, err)
+		}
+		if ann != nil {
+			p.transmit(to, ann)
+		}
 	}
 }
 
@@ -162,6 +171,7 @@ func (p *simPair) simAdmit(b []byte) *secureState {
 		p.t.Fatal(err)
 	}
 	sec.tap = p.s[1].cfg.sealTap
+	sec.ku = newKeyUpdates(p.s[1].cfg)
 	inner, err := sec.readSyn(msg1)
 	if err != nil {
 		return nil

@@ -19,6 +19,10 @@ type pathState struct {
 	got       bool
 	challenge [pathDataSize]byte // the challenge to answer
 	heard     [pathDataSize]byte // the response heard
+	// The flags of the peer's key update announcement, if the last
+	// datagram carried one (keyupdate.go).
+	kuGot   bool
+	kuFlags byte
 }
 
 // handlePath takes a PathChallenge (a client answers the latest one) or a
@@ -34,7 +38,17 @@ func (s *session) handlePath(p []byte) {
 	case p[0] == pathResponse && !s.client:
 		copy(s.path.heard[:], p[1:])
 		s.path.got = true
+	case p[0] == pathKeyUpdates:
+		s.path.kuGot, s.path.kuFlags = true, p[1]
 	}
+}
+
+// keyUpdatesHeard returns the flags of the peer's key update announcement
+// the last datagram carried, if any.
+func (s *session) keyUpdatesHeard() (flags byte, ok bool) {
+	ok, flags = s.path.kuGot, s.path.kuFlags
+	s.path.kuGot = false
+	return flags, ok
 }
 
 // pathResponse returns the PathResponse the last datagram carried, if any

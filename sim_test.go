@@ -95,6 +95,7 @@ type simPair struct {
 	// server's keys; spare, a buffer to seal into.
 	secure    bool
 	sec       [2]*secureState
+	ledger    *nonceLedger
 	priv, pub []byte
 	spare     []byte
 	// batch, when set, has the server take what comes at multiples of

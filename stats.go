@@ -57,6 +57,10 @@ type Stats struct {
 	// to, Resumes the times the peer was heard again and it carried on.
 	Suspended            bool
 	Suspensions, Resumes uint64
+	// KeyUpdates counts the key updates of a secure connection, both
+	// ways: its own sending key replaced, and its peer's taken (see
+	// Config.KeyUpdateInterval).
+	KeyUpdates uint64
 
 	// PathDatagramSize is the largest datagram the connection sends now,
 	// in UDP payload bytes: MaxDatagramSize, or with path MTU discovery

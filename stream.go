@@ -197,6 +197,7 @@ func newStreamConn(ep *endpoint, nc net.Conn, tr Transport, cfg *config, client 
 				break
 			}
 			sec.tap = cfg.sealTap
+			sec.ku = newKeyUpdates(cfg)
 			c.sec = sec
 			st.needKnet = true
 			s.quiet = true
@@ -780,5 +781,6 @@ func (c *Conn) streamSnapshot() Stats {
 	s := c.st.sess
 	st := s.stats
 	st.RTT = s.rtt
+	st.KeyUpdates = c.sec.keyUpdateCount()
 	return st
 }

@@ -55,12 +55,23 @@ type streamSeal struct {
 	recvN     uint64
 	sendNonce [12]byte
 	recvNonce [12]byte
+	// Key updates (keyupdate_stream.go): the time bound passed; the
+	// update signal is being sealed; the number of the frame after the
+	// peer's last signal.
+	updateDue, updating bool
+	lastUpdate          uint64
 }
 
 // appendFrame appends a sealed frame carrying message id with payload.
 func (z *streamSeal) appendFrame(b []byte, id uint32, payload []byte) ([]byte, error) {
 	if z.sendN == ^uint64(0) {
 		return b, fmt.Errorf("%w: the frame counter would wrap", errNonceReuse)
+	}
+	if !z.updating {
+		var err error
+		if b, err = z.updateSend(b); err != nil {
+			return b, err
+		}
 	}
 	size := sizeVLE32(id) + len(payload) + sealOverhead
 	if size > maxVLE32 {
@@ -73,6 +84,11 @@ func (z *streamSeal) appendFrame(b []byte, id uint32, payload []byte) ([]byte, e
 	b = slices.Grow(b, sealOverhead)
 	pt := b[start:]
 	n := z.sendN
+	if k := z.sec.ku; k != nil {
+		if err := k.sealing(n, true); err != nil {
+			return b[:start-sizeVLE32(uint32(size))], err
+		}
+	}
 	z.sendN++
 	if z.sec.tap != nil {
 		z.sec.tap(z.sec.tapKey, n, pt)
@@ -145,6 +161,7 @@ func (s *streamSession) startSealing(sec *secureState) {
 	s.ctrl = s.ctrl[:0]
 	s.seal = &streamSeal{sec: sec}
 	s.fr.sealed = true
+	s.announceKeyUpdates(sec)
 }
 
 // streamSecureAnswer reads the server's answer to a secure client's hello:

@@ -241,6 +241,9 @@ func (s *streamSession) advance(now time.Time) {
 	if s.err != nil {
 		return
 	}
+	if s.seal != nil {
+		s.seal.tick(now)
+	}
 	if silent := now.Sub(s.lastRecv); silent >= s.lostTime {
 		s.err = &TimeoutError{Silent: silent}
 		return
@@ -364,6 +367,10 @@ func (s *streamSession) sendHello(kind byte, content []byte) {
 // hello acts on a knet peer's hello.
 func (s *streamSession) hello(kind byte, content []byte) {
 	s.knet = true
+	if kind == helloPath {
+		s.pathHello(content)
+		return
+	}
 	if kind == helloCloseCode {
 		if len(content) < 4 {
 			content = nil // no code: a close without one
@@ -415,7 +422,7 @@ func appendStreamHello(b []byte, kind byte, content []byte) []byte {
 
 func parseStreamHello(p []byte) (kind byte, content []byte, ok bool) {
 	n := len(streamHelloMagic)
-	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloCloseCode {
+	if len(p) <= n || [5]byte(p[:n]) != streamHelloMagic || p[n] < helloClient || p[n] > helloPath {
 		return 0, nil, false
 	}
 	return p[n], p[n+1:], true
