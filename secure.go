@@ -539,6 +539,9 @@ func (c *config) secureListener() error {
 	if c.tokenKey != nil && c.privateKey == nil {
 		return errTokenKeyAlone
 	}
+	if c.nextPrivateKey != nil && c.privateKey == nil {
+		return errNextKeyAlone
+	}
 	if c.privateKey == nil {
 		return nil
 	}
@@ -551,7 +554,7 @@ func (c *config) secureListener() error {
 	}
 	c.publicKey = pub
 	c.dialect = DialectSpec
-	return nil
+	return c.checkNextKey()
 }
 
 // secureDialer checks a Dial's resolved Config: the server's key.
