@@ -153,6 +153,10 @@ type secureState struct {
 	cid       uint32    // connection ID, the server's choice; 0 until known
 	newest    bool      // the last datagram open returned had the highest packet number so far
 	path      pathCheck // server: a new client address being checked
+
+	// Spare connection IDs (cidrotation.go).
+	rot cidRotation
+
 	// A server's: an authenticated datagram came from the connection's
 	// address, or a path check moved it (Conn.proven); the connection
 	// opened before that waits to be offered (offerWait).
@@ -440,7 +444,7 @@ func (s *secureState) open(b []byte) (pt []byte, fresh bool) {
 	if !s.initiator {
 		ad += cidSize
 	}
-	if err != nil || len(b)-ad < sealOverhead || ad > n && binary.LittleEndian.Uint32(b[n:]) != s.cid {
+	if err != nil || len(b)-ad < sealOverhead || ad > n && !s.openCID(binary.LittleEndian.Uint32(b[n:])) {
 		s.invalid++
 		return nil, false
 	}
