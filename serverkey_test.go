@@ -269,3 +269,28 @@ func TestServerKeyRotationConfig(t *testing.T) {
 	assert.ErrorIs(t, l.SetKeys(nil, priv), errNoCurrentKey)
 	assert.Error(t, l.SetKeys(priv, []byte("short")))
 }
+
+// BenchmarkServerKeyRotationReadSyn: reading a message 1 under the
+// current key (one trial), under the next (two), and under neither (two,
+// then the refusal).
+func BenchmarkServerKeyRotationReadSyn(b *testing.B) {
+	cur, curPub, _ := GenerateKey()
+	next, nextPub, _ := GenerateKey()
+	_, otherPub, _ := GenerateKey()
+	l := &Listener{}
+	ks, err := newServerKeys(cur, next)
+	require.NoError(b, err)
+	l.keys.Store(ks)
+	for _, c := range []struct {
+		name string
+		pub  []byte
+	}{{"current", curPub}, {"next", nextPub}, {"neither", otherPub}} {
+		s, _, err := newClientSecure(c.pub, nil, []byte("hello"))
+		require.NoError(b, err)
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				l.readSyn(s.msg1)
+			}
+		})
+	}
+}
