@@ -519,12 +519,10 @@ func (l *Listener) handshake(j handshakeJob) {
 		(*hook)()
 	}
 	now := time.Now()
-	sec, err := newServerSecure(l.cfg.privateKey, l.cfg.publicKey)
-	if err == nil {
+	sec, inner, err := l.readSyn(j.msg1)
+	if sec != nil {
 		sec.tap = l.cfg.sealTap
 		sec.ku = newKeyUpdates(l.cfg)
-		var inner []byte
-		inner, err = sec.readSyn(j.msg1)
 		l.keyExchanges.Add(1)
 		if err == nil {
 			err = l.checkSynPayload(sec, inner, now)

@@ -263,6 +263,13 @@ type Config struct {
 	// limited number per source address (see ListenerStats). See also
 	// TokenKey and CookieThreshold.
 	PrivateKey []byte
+	// NextPrivateKey is, for a secure Listener (PrivateKey), a second
+	// static private key it accepts handshakes under, as it does under
+	// PrivateKey: the key that comes next in a rotation, so that clients
+	// given either public key connect while they learn the new one.
+	// Listener.SetKeys changes both keys while the Listener runs. See
+	// "Rotating the server's key" in docs/secure-sessions.md.
+	NextPrivateKey []byte
 	// ServerKey is, for Dial, the server's public key. With it, Dial runs
 	// the secure handshake and fails with ErrHandshakeFailed unless the
 	// server proves it holds the matching private key; the ConnectPayload
@@ -534,6 +541,7 @@ type config struct {
 	logger                                     *slog.Logger
 	// Secure sessions: a server's keys, or the key a client expects.
 	privateKey, publicKey, serverKey []byte
+	nextPrivateKey                   []byte // a Listener's, during a key rotation (serverkey.go)
 	tokenKey, token                  []byte
 	serverID                         []byte
 	publicAddrs                      []netip.AddrPort
@@ -614,7 +622,7 @@ var (
 	dialFields = []string{"ConnectPayload", "ServerKey", "Token", "FallbackTCP"}
 	// listenFields are read by a Listener only.
 	listenFields = []string{"ReceiveBudget", "Admit", "AdmitConn", "Stealth", "MaxPendingConnections",
-		"MaxPendingPerSource", "AcceptBacklog", "Sockets", "PrivateKey", "TokenKey", "PublicAddrs",
+		"MaxPendingPerSource", "AcceptBacklog", "Sockets", "PrivateKey", "NextPrivateKey", "TokenKey", "PublicAddrs",
 		"ServerID", "CookieThreshold", "TCP", "HTTP"}
 )
 
@@ -648,6 +656,8 @@ func (c *Config) set(field string) bool {
 		return c.Sockets != 0
 	case "PrivateKey":
 		return c.PrivateKey != nil
+	case "NextPrivateKey":
+		return c.NextPrivateKey != nil
 	case "TokenKey":
 		return c.TokenKey != nil
 	case "PublicAddrs":
@@ -769,6 +779,7 @@ func (c *Config) resolve() *config {
 		r.pathExtra = min(path, maxDatagramSizeLimit) - r.maxDatagram
 	}
 	r.privateKey = bytes.Clone(c.PrivateKey)
+	r.nextPrivateKey = bytes.Clone(c.NextPrivateKey)
 	r.serverKey = bytes.Clone(c.ServerKey)
 	r.tokenKey = bytes.Clone(c.TokenKey)
 	r.token = bytes.Clone(c.Token)

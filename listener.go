@@ -77,6 +77,8 @@ type Listener struct {
 	// a client that moved may reach another of them.
 	cidMu sync.Mutex
 	cids  map[uint32]*Conn
+	// The private keys handshakes are read under (serverkey.go).
+	keys atomic.Pointer[serverKeys]
 
 	// Config.TCP: the TCP socket on the same port, and the stream
 	// connections (stream_listen.go), true once established (under mu).
@@ -243,6 +245,9 @@ func startListener(rc *config, laddr *net.UDPAddr, socks []socket, o *endpointOp
 	}
 	l.open.Store(true)
 	if rc.privateKey != nil {
+		if err := l.SetKeys(rc.privateKey, rc.nextPrivateKey); err != nil {
+			return fail(err)
+		}
 		l.cookies = newCookieJar()
 		l.hs = newHandshakes(seenWindow(rc))
 		if rc.tokenKey != nil {

@@ -192,6 +192,7 @@ func (l *Listener) dropCID(c *Conn) {
 		delete(l.cids, c.sec.cid)
 	}
 	l.cidMu.Unlock()
+	l.dropSpares(c)
 }
 
 // routeByID hands a datagram from an address with no connection (or

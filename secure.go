@@ -153,6 +153,10 @@ type secureState struct {
 	cid       uint32    // connection ID, the server's choice; 0 until known
 	newest    bool      // the last datagram open returned had the highest packet number so far
 	path      pathCheck // server: a new client address being checked
+
+	// Spare connection IDs (cidrotation.go).
+	rot cidRotation
+
 	// A server's: an authenticated datagram came from the connection's
 	// address, or a path check moved it (Conn.proven); the connection
 	// opened before that waits to be offered (offerWait).
@@ -447,7 +451,7 @@ func (s *secureState) open(b []byte) (pt []byte, fresh bool) {
 	if !s.initiator {
 		ad += cidSize
 	}
-	if err != nil || len(b)-ad < sealOverhead || ad > n && binary.LittleEndian.Uint32(b[n:]) != s.cid {
+	if err != nil || len(b)-ad < sealOverhead || ad > n && !s.openCID(binary.LittleEndian.Uint32(b[n:])) {
 		s.invalid++
 		return nil, false
 	}
@@ -546,6 +550,9 @@ func (c *config) secureListener() error {
 	if c.tokenKey != nil && c.privateKey == nil {
 		return errTokenKeyAlone
 	}
+	if c.nextPrivateKey != nil && c.privateKey == nil {
+		return errNextKeyAlone
+	}
 	if c.privateKey == nil {
 		return nil
 	}
@@ -558,7 +565,7 @@ func (c *config) secureListener() error {
 	}
 	c.publicKey = pub
 	c.dialect = DialectSpec
-	return nil
+	return c.checkNextKey()
 }
 
 // secureDialer checks a Dial's resolved Config: the server's key.

@@ -258,6 +258,7 @@ func (s *secureState) takeCookie(sess *session, cookie []byte) {
 // sealOut seals what the session sends, or ends the connection if it
 // cannot be sealed (nil: nothing goes).
 func (c *Conn) sealOut(b, spare []byte) []byte {
+	c.rotateIfAsked()
 	out, err := c.sec.sealOut(c.sess, b, spare)
 	if err != nil {
 		c.sess.fail(err)
@@ -308,12 +309,14 @@ func (c *Conn) takeSecure(now time.Time, p *packet) {
 		return
 	}
 	if !c.sess.client {
+		c.cidSeen()
 		c.checkPath(now, p.from, size)
 	}
 	c.sess.handleSealed(now, b, fresh)
 	if data, ok := c.sess.pathResponse(); ok {
 		c.pathAnswered(p.from, data)
 	}
+	c.cidMessages(now)
 	if atPeer && !c.sec.proven && !c.sess.client {
 		c.proven()
 	}

@@ -23,11 +23,21 @@ type pathState struct {
 	// datagram carried one (keyupdate.go).
 	kuGot   bool
 	kuFlags byte
+	// The connection ID rotation message heard (cidrotation.go), its
+	// length; 0 if none.
+	cidMsg [maxCIDMessage]byte
+	cidLen int
 }
 
 // handlePath takes a PathChallenge (a client answers the latest one) or a
 // PathResponse (a server's connection checks it against its challenge).
 func (s *session) handlePath(p []byte) {
+	if len(p) > 0 && (p[0] == pathNewCIDs || p[0] == pathWantCIDs) {
+		if len(p) <= len(s.path.cidMsg) {
+			s.path.cidLen = copy(s.path.cidMsg[:], p)
+		}
+		return
+	}
 	if len(p) != 1+pathDataSize {
 		return
 	}
@@ -59,6 +69,17 @@ func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
 	}
 	s.path.got = false
 	return s.path.heard, true
+}
+
+// cidMessage returns the connection ID rotation message the last datagram
+// carried, if any (cidrotation.go). It aliases the session's buffer.
+func (s *session) cidMessage() []byte {
+	n := s.path.cidLen
+	if n == 0 {
+		return nil
+	}
+	s.path.cidLen = 0
+	return s.path.cidMsg[:n]
 }
 
 // pathChallenge builds, in buf, a new datagram holding a PathChallenge
