@@ -460,6 +460,9 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			}
 			ep.mu.Lock()
 			runConn = nil
+		case ep.directAnswer(addr, p.b):
+			// The host's answer to a relayed connection's probe (relay.go).
+			ep.putPacket(p)
 		default:
 			// A dialed socket outliving its connection (connDone):
 			// the peer may still wait for our DisconnectAck.
