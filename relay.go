@@ -1,6 +1,7 @@
 package knet
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -164,14 +165,16 @@ func (c *Conn) Route() Route {
 type relayRoute struct {
 	via   netip.AddrPort
 	token [8]byte
-	retry bool // the joiner's probes run: the reader looks for answers
+	peers []netip.AddrPort // the host's candidates: an answer counts from their addresses only
+	retry bool             // the joiner's probes run: the reader looks for answers
 	found atomic.Pointer[netip.AddrPort]
 }
 
 // relayServer is a Listener's relay role (ServeRelay).
 type relayServer struct {
-	on     atomic.Bool
-	listen func(network string, laddr *net.UDPAddr) (*net.UDPConn, error) // tests: a socket in a namespace
+	on      atomic.Bool
+	listen  func(network string, laddr *net.UDPAddr) (*net.UDPConn, error) // tests: a socket in a namespace
+	bindTTL time.Duration                                                  // tests: relayBindTTL if 0
 
 	mu     sync.Mutex
 	cfg    RelayConfig
@@ -308,7 +311,7 @@ func (l *Listener) allocate() (*relayAlloc, error) {
 	}
 	r.allocs[a] = struct{}{}
 	r.allocated.Add(1)
-	go a.run(r.cfg.IdleTimeout)
+	go a.run(cmp.Or(r.bindTTL, relayBindTTL), r.cfg.IdleTimeout)
 	return a, nil
 }
 
@@ -330,8 +333,8 @@ func (l *Listener) relayAllocations() int {
 }
 
 // run reads the allocation's socket until it is idle too long (or its
-// sides did not bind in time) or closed.
-func (a *relayAlloc) run(idle time.Duration) {
+// sides did not bind within bindTTL) or closed.
+func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 	r := &a.l.relay
 	defer func() {
 		a.pc.Close()
@@ -340,7 +343,7 @@ func (a *relayAlloc) run(idle time.Duration) {
 		r.mu.Unlock()
 	}()
 	buf := make([]byte, relayMaxDatagram+1)
-	deadline := time.Now().Add(relayBindTTL)
+	deadline := time.Now().Add(bindTTL)
 	for {
 		a.pc.SetReadDeadline(deadline)
 		n, from, err := a.pc.ReadFromUDPAddrPort(buf)
@@ -548,7 +551,7 @@ func dialRelayed(ctx context.Context, pc net.PacketConn, in Introduction, cfg *C
 	if err != nil {
 		return nil, err
 	}
-	r := &relayRoute{via: in.Relay, token: in.Token, retry: c.sec != nil}
+	r := &relayRoute{via: in.Relay, token: in.Token, peers: in.Peer, retry: c.sec != nil}
 	c.relay.Store(r)
 	if r.retry {
 		go c.retryDirect(in)
@@ -591,13 +594,24 @@ func (ep *endpoint) directAnswer(from netip.AddrPort, b []byte) bool {
 			return false
 		}
 		kind, token, _, ok := parseQueryDatagram(b)
-		if !ok || (kind != punchKindAnswer && kind != punchKindProbe) || token != r.token {
+		if !ok || (kind != punchKindAnswer && kind != punchKindProbe) || token != r.token || !r.fromHost(from) {
 			return false
 		}
 		if r.found.CompareAndSwap(nil, &from) {
 			c.kick()
 		}
 		return true
+	}
+	return false
+}
+
+// fromHost reports whether from is at one of the host's candidates'
+// addresses (its port may be another, which the host's NAT chose).
+func (r *relayRoute) fromHost(from netip.AddrPort) bool {
+	for _, p := range r.peers {
+		if p.Addr() == from.Addr() {
+			return true
+		}
 	}
 	return false
 }
@@ -629,6 +643,10 @@ func (c *Conn) takeDirect(now time.Time) {
 		ep.write(found, *to)
 	}
 	c.sess.moved(now)
+	// A fresh datagram (a ping) goes now, whatever else is to send: it
+	// starts the host's check of the new path; resends, which keep their
+	// packet numbers, cannot (Conn.checkPath).
+	c.sess.live.nextPing = now
 	if c.sec != nil {
 		c.sec.migrations++
 	}
