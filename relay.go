@@ -658,7 +658,8 @@ func (c *Conn) takeDirect(now time.Time) {
 // relayHost is a host's part in a relayed connection: from its Punch's
 // start it binds its Listener's socket to the relay in in, again every
 // relayBindResend until bound, then every second while no connection is
-// at the relay's address, for relayBindTTL at most; the relay counts as
+// at the relay's address, for relayBindTTL at most, and no more once the
+// joiner said it found a direct path (punched); the relay counts as
 // such for Route until the connection there ends or moves. A secure
 // Listener then keeps the token of in (answering the joiner's probes)
 // and probes the joiner's candidates every relayRetryInterval, for
@@ -689,14 +690,21 @@ func (l *Listener) relayHost(in Introduction, punched <-chan bool) {
 	ask := appendQueryDatagram(nil, relayKindBind, &nonce, appendRelayBind(nil, nil, in.RelayToken[:]), queryPadTo)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	bound := false
+	bound, over := false, false
 	end := time.Now().Add(relayBindTTL)
-	// Binding, until a connection is at the relay.
+	// Binding, until a connection is at the relay, or the joiner found a
+	// direct path.
 	for l.connAt(in.Relay) == nil {
 		if time.Now().After(end) {
 			return
 		}
 		select {
+		case direct := <-punched:
+			if direct {
+				return
+			}
+			over = true
+			punched = nil // Punch is over: keep binding for the joiner's connection
 		case b := <-w.got:
 			switch b[0] {
 			case relayProve:
@@ -724,13 +732,15 @@ func (l *Listener) relayHost(in Introduction, punched <-chan bool) {
 		return // a plaintext connection stays relayed: it cannot move
 	}
 	// Punch is over (the joiner's word stops it), then the retries.
-	select {
-	case direct := <-punched:
-		if direct {
+	if !over {
+		select {
+		case direct := <-punched:
+			if direct {
+				return
+			}
+		case <-l.closed:
 			return
 		}
-	case <-l.closed:
-		return
 	}
 	seen := make(chan struct{}, 1)
 	l.punch.mu.Lock()

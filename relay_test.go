@@ -448,3 +448,21 @@ func TestRelayErrNoIntroducer(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoHost)
 	assert.NotErrorIs(t, err, ErrNoIntroducer)
 }
+
+// With a relay offered and a direct path open (loopback), the
+// connection is direct: nothing goes through the relay, and the host
+// stops binding to it once the joiner said it found the path.
+func TestRelayUnusedWhenDirect(t *testing.T) {
+	l := relayOnLoopback(t, RelayConfig{})
+	hostCfg, joinCfg := secureConfigs(t)
+	c, sc, host := hostAndJoin(t, l, hostCfg, joinCfg, 0)
+	assert.Equal(t, RouteDirect, c.Route())
+	assert.Equal(t, RouteDirect, sc.Route())
+	assert.Equal(t, addrPortFromNet(t, host.Addr()), addrPortFromNet(t, c.RemoteAddr()))
+	require.Eventually(t, func() bool {
+		host.relayUse.mu.Lock()
+		defer host.relayUse.mu.Unlock()
+		return len(host.relayUse.peers) == 0
+	}, 2*time.Second, time.Millisecond, "the host's binding to the relay ended")
+	assert.Zero(t, l.Stats().RelayForwarded)
+}
