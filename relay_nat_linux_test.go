@@ -96,26 +96,31 @@ func connectNAT(t *testing.T, n *nattest.Net, hostCfg, joinCfg *Config, relayFir
 }
 
 // Two symmetric NATs, which no probe gets through (TestNATPunch), connect
-// through the introducer's relay: the joiner's connection is to the
+// through the introducer's relay, and so does a port-restricted cone
+// hosting for a symmetric NAT: the joiner's connection is to the
 // relay's allocation, the host's Listener accepts it from there as any
 // other, both say the route is relayed, and reliable messages go both
 // ways, in a plaintext and a secure session. The secure one's datagrams
 // cross the relay sealed: the relay forwards them and holds no key.
 func TestNATRelaySymmetricPair(t *testing.T) {
-	for _, secure := range []bool{false, true} {
-		name := "plaintext"
+	for _, tc := range []struct {
+		host   nattest.Type
+		secure bool
+	}{{nattest.Symmetric, false}, {nattest.Symmetric, true}, {nattest.PortRestrictedCone, true}} {
+		secure := tc.secure
+		name := fmt.Sprintf("%v-hosts-plaintext", tc.host)
 		if secure {
-			name = "secure"
+			name = fmt.Sprintf("%v-hosts-secure", tc.host)
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			n := nattest.New(t, nattest.Symmetric, nattest.Symmetric, nil)
+			n := nattest.New(t, tc.host, nattest.Symmetric, nil)
 			hostCfg, joinCfg := testConfig(), testConfig()
 			if secure {
 				hostCfg, joinCfg = secureConfigs(t)
 			}
 			p := connectNAT(t, n, hostCfg, joinCfg, 0)
-			t.Logf("symmetric pair, %s: relayed through %v in %v from the ask", name, p.c.RemoteAddr(), p.connected.Round(time.Millisecond))
+			t.Logf("%s, symmetric joins: relayed through %v in %v from the ask", name, p.c.RemoteAddr(), p.connected.Round(time.Millisecond))
 			assert.Equal(t, p.in.Relay, p.c.RemoteAddr().(*net.UDPAddr).AddrPort(), "the joiner's peer is the relay's allocation")
 			assert.Equal(t, p.in.Relay, p.sc.RemoteAddr().(*net.UDPAddr).AddrPort(), "the host sees the joiner at the allocation")
 			assert.Equal(t, RouteRelayed, p.c.Route())
