@@ -724,7 +724,10 @@ asking:
 // token (each no larger than the probe, at the rates of every answer to
 // an address without a connection), so that the joiner learns which
 // candidate of the host's gets through. The joiner's connection is then
-// accepted as any other (AcceptConn). It returns nil once its probes are
+// accepted as any other (AcceptConn). If in offers a relay (Relay), the
+// Listener also binds to it from the start, so that a joiner who finds no
+// direct path connects through it, and, if secure, goes on probing the
+// joiner while relayed (relay.go). It returns nil once its probes are
 // sent, or ctx's error, or net.ErrClosed.
 func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 	if ctx == nil {
@@ -795,9 +798,12 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 // probe or an answer carrying the token comes from: the host's
 // candidate that answered, or the address a host's probe came from (the
 // port its NAT chose for this joiner). pc should be the socket Join
-// asked from. It fails with ErrNoDirectPath if nothing came in time. As
-// with DialPacket, the Conn owns pc, which is closed if DialCandidates
-// fails.
+// asked from. If nothing came in time and in offers a relay (Relay), it
+// connects through the relay instead (relay.go: Conn.Route says
+// RouteRelayed), and a secure connection keeps probing and moves to a
+// direct path when one opens; it fails with ErrRelayRefused if the relay
+// refused. Without a relay it fails with ErrNoDirectPath. As with
+// DialPacket, the Conn owns pc, which is closed if DialCandidates fails.
 func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg *Config) (*Conn, error) {
 	if ctx == nil {
 		return nil, errNilContext
