@@ -475,11 +475,14 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 	ep.runBuf = run[:0]
 }
 
-// remove forgets c's address.
+// remove forgets c's address, and the relay's it left (relay.go).
 func (ep *endpoint) remove(c *Conn) {
 	ep.mu.Lock()
 	if ep.conns[c.raddr] == c {
 		delete(ep.conns, c.raddr)
+	}
+	if r := c.relay.Load(); r != nil && ep.conns[r.via] == c {
+		delete(ep.conns, r.via)
 	}
 	ep.mu.Unlock()
 	if ep.l != nil {

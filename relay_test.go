@@ -428,6 +428,14 @@ func TestRelayThenDirectLoopback(t *testing.T) {
 		require.Equal(t, byte(sent+i), m.Payload[0])
 	}
 	assert.Positive(t, sc.Stats().Migrations)
+	// Closed, the joiner's connection leaves its socket's table at both
+	// addresses, the relay's and the host's.
+	require.NoError(t, c.Close())
+	require.Eventually(t, func() bool {
+		c.ep.mu.Lock()
+		defer c.ep.mu.Unlock()
+		return len(c.ep.conns) == 0
+	}, 5*time.Second, time.Millisecond)
 }
 
 // Join and Host name the introducer when it never answers.
