@@ -438,6 +438,20 @@ func TestRelayThenDirectLoopback(t *testing.T) {
 	}, 5*time.Second, time.Millisecond)
 }
 
+// A relay that never answers the joiner's bind: DialCandidates fails with
+// a TimeoutError naming the relay, after 3 s.
+func TestRelaySilentRelay(t *testing.T) {
+	silent := udpSide(t) // reads nothing, answers nothing
+	at := silent.LocalAddr().(*net.UDPAddr).AddrPort()
+	in := Introduction{Peer: []netip.AddrPort{at}, Relay: at, relayFirst: time.Second}
+	_, err := DialCandidates(within(t, 10*time.Second), udpSide(t), in, testConfig())
+	var te *TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, "relay", te.Op)
+	assert.Contains(t, err.Error(), at.String(), "the error names the relay")
+	assert.NotErrorIs(t, err, ErrRelayRefused)
+}
+
 // Join and Host name the introducer when it never answers.
 func TestRelayErrNoIntroducer(t *testing.T) {
 	silent := udpSide(t) // reads nothing, answers nothing
