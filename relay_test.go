@@ -452,6 +452,20 @@ func TestRelaySilentRelay(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrRelayRefused)
 }
 
+// A relay that refuses the joiner's token (a side taken by another
+// address, an allocation for someone else): ErrRelayRefused.
+func TestRelayRefusesToken(t *testing.T) {
+	l := relayOnLoopback(t, RelayConfig{})
+	ht, jt, err := l.AllocateRelay(netip.MustParseAddr("127.0.0.1"))
+	require.NoError(t, err)
+	s, _ := bindAs(t, udpSide(t), jt.Relay, jt.Token[:]) // the joiner's side, taken
+	require.Equal(t, byte(relayBound), s)
+	in := Introduction{Peer: []netip.AddrPort{ht.Relay}, Relay: jt.Relay, RelayToken: jt.Token, relayFirst: time.Second}
+	_, err = DialCandidates(within(t, 10*time.Second), udpSide(t), in, testConfig())
+	require.ErrorIs(t, err, ErrRelayRefused)
+	assert.Contains(t, err.Error(), jt.Relay.String())
+}
+
 // Join and Host name the introducer when it never answers.
 func TestRelayErrNoIntroducer(t *testing.T) {
 	silent := udpSide(t) // reads nothing, answers nothing
