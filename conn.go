@@ -38,9 +38,6 @@ type Conn struct {
 	readOn   atomic.Bool   // a Listener's Drain closed it: Receive goes on until the end (drain.go)
 	userData atomic.Value  // SetUserData's
 
-	// The relay it runs through, or ran through (relay.go).
-	relay atomic.Pointer[relayRoute]
-
 	// The three ways in and out of the rounds, each behind its own mutex.
 	inbox connInbox     // datagrams from the socket reader
 	sendq connSendQueue // messages from the application

@@ -87,7 +87,7 @@ func (c *Conn) round(d *driver) (done bool) {
 	c.parked.Store(false)
 	for {
 		now := c.drainInbox()
-		if c.relay.Load() != nil {
+		if c.ep.relay.Load() != nil {
 			c.takeDirect(now) // relay.go
 		}
 		if !c.sched.next.IsZero() && !now.Before(c.sched.next) {

@@ -45,6 +45,10 @@ type endpoint struct {
 	readerDone chan struct{}
 	closeOnce  sync.Once
 
+	// A dialed connection's relay, if it dialed through one (relay.go):
+	// on the endpoint, which is the connection's own, to keep Conn small.
+	relay atomic.Pointer[relayRoute]
+
 	// Atomic.
 	invalid atomic.Uint64 // malformed datagrams from unknown endpoints
 	stray   atomic.Uint64 // datagrams for no connection
@@ -481,7 +485,7 @@ func (ep *endpoint) remove(c *Conn) {
 	if ep.conns[c.raddr] == c {
 		delete(ep.conns, c.raddr)
 	}
-	if r := c.relay.Load(); r != nil && ep.conns[r.via] == c {
+	if r := ep.relay.Load(); r != nil && ep.conns[r.via] == c {
 		delete(ep.conns, r.via)
 	}
 	ep.mu.Unlock()

@@ -149,7 +149,7 @@ func (c *Conn) Route() Route {
 		return RouteDirect
 	}
 	at := unmap(remote.AddrPort())
-	if r := c.relay.Load(); r != nil && r.via == at {
+	if r := c.ep.relay.Load(); r != nil && r.via == at {
 		return RouteRelayed
 	}
 	if l := c.ep.l; l != nil && l.relayUse.isRelay(at) {
@@ -158,7 +158,8 @@ func (c *Conn) Route() Route {
 	return RouteDirect
 }
 
-// relayRoute is a relayed connection's: the relay's address, and, while
+// relayRoute is a relayed joiner's connection's (on its endpoint): the
+// relay's address, and, while
 // the joiner tries direct paths, the token of its probes and the
 // address a probe's answer came from (set by the socket's reader, taken
 // by the round).
@@ -378,10 +379,11 @@ func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 			r.limited.Add(1)
 			continue
 		}
-		if _, err := a.pc.WriteToUDPAddrPort(b, a.addrs[1-side]); err == nil {
-			r.forwarded.Add(1)
-			r.forwardedBytes.Add(uint64(n))
-		}
+		// Counted before it goes, so that whoever reads it finds it
+		// counted.
+		r.forwarded.Add(1)
+		r.forwardedBytes.Add(uint64(n))
+		a.pc.WriteToUDPAddrPort(b, a.addrs[1-side])
 		deadline = now.Add(idle)
 	}
 }
@@ -442,7 +444,7 @@ func (a *relayAlloc) bind(from netip.AddrPort, in int, nonce *[queryNonceSize]by
 	}
 	d := appendQueryDatagram(nil, relayKindBound, nonce, ans, 0)
 	if a.l.mayAnswerUnconnected(from, in, len(d)) {
-		r.answered.Add(1)
+		r.answered.Add(1) // before it goes, as forwarded datagrams
 		a.pc.WriteToUDPAddrPort(d, from)
 	} else {
 		r.dropped.Add(1)
@@ -552,7 +554,7 @@ func dialRelayed(ctx context.Context, pc net.PacketConn, in Introduction, cfg *C
 		return nil, err
 	}
 	r := &relayRoute{via: in.Relay, token: in.Token, peers: in.Peer, retry: c.sec != nil}
-	c.relay.Store(r)
+	c.ep.relay.Store(r)
 	if r.retry {
 		go c.retryDirect(in)
 	}
@@ -588,21 +590,22 @@ func (c *Conn) retryDirect(in Introduction) {
 // address with no connection, which may be the host's answer to a
 // relayed connection's probe. It reports whether it was (ep.mu held).
 func (ep *endpoint) directAnswer(from netip.AddrPort, b []byte) bool {
-	for _, c := range ep.conns {
-		r := c.relay.Load()
-		if r == nil || !r.retry {
-			return false
-		}
-		kind, token, _, ok := parseQueryDatagram(b)
-		if !ok || (kind != punchKindAnswer && kind != punchKindProbe) || token != r.token || !r.fromHost(from) {
-			return false
-		}
-		if r.found.CompareAndSwap(nil, &from) {
-			c.kick()
-		}
-		return true
+	r := ep.relay.Load()
+	if r == nil || !r.retry {
+		return false
 	}
-	return false
+	c := ep.conns[r.via]
+	if c == nil {
+		return false
+	}
+	kind, token, _, ok := parseQueryDatagram(b)
+	if !ok || (kind != punchKindAnswer && kind != punchKindProbe) || token != r.token || !r.fromHost(from) {
+		return false
+	}
+	if r.found.CompareAndSwap(nil, &from) {
+		c.kick()
+	}
+	return true
 }
 
 // fromHost reports whether from is at one of the host's candidates'
@@ -623,7 +626,7 @@ func (r *relayRoute) fromHost(from netip.AddrPort) bool {
 // The relay's address stays the connection's on the endpoint, so that
 // what the host sent before it moved is taken as it arrives.
 func (c *Conn) takeDirect(now time.Time) {
-	r := c.relay.Load()
+	r := c.ep.relay.Load()
 	if r == nil || !r.retry {
 		return
 	}
@@ -727,7 +730,14 @@ func (l *Listener) relayHost(in Introduction, punched <-chan bool) {
 		}
 	}
 	c := l.connAt(in.Relay)
-	c.relay.Store(&relayRoute{via: in.Relay})
+	// The relay counts as such for Route while the connection lives
+	// (the deferred removal from peers waits for this one).
+	defer func() {
+		select {
+		case <-c.done:
+		case <-l.closed:
+		}
+	}()
 	if l.cfg.privateKey == nil {
 		return // a plaintext connection stays relayed: it cannot move
 	}

@@ -373,7 +373,7 @@ func TestRelayPlaintextStaysRelayed(t *testing.T) {
 		require.Equal(t, RouteRelayed, c.Route())
 		require.Equal(t, RouteRelayed, sc.Route())
 		// The host's answer to a probe, as its Listener would send it.
-		r := c.relay.Load()
+		r := c.ep.relay.Load()
 		answer := appendQueryDatagram(nil, punchKindAnswer, &r.token, nil, 0)
 		host.eps[0].write(answer, addrPortFromNet(t, c.LocalAddr()))
 		ctx := within(t, 5*time.Second)
