@@ -36,8 +36,9 @@ import (
 //     address reflection's ask (reflect.go) gets an answer only if it
 //     was padded to 1200 bytes, never with more bytes than it had, and
 //     within one rate per source and one overall that both share
-//     (answerUnconnected): a spoofed source makes the listener send its
-//     victim no more than it sent, at a bounded rate.
+//     (answerUnconnected; mayAnswerUnconnected for a relay allocation's
+//     socket): a spoofed source makes the listener send its victim no
+//     more than it sent, at a bounded rate.
 //
 // The UDP path (listener.go: handleNew, admitSecure) and the streams'
 // (stream_listen.go: takeStream; stream_door.go: the first frames) call
@@ -784,10 +785,17 @@ func (l *Listener) sendUnproven(ep *endpoint, addr netip.AddrPort, in, d []byte)
 // reports whether d was sent, counted in answered before it goes (so
 // that whoever reads the answer finds it counted).
 func (l *Listener) answerUnconnected(ep *endpoint, addr netip.AddrPort, in int, d []byte, answered *atomic.Uint64) bool {
-	if in < queryPadTo || len(d) > in || !l.query.allow(addr.Addr(), time.Now()) {
+	if !l.mayAnswerUnconnected(addr, in, len(d)) {
 		return false
 	}
 	answered.Add(1)
 	ep.write(d, addr)
 	return true
+}
+
+// mayAnswerUnconnected is answerUnconnected's rule, for an answer of out
+// bytes that leaves by another socket than the Listener's own: a relay
+// allocation's (relay.go). It takes the answer's place in the rates.
+func (l *Listener) mayAnswerUnconnected(addr netip.AddrPort, in, out int) bool {
+	return in >= queryPadTo && out <= in && l.query.allow(addr.Addr(), time.Now())
 }

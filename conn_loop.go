@@ -87,6 +87,9 @@ func (c *Conn) round(d *driver) (done bool) {
 	c.parked.Store(false)
 	for {
 		now := c.drainInbox()
+		if c.ep.relay.Load() != nil {
+			c.takeDirect(now) // relay.go
+		}
 		if !c.sched.next.IsZero() && !now.Before(c.sched.next) {
 			// What arrived while we waited went before the timers: a
 			// held message must not outlive its reorder window because

@@ -250,6 +250,10 @@ func describeQuery(p []byte) (string, bool) {
 		return " introduction ask nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
 	case introKindAnswer:
 		return " introduction nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
+	case relayKindBind:
+		return " relay bind nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
+	case relayKindBound:
+		return " relay answer nonce=" + nonce + " len=" + strconv.Itoa(len(rest)), true
 	}
 	return "", false
 }

@@ -45,6 +45,10 @@ type endpoint struct {
 	readerDone chan struct{}
 	closeOnce  sync.Once
 
+	// A dialed connection's relay, if it dialed through one (relay.go):
+	// on the endpoint, which is the connection's own, to keep Conn small.
+	relay atomic.Pointer[relayRoute]
+
 	// Atomic.
 	invalid atomic.Uint64 // malformed datagrams from unknown endpoints
 	stray   atomic.Uint64 // datagrams for no connection
@@ -460,6 +464,9 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 			}
 			ep.mu.Lock()
 			runConn = nil
+		case ep.directAnswer(addr, p.b):
+			// The host's answer to a relayed connection's probe (relay.go).
+			ep.putPacket(p)
 		default:
 			// A dialed socket outliving its connection (connDone):
 			// the peer may still wait for our DisconnectAck.
@@ -472,11 +479,14 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 	ep.runBuf = run[:0]
 }
 
-// remove forgets c's address.
+// remove forgets c's address, and the relay's it left (relay.go).
 func (ep *endpoint) remove(c *Conn) {
 	ep.mu.Lock()
 	if ep.conns[c.raddr] == c {
 		delete(ep.conns, c.raddr)
+	}
+	if r := ep.relay.Load(); r != nil && ep.conns[r.via] == c {
+		delete(ep.conns, r.via)
 	}
 	ep.mu.Unlock()
 	if ep.l != nil {

@@ -260,7 +260,7 @@ var errNilContext = errors.New("knet: nil context")
 // the server) when no answer came.
 type TimeoutError struct {
 	Silent time.Duration
-	Op     string // "connect", "disconnect", "query" (Query), "reflect" (Reflect, Listener.Reflect), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout), "resume" (an established connection suspended for ResumeTimeout without hearing its peer) or "" for an established connection
+	Op     string // "connect", "disconnect", "query" (Query), "reflect" (Reflect, Listener.Reflect), "relay" (DialCandidates: the relay never answered), "frame" (a stream's frame neither whole nor 4 KiB further within the lost timeout), "resume" (an established connection suspended for ResumeTimeout without hearing its peer) or "" for an established connection
 }
 
 func (e *TimeoutError) Error() string {
@@ -275,6 +275,8 @@ func (e *TimeoutError) Error() string {
 		return "knet: no answer from the reflector (address discovery) within " + e.Silent.String()
 	case "resume":
 		return "knet: peer silent for " + e.Silent.String() + ", not back within ResumeTimeout"
+	case "relay":
+		return "knet: no answer from the relay within " + e.Silent.String()
 	case "frame":
 		return "knet: a frame neither whole nor 4 KiB further after " + e.Silent.String() + " (ConnectionLostTimeout)"
 	}
@@ -287,7 +289,7 @@ func (e *TimeoutError) Temporary() bool { return false }
 // and errors.Is(err, os.ErrDeadlineExceeded) for a handshake, query or
 // reflection timeout.
 func (e *TimeoutError) Unwrap() error {
-	if e.Op == "connect" || e.Op == "query" || e.Op == "reflect" {
+	if e.Op == "connect" || e.Op == "query" || e.Op == "reflect" || e.Op == "relay" {
 		return errDeadline
 	}
 	return net.ErrClosed

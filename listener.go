@@ -69,6 +69,10 @@ type Listener struct {
 	// Address reflection (reflect.go): this Listener's own asks.
 	reflect reflectState
 	punch   punchState // hole punching and introductions (punch.go)
+	// The relay it serves (ServeRelay), and the relays its Punch calls
+	// bound to (relay.go).
+	relay    relayServer
+	relayUse relayUse
 
 	// budget bounds what all the connections hold (budget.go).
 	budget *receiveBudget
@@ -108,6 +112,14 @@ type ListenerStats struct {
 	ReflectionsDropped  uint64 // address reflections not answered: Stealth, shorter than 1200 bytes, or over the rate limits (shared with queries)
 	PunchAnswered       uint64 // introductions (ServeIntroductions) and punch probes (Punch) answered
 	PunchDropped        uint64 // introduction asks and punch probes with a token of a running Punch not answered: malformed, shorter than 1200 bytes, or over the rate limits (shared with queries)
+	// A relay's (ServeRelay, relay.go).
+	RelayAllocations    int    // allocations held now (each a socket)
+	RelayAllocated      uint64 // allocations made
+	RelayRefused        uint64 // allocations refused (full), and binds refused (a token of no side, or of a side proven at another address)
+	RelayForwarded      uint64 // datagrams forwarded between the proven sides of an allocation
+	RelayForwardedBytes uint64 // their bytes
+	RelayLimited        uint64 // datagrams not forwarded: over the allocation's or the relay's bandwidth (RelayConfig)
+	RelayDropped        uint64 // datagrams not forwarded nor answered: from an address not proven, before the other side was, malformed, too large, or binds over the rates of answers without a connection
 	Sockets             int    // sockets sharing the address (Config.Sockets)
 	// Writes to the socket(s): each a system call on Linux as a rule
 	// (sendmmsg for a batch of datagrams, sendto for one), whatever the
@@ -380,6 +392,13 @@ func (l *Listener) Stats() ListenerStats {
 	st.ReflectionsDropped = l.reflect.dropped.Load()
 	st.PunchAnswered = l.punch.answered.Load()
 	st.PunchDropped = l.punch.dropped.Load()
+	st.RelayAllocations = l.relayAllocations()
+	st.RelayAllocated = l.relay.allocated.Load()
+	st.RelayRefused = l.relay.refused.Load()
+	st.RelayForwarded = l.relay.forwarded.Load()
+	st.RelayForwardedBytes = l.relay.forwardedBytes.Load()
+	st.RelayLimited = l.relay.limited.Load()
+	st.RelayDropped = l.relay.dropped.Load()
 	st.KeyExchanges = l.keyExchanges.Load()
 	st.ReplayedHandshakes = l.replayedHandshakes.Load()
 	st.FailedStreams = l.failedStreams.Load()
@@ -415,6 +434,7 @@ func (l *Listener) Close() error {
 	close(l.closed)
 	l.closeTCP()
 	l.closeHTTP()
+	l.closeRelay()
 	l.mu.Lock()
 	l.closing = true
 	for i, j := range l.hs.queue {

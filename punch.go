@@ -98,6 +98,16 @@ type Introduction struct {
 	Peer  []netip.AddrPort
 	Token [8]byte
 	Start time.Time
+	// Relay is where to connect through when no direct path is found: a
+	// relay allocation (ServeRelay, AllocateRelay), which this side proves
+	// itself to with RelayToken. The zero AddrPort: no relay offered; port
+	// 0: the relay was full (DialCandidates fails with ErrRelayRefused).
+	Relay      netip.AddrPort
+	RelayToken [relayTokenSize]byte
+
+	// relayFirst (tests): no direct probing before the relay, and the
+	// retries while relayed start this much later.
+	relayFirst time.Duration
 }
 
 // Signal carries introductions between a host and a joiner by other means
@@ -144,6 +154,8 @@ type introHost struct {
 }
 
 type introJoiner struct {
+	relay    *relayAlloc // nil: no relay, or (relayFull) it was full
+	relayOn  bool
 	observed netip.AddrPort
 	locals   []netip.AddrPort
 	token    [8]byte
@@ -253,6 +265,9 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 	var token [8]byte
 	var start time.Time
 	var peer []netip.AddrPort
+	var relayPort uint16
+	var relayToken *[relayTokenSize]byte
+	relayOn := false
 	l.punch.mu.Lock()
 	h := l.punch.hosts[id]
 	if h != nil && now.Sub(h.seen) > introHostTTL {
@@ -287,6 +302,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				status, token, start = introIntroduced, j.token, j.start
 				peer = introPeer(j.observed, j.locals, h.observed)
 				j.told, j.toldTo = true, *nonce
+				relayOn, relayPort, relayToken = j.relayTicket(0)
 			}
 		}
 	case introRoleJoin:
@@ -297,14 +313,21 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				// told of yet.
 				j = &introJoiner{observed: addr, locals: locals, start: now.Add(introLead)}
 				rand.Read(j.token[:])
+				if l.relay.on.Load() {
+					// An allocation for the pair, in case no probe gets
+					// through (relay.go); a full relay is said as port 0.
+					j.relayOn = true
+					j.relay, _ = l.allocate()
+				}
 				h.joiner = j
 			}
 			status, token, start = introIntroduced, j.token, j.start
 			peer = introPeer(h.observed, h.locals, addr)
+			relayOn, relayPort, relayToken = j.relayTicket(1)
 		}
 	}
 	l.punch.mu.Unlock()
-	b := make([]byte, 0, 1+8+2+1+maxCandidates*2*reflectMaxBody)
+	b := make([]byte, 0, 1+8+2+1+maxCandidates*2*reflectMaxBody+2+relayTokenSize)
 	b = append(b, status)
 	if status == introIntroduced {
 		wait := max(start.Sub(now), 0).Milliseconds()
@@ -313,11 +336,27 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 		for _, c := range peer {
 			b = appendReflectBody(b, nonce, c)
 		}
+		if relayOn {
+			b = appendIntroRelay(b, relayPort, relayToken)
+		}
 	}
 	d := appendQueryDatagram(p.buf[:0], introKindAnswer, nonce, b, 0)
 	if !l.answerUnconnected(ep, addr, in, d, &l.punch.answered) {
 		l.punch.dropped.Add(1)
 	}
+}
+
+// relayTicket is side's (0 host, 1 joiner) part of the pair's relay
+// allocation, if the introducer offers one: its port (0 if the relay was
+// full) and the side's token.
+func (j *introJoiner) relayTicket(side int) (on bool, port uint16, token *[relayTokenSize]byte) {
+	if !j.relayOn {
+		return false, 0, nil
+	}
+	if j.relay == nil {
+		return true, 0, new([relayTokenSize]byte)
+	}
+	return true, j.relay.port, &j.relay.tokens[side]
 }
 
 // introPeer is the candidates an introducer tells of a side seen at
@@ -397,7 +436,7 @@ func parseCandidates(b []byte, nonce *[queryNonceSize]byte) ([]netip.AddrPort, b
 }
 
 // parseIntroduced reads an introduced answer's body after its status.
-func parseIntroduced(b []byte, nonce *[queryNonceSize]byte, now time.Time) (Introduction, bool) {
+func parseIntroduced(b []byte, nonce *[queryNonceSize]byte, now time.Time, introducer netip.AddrPort) (Introduction, bool) {
 	if len(b) < 8+2+1 {
 		return Introduction{}, false
 	}
@@ -410,6 +449,7 @@ func parseIntroduced(b []byte, nonce *[queryNonceSize]byte, now time.Time) (Intr
 		return Introduction{}, false
 	}
 	in.Peer = peer
+	parseIntroRelay(b[10+candidatesLen(b[10:]):], introducer, &in)
 	return in, true
 }
 
@@ -485,14 +525,16 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, nil, id, locals), queryPadTo)
 	t := time.NewTicker(introPoll)
 	defer t.Stop()
+	heard := false
 	for {
 		l.eps[0].write(ask, server)
 	wait:
 		select {
 		case b := <-w.got:
+			heard = true
 			switch b[0] {
 			case introIntroduced:
-				if in, ok := parseIntroduced(b[1:], &nonce, time.Now()); ok {
+				if in, ok := parseIntroduced(b[1:], &nonce, time.Now(), server); ok {
 					return in, nil
 				}
 			case introTaken:
@@ -505,6 +547,9 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 		case <-l.closed:
 			return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, net.ErrClosed)
 		case <-ctx.Done():
+			if !heard {
+				return Introduction{}, fmt.Errorf("knet: host %q via %v: %w (%w)", id, server, ErrNoIntroducer, ctx.Err())
+			}
 			return Introduction{}, ctx.Err()
 		case <-t.C:
 		}
@@ -532,24 +577,28 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 	locals := localCandidates(laddr)
 	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, nil, id, locals), queryPadTo)
 	var in Introduction
+	heard := false
 	err = askOver(ctx, pc, server, &ask, func(kind byte, got *[queryNonceSize]byte, body []byte) int {
 		if kind != introKindAnswer || *got != nonce || len(body) < 1 {
 			return askIgnore
 		}
+		heard = true
 		switch body[0] {
 		case introProve:
 			ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, body[1:], id, locals), queryPadTo)
 			return askAgain
 		case introIntroduced:
 			var ok bool
-			if in, ok = parseIntroduced(body[1:], &nonce, time.Now()); ok {
+			if in, ok = parseIntroduced(body[1:], &nonce, time.Now(), server); ok {
 				return askDone
 			}
 		}
 		return askIgnore
 	})
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !heard {
+			err = fmt.Errorf("%w (%w)", ErrNoIntroducer, err)
+		} else if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", ErrNoHost, err)
 		}
 		return Introduction{}, fmt.Errorf("knet: join %q via %v: %w", id, server, err)
@@ -675,11 +724,25 @@ asking:
 // token (each no larger than the probe, at the rates of every answer to
 // an address without a connection), so that the joiner learns which
 // candidate of the host's gets through. The joiner's connection is then
-// accepted as any other (AcceptConn). It returns nil once its probes are
+// accepted as any other (AcceptConn). If in offers a relay (Relay), the
+// Listener also binds to it from the start, so that a joiner who finds no
+// direct path connects through it, and, if secure, goes on probing the
+// joiner while relayed (relay.go). It returns nil once its probes are
 // sent, or ctx's error, or net.ErrClosed.
 func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 	if ctx == nil {
 		return errNilContext
+	}
+	direct := false // the joiner's word that it found a path came
+	if in.Relay.IsValid() && in.Relay.Port() != 0 {
+		// Bound to the relay from now, in case no probe gets through
+		// (relay.go); told at the end whether one did.
+		punched := make(chan bool, 1)
+		defer func() { punched <- direct }()
+		go l.relayHost(in, punched)
+	}
+	if in.relayFirst > 0 {
+		return nil
 	}
 	seen := make(chan struct{}, 1)
 	l.punch.mu.Lock()
@@ -691,7 +754,9 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 	l.punch.mu.Unlock()
 	defer func() {
 		l.punch.mu.Lock()
-		delete(l.punch.tokens, in.Token)
+		if l.punch.tokens[in.Token] == seen {
+			delete(l.punch.tokens, in.Token)
+		}
 		l.punch.recount()
 		l.punch.mu.Unlock()
 	}()
@@ -708,11 +773,13 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 			sent = true
 			round++
 			if heard {
+				direct = true
 				return nil
 			}
 			t.Reset(punchInterval)
 		case <-seen:
 			if sent {
+				direct = true
 				return nil // the joiner found a path after our probes went out
 			}
 			heard = true
@@ -731,14 +798,20 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 // probe or an answer carrying the token comes from: the host's
 // candidate that answered, or the address a host's probe came from (the
 // port its NAT chose for this joiner). pc should be the socket Join
-// asked from. It fails with ErrNoDirectPath if nothing came in time. As
-// with DialPacket, the Conn owns pc, which is closed if DialCandidates
-// fails.
+// asked from. If nothing came in time and in offers a relay (Relay), it
+// connects through the relay instead (relay.go: Conn.Route says
+// RouteRelayed), and a secure connection keeps probing and moves to a
+// direct path when one opens; it fails with ErrRelayRefused if the relay
+// refused. Without a relay it fails with ErrNoDirectPath. As with
+// DialPacket, the Conn owns pc, which is closed if DialCandidates fails.
 func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg *Config) (*Conn, error) {
 	if ctx == nil {
 		return nil, errNilContext
 	}
 	to, err := probeCandidates(ctx, pc, in)
+	if errors.Is(err, ErrNoDirectPath) && in.Relay.IsValid() {
+		return dialRelayed(ctx, pc, in, cfg) // relay.go
+	}
 	if err != nil {
 		pc.Close()
 		return nil, err
@@ -750,6 +823,9 @@ func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg
 func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (netip.AddrPort, error) {
 	if len(in.Peer) == 0 {
 		return netip.AddrPort{}, fmt.Errorf("knet: dial candidates: none given: %w", ErrNoDirectPath)
+	}
+	if in.relayFirst > 0 {
+		return netip.AddrPort{}, fmt.Errorf("knet: dial candidates: relayed first (a test's): %w", ErrNoDirectPath)
 	}
 	defer pc.SetReadDeadline(time.Time{})
 	probe := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, queryPadTo)

@@ -32,7 +32,7 @@ func TestPunchWire(t *testing.T) {
 	b := []byte{1, 2, 3, 4, 5, 6, 7, 8, 0, 200, 1}
 	b = appendReflectBody(b, &nonce, netip.MustParseAddrPort("203.0.113.11:40000"))
 	now := time.Now()
-	in, ok := parseIntroduced(b, &nonce, now)
+	in, ok := parseIntroduced(b, &nonce, now, netip.AddrPort{})
 	require.True(t, ok)
 	assert.Equal(t, [8]byte{1, 2, 3, 4, 5, 6, 7, 8}, in.Token)
 	assert.Equal(t, now.Add(200*time.Millisecond), in.Start)
@@ -48,7 +48,7 @@ func TestPunchWire(t *testing.T) {
 		if _, _, _, cs, ok := parseIntroAsk(buf[:n]); ok {
 			assert.LessOrEqual(t, len(cs), maxCandidates)
 		}
-		if in, ok := parseIntroduced(buf[:n], &nonce, now); ok {
+		if in, ok := parseIntroduced(buf[:n], &nonce, now, netip.AddrPort{}); ok {
 			assert.LessOrEqual(t, len(in.Peer), maxCandidates)
 		}
 	}

@@ -128,7 +128,7 @@ func parseQueryDatagram(b []byte) (kind byte, nonce [queryNonceSize]byte, body [
 		return 0, nonce, nil, false
 	}
 	kind = p[len(queryMagic)+1]
-	if kind < queryKindQuery || kind > introKindAnswer { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go)
+	if kind < queryKindQuery || kind > relayKindBound { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go); 9 and 10: relay (relay.go)
 		return 0, nonce, nil, false
 	}
 	p = p[len(queryMagic)+2:]
@@ -207,6 +207,9 @@ func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) boo
 		return true
 	case kind >= punchKindProbe && kind <= introKindAnswer:
 		return l.handlePunch(ep, addr, p, kind, &nonce, body)
+	case kind == relayKindBound && l.takeRelayAnswer(addr, &nonce, body):
+		ep.putPacket(p)
+		return true
 	case kind != queryKindQuery:
 		return false // an answer to no ask of ours, say: stray as before
 	}

@@ -187,6 +187,8 @@ type ListenerCollector struct {
 	keyExchanges, cookies, replayed    *prometheus.Desc
 	hsDropped, queries, reflections    *prometheus.Desc
 	punch                              *prometheus.Desc
+	relayAllocs, relayDatagrams        *prometheus.Desc
+	relayBytes, relayRefused           *prometheus.Desc
 	counters                           [len(connCounters)]*prometheus.Desc
 	perConn                            *connDescs // with PerConnection
 
@@ -237,6 +239,10 @@ func NewListenerCollector(l *knet.Listener, opts *Options) *ListenerCollector {
 	c.queries = desc("queries_total", "Server queries, by result: answered, dropped.", "result")
 	c.reflections = desc("reflections_total", "Address reflections (the address an asker is seen at), by result: answered, dropped.", "result")
 	c.punch = desc("punch_total", "Introduction asks and punch probes (hole punching), by result: answered, dropped.", "result")
+	c.relayAllocs = desc("relay_allocations", "Relay allocations held (ServeRelay), each a socket.")
+	c.relayDatagrams = desc("relay_datagrams_total", "Datagrams reaching a relay allocation, by result: forwarded, limited (over a bandwidth limit), dropped (from an address not proven, before the other side was, malformed).", "result")
+	c.relayBytes = desc("relay_forwarded_bytes_total", "Bytes a relay forwarded.")
+	c.relayRefused = desc("relay_refused_total", "Relay allocations refused (full) and binds refused.")
 	c.counters = counterDescs("knet_", nil, cl)
 	if c.opts.PerConnection {
 		c.perConn = newConnDescs([]string{"remote"}, cl)
@@ -248,7 +254,8 @@ func NewListenerCollector(l *knet.Listener, opts *Options) *ListenerCollector {
 func (c *ListenerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.conns, c.pending, c.queued, c.recvQueued, c.rtt, c.loss,
 		c.completed, c.refused, c.ignored, c.writes, c.written,
-		c.keyExchanges, c.cookies, c.replayed, c.hsDropped, c.queries, c.reflections, c.punch} {
+		c.keyExchanges, c.cookies, c.replayed, c.hsDropped, c.queries, c.reflections, c.punch,
+		c.relayAllocs, c.relayDatagrams, c.relayBytes, c.relayRefused} {
 		ch <- d
 	}
 	for i, d := range c.counters {
@@ -340,6 +347,12 @@ func (c *ListenerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.reflections, ls.ReflectionsDropped, "dropped")
 	counter(c.punch, ls.PunchAnswered, "answered")
 	counter(c.punch, ls.PunchDropped, "dropped")
+	gauge(c.relayAllocs, float64(ls.RelayAllocations))
+	counter(c.relayDatagrams, ls.RelayForwarded, "forwarded")
+	counter(c.relayDatagrams, ls.RelayLimited, "limited")
+	counter(c.relayDatagrams, ls.RelayDropped, "dropped")
+	counter(c.relayBytes, ls.RelayForwardedBytes)
+	counter(c.relayRefused, ls.RelayRefused)
 
 	if c.perConn != nil {
 		labelled := make(map[string]bool, len(current))

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -334,5 +335,40 @@ func TestListenerCollectorTokenRefusal(t *testing.T) {
 	}
 	if got := value(t, fams, "knet_handshakes_completed_total"); got != 0 {
 		t.Errorf("knet_handshakes_completed_total = %v, want 0", got)
+	}
+}
+
+// A relay's allocations and what it refused: one allocation held, the
+// next refused (MaxAllocations 1), nothing forwarded yet.
+func TestListenerCollectorRelay(t *testing.T) {
+	l, err := knet.Listen("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	l.ServeRelay(knet.RelayConfig{MaxAllocations: 1})
+	at := netip.MustParseAddr("127.0.0.1")
+	if _, _, err := l.AllocateRelay(at); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.AllocateRelay(at); !errors.Is(err, knet.ErrRelayRefused) {
+		t.Fatalf("second allocation: %v, want ErrRelayRefused", err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(knetprom.NewListenerCollector(l, nil))
+	fams := scrape(t, reg)
+	for _, m := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"knet_relay_allocations", nil, 1},
+		{"knet_relay_refused_total", nil, 1},
+		{"knet_relay_datagrams_total", []string{"result", "forwarded"}, 0},
+		{"knet_relay_forwarded_bytes_total", nil, 0},
+	} {
+		if got := value(t, fams, m.name, m.labels...); got != m.want {
+			t.Errorf("%s%v = %v, want %v", m.name, m.labels, got, m.want)
+		}
 	}
 }

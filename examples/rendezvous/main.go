@@ -1,6 +1,7 @@
 // Command rendezvous shows a player hosting a game behind a NAT: an
 // introducer, a host and a joiner, which find each other by an ID the
-// game chooses and connect directly (knet's hole punching).
+// game chooses and connect directly (knet's hole punching), or through
+// the introducer's relay when no direct path is found.
 //
 //	go run ./examples/rendezvous                                 # all three, in one process, on loopback
 //	go run ./examples/rendezvous -introducer 0.0.0.0:7000         # a public server
@@ -8,7 +9,7 @@
 //	go run ./examples/rendezvous -join game-1 -via 198.51.100.7:7000
 //
 // The introducer is any knet Listener that serves introductions; it also
-// reflects addresses, as every knet Listener does. The host registers its
+// reflects addresses, as every knet Listener does, and here relays. The host registers its
 // Listener under the ID from the Listener's own socket, so the introducer
 // sees the address its NAT maps the Listener to; when a joiner asks for
 // the ID, both learn the other's addresses and a start time, and at that
@@ -18,8 +19,11 @@
 // host's Listener; the joiner sends a greeting and the host answers.
 //
 // Behind two symmetric NATs, or a symmetric NAT facing a port-restricted
-// cone, no probe gets through: the joiner fails with knet.ErrNoDirectPath
-// (knet has no relay yet).
+// cone, no probe gets through: the joiner then connects through the
+// introducer's relay (ServeRelay), which forwards the connection's
+// datagrams as they are, and both go on probing; a secure connection moves
+// to a direct path in place when one opens. Each side prints its route.
+// Without a relay (-relay=false) the joiner fails with knet.ErrNoDirectPath.
 package main
 
 import (
@@ -39,6 +43,7 @@ func main() {
 	join := flag.String("join", "", "run only a joiner, of the host under this ID")
 	via := flag.String("via", "", "the introducer's address, for -host and -join")
 	wait := flag.Duration("wait", time.Minute, "how long the host waits for a joiner and the joiner for the host")
+	relay := flag.Bool("relay", true, "the introducer relays when no direct path is found")
 	flag.Parse()
 	log.SetFlags(0)
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
@@ -47,7 +52,7 @@ func main() {
 	switch {
 	case *introducer != "":
 		var l *knet.Listener
-		if l, err = serveIntroducer(*introducer); err == nil {
+		if l, err = serveIntroducer(*introducer, *relay); err == nil {
 			log.Printf("introducer on %v", l.Addr())
 			select {} // until killed
 		}
@@ -63,13 +68,18 @@ func main() {
 	}
 }
 
-// serveIntroducer listens at addr and serves introductions.
-func serveIntroducer(addr string) (*knet.Listener, error) {
+// serveIntroducer listens at addr and serves introductions, and relays
+// if relay.
+func serveIntroducer(addr string, relay bool) (*knet.Listener, error) {
 	l, err := knet.Listen("udp", addr, nil)
 	if err != nil {
 		return nil, err
 	}
 	l.ServeIntroductions()
+	if relay {
+		// The defaults: 256 allocations, 256 KiB/s each, 16 MiB/s in all.
+		l.ServeRelay(knet.RelayConfig{})
+	}
 	return l, nil
 }
 
@@ -111,7 +121,7 @@ func runHost(ctx context.Context, via, id string, logf func(string, ...any)) err
 	if err != nil {
 		return err
 	}
-	logf("host: %v says %q", c.RemoteAddr(), m.Payload)
+	logf("host: %v says %q (%v)", c.RemoteAddr(), m.Payload, c.Route())
 	if err := c.Send(knet.Message{ID: 100, Payload: []byte("welcome to " + id), Reliable: true}); err != nil {
 		return err
 	}
@@ -141,7 +151,7 @@ func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) e
 		return err
 	}
 	defer c.Close()
-	logf("joiner: connected to %v in %v", c.RemoteAddr(), time.Since(start).Round(time.Millisecond))
+	logf("joiner: connected to %v in %v (%v)", c.RemoteAddr(), time.Since(start).Round(time.Millisecond), c.Route())
 	if err := c.Send(knet.Message{ID: 100, Payload: []byte("hello from the joiner"), Reliable: true}); err != nil {
 		return err
 	}
@@ -155,7 +165,7 @@ func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) e
 
 // runAll runs the three on loopback.
 func runAll(ctx context.Context, logf func(string, ...any)) error {
-	intro, err := serveIntroducer("127.0.0.1:0")
+	intro, err := serveIntroducer("127.0.0.1:0", true)
 	if err != nil {
 		return err
 	}
