@@ -128,6 +128,11 @@ func parseQueryDatagram(b []byte) (kind byte, nonce [queryNonceSize]byte, body [
 		return 0, nonce, nil, false
 	}
 	kind = p[len(queryMagic)+1]
+	if kind == repunchKindAsk || kind == repunchKindAnswer { // 15, 16: re-punching (repunch.go)
+		p = p[len(queryMagic)+2:]
+		copy(nonce[:], p)
+		return kind, nonce, p[queryNonceSize:], true
+	}
 	if kind < queryKindQuery || kind > introKindAnswer { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go)
 		return 0, nonce, nil, false
 	}
@@ -207,6 +212,8 @@ func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) boo
 		return true
 	case kind >= punchKindProbe && kind <= introKindAnswer:
 		return l.handlePunch(ep, addr, p, kind, &nonce, body)
+	case kind == repunchKindAsk || kind == repunchKindAnswer:
+		return l.handlePunch(ep, addr, p, kind, &nonce, body) // repunch.go
 	case kind != queryKindQuery:
 		return false // an answer to no ask of ours, say: stray as before
 	}
