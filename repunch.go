@@ -64,7 +64,7 @@ type repunchHost struct {
 	mu     sync.Mutex
 	heard  map[netip.AddrPort]heardProbe // a joiner's address, by the token of its punch
 	ties   map[[8]byte]*Conn             // established connections, by the token of their punch
-	moving map[[8]byte]*Conn             // a re-punch's token: the plaintext connection it moves
+	moving map[[8]byte]*Conn             // a re-punch's token: the connection it is for
 
 	unknown atomic.Uint64 // re-punch introductions naming no connection of ours
 	moves   atomic.Uint64 // plaintext connections moved by a re-punch
@@ -87,9 +87,11 @@ func (r *repunchHost) recount() {
 func (r *repunchHost) heardFrom(token [8]byte, addr netip.AddrPort, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if c := r.moving[token]; c != nil {
-		c.requestMove(addr)
-		return
+	if c, ok := r.moving[token]; ok {
+		if c.sec == nil {
+			c.requestMove(addr)
+		}
+		return // a re-punch's: no new connection comes by it
 	}
 	if r.heard == nil {
 		r.heard = make(map[netip.AddrPort]heardProbe)
@@ -140,12 +142,10 @@ func (r *repunchHost) tied(tie [8]byte) *Conn {
 	return c
 }
 
-// expect makes a probe or answer carrying token move c, a plaintext
-// connection, to where it came from, until the returned func is called.
+// expect makes a probe or answer carrying token, a re-punch's, move c to
+// where it came from if c is plaintext (migration moves a secure one),
+// until the returned func is called.
 func (r *repunchHost) expect(token [8]byte, c *Conn) func() {
-	if c.sec != nil {
-		return func() {} // migration moves it
-	}
 	r.mu.Lock()
 	if r.moving == nil {
 		r.moving = make(map[[8]byte]*Conn)
