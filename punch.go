@@ -495,7 +495,9 @@ func localCandidates(laddr netip.AddrPort) []netip.AddrPort {
 // the joiner's introduction, to give to Punch. It asks again every 100ms
 // while it waits, which keeps the NAT's mapping; it fails with
 // ErrIntroIDTaken if another address holds id, or with ctx's error.
-// Call it again for the next joiner.
+// Call it again for the next joiner, and keep calling it while hosting:
+// it also returns the introduction of a joiner whose connection lost its
+// path (a NAT forgot the mapping), with Repunch set, to Punch as any.
 func (l *Listener) Host(ctx context.Context, introducer, id string) (Introduction, error) {
 	if ctx == nil {
 		return Introduction{}, errNilContext
@@ -788,6 +790,13 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 // asked from. It fails with ErrNoDirectPath if nothing came in time. As
 // with DialPacket, the Conn owns pc, which is closed if DialCandidates
 // fails.
+//
+// A Conn made from Join's introduction re-punches through the same
+// introducer when nothing came from the host for two keepalive
+// intervals (a NAT forgot the mapping), and moves to where the host is
+// found (repunch.go). Its pings hold the NATs' mappings while they come
+// more often than the NATs forget: set Config.PingInterval below the
+// shortest NAT timeout on the path (5 s by default).
 func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg *Config) (*Conn, error) {
 	if ctx == nil {
 		return nil, errNilContext
