@@ -298,3 +298,68 @@ func TestRepunchAttackJoinerIgnoresStrangers(t *testing.T) {
 		t.Fatal("the probe carrying the token was not taken")
 	}
 }
+
+// A host whose NAT maps it afresh asks its introducer from a new address
+// with the nonce of the same Host call: it keeps its ID (the joiner's
+// re-punch reaches it there). From a new address, an ask with another
+// nonce is told the ID is taken, as before.
+func TestRepunchHostMovesWithItsNonce(t *testing.T) {
+	intro, err := Listen("udp4", "127.0.0.1:0", testConfig())
+	require.NoError(t, err)
+	defer intro.Close()
+	intro.ServeIntroductions()
+	host, err := Listen("udp4", "127.0.0.1:0", testConfig())
+	require.NoError(t, err)
+	defer host.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hosting := make(chan error, 1)
+	go func() { _, err := host.Host(ctx, intro.Addr().String(), "moving"); hosting <- err }()
+	var nonce [queryNonceSize]byte
+	require.Eventually(t, func() bool {
+		intro.punch.mu.Lock()
+		defer intro.punch.mu.Unlock()
+		if h := intro.punch.hosts["moving"]; h != nil {
+			nonce = h.nonce
+			return true
+		}
+		return false
+	}, 5*time.Second, time.Millisecond)
+
+	// ask registers "moving" from s with the nonce n, proving s first,
+	// and returns the status of the answer.
+	to := intro.Addr().(*net.UDPAddr).AddrPort()
+	ask := func(s *net.UDPConn, n [queryNonceSize]byte) byte {
+		var cookie []byte
+		buf := make([]byte, 2048)
+		for range 2 {
+			_, err := s.WriteToUDPAddrPort(appendQueryDatagram(nil, introKindAsk, &n, appendIntroAsk(nil, introRoleHost, cookie, "moving", nil), queryPadTo), to)
+			require.NoError(t, err)
+			require.NoError(t, s.SetReadDeadline(time.Now().Add(5*time.Second)))
+			k, _, err := s.ReadFromUDPAddrPort(buf)
+			require.NoError(t, err)
+			kind, got, body, ok := parseQueryDatagram(buf[:k])
+			require.True(t, ok && kind == introKindAnswer && got == n)
+			if body[0] != introProve {
+				return body[0]
+			}
+			cookie = append([]byte(nil), body[1:]...)
+		}
+		t.Fatal("asked for a cookie twice")
+		return 0
+	}
+	other := stranger(t)
+	var guess [queryNonceSize]byte
+	guess[0] = nonce[0] + 1
+	assert.Equal(t, byte(introTaken), ask(other, guess), "another nonce from elsewhere: taken")
+	// The host's own asks stop (what it sent before is delivered first:
+	// loopback delivers as it sends), then it asks from elsewhere.
+	cancel()
+	require.ErrorIs(t, <-hosting, context.Canceled)
+	moved := stranger(t)
+	assert.Equal(t, byte(introWaiting), ask(moved, nonce), "the Host call's nonce from a new address: still the host")
+	intro.punch.mu.Lock()
+	at := intro.punch.hosts["moving"].observed
+	intro.punch.mu.Unlock()
+	assert.Equal(t, moved.LocalAddr().(*net.UDPAddr).AddrPort(), at, "the introducer follows the host")
+}
