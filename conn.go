@@ -65,10 +65,6 @@ type Conn struct {
 	done       chan struct{} // loop has exited
 
 	state connState // what the rounds publish: counters, why it ended
-
-	// moveReq is where a re-punch found the peer (repunch.go), for the
-	// round to move to.
-	moveReq atomic.Pointer[netip.AddrPort]
 }
 
 // connSched is the rounds' own: the timer, when it is set for, the next

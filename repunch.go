@@ -65,6 +65,8 @@ type repunchHost struct {
 	heard  map[netip.AddrPort]heardProbe // a joiner's address, by the token of its punch
 	ties   map[[8]byte]*Conn             // established connections, by the token of their punch
 	moving map[[8]byte]*Conn             // a re-punch's token: the connection it is for
+	moveTo map[*Conn]netip.AddrPort      // plaintext connections a re-punch moves, for their rounds
+	toMove atomic.Int32                  // len(moveTo): a round looks no further while 0
 
 	unknown atomic.Uint64 // re-punch introductions naming no connection of ours
 	moves   atomic.Uint64 // plaintext connections moved by a re-punch
@@ -89,7 +91,12 @@ func (r *repunchHost) heardFrom(token [8]byte, addr netip.AddrPort, now time.Tim
 	defer r.mu.Unlock()
 	if c, ok := r.moving[token]; ok {
 		if c.sec == nil {
-			c.requestMove(addr)
+			if r.moveTo == nil {
+				r.moveTo = make(map[*Conn]netip.AddrPort)
+			}
+			r.moveTo[c] = addr
+			r.toMove.Store(int32(len(r.moveTo)))
+			c.kick()
 		}
 		return // a re-punch's: no new connection comes by it
 	}
@@ -181,17 +188,23 @@ func (l *Listener) repunchIntroduced(b []byte, nonce *[queryNonceSize]byte) (Int
 	return in, true
 }
 
-// requestMove asks the connection's round to make to its address: the
-// address a re-punch's token came from.
-func (c *Conn) requestMove(to netip.AddrPort) {
-	c.moveReq.Store(&to)
-	c.kick()
-}
-
-// takeMove moves the connection where a re-punch asked, if it did. The
-// round calls it.
+// takeMove moves the connection where a re-punch found its peer, if
+// one did: a joiner's re-punch, or the host's for a plaintext
+// connection. The round calls it.
 func (c *Conn) takeMove(now time.Time) {
-	p := c.moveReq.Swap(nil)
+	var p *netip.AddrPort
+	if rp := c.ep.repunch.Load(); rp != nil {
+		p = rp.move.Swap(nil)
+	} else if l := c.ep.l; l != nil && l.punch.re.toMove.Load() > 0 {
+		r := &l.punch.re
+		r.mu.Lock()
+		if to, ok := r.moveTo[c]; ok {
+			p = &to
+			delete(r.moveTo, c)
+			r.toMove.Store(int32(len(r.moveTo)))
+		}
+		r.mu.Unlock()
+	}
 	if p == nil || *p == c.raddr || c.isClosed() {
 		return
 	}
@@ -215,7 +228,8 @@ type joinRepunch struct {
 	id         string
 	tie        [8]byte
 
-	heard atomic.Int64 // the session's lastRecv, UnixNano, as each round publishes it
+	heard atomic.Int64                   // the session's lastRecv, UnixNano, as each round publishes it
+	move  atomic.Pointer[netip.AddrPort] // where the host was found, for the round
 
 	// While a re-punch runs (active): the nonce of its asks, the token
 	// of its probes once introduced, and where the reader hands what
@@ -396,7 +410,8 @@ asking:
 			for range 2 {
 				c.ep.write(found, to)
 			}
-			c.requestMove(to)
+			rp.move.Store(&to)
+			c.kick()
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
