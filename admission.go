@@ -656,6 +656,7 @@ func (l *Listener) establish(c *Conn) error {
 	if err := l.useToken(c); err != nil {
 		return err
 	}
+	l.punch.re.tie(c) // came by a punch? (repunch.go)
 	l.mu.Lock()
 	delete(l.pending, c)
 	l.leaveLocked(&c.ticket)

@@ -90,6 +90,7 @@ func (c *Conn) round(d *driver) (done bool) {
 		if c.ep.relay.Load() != nil {
 			c.takeDirect(now) // relay.go
 		}
+		c.takeMove(now)
 		if !c.sched.next.IsZero() && !now.Before(c.sched.next) {
 			// What arrived while we waited went before the timers: a
 			// held message must not outlive its reorder window because
@@ -101,6 +102,9 @@ func (c *Conn) round(d *driver) (done bool) {
 		c.flush(now, d)
 		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
+		if rp := c.ep.repunch.Load(); rp != nil {
+			rp.heardNow(s.live.lastRecv)
+		}
 		if s.done() {
 			return true
 		}

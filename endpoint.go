@@ -42,6 +42,9 @@ type endpoint struct {
 	runBuf []*packet   // the reader's, for dispatch
 	ready  []*Conn     // the reader's: connections dispatch gave datagrams
 
+	// repunch is a dialed joiner's re-punching (repunch.go), if armed.
+	repunch atomic.Pointer[joinRepunch]
+
 	readerDone chan struct{}
 	closeOnce  sync.Once
 
@@ -433,6 +436,10 @@ func (ep *endpoint) dispatch(ps []udp.Packet, pkts []*packet) {
 		p.b = p.buf[:ps[i].N]
 		addr := unmap(ps[i].Addr)
 		p.from = addr
+		if rp := ep.repunch.Load(); rp != nil && rp.take(addr, p.b) {
+			ep.putPacket(p) // a re-punch's (repunch.go)
+			continue
+		}
 		c := ep.conns[addr]
 		if c != runConn {
 			flush()

@@ -108,6 +108,16 @@ type Introduction struct {
 	// relayFirst (tests): no direct probing before the relay, and the
 	// retries while relayed start this much later.
 	relayFirst time.Duration
+
+	// Repunch is, in an introduction Listener.Host returns, the
+	// connection whose joiner lost its path and asks to be punched
+	// again (repunch.go); nil for a new joiner. Punch it as any.
+	Repunch *Conn
+
+	// Join's: the introducer and the ID, with which the Conn that
+	// DialCandidates makes re-punches.
+	introducer netip.AddrPort
+	id         string
 }
 
 // Signal carries introductions between a host and a joiner by other means
@@ -136,6 +146,8 @@ type punchState struct {
 	hosts  map[string]*introHost
 
 	answered, dropped atomic.Uint64
+
+	re repunchHost // re-punching a connection whose NAT mapping expired (repunch.go)
 }
 
 type introWait struct {
@@ -151,6 +163,7 @@ type introHost struct {
 	locals   []netip.AddrPort
 	seen     time.Time
 	joiner   *introJoiner
+	nonce    [queryNonceSize]byte // of its last ask: its Host call's
 }
 
 type introJoiner struct {
@@ -162,6 +175,7 @@ type introJoiner struct {
 	start    time.Time
 	told     bool                 // to a host's ask of nonce toldTo
 	toldTo   [queryNonceSize]byte // each Host call asks with a nonce of its own
+	tie      *[8]byte             // a re-punch's: the token of the connection's first punch
 }
 
 func (s *punchState) recount() {
@@ -195,6 +209,7 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 		if !ok {
 			return false
 		}
+		l.punch.re.heardFrom(*nonce, addr, time.Now())
 		if kind == punchKindAnswer {
 			// The joiner's word that it found a path.
 			select {
@@ -212,7 +227,7 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 		}
 		ep.putPacket(p)
 		return true
-	case introKindAnswer:
+	case introKindAnswer, repunchKindAnswer:
 		if l.punch.active.Load() == 0 {
 			return false
 		}
@@ -223,7 +238,7 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 			return false
 		}
 		select {
-		case w.got <- append([]byte(nil), body...):
+		case w.got <- append([]byte{kind}, body...):
 		default:
 		}
 		ep.putPacket(p)
@@ -232,18 +247,37 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 		if !l.punch.serve.Load() {
 			return false
 		}
-		l.answerIntro(ep, addr, p, nonce, body)
+		l.answerIntro(ep, addr, p, nonce, body, nil)
+		return true
+	case repunchKindAsk:
+		if !l.punch.serve.Load() {
+			return false
+		}
+		if len(body) < tieSize {
+			l.punch.dropped.Add(1)
+			ep.putPacket(p)
+			return true
+		}
+		l.answerIntro(ep, addr, p, nonce, body[tieSize:], (*[8]byte)(body[:tieSize]))
 		return true
 	}
 	return false
 }
 
-// answerIntro answers an introduction ask p from addr. It takes p.
-func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, nonce *[queryNonceSize]byte, body []byte) {
+// answerIntro answers an introduction ask p from addr, or a joiner's
+// re-punch ask naming tie (kind 15, repunch.go), answered in kind 16. It
+// takes p.
+func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, nonce *[queryNonceSize]byte, body []byte, tie *[8]byte) {
 	in := len(p.b)
 	defer ep.putPacket(p)
 	role, cookie, id, locals, ok := parseIntroAsk(body)
-	if !ok || in < queryPadTo {
+	answer := byte(introKindAnswer)
+	if tie != nil {
+		answer = repunchKindAnswer
+		t := *tie // body is p's, which goes back to the pool
+		tie = &t
+	}
+	if !ok || in < queryPadTo || (tie != nil && role != introRoleJoin) {
 		l.punch.dropped.Add(1)
 		return
 	}
@@ -255,7 +289,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 		// spoofed ask neither registers a victim as a host nor
 		// introduces it as a joiner (whose host would then probe it).
 		b := jar.appendCookie([]byte{introProve}, addr, introCookieAD, now)
-		d := appendQueryDatagram(p.buf[:0], introKindAnswer, nonce, b, 0)
+		d := appendQueryDatagram(p.buf[:0], answer, nonce, b, 0)
 		if !l.answerUnconnected(ep, addr, in, d, &l.punch.answered) {
 			l.punch.dropped.Add(1)
 		}
@@ -277,7 +311,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 	switch role {
 	case introRoleHost:
 		switch {
-		case h != nil && h.observed != addr:
+		case h != nil && h.observed != addr && h.nonce != *nonce:
 			status = introTaken
 		case h == nil && len(l.punch.hosts) >= introMaxHosts:
 			// Full: the host hears nothing new and asks again.
@@ -289,7 +323,10 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				h = &introHost{observed: addr}
 				l.punch.hosts[id] = h
 			}
-			h.locals, h.seen = locals, now
+			// The same Host call from a new address (its NAT mapped
+			// it afresh, repunch.go) keeps the ID: its nonce, which
+			// only the host and we know, says it is the same.
+			h.observed, h.locals, h.seen, h.nonce = addr, locals, now, *nonce
 			j := h.joiner
 			if j != nil && (j.told && j.toldTo != *nonce || now.After(j.start.Add(introRetell))) {
 				// Told to an earlier Host call (this one is for the
@@ -303,15 +340,18 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				peer = introPeer(j.observed, j.locals, h.observed)
 				j.told, j.toldTo = true, *nonce
 				relayOn, relayPort, relayToken = j.relayTicket(0)
+				if j.tie != nil {
+					answer, tie = repunchKindAnswer, j.tie
+				}
 			}
 		}
 	case introRoleJoin:
 		if h != nil {
 			j := h.joiner
-			if j == nil || j.observed != addr {
+			if j == nil || j.observed != addr || !sameTie(j.tie, tie) {
 				// A new joiner takes the place of one the host was not
 				// told of yet.
-				j = &introJoiner{observed: addr, locals: locals, start: now.Add(introLead)}
+				j = &introJoiner{observed: addr, locals: locals, start: now.Add(introLead), tie: tie}
 				rand.Read(j.token[:])
 				if l.relay.on.Load() {
 					// An allocation for the pair, in case no probe gets
@@ -329,6 +369,9 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 	l.punch.mu.Unlock()
 	b := make([]byte, 0, 1+8+2+1+maxCandidates*2*reflectMaxBody+2+relayTokenSize)
 	b = append(b, status)
+	if status == introIntroduced && answer == repunchKindAnswer {
+		b = append(b, tie[:]...)
+	}
 	if status == introIntroduced {
 		wait := max(start.Sub(now), 0).Milliseconds()
 		b = append(b, token[:]...)
@@ -340,7 +383,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 			b = appendIntroRelay(b, relayPort, relayToken)
 		}
 	}
-	d := appendQueryDatagram(p.buf[:0], introKindAnswer, nonce, b, 0)
+	d := appendQueryDatagram(p.buf[:0], answer, nonce, b, 0)
 	if !l.answerUnconnected(ep, addr, in, d, &l.punch.answered) {
 		l.punch.dropped.Add(1)
 	}
@@ -492,7 +535,9 @@ func localCandidates(laddr netip.AddrPort) []netip.AddrPort {
 // the joiner's introduction, to give to Punch. It asks again every 100ms
 // while it waits, which keeps the NAT's mapping; it fails with
 // ErrIntroIDTaken if another address holds id, or with ctx's error.
-// Call it again for the next joiner.
+// Call it again for the next joiner, and keep calling it while hosting:
+// it also returns the introduction of a joiner whose connection lost its
+// path (a NAT forgot the mapping), with Repunch set, to Punch as any.
 func (l *Listener) Host(ctx context.Context, introducer, id string) (Introduction, error) {
 	if ctx == nil {
 		return Introduction{}, errNilContext
@@ -532,6 +577,13 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 		select {
 		case b := <-w.got:
 			heard = true
+			kind, b := b[0], b[1:]
+			if kind == repunchKindAnswer {
+				if in, ok := l.repunchIntroduced(b, &nonce, server); ok {
+					return in, nil
+				}
+				goto wait
+			}
 			switch b[0] {
 			case introIntroduced:
 				if in, ok := parseIntroduced(b[1:], &nonce, time.Now(), server); ok {
@@ -590,6 +642,7 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 		case introIntroduced:
 			var ok bool
 			if in, ok = parseIntroduced(body[1:], &nonce, time.Now(), server); ok {
+				in.introducer, in.id = server, id
 				return askDone
 			}
 		}
@@ -752,6 +805,9 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 	l.punch.tokens[in.Token] = seen
 	l.punch.recount()
 	l.punch.mu.Unlock()
+	if in.Repunch != nil {
+		defer l.punch.re.expect(in.Token, in.Repunch)()
+	}
 	defer func() {
 		l.punch.mu.Lock()
 		if l.punch.tokens[in.Token] == seen {
@@ -804,6 +860,13 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 // direct path when one opens; it fails with ErrRelayRefused if the relay
 // refused. Without a relay it fails with ErrNoDirectPath. As with
 // DialPacket, the Conn owns pc, which is closed if DialCandidates fails.
+//
+// A Conn made from Join's introduction re-punches through the same
+// introducer when nothing came from the host for two keepalive
+// intervals (a NAT forgot the mapping), and moves to where the host is
+// found (repunch.go). Its pings hold the NATs' mappings while they come
+// more often than the NATs forget: set Config.PingInterval below the
+// shortest NAT timeout on the path (5 s by default).
 func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg *Config) (*Conn, error) {
 	if ctx == nil {
 		return nil, errNilContext
@@ -816,7 +879,11 @@ func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg
 		pc.Close()
 		return nil, err
 	}
-	return DialPacket(ctx, pc, to.String(), cfg)
+	c, err := DialPacket(ctx, pc, to.String(), cfg)
+	if err == nil && in.introducer.IsValid() {
+		c.armRepunch(in) // repunch.go
+	}
+	return c, err
 }
 
 // probeCandidates is DialCandidates' probing: the address to dial.

@@ -128,6 +128,11 @@ func parseQueryDatagram(b []byte) (kind byte, nonce [queryNonceSize]byte, body [
 		return 0, nonce, nil, false
 	}
 	kind = p[len(queryMagic)+1]
+	if kind == repunchKindAsk || kind == repunchKindAnswer { // 15, 16: re-punching (repunch.go)
+		p = p[len(queryMagic)+2:]
+		copy(nonce[:], p)
+		return kind, nonce, p[queryNonceSize:], true
+	}
 	if kind < queryKindQuery || kind > relayKindBound { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go); 9 and 10: relay (relay.go)
 		return 0, nonce, nil, false
 	}
@@ -210,6 +215,8 @@ func (l *Listener) answerQuery(ep *endpoint, addr netip.AddrPort, p *packet) boo
 	case kind == relayKindBound && l.takeRelayAnswer(addr, &nonce, body):
 		ep.putPacket(p)
 		return true
+	case kind == repunchKindAsk || kind == repunchKindAnswer:
+		return l.handlePunch(ep, addr, p, kind, &nonce, body) // repunch.go
 	case kind != queryKindQuery:
 		return false // an answer to no ask of ours, say: stray as before
 	}

@@ -16,4 +16,6 @@
 // The private hosts route everything through their router; the public
 // network has no route to the private ones. See nattest_linux.go for how
 // each type is made, and Node.Run for how code runs inside a namespace.
+// Net.Flush makes a router forget every mapping at once, as one that
+// restarts or whose mappings expired mid-game.
 package nattest
