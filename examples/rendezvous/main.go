@@ -17,17 +17,33 @@
 // answers. The connection is an ordinary knet connection, accepted by the
 // host's Listener; the joiner sends a greeting and the host answers.
 //
-// Behind two symmetric NATs, or a symmetric NAT facing a port-restricted
-// cone, no probe gets through: the joiner fails with knet.ErrNoDirectPath
-// (knet has no relay yet).
+// The joiner ends with a line naming the route: "route: direct" and the
+// host's address, or "route: none" and why. Behind two symmetric NATs, or
+// a symmetric NAT facing a port-restricted cone, no probe gets through:
+// the joiner says "route: none" with knet.ErrNoDirectPath and exits with
+// status 1 (knet has no relay or birthday probing yet), and the host,
+// whose joiner never connected, says so after -punchwait and exits with
+// status 1 too.
+//
+// The three processes behind real NATs on one machine (as root: network
+// namespaces, iproute2 and nftables), the host behind a symmetric NAT
+// and the joiner behind a port-restricted cone:
+//
+//	sudo go test -run TestNATExample -v ./examples/rendezvous
+//
+// builds the NATs with internal/nattest and runs this program three
+// times, with "ip netns exec", in the public network and in each private
+// one (nat_linux_test.go).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/knet-go/knet"
@@ -39,6 +55,7 @@ func main() {
 	join := flag.String("join", "", "run only a joiner, of the host under this ID")
 	via := flag.String("via", "", "the introducer's address, for -host and -join")
 	wait := flag.Duration("wait", time.Minute, "how long the host waits for a joiner and the joiner for the host")
+	flag.DurationVar(&punchWait, "punchwait", punchWait, "how long the host waits for its joiner's connection once it punched")
 	flag.Parse()
 	log.SetFlags(0)
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
@@ -62,6 +79,14 @@ func main() {
 		log.Fatal(err)
 	}
 }
+
+// punchWait is how long a host waits for its joiner's connection once
+// its Punch is over: the joiner's probing and handshake are done well
+// within it when there is a path.
+var punchWait = 10 * time.Second
+
+// errNoJoiner is the host's error when its joiner did not connect.
+var errNoJoiner = errors.New("the joiner did not connect after punching (no direct path between the two NATs?)")
 
 // serveIntroducer listens at addr and serves introductions.
 func serveIntroducer(addr string) (*knet.Listener, error) {
@@ -105,6 +130,8 @@ func runHost(ctx context.Context, via, id string, logf func(string, ...any)) err
 	case c = <-accepted:
 	case err := <-acceptErr:
 		return err
+	case <-time.After(punchWait):
+		return fmt.Errorf("host: %w", errNoJoiner)
 	}
 	defer c.Close()
 	m, err := c.Receive(ctx)
@@ -135,13 +162,17 @@ func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) e
 		pc.Close()
 		return err
 	}
+	logf("joiner: the host at %v; punching", in.Peer)
 	start := time.Now()
 	c, err := knet.DialCandidates(ctx, pc, in, nil)
 	if err != nil {
+		if errors.Is(err, knet.ErrNoDirectPath) {
+			logf("joiner: route: none: no probe got through either NAT (knet.ErrNoDirectPath)")
+		}
 		return err
 	}
 	defer c.Close()
-	logf("joiner: connected to %v in %v", c.RemoteAddr(), time.Since(start).Round(time.Millisecond))
+	logf("joiner: route: %s to %v in %v", route(c.RemoteAddr(), in.Peer), c.RemoteAddr(), time.Since(start).Round(time.Millisecond))
 	if err := c.Send(knet.Message{ID: 100, Payload: []byte("hello from the joiner"), Reliable: true}); err != nil {
 		return err
 	}
@@ -151,6 +182,20 @@ func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) e
 	}
 	logf("joiner: the host says %q", m.Payload)
 	return c.Close()
+}
+
+// route names the way a joiner's connection to remote goes: direct when
+// it is to one of the host's candidates' addresses (its NAT's, or its
+// own on the joiner's network), relayed when through anyone else.
+func route(remote net.Addr, host []netip.AddrPort) string {
+	if u, ok := remote.(*net.UDPAddr); ok {
+		for _, c := range host {
+			if u.AddrPort().Addr().Unmap() == c.Addr().Unmap() {
+				return "direct"
+			}
+		}
+	}
+	return "relayed"
 }
 
 // runAll runs the three on loopback.
