@@ -134,17 +134,17 @@ func natMatrixRun(t *testing.T, n *nattest.Net, intro *Listener, introAddr strin
 	start := time.Now()
 	in, err := Join(ctx, pc, introAddr, id)
 	require.NoError(t, err, "seed %d: the introducer knows the host", seed)
-	c, err := natMatrixDial(ctx, pc, in, cfg)
+	c, dialErr := natMatrixDial(ctx, pc, in, cfg)
 	detail := func() string {
 		joiner := "none"
 		if c != nil {
 			joiner = fmt.Sprintf("to %v, %+v", c.RemoteAddr(), c.Stats())
 		}
 		return fmt.Sprintf("seed %d: joiner's error %v; the host's candidates %v; the joiner's connection %s; the host accepted %v; the host's Listener %+v; the routers' conntrack:\n%s\n%s",
-			seed, err, in.Peer, joiner, hostSaw.Load(), host.Stats(), natConntrack(n.A.Router), natConntrack(n.B.Router))
+			seed, dialErr, in.Peer, joiner, hostSaw.Load(), host.Stats(), natConntrack(n.A.Router), natConntrack(n.B.Router))
 	}
-	if err != nil {
-		r := natRun{route: natRouteNone, took: time.Since(start), err: err, detail: detail}
+	if dialErr != nil {
+		r := natRun{route: natRouteNone, took: time.Since(start), err: dialErr, detail: detail}
 		require.NoError(t, <-hosting, "seed %d: the host's Host and Punch", seed)
 		return r
 	}
