@@ -264,7 +264,8 @@ func TestNATPunchSignal(t *testing.T) {
 
 // Under 10 % loss on both private links (each router drops a tenth of
 // what it forwards, both ways), the pairs that punch without loss still
-// connect directly: the asks, the probes and the handshake are resent.
+// connect directly: the asks, the probes and the handshake are resent
+// (within the default ConnectTimeout: natLossConfig).
 func TestNATPunchLoss(t *testing.T) {
 	for _, pair := range [][2]nattest.Type{
 		{nattest.PortRestrictedCone, nattest.PortRestrictedCone},
@@ -276,7 +277,7 @@ func TestNATPunchLoss(t *testing.T) {
 			n := nattest.New(t, pair[0], pair[1], &nattest.Options{Loss: 0.1})
 			intro := listenIn(t, n.Public, "203.0.113.1:7000", testConfig())
 			intro.ServeIntroductions()
-			host := listenIn(t, n.A.Host, "0.0.0.0:0", testConfig())
+			host := listenIn(t, n.A.Host, "0.0.0.0:0", natLossConfig()) // not testConfig: see natLossConfig
 			ctx := within(t, 20*time.Second)
 			punched := make(chan error, 1)
 			go func() {
@@ -303,7 +304,7 @@ func TestNATPunchLoss(t *testing.T) {
 				in, err = Join(ctx, pc, "203.0.113.1:7000", "lossy")
 				return err
 			}))
-			c, err := DialCandidates(ctx, pc, in, testConfig())
+			c, err := DialCandidates(ctx, pc, in, natLossConfig())
 			require.NoError(t, err)
 			defer c.Close()
 			t.Logf("NAT pair %v hosts, %v joins, 10%% loss: direct to %v in %v", pair[0], pair[1], c.RemoteAddr(), time.Since(start).Round(time.Millisecond))

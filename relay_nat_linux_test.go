@@ -34,9 +34,9 @@ func relayIn(t *testing.T, node *nattest.Node, l *Listener, cfg RelayConfig) {
 	l.ServeRelay(cfg)
 }
 
-// natPair is a host and a joiner connected through an introducer that
+// relayNATPair is a host and a joiner connected through an introducer that
 // relays, behind the NATs of n.
-type natPair struct {
+type relayNATPair struct {
 	intro, host *Listener
 	c, sc       *Conn
 	in          Introduction  // the joiner's
@@ -48,9 +48,9 @@ type natPair struct {
 // that relays, and returns the pair once the host accepted. relayFirst
 // sets the Introductions' test hook on both sides: no direct probing
 // before the relay, and the retries while relayed that much later.
-func connectNAT(t *testing.T, n *nattest.Net, hostCfg, joinCfg *Config, relayFirst time.Duration) *natPair {
+func connectNAT(t *testing.T, n *nattest.Net, hostCfg, joinCfg *Config, relayFirst time.Duration) *relayNATPair {
 	t.Helper()
-	p := &natPair{}
+	p := &relayNATPair{}
 	p.intro = listenIn(t, n.Public, "203.0.113.1:7000", testConfig())
 	p.intro.ServeIntroductions()
 	relayIn(t, n.Public, p.intro, RelayConfig{})

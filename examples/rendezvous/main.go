@@ -24,10 +24,26 @@
 // datagrams as they are, and both go on probing; a secure connection moves
 // to a direct path in place when one opens. Each side prints its route.
 // Without a relay (-relay=false) the joiner fails with knet.ErrNoDirectPath.
+//
+// The joiner ends with a line naming the route: "route: direct" or
+// "route: relayed" and the host's address as it sees it, or "route:
+// none" and why; the host, whose joiner never connected, says so after
+// -punchwait and exits with status 1 too.
+//
+// The three processes behind real NATs on one machine (as root: network
+// namespaces, iproute2 and nftables), the host behind a symmetric NAT
+// and the joiner behind a port-restricted cone:
+//
+//	sudo go test -run TestNATExample -v ./examples/rendezvous
+//
+// builds the NATs with internal/nattest and runs this program three
+// times, with "ip netns exec", in the public network and in each private
+// one (nat_linux_test.go).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -44,6 +60,7 @@ func main() {
 	via := flag.String("via", "", "the introducer's address, for -host and -join")
 	wait := flag.Duration("wait", time.Minute, "how long the host waits for a joiner and the joiner for the host")
 	relay := flag.Bool("relay", true, "the introducer relays when no direct path is found")
+	flag.DurationVar(&punchWait, "punchwait", punchWait, "how long the host waits for its joiner's connection once it punched")
 	flag.Parse()
 	log.SetFlags(0)
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
@@ -67,6 +84,14 @@ func main() {
 		log.Fatal(err)
 	}
 }
+
+// punchWait is how long a host waits for its joiner's connection once
+// its Punch is over: the joiner's probing and handshake are done well
+// within it when there is a path.
+var punchWait = 10 * time.Second
+
+// errNoJoiner is the host's error when its joiner did not connect.
+var errNoJoiner = errors.New("the joiner did not connect after punching (no direct path between the two NATs?)")
 
 // serveIntroducer listens at addr and serves introductions, and relays
 // if relay.
@@ -115,6 +140,8 @@ func runHost(ctx context.Context, via, id string, logf func(string, ...any)) err
 	case c = <-accepted:
 	case err := <-acceptErr:
 		return err
+	case <-time.After(punchWait):
+		return fmt.Errorf("host: %w", errNoJoiner)
 	}
 	defer c.Close()
 	m, err := c.Receive(ctx)
@@ -145,13 +172,17 @@ func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) e
 		pc.Close()
 		return err
 	}
+	logf("joiner: the host at %v; punching", in.Peer)
 	start := time.Now()
 	c, err := knet.DialCandidates(ctx, pc, in, nil)
 	if err != nil {
+		if errors.Is(err, knet.ErrNoDirectPath) {
+			logf("joiner: route: none: no probe got through either NAT (knet.ErrNoDirectPath)")
+		}
 		return err
 	}
 	defer c.Close()
-	logf("joiner: connected to %v in %v (%v)", c.RemoteAddr(), time.Since(start).Round(time.Millisecond), c.Route())
+	logf("joiner: route: %s to %v in %v", c.Route(), c.RemoteAddr(), time.Since(start).Round(time.Millisecond))
 	if err := c.Send(knet.Message{ID: 100, Payload: []byte("hello from the joiner"), Reliable: true}); err != nil {
 		return err
 	}

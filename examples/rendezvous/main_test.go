@@ -26,7 +26,7 @@ func TestRendezvous(t *testing.T) {
 	}
 	out := strings.Join(lines, "\n")
 	t.Log(out)
-	for _, want := range []string{`says "hello from the joiner" (direct)`, `the host says "welcome to game-1"`} {
+	for _, want := range []string{"joiner: route: direct", `says "hello from the joiner" (direct)`, `the host says "welcome to game-1"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in the log", want)
 		}

@@ -267,6 +267,16 @@ func (n *Net) router(t testing.TB, s *Site) {
 // the host's outgoing flow to that peer another port, and that keeps a
 // cone's dnat from being looked at again for the flow: punching would
 // fail for whoever probed first, which no real NAT with a firewall does.
+//
+// A cone's UDP flows keep their private port, always (conePort): when
+// a cone's host sends its first datagram to a peer at the moment the
+// peer's first datagram to it comes in through the dnat, both flows'
+// conntrack entries are made at once, and the plain masquerade would
+// give the host's another port, found taken; its datagram then leaves
+// from a port that no entry keeps (the clashing entry is not kept), and
+// the peer, answering there, gets nowhere. A cone NAT has one mapping
+// per private socket: the datagram that would have left from another
+// port is dropped instead (the entry is not kept either), as a loss.
 func ruleset(ty Type, secs int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table ip nat {\n")
@@ -279,6 +289,10 @@ func ruleset(ty Type, secs int) string {
 		fmt.Fprintf(&b, "\tset contacted { type inet_service . ipv4_addr; flags dynamic, timeout; timeout %ds; size 65536; }\n", secs)
 	}
 	fmt.Fprintf(&b, "\tchain post { type nat hook postrouting priority srcnat; policy accept;\n")
+	if ty != Symmetric {
+		// The private port, and no other: see conePort.
+		fmt.Fprintf(&b, "\t\toifname \"wan\" meta l4proto udp %s\n", conePort)
+	}
 	fmt.Fprintf(&b, "\t\toifname \"wan\" %s\n\t}\n", masq)
 	if ty == FullCone || ty == RestrictedCone {
 		// After the NAT (srcnat is 100): udp sport is the public port.
@@ -294,9 +308,27 @@ func ruleset(ty Type, secs int) string {
 	}
 	fmt.Fprintf(&b, "}\n")
 	fmt.Fprintf(&b, "table ip filter {\n\tchain input { type filter hook input priority filter; policy accept;\n")
-	fmt.Fprintf(&b, "\t\tiifname \"wan\" drop\n\t}\n}\n")
+	fmt.Fprintf(&b, "\t\tiifname \"wan\" drop\n\t}\n")
+	if ty == FullCone || ty == RestrictedCone {
+		// After the NAT: see crossRule.
+		fmt.Fprintf(&b, "\tchain tolan { type filter hook postrouting priority 300; policy accept;\n\t\t%s\n\t}\n", crossRule)
+	}
+	fmt.Fprintf(&b, "}\n")
 	return b.String()
 }
+
+// conePort is the cone types' NAT of UDP: masquerade, to the private
+// port only (a range of one port, which the NAT never leaves).
+const conePort = "masquerade to :udp sport"
+
+// crossRule is the other half of a cone's flows crossing (see ruleset):
+// a datagram that came in through the dnat while the host's own first
+// datagram to its sender went out gets a new entry whose answer would be
+// the host's flow, so the NAT gives it another source port (a source NAT
+// of a flow that came in); that entry is not kept either, and a host
+// answering the port it saw gets nowhere. It is dropped instead, as a
+// loss: the sender's next datagram finds the host's flow.
+const crossRule = `oifname "lan" ct direction original ct status snat drop`
 
 // lossRules drops pct percent of what a router forwards, at random; none
 // for 0.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -180,6 +181,12 @@ func TestNATRunStaysInNamespace(t *testing.T) {
 // The rules are what the package says each type is made of.
 func TestNATRuleset(t *testing.T) {
 	assert.Contains(t, ruleset(Symmetric, 10), "masquerade fully-random")
+	assert.NotContains(t, ruleset(Symmetric, 10), conePort)
+	for _, ty := range []Type{FullCone, RestrictedCone, PortRestrictedCone} {
+		assert.Contains(t, ruleset(ty, 10), conePort, "a cone keeps the private port, or drops")
+	}
+	assert.Contains(t, ruleset(FullCone, 10), crossRule)
+	assert.Contains(t, ruleset(RestrictedCone, 10), crossRule)
 	assert.NotContains(t, ruleset(PortRestrictedCone, 10), "dnat")
 	assert.Contains(t, ruleset(FullCone, 10), "dnat ip to udp dport map @mapped")
 	assert.NotContains(t, ruleset(FullCone, 10), "@contacted dnat")
@@ -253,4 +260,62 @@ func TestNATLoss(t *testing.T) {
 	assert.Less(t, got, 300)
 	assert.Contains(t, lossRules(10), "numgen random mod 100 < 10 drop")
 	assert.Empty(t, lossRules(0))
+}
+
+// A cone keeps a socket's private port for every datagram, even the one
+// its host sends to a peer at the moment the peer's first datagram to it
+// comes in (which the full cone's dnat lets in): two conntrack entries
+// for one flow, made at once, where the plain masquerade gave the host's
+// datagram another port, kept by no entry, and a peer answering there
+// got nowhere (conePort). Each round, new sockets on both full-cone
+// sites send to each other at once; every datagram that arrives comes
+// from the other's one public port.
+func TestNATConeKeepsPortWhenFlowsCross(t *testing.T) {
+	t.Parallel()
+	n := New(t, FullCone, FullCone, nil)
+	s := n.Public.ListenUDP(t, "203.0.113.1:7001")
+	rounds := 300
+	if testing.Short() {
+		rounds = 150
+	}
+	crossed := 0
+	for i := range rounds {
+		a := n.A.Host.ListenUDP(t, "0.0.0.0:0")
+		b := n.B.Host.ListenUDP(t, "0.0.0.0:0")
+		ma, mb := exchange(t, a, s), exchange(t, b, s) // each has its mapping
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, p := range [][2]any{{a, mb}, {b, ma}} {
+			wg.Go(func() {
+				<-start
+				p[0].(*net.UDPConn).WriteToUDPAddrPort([]byte("x"), p[1].(netip.AddrPort))
+			})
+		}
+		close(start)
+		wg.Wait()
+		// What came in by the end marker: the server's answer, which
+		// follows the crossing datagrams by the same router.
+		for _, r := range []struct {
+			c    *net.UDPConn
+			from netip.AddrPort
+		}{{a, mb}, {b, ma}} {
+			_, err := s.WriteToUDPAddrPort([]byte("end"), map[*net.UDPConn]netip.AddrPort{a: ma, b: mb}[r.c])
+			require.NoError(t, err)
+			buf := make([]byte, 16)
+			require.NoError(t, r.c.SetReadDeadline(time.Now().Add(wait)))
+			for {
+				k, src, err := r.c.ReadFromUDPAddrPort(buf)
+				require.NoError(t, err, "round %d: the end marker did not come", i)
+				if string(buf[:k]) == "end" {
+					break
+				}
+				crossed++
+				require.Equal(t, r.from, src, "round %d: a datagram from another port than the peer's mapping", i)
+			}
+		}
+		a.Close()
+		b.Close()
+	}
+	t.Logf("%d datagrams of %d crossed and arrived from the peer's mapping", crossed, 2*rounds)
+	assert.Greater(t, crossed, rounds, "most crossing datagrams arrive")
 }
