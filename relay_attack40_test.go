@@ -1,0 +1,89 @@
+//go:build !js
+
+package knet
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Attacks on the relay (issue 35) from outside: what a stranger, or a
+// side that stays while the other left, can make it do.
+
+// A relayed secure joiner takes a probe's answer as the sign of a direct
+// path. The answer is clear and its token travels in clear in every probe
+// both sides send, so anyone who saw one (or who shares the host's
+// public address, as behind a carrier-grade NAT) can send it from the
+// host's address at another port. The joiner must not move its
+// connection to an address from which nothing authenticated came: its
+// messages must still reach the host, and the stranger gets none of them.
+func TestRelayAttackDirectMoveByStranger(t *testing.T) {
+	l := relayOnLoopback(t, RelayConfig{})
+	hostCfg, joinCfg := secureConfigs(t)
+	c, sc, _ := hostAndJoin(t, l, hostCfg, joinCfg, time.Hour)
+	require.Equal(t, RouteRelayed, c.Route())
+	r := c.relay.Load()
+	stranger := udpSide(t) // at the host's address (127.0.0.1), another port
+	answer := appendQueryDatagram(nil, punchKindAnswer, &r.token, nil, 0)
+	_, err := stranger.WriteToUDPAddrPort(answer, addrPortFromNet(t, c.LocalAddr()))
+	require.NoError(t, err)
+	ctx := within(t, 5*time.Second)
+	for i := range 20 {
+		require.NoError(t, c.Send(Message{ID: 100, Payload: []byte{byte(i)}, Reliable: true, InOrder: true}))
+		m, err := sc.Receive(ctx)
+		require.NoError(t, err, "message %d after the stranger's answer", i)
+		require.Equal(t, byte(i), m.Payload[0])
+	}
+	assert.Equal(t, r.via, addrPortFromNet(t, c.RemoteAddr()), "the joiner still sends to the relay")
+	stranger.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	buf := make([]byte, 2048)
+	n, _, err := stranger.ReadFromUDPAddrPort(buf)
+	assert.Error(t, err, "the stranger got %d bytes of the connection", n)
+}
+
+// One side's datagrams alone keep an allocation, and the relay's sending
+// toward the other side, alive: a host that left (its NAT mapping perhaps
+// now someone else's, or its public address a victim's) would get the
+// joiner's datagrams from the relay's address for as long as the joiner
+// likes, at ConnBytesPerSecond. The relay must forward toward a side
+// only while that side is heard from (within IdleTimeout), and end an
+// allocation that one side alone keeps busy.
+func TestRelayAttackOneSidedKeepsAlive(t *testing.T) {
+	const idle = 400 * time.Millisecond
+	l := relayOnLoopback(t, RelayConfig{IdleTimeout: idle})
+	host, join, relay, _, _ := boundPair(t, l)
+	// The host falls silent (it reads, to count, but never sends).
+	got := make(chan int, 1)
+	go func() {
+		n := 0
+		buf := make([]byte, 2048)
+		for {
+			host.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, _, err := host.ReadFromUDPAddrPort(buf); err != nil {
+				got <- n
+				return
+			}
+			n++
+		}
+	}()
+	start := time.Now()
+	ended := false
+	for sent := 0; time.Since(start) < 5*time.Second; sent++ {
+		if l.relayAllocations() == 0 {
+			ended = true
+			break
+		}
+		_, err := join.WriteToUDPAddrPort([]byte("still here"), relay)
+		require.NoError(t, err)
+		time.Sleep(10 * time.Millisecond) // the joiner's pace, not a synchronisation
+	}
+	lasted := time.Since(start)
+	n := <-got
+	assert.True(t, ended, "the allocation lived %v on the joiner's datagrams alone", lasted)
+	// What went to the host after it fell silent: IdleTimeout's worth at
+	// most (a datagram each 10 ms), with room for a loaded machine.
+	assert.Less(t, n, int(3*idle/(10*time.Millisecond)), "datagrams forwarded to a silent side")
+}
