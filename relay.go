@@ -103,7 +103,9 @@ type RelayConfig struct {
 	BytesPerSecond int
 	// IdleTimeout is how long an allocation lives with nothing to
 	// forward. Default 30 s. One whose sides did not both bind within
-	// 10 s ends then.
+	// 10 s ends then. A side silent this long gets nothing more: one
+	// side's datagrams alone neither reach a side that left nor keep the
+	// allocation alive.
 	IdleTimeout time.Duration
 }
 
@@ -274,6 +276,7 @@ type relayAlloc struct {
 	tokens [2][relayTokenSize]byte
 
 	addrs  [2]netip.AddrPort
+	heard  [2]time.Time // when each side last sent (its bind or a datagram)
 	bucket tokenBucket
 }
 
@@ -375,6 +378,14 @@ func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 			r.dropped.Add(1)
 			continue
 		}
+		a.heard[side] = now
+		if now.Sub(a.heard[1-side]) >= idle {
+			// The other side fell silent: it consents to nothing more
+			// (it left, and its address may be someone else's now), and
+			// one side alone does not keep the allocation alive.
+			r.dropped.Add(1)
+			continue
+		}
 		if !a.bucket.take(n, now) || !r.takeGlobal(n, now) {
 			r.limited.Add(1)
 			continue
@@ -435,6 +446,7 @@ func (a *relayAlloc) bind(from netip.AddrPort, in int, nonce *[queryNonceSize]by
 				// replayed from elsewhere is refused, so that no one
 				// who learned it can take the side's traffic.
 				a.addrs[i], status, bound = from, relayBound, true
+				a.heard[i] = now
 			}
 		}
 		if status == relayRefused {
