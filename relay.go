@@ -169,8 +169,12 @@ type relayRoute struct {
 	via   netip.AddrPort
 	token [8]byte
 	peers []netip.AddrPort // the host's candidates: an answer counts from their addresses only
-	retry bool             // the joiner's probes run: the reader looks for answers
+	retry bool             // the joiner's probes run: the reader looks for answers (ep.mu)
 	found atomic.Pointer[netip.AddrPort]
+	// The round's: the joiner sends to a probe's answerer and waits for
+	// an authenticated datagram from there since triedAt (takeDirect).
+	trying  bool
+	triedAt time.Time
 }
 
 // relayServer is a Listener's relay role (ServeRelay).
@@ -637,9 +641,22 @@ func (r *relayRoute) fromHost(from netip.AddrPort) bool {
 // address, checks the path and moves the connection too (migration.go).
 // The relay's address stays the connection's on the endpoint, so that
 // what the host sent before it moved is taken as it arrives.
+//
+// The answer is clear, and its token is in every probe: anyone who saw
+// one can send it from the host's address. So the move holds only once
+// an authenticated datagram came from the new address (directConfirmed:
+// the host's PathChallenge, say); if none came within keyDropPTOs
+// retransmission timeouts (at least relayRetryInterval), the connection
+// goes back to the relay for good (directFailed).
 func (c *Conn) takeDirect(now time.Time) {
 	r := c.ep.relay.Load()
 	if r == nil || !r.retry {
+		return
+	}
+	if r.trying {
+		if now.Sub(r.triedAt) >= max(keyDropPTOs*c.sess.rto(), relayRetryInterval) {
+			c.directFailed(now, r)
+		}
 		return
 	}
 	to := r.found.Swap(nil)
@@ -662,11 +679,40 @@ func (c *Conn) takeDirect(now time.Time) {
 	// starts the host's check of the new path; resends, which keep their
 	// packet numbers, cannot (Conn.checkPath).
 	c.sess.live.nextPing = now
-	if c.sec != nil {
-		c.sec.migrations++
+	r.trying, r.triedAt = true, now
+}
+
+// directConfirmed takes an authenticated datagram from the joiner's peer
+// address: the direct path being tried, if one is, holds.
+func (c *Conn) directConfirmed() {
+	r := c.relay.Load()
+	if r == nil || !r.trying {
+		return
 	}
+	r.trying = false
+	c.sec.migrations++
 	if l := c.cfg.logger; l != nil {
-		l.Info("knet: relayed connection went direct", "remote", *to)
+		l.Info("knet: relayed connection went direct", "remote", c.raddr)
+	}
+}
+
+// directFailed sends through the relay again, when nothing authenticated
+// came from the direct path tried, and takes no more answers.
+func (c *Conn) directFailed(now time.Time, r *relayRoute) {
+	ep := c.ep
+	ep.mu.Lock()
+	if ep.conns[c.raddr] == c {
+		delete(ep.conns, c.raddr)
+	}
+	ep.conns[r.via] = c
+	c.raddr = r.via
+	r.retry, r.trying = false, false
+	ep.mu.Unlock()
+	c.remote.Store(net.UDPAddrFromAddrPort(r.via))
+	c.sess.moved(now)
+	c.sess.live.nextPing = now
+	if l := c.cfg.logger; l != nil {
+		l.Info("knet: relayed connection's direct path never answered: relayed again", "relay", r.via)
 	}
 }
 

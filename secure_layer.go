@@ -320,6 +320,9 @@ func (c *Conn) takeSecure(now time.Time, p *packet) {
 	if atPeer && !c.sec.proven && !c.sess.client {
 		c.proven()
 	}
+	if atPeer && c.sess.client && c.relay.Load() != nil {
+		c.directConfirmed() // relay.go
+	}
 	c.keyUpdates(now)
 }
 
