@@ -3,6 +3,8 @@
 package knet
 
 import (
+	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -102,4 +104,32 @@ func TestRelayAttackOneSidedKeepsAlive(t *testing.T) {
 	// What went to the host after it fell silent: IdleTimeout's worth at
 	// most (a datagram each 10 ms), with room for a loaded machine.
 	assert.Less(t, n, int(3*idle/(10*time.Millisecond)), "datagrams forwarded to a silent side")
+}
+
+// A side's token is its allocation's alone: replayed on another
+// allocation's port (by a side of that one, or anyone who saw it), it is
+// refused and binds nothing, and that allocation forwards nothing from
+// the replayer.
+func TestRelayAttackTokenOnAnotherAllocation(t *testing.T) {
+	l := relayOnLoopback(t, RelayConfig{})
+	host, join, relay, ht, _ := boundPair(t, l)
+	other, _, err := l.AllocateRelay(netip.MustParseAddr("127.0.0.1"))
+	require.NoError(t, err)
+	require.NotEqual(t, relay, other.Relay)
+	// The other allocation's host token on this allocation's port, from
+	// a new address and from the joiner's own.
+	for _, pc := range []*net.UDPConn{udpSide(t), join} {
+		s, _ := bindAs(t, pc, relay, other.Token[:])
+		assert.Equal(t, byte(relayRefused), s)
+		_, err := pc.WriteToUDPAddrPort([]byte("replayed token's traffic"), relay)
+		require.NoError(t, err)
+	}
+	// Only the joiner's datagram went, as it is bound here.
+	before := marker(t, join, host, relay)
+	assert.Len(t, before, 1)
+	// And the other way: this allocation's host token on the other's
+	// port, from the host's own address.
+	s, _ := bindAs(t, host, other.Relay, ht.Token[:])
+	assert.Equal(t, byte(relayRefused), s)
+	assert.GreaterOrEqual(t, l.Stats().RelayRefused, uint64(3))
 }
