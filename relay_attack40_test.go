@@ -133,3 +133,31 @@ func TestRelayAttackTokenOnAnotherAllocation(t *testing.T) {
 	assert.Equal(t, byte(relayRefused), s)
 	assert.GreaterOrEqual(t, l.Stats().RelayRefused, uint64(3))
 }
+
+// The same with binds: a bound side that binds again and again (each
+// answered, as its answer may have been lost) must not keep alive an
+// allocation whose other side fell silent, holding its socket and
+// goroutine, and a place under MaxAllocations, for ever.
+func TestRelayAttackOneSidedRebindKeepsAlive(t *testing.T) {
+	const idle = 400 * time.Millisecond
+	l := relayOnLoopback(t, RelayConfig{IdleTimeout: idle})
+	_, join, relay, _, jt := boundPair(t, l)
+	var nonce [queryNonceSize]byte
+	var cookie []byte
+	buf := make([]byte, 2048)
+	start := time.Now()
+	for l.relayAllocations() > 0 {
+		require.Less(t, time.Since(start), 5*time.Second, "the allocation lived on the joiner's binds alone")
+		ask := appendQueryDatagram(nil, relayKindBind, &nonce, appendRelayBind(nil, cookie, jt.Token[:]), queryPadTo)
+		_, err := join.WriteToUDPAddrPort(ask, relay)
+		require.NoError(t, err)
+		// Answers come within the per-source rate: take a new cookie
+		// when one is asked for, and go on without waiting otherwise.
+		join.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, _, err := join.ReadFromUDPAddrPort(buf); err == nil {
+			if kind, _, body, ok := parseQueryDatagram(buf[:n]); ok && kind == relayKindBound && len(body) > 0 && body[0] == relayProve {
+				cookie = append(cookie[:0], body[1:]...)
+			}
+		}
+	}
+}
