@@ -370,7 +370,10 @@ func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 		b := buf[:n]
 		now := time.Now()
 		if kind, nonce, body, ok := parseQueryDatagram(b); ok && kind == relayKindBind {
-			if a.bind(from, n, &nonce, body, now) && a.addrs[0].IsValid() && a.addrs[1].IsValid() {
+			// A bind keeps the allocation alive only while both sides
+			// are heard: one side alone does not hold it.
+			if a.bind(from, n, &nonce, body, now) && a.addrs[0].IsValid() && a.addrs[1].IsValid() &&
+				now.Sub(a.heard[0]) < idle && now.Sub(a.heard[1]) < idle {
 				deadline = now.Add(idle)
 			}
 			continue
