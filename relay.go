@@ -688,7 +688,7 @@ func (c *Conn) takeDirect(now time.Time) {
 // directConfirmed takes an authenticated datagram from the joiner's peer
 // address: the direct path being tried, if one is, holds.
 func (c *Conn) directConfirmed() {
-	r := c.relay.Load()
+	r := c.ep.relay.Load()
 	if r == nil || !r.trying {
 		return
 	}

@@ -29,7 +29,7 @@ func TestRelayAttackDirectMoveByStranger(t *testing.T) {
 	hostCfg, joinCfg := secureConfigs(t)
 	c, sc, _ := hostAndJoin(t, l, hostCfg, joinCfg, time.Hour)
 	require.Equal(t, RouteRelayed, c.Route())
-	r := c.relay.Load()
+	r := c.ep.relay.Load()
 	stranger := udpSide(t) // at the host's address (127.0.0.1), another port
 	answer := appendQueryDatagram(nil, punchKindAnswer, &r.token, nil, 0)
 	ctx := within(t, 20*time.Second)

@@ -320,7 +320,7 @@ func (c *Conn) takeSecure(now time.Time, p *packet) {
 	if atPeer && !c.sec.proven && !c.sess.client {
 		c.proven()
 	}
-	if atPeer && c.sess.client && c.relay.Load() != nil {
+	if atPeer && c.sess.client && c.ep.relay.Load() != nil {
 		c.directConfirmed() // relay.go
 	}
 	c.keyUpdates(now)
