@@ -17,9 +17,17 @@ import "time"
 // meanwhile is queued within SendBuffer as always (Send blocks, TrySend
 // and an unreliable Send past it as documented there).
 //
-// Any new datagram from the peer resumes it: what was in flight goes again
-// at once, what was queued follows, in order, and the receiver's window
-// drops what it already had, so that every reliable message arrives once.
+// A new datagram from the peer wakes it, and the answer to a ping sent
+// since resumes it: what was in flight goes again at once, what was
+// queued follows, in order, and the receiver's window drops what it
+// already had, so that every reliable message arrives once. Waking sends
+// nothing but a ping at once (and the probes, acks and answers of a
+// suspended connection): a datagram the peer never saw, held on the path
+// and sent later (from anywhere, by anyone, if the session is in clear),
+// proves nothing of where the peer is now, and must not make us send
+// everything in flight to its old address (TestResumeAttack*Amplifies).
+// The ping's ID is drawn at random at the wake, so that a plaintext
+// peer's 4-tuple spoofed blind guesses the answer once in 256 tries.
 // A secure client's probe from a new address (its NAT's mapping changed)
 // reaches its connection by the connection ID and authenticates, which
 // resumes it; the connection moves to the address once the path check
@@ -47,15 +55,28 @@ func (s *session) resumable() bool {
 
 // suspend starts the wait for the silent peer.
 func (s *session) suspend(now time.Time) {
-	s.live.suspended = true
+	s.live.suspended, s.live.waking = true, false
 	s.stats.Suspended = true
 	s.stats.Suspensions++
 	s.live.nextPing = now
 }
 
-// resume ends the suspension: the peer was heard.
+// wakeSuspended takes a new datagram from a suspended connection's peer: a ping
+// goes at once (the first time), whose answer resumes the connection.
+func (s *session) wakeSuspended(now time.Time) {
+	if s.live.waking {
+		return
+	}
+	s.live.waking = true
+	s.live.wokeAt = now.Sub(s.live.epoch)
+	s.live.nextPingID = uint8(randomBits(0xff))
+	s.live.nextPing = now
+}
+
+// resume ends the suspension: the peer answered a ping sent since it
+// woke.
 func (s *session) resume(now time.Time) {
-	s.live.suspended = false
+	s.live.suspended, s.live.waking = false, false
 	s.stats.Suspended = false
 	s.stats.Resumes++
 	s.live.nextPing = now.Add(s.cfg.keepalive())

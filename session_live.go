@@ -18,6 +18,10 @@ type liveState struct {
 	nextPingID  uint8
 	pingReplies []uint8 // PingReplies owed, by the requests' IDs
 	suspended   bool    // the peer is silent past the lost timeout: resume.go
+	// waking: a suspended connection heard a new datagram, and waits for
+	// the answer to a ping sent since (wokeAt, from epoch) to resume.
+	waking bool
+	wokeAt time.Duration
 }
 
 // liveDeadline adds an open connection's timers of liveness: the next
@@ -63,7 +67,7 @@ func (s *session) alive(now time.Time) {
 	if !s.live.stale {
 		s.live.lastRecv = now
 		if s.live.suspended {
-			s.resume(now)
+			s.wakeSuspended(now)
 		}
 	}
 }
@@ -110,6 +114,9 @@ func (s *session) handlePingReply(now time.Time, id uint8) {
 		if p.id == id && !p.answered {
 			s.loss.rtt.sample(now.Sub(s.live.epoch) - p.at)
 			p.answered = true
+			if s.live.waking && p.at >= s.live.wokeAt {
+				s.resume(now) // resume.go
+			}
 			if s.handshake.pinging {
 				s.handshake.pinging = false // the server holds us open (openPings)
 				s.live.nextPing = now.Add(s.cfg.keepalive())

@@ -95,6 +95,11 @@ func (s *session) pathChallenge(buf, content []byte) []byte {
 // second and more before the connection has a round-trip time).
 func (s *session) moved(now time.Time) {
 	s.owed.owe(oweAckNow)
+	if s.live.waking {
+		// The wake's ping went to the old address: the next goes to
+		// the proven one now (resume.go).
+		s.live.nextPing = now
+	}
 	if !s.loss.resendAll(now) {
 		s.fail(ErrRetransmitLimit)
 	}
