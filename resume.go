@@ -68,7 +68,11 @@ func (s *session) wakeSuspended(now time.Time) {
 		return
 	}
 	s.live.waking = true
-	s.live.wokeAt = now.Sub(s.live.epoch)
+	// Only the answer to a ping sent from now on resumes: those sent
+	// before count as answered, and the IDs start again at random.
+	for i := range s.live.pings {
+		s.live.pings[i].answered = true
+	}
 	s.live.nextPingID = uint8(randomBits(0xff))
 	s.live.nextPing = now
 }

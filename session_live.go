@@ -9,19 +9,18 @@ type liveState struct {
 	// lastRecv is when the peer last proved alive: a new datagram, never
 	// one received before (stale: the datagram being handled, in a secure
 	// session, was).
-	lastRecv    time.Time
-	stale       bool
-	nextPing    time.Time // when a PingRequest goes, unless the span is full
-	epoch       time.Time // the session's start, which ping times count from
-	pings       [8]pingRecord
-	pingCount   int
-	nextPingID  uint8
-	pingReplies []uint8 // PingReplies owed, by the requests' IDs
-	suspended   bool    // the peer is silent past the lost timeout: resume.go
+	lastRecv   time.Time
+	nextPing   time.Time // when a PingRequest goes, unless the span is full
+	epoch      time.Time // the session's start, which ping times count from
+	pings      [8]pingRecord
+	pingCount  int
+	stale      bool
+	nextPingID uint8
+	suspended  bool // the peer is silent past the lost timeout: resume.go
 	// waking: a suspended connection heard a new datagram, and waits for
-	// the answer to a ping sent since (wokeAt, from epoch) to resume.
-	waking bool
-	wokeAt time.Duration
+	// the answer to a ping sent since to resume (resume.go).
+	waking      bool
+	pingReplies []uint8 // PingReplies owed, by the requests' IDs
 }
 
 // liveDeadline adds an open connection's timers of liveness: the next
@@ -114,7 +113,7 @@ func (s *session) handlePingReply(now time.Time, id uint8) {
 		if p.id == id && !p.answered {
 			s.loss.rtt.sample(now.Sub(s.live.epoch) - p.at)
 			p.answered = true
-			if s.live.waking && p.at >= s.live.wokeAt {
+			if s.live.waking {
 				s.resume(now) // resume.go
 			}
 			if s.handshake.pinging {

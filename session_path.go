@@ -16,25 +16,28 @@ const (
 // connection reads the PathResponse heard (pathResponse) after each
 // datagram, and moves when secure.go finds the client at a new address.
 type pathState struct {
-	got       bool
-	challenge [pathDataSize]byte // the challenge to answer
-	heard     [pathDataSize]byte // the response heard
+	got bool
 	// The flags of the peer's key update announcement, if the last
 	// datagram carried one (keyupdate.go).
 	kuGot   bool
 	kuFlags byte
 	// The connection ID rotation message heard (cidrotation.go), its
-	// length; 0 if none.
-	cidMsg [maxCIDMessage]byte
-	cidLen int
+	// length (0 if none) and its buffer, made at the first.
+	cidLen    uint8
+	challenge [pathDataSize]byte // the challenge to answer
+	heard     [pathDataSize]byte // the response heard
+	cidMsg    *[maxCIDMessage]byte
 }
 
 // handlePath takes a PathChallenge (a client answers the latest one) or a
 // PathResponse (a server's connection checks it against its challenge).
 func (s *session) handlePath(p []byte) {
 	if len(p) > 0 && (p[0] == pathNewCIDs || p[0] == pathWantCIDs) {
-		if len(p) <= len(s.path.cidMsg) {
-			s.path.cidLen = copy(s.path.cidMsg[:], p)
+		if len(p) <= maxCIDMessage {
+			if s.path.cidMsg == nil {
+				s.path.cidMsg = new([maxCIDMessage]byte)
+			}
+			s.path.cidLen = uint8(copy(s.path.cidMsg[:], p))
 		}
 		return
 	}
@@ -74,7 +77,7 @@ func (s *session) pathResponse() (data [pathDataSize]byte, ok bool) {
 // cidMessage returns the connection ID rotation message the last datagram
 // carried, if any (cidrotation.go). It aliases the session's buffer.
 func (s *session) cidMessage() []byte {
-	n := s.path.cidLen
+	n := int(s.path.cidLen)
 	if n == 0 {
 		return nil
 	}
