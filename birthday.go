@@ -35,11 +35,13 @@ import (
 // byte after the candidates (docs/PROTOCOL.md, 8.2); a peer without the
 // flags byte reads as easy.
 //
-// What is done: the joiner hard, the host easy. The joiner's extra
-// sockets send, the host's Punch sprays, and the joiner dials from the
-// extra socket the host's probe came in on. The host hard and the joiner
-// easy would need the host's Listener to serve the winning extra socket,
-// which it does not yet: that pair still fails with ErrNoDirectPath.
+// Either side may be the hard one. A hard joiner's extra sockets send,
+// the host's Punch sprays, and the joiner dials from the extra socket the
+// host's probe came in on (probeBirthday). A hard host's Punch opens the
+// extra sockets (hostFan), the joiner's probing sprays, and the Listener
+// adopts the extra socket the joiner's probe came in on (adopt): it
+// serves it beside its own until the joiner's connection, admitted there
+// as any other, ends. Two hard sides are left to a relay.
 
 const (
 	// birthdaySockets is how many extra sockets a hard joiner opens, and
@@ -133,9 +135,9 @@ type birthdaySpray struct {
 	tried [65536 / 64]uint64 // a bit per port
 }
 
-// newBirthdaySpray is the spray Punch adds to its rounds when the
-// joiner alone is hard, toward the address the introducer saw it at
-// (in.Peer[0]); nil otherwise.
+// newBirthdaySpray is the spray an easy side adds to its probing rounds
+// (Punch, DialCandidates) when the other side alone is hard, toward the
+// address the introducer saw it at (in.Peer[0]); nil otherwise.
 func newBirthdaySpray(in Introduction) *birthdaySpray {
 	if in.Hard || !in.PeerHard || len(in.Peer) == 0 {
 		return nil
@@ -183,10 +185,68 @@ func openBeside(pc net.PacketConn) func() (net.PacketConn, error) {
 }
 
 // birthdayHit is a datagram carrying the token, on one of a hard
-// joiner's sockets.
+// side's sockets.
 type birthdayHit struct {
 	pc   net.PacketConn
 	from netip.AddrPort
+}
+
+// birthdayFan is a hard side's extra sockets, each read by a goroutine
+// of its own until a datagram carrying the token comes (hits) or stop.
+type birthdayFan struct {
+	socks   []net.PacketConn // the extra sockets, then the caller's (more of them)
+	more    int
+	hits    chan birthdayHit
+	readers sync.WaitGroup
+	stopped bool
+}
+
+// openFan opens birthdaySockets sockets with open (fewer if it fails:
+// out of descriptors, say) and starts their readers, and those of more,
+// sockets of the caller's that it reads but does not own.
+func openFan(open func() (net.PacketConn, error), token [8]byte, more ...net.PacketConn) *birthdayFan {
+	f := &birthdayFan{hits: make(chan birthdayHit, 1)}
+	for range birthdaySockets {
+		s, err := open()
+		if err != nil {
+			break
+		}
+		f.socks = append(f.socks, s)
+	}
+	for _, s := range append(more, f.socks...) {
+		f.readers.Go(func() { readToken(s, token, f.hits) })
+	}
+	f.socks = append(f.socks, more...) // read and stopped, never closed: last
+	f.more = len(more)
+	return f
+}
+
+// send sends b from each extra socket to to.
+func (f *birthdayFan) send(b []byte, to *net.UDPAddr) {
+	for _, s := range f.socks[:len(f.socks)-f.more] {
+		s.WriteTo(b, to)
+	}
+}
+
+// stop ends the readers, and closes every extra socket but keep; each
+// socket still open is left with no read deadline. It may be called
+// again (nothing more is done).
+func (f *birthdayFan) stop(keep net.PacketConn) {
+	if f == nil || f.stopped {
+		return
+	}
+	f.stopped = true
+	for _, s := range f.socks {
+		s.SetReadDeadline(time.Unix(1, 0))
+	}
+	f.readers.Wait()
+	for i, s := range f.socks {
+		if s == keep || i >= len(f.socks)-f.more {
+			s.SetReadDeadline(time.Time{})
+		} else {
+			s.Close()
+		}
+	}
 }
 
 // probeBirthday is DialCandidates' probing for a hard joiner facing an
@@ -208,34 +268,7 @@ func probeBirthday(ctx context.Context, pc net.PacketConn, in Introduction, open
 			return pc, netip.AddrPort{}, ctx.Err()
 		}
 	}
-	socks := []net.PacketConn{pc}
-	var winner birthdayHit
-	defer func() {
-		for _, s := range socks[1:] {
-			if s != winner.pc {
-				s.Close()
-			}
-		}
-	}()
-	for range birthdaySockets {
-		s, err := open()
-		if err != nil {
-			break // out of descriptors, say: probe with the sockets there are
-		}
-		socks = append(socks, s)
-	}
-	hits := make(chan birthdayHit, 1)
-	var readers sync.WaitGroup
-	for _, s := range socks {
-		readers.Go(func() { readToken(s, in.Token, hits) })
-	}
-	stop := func() {
-		for _, s := range socks {
-			s.SetReadDeadline(time.Unix(1, 0))
-		}
-		readers.Wait()
-		pc.SetReadDeadline(time.Time{})
-	}
+	fan := openFan(open, in.Token, pc)
 	padded := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, queryPadTo)
 	small := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)
 	host := net.UDPAddrFromAddrPort(in.Peer[0])
@@ -247,28 +280,165 @@ func probeBirthday(ctx context.Context, pc net.PacketConn, in Introduction, open
 			pc.WriteTo(padded, net.UDPAddrFromAddrPort(c)) // an unreachable candidate is no error
 		}
 		if round%birthdayResend == 0 {
-			for _, s := range socks[1:] {
-				s.WriteTo(small, host)
-			}
+			fan.send(small, host)
 		}
 		t.Reset(punchInterval)
 		select {
-		case winner = <-hits:
-			stop()
-			winner.pc.SetReadDeadline(time.Time{})
-			tellFound(winner.pc, winner.from, &in.Token)
-			if winner.pc != pc {
+		case h := <-fan.hits:
+			fan.stop(h.pc)
+			tellFound(h.pc, h.from, &in.Token)
+			if h.pc != pc {
 				pc.Close()
 			}
-			return winner.pc, winner.from, nil
+			return h.pc, h.from, nil
 		case <-t.C:
 		case <-ctx.Done():
-			stop()
+			fan.stop(nil)
 			return pc, netip.AddrPort{}, ctx.Err()
 		}
 	}
-	stop()
-	return pc, netip.AddrPort{}, fmt.Errorf("knet: dial %d candidates from %d sockets for %v: %w", len(in.Peer), len(socks), time.Duration(punchRounds)*punchInterval, ErrNoDirectPath)
+	fan.stop(nil)
+	return pc, netip.AddrPort{}, fmt.Errorf("knet: dial %d candidates from %d sockets for %v: %w", len(in.Peer), len(fan.socks), time.Duration(punchRounds)*punchInterval, ErrNoDirectPath)
+}
+
+// hostFan is a hard host's probing beside its Punch: extra sockets, each
+// sending a probe to the joiner's public address (in.Peer[0]) at the
+// start and once more a second later, while the joiner probes random
+// ports of the host's. The first socket a probe carrying the token comes
+// in on is adopted by the Listener (adopt), and probes the joiner's
+// candidates each round from then on, as the Listener's own socket does;
+// the others are closed. Nil unless the host alone is hard.
+type hostFan struct {
+	l       *Listener
+	in      Introduction
+	fan     *birthdayFan
+	adopted *endpoint
+	small   []byte
+}
+
+// openHostFan opens a hard host's extra sockets beside the Listener's
+// on the calling goroutine (and so in its network namespace).
+func (l *Listener) openHostFan(in Introduction) *hostFan {
+	if !in.Hard || in.PeerHard || len(in.Peer) == 0 {
+		return nil
+	}
+	laddr, _ := addrPortOf(l.Addr())
+	network := "udp"
+	if laddr.Addr().Unmap().Is4() {
+		network = "udp4"
+	}
+	open := func() (net.PacketConn, error) {
+		return net.ListenUDP(network, &net.UDPAddr{IP: laddr.Addr().Unmap().AsSlice()})
+	}
+	return &hostFan{l: l, in: in, fan: openFan(open, in.Token), small: appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)}
+}
+
+// hits is where the fan's first hit comes; nil (never) for no fan or
+// once one came.
+func (h *hostFan) hits() <-chan birthdayHit {
+	if h == nil || h.adopted != nil || h.fan.stopped {
+		return nil
+	}
+	return h.fan.hits
+}
+
+// round sends round's probes: the extra sockets' (rounds 0, 20), or the
+// adopted socket's.
+func (h *hostFan) round(round int) {
+	switch {
+	case h == nil:
+	case h.adopted != nil:
+		for _, c := range h.in.Peer {
+			h.adopted.write(h.small, c)
+		}
+	case !h.fan.stopped && round%birthdayResend == 0:
+		h.fan.send(h.small, net.UDPAddrFromAddrPort(h.in.Peer[0]))
+	}
+}
+
+// take adopts the socket of a hit and probes the joiner from it at
+// once: the joiner's probe opened its NAT to that socket's mapping.
+func (h *hostFan) take(hit birthdayHit) {
+	h.fan.stop(hit.pc)
+	uc, ok := hit.pc.(*net.UDPConn)
+	if !ok {
+		hit.pc.Close()
+		return
+	}
+	if h.adopted = h.l.adopt(uc); h.adopted != nil {
+		h.round(0)
+	}
+}
+
+// close closes the extra sockets not adopted.
+func (h *hostFan) close() {
+	if h != nil {
+		h.fan.stop(nil)
+	}
+}
+
+// adoptGrace is how long an adopted socket waits for its connection: a
+// joiner that found it dials at once, and a handshake is done within a
+// few seconds.
+const adoptGrace = 10 * time.Second
+
+// adopt makes the Listener serve uc beside its own sockets, for the
+// connection of the joiner whose probe came in on it: a connection
+// attempt there is admitted as any other (AcceptConn), and the socket is
+// closed once that connection ends, when none came within adoptGrace,
+// or with the Listener. It returns nil, closing uc, if the Listener is
+// closed.
+func (l *Listener) adopt(uc *net.UDPConn) *endpoint {
+	ep := newEndpoint(newUDPSocket(uc, false), false, l.cfg, &endpointOptions{})
+	ep.l = l
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			l.punch.mu.Lock()
+			delete(l.punch.adopted, ep)
+			l.punch.mu.Unlock()
+			ep.close()
+		})
+	}
+	ep.release = func() { go release() } // never on the goroutine of the connection's end
+	l.punch.mu.Lock()
+	select {
+	case <-l.closed:
+		l.punch.mu.Unlock()
+		uc.Close()
+		return nil
+	default:
+	}
+	if l.punch.adopted == nil {
+		l.punch.adopted = make(map[*endpoint]struct{})
+	}
+	l.punch.adopted[ep] = struct{}{}
+	l.punch.mu.Unlock()
+	go ep.readLoop()
+	time.AfterFunc(adoptGrace, func() {
+		ep.mu.Lock()
+		idle := len(ep.conns) == 0
+		ep.mu.Unlock()
+		if idle {
+			release()
+		}
+	})
+	return ep
+}
+
+// endpoints is the Listener's sockets: its own, then those it adopted
+// (birthday probing) and still serves.
+func (l *Listener) endpoints() []*endpoint {
+	l.punch.mu.Lock()
+	defer l.punch.mu.Unlock()
+	if len(l.punch.adopted) == 0 {
+		return l.eps
+	}
+	eps := append([]*endpoint(nil), l.eps...)
+	for ep := range l.punch.adopted {
+		eps = append(eps, ep)
+	}
+	return eps
 }
 
 // readToken reads s until a probe or an answer carrying token comes, and

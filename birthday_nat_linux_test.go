@@ -49,12 +49,14 @@ func runBirthdayPair(t *testing.T, host, joiner nattest.Type, seed uint64) birth
 		var in Introduction
 		err := n.A.Host.Run(func() (err error) {
 			in, err = hl.HostWith(ctx, "203.0.113.1:7000", "bday", opts)
-			return err
-		})
-		if err == nil {
+			if err != nil {
+				return err
+			}
+			// On this goroutine: a hard host's extra sockets open in
+			// its namespace.
 			in.seed = seed
-			err = hl.Punch(ctx, in)
-		}
+			return hl.Punch(ctx, in)
+		})
 		punched <- hosted{in, err}
 	}()
 	accepted := make(chan *Conn, 1)
@@ -111,6 +113,24 @@ func runBirthdayPair(t *testing.T, host, joiner nattest.Type, seed uint64) birth
 	m, err = c.Receive(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, "hello joiner", string(m.Payload))
+	adopted := func() int {
+		hl.punch.mu.Lock()
+		defer hl.punch.mu.Unlock()
+		return len(hl.punch.adopted)
+	}
+	if h.in.Hard {
+		// Over the extra socket the joiner's probe came in on, which
+		// the Listener serves until the connection ends.
+		hl.punch.mu.Lock()
+		_, ok := hl.punch.adopted[sc.ep]
+		hl.punch.mu.Unlock()
+		assert.True(t, ok, "the connection runs on an adopted socket")
+		assert.Len(t, hl.Conns(), 1, "the Listener lists it")
+		c.Close()
+		require.Eventually(t, func() bool { return adopted() == 0 }, 10*time.Second, 5*time.Millisecond, "the adopted socket closed after its connection")
+	} else {
+		assert.Zero(t, adopted())
+	}
 	run.direct = true
 	return run
 }
@@ -170,6 +190,19 @@ func TestNATBirthdayJoinerSymmetric(t *testing.T) {
 		t.Skip("20 NATs: not with -short")
 	}
 	runBirthdayPairs(t, nattest.PortRestrictedCone, nattest.Symmetric)
+}
+
+// A host behind a symmetric NAT is reached by a joiner behind a
+// port-restricted cone (the example): the host opens 256 extra
+// sockets toward the joiner's address, the joiner probes random ports of
+// the host's, and the host's Listener adopts the socket the joiner's
+// probe came in on, over which it accepts the joiner's connection. At
+// least 19 of 20 runs connect within 3 s of the agreed start.
+func TestNATBirthdayHostSymmetric(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20 NATs: not with -short")
+	}
+	runBirthdayPairs(t, nattest.Symmetric, nattest.PortRestrictedCone)
 }
 
 // Without the second reflector neither side knows that the joiner's NAT

@@ -329,3 +329,93 @@ func TestBirthdayJoinerCancel(t *testing.T) {
 		assert.True(t, isClosed(s))
 	}
 }
+
+// A hard host adopts the extra socket on which the joiner's probe came
+// in, never one on which only a stranger's came (without the token, or
+// not a probe), and serves it: it probes the joiner from it at once,
+// stops its Punch when the joiner's word comes in there, and closes it
+// with the Listener. The stranger gets nothing back.
+func TestBirthdayAttackHostAdopts(t *testing.T) {
+	t.Parallel()
+	joiner := newFakeHost(t)
+	stranger, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer stranger.Close()
+	hl, err := Listen("udp4", "127.0.0.1:0", testConfig())
+	require.NoError(t, err)
+	defer hl.Close()
+	in := Introduction{Peer: []netip.AddrPort{joiner.addr()}, Hard: true, Start: time.Now()}
+	in.Token[0] = 35
+	ctx := within(t, 10*time.Second)
+	punched := make(chan error, 1)
+	go func() { punched <- hl.Punch(ctx, in) }()
+
+	// The extra sockets' probes come (some may be lost on loopback
+	// when the joiner's buffer fills).
+	own := hl.Addr().(*net.UDPAddr).AddrPort()
+	extras := func() []netip.AddrPort {
+		joiner.mu.Lock()
+		defer joiner.mu.Unlock()
+		var out []netip.AddrPort
+		for from := range joiner.from {
+			if from != own {
+				out = append(out, from)
+			}
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(extras()) >= 16 }, 5*time.Second, time.Millisecond)
+	socks := extras()
+	assert.LessOrEqual(t, len(socks), birthdaySockets)
+	var wrong [8]byte
+	wrong[0] = 36
+	for _, to := range socks {
+		for _, d := range [][]byte{
+			appendQueryDatagram(nil, punchKindProbe, &wrong, nil, queryPadTo),
+			appendQueryDatagram(nil, punchKindAnswer, &wrong, nil, 0),
+			[]byte("not a probe"),
+		} {
+			_, err := stranger.WriteToUDPAddrPort(d, to)
+			require.NoError(t, err)
+		}
+	}
+	chosen := socks[len(socks)/2]
+	_, err = joiner.pc.WriteToUDPAddrPort(appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0), chosen)
+	require.NoError(t, err)
+	var ep *endpoint
+	require.Eventually(t, func() bool {
+		hl.punch.mu.Lock()
+		defer hl.punch.mu.Unlock()
+		for e := range hl.punch.adopted {
+			ep = e
+		}
+		return ep != nil
+	}, 5*time.Second, time.Millisecond)
+	hl.punch.mu.Lock()
+	assert.Len(t, hl.punch.adopted, 1)
+	hl.punch.mu.Unlock()
+	adoptedAt, _ := addrPortOf(ep.sock.LocalAddr())
+	assert.Equal(t, chosen.Port(), adoptedAt.Port(), "the socket the joiner's probe came in on")
+	// It probes the joiner at once: a second probe from it.
+	require.Eventually(t, func() bool {
+		joiner.mu.Lock()
+		defer joiner.mu.Unlock()
+		return len(joiner.from[chosen]) >= 2
+	}, 5*time.Second, time.Millisecond)
+
+	// The joiner's word, on the adopted socket, ends the Punch.
+	_, err = joiner.pc.WriteToUDPAddrPort(appendQueryDatagram(nil, punchKindAnswer, &in.Token, nil, 0), chosen)
+	require.NoError(t, err)
+	require.NoError(t, <-punched)
+
+	require.NoError(t, hl.Close())
+	select {
+	case <-ep.readerDone:
+	default:
+		t.Error("the adopted socket outlived its Listener")
+	}
+	require.NoError(t, stranger.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	_, _, err = stranger.ReadFrom(make([]byte, 2048))
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "the stranger got an answer: %v", err)
+}

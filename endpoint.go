@@ -44,6 +44,9 @@ type endpoint struct {
 
 	readerDone chan struct{}
 	closeOnce  sync.Once
+	// release, for a socket a Listener adopted (birthday.go), closes
+	// it once its connection ended.
+	release func()
 
 	// Atomic.
 	invalid atomic.Uint64 // malformed datagrams from unknown endpoints
@@ -492,6 +495,9 @@ func (ep *endpoint) remove(c *Conn) {
 // the peer would otherwise wait out its DisconnectTimeout.
 func (ep *endpoint) connDone(c *Conn) {
 	if ep.l != nil {
+		if ep.release != nil {
+			ep.release()
+		}
 		return
 	}
 	if d := c.sess.socketLinger(time.Now()); d > 0 {

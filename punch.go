@@ -134,6 +134,9 @@ type punchState struct {
 	tokens map[[8]byte]chan struct{} // Punch: signalled when a probe or answer comes
 	waits  map[[queryNonceSize]byte]*introWait
 	hosts  map[string]*introHost
+	// The sockets of hard hosts' birthday probing that the Listener
+	// serves, each for one joiner's connection (birthday.go).
+	adopted map[*endpoint]struct{}
 
 	answered, dropped atomic.Uint64
 }
@@ -751,6 +754,8 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 	defer t.Stop()
 	sent, heard := false, false
 	spray := newBirthdaySpray(in) // nil unless the joiner alone is hard
+	fan := l.openHostFan(in)      // nil unless the host alone is hard
+	defer fan.close()
 	for round := 0; round < punchRounds; {
 		select {
 		case <-t.C:
@@ -758,12 +763,15 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 				l.eps[0].write(probe, c)
 			}
 			spray.round(func(to netip.AddrPort) { l.eps[0].write(probe, to) })
+			fan.round(round)
 			sent = true
 			round++
 			if heard {
 				return nil
 			}
 			t.Reset(punchInterval)
+		case hit := <-fan.hits():
+			fan.take(hit)
 		case <-seen:
 			if sent {
 				return nil // the joiner found a path after our probes went out
@@ -820,10 +828,13 @@ func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (n
 			return netip.AddrPort{}, ctx.Err()
 		}
 	}
+	spray := newBirthdaySpray(in) // nil unless the host alone is hard
+	small := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)
 	for range punchRounds {
 		for _, c := range in.Peer {
 			pc.WriteTo(probe, net.UDPAddrFromAddrPort(c)) // an unreachable candidate is no error
 		}
+		spray.round(func(to netip.AddrPort) { pc.WriteTo(small, net.UDPAddrFromAddrPort(to)) })
 		pc.SetReadDeadline(time.Now().Add(punchInterval))
 		for {
 			if err := ctx.Err(); err != nil {
