@@ -61,6 +61,14 @@ const (
 	birthdayMinPort = 1024
 	birthdayPorts   = 65536 - birthdayMinPort
 
+	// birthdayKindOpen is the server query datagram kind (section 8) of
+	// what a hard side's extra sockets send to open their NAT's
+	// mappings: the token in the nonce field, 20 bytes. No one takes or
+	// answers it (a Listener drops it as a stray datagram), so that a
+	// peer that reads one, its NAT having let it in by chance, never
+	// takes for a path a socket that did not hear the peer.
+	birthdayKindOpen = 13
+
 	// introFlagHard, in an introduction's flags byte: the side's NAT
 	// maps each destination to a port of its own. Other bits are
 	// ignored.
@@ -270,7 +278,7 @@ func probeBirthday(ctx context.Context, pc net.PacketConn, in Introduction, open
 	}
 	fan := openFan(open, in.Token, pc)
 	padded := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, queryPadTo)
-	small := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)
+	small := appendQueryDatagram(nil, birthdayKindOpen, &in.Token, nil, 0)
 	host := net.UDPAddrFromAddrPort(in.Peer[0])
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -313,7 +321,8 @@ type hostFan struct {
 	in      Introduction
 	fan     *birthdayFan
 	adopted *endpoint
-	small   []byte
+	open    []byte // the extra sockets' (birthdayKindOpen)
+	probe   []byte // the adopted socket's
 }
 
 // openHostFan opens a hard host's extra sockets beside the Listener's
@@ -330,7 +339,11 @@ func (l *Listener) openHostFan(in Introduction) *hostFan {
 	open := func() (net.PacketConn, error) {
 		return net.ListenUDP(network, &net.UDPAddr{IP: laddr.Addr().Unmap().AsSlice()})
 	}
-	return &hostFan{l: l, in: in, fan: openFan(open, in.Token), small: appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)}
+	return &hostFan{
+		l: l, in: in, fan: openFan(open, in.Token),
+		open:  appendQueryDatagram(nil, birthdayKindOpen, &in.Token, nil, 0),
+		probe: appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0),
+	}
 }
 
 // hits is where the fan's first hit comes; nil (never) for no fan or
@@ -349,10 +362,10 @@ func (h *hostFan) round(round int) {
 	case h == nil:
 	case h.adopted != nil:
 		for _, c := range h.in.Peer {
-			h.adopted.write(h.small, c)
+			h.adopted.write(h.probe, c)
 		}
 	case !h.fan.stopped && round%birthdayResend == 0:
-		h.fan.send(h.small, net.UDPAddrFromAddrPort(h.in.Peer[0]))
+		h.fan.send(h.open, net.UDPAddrFromAddrPort(h.in.Peer[0]))
 	}
 }
 
@@ -384,10 +397,11 @@ const adoptGrace = 10 * time.Second
 
 // adopt makes the Listener serve uc beside its own sockets, for the
 // connection of the joiner whose probe came in on it: a connection
-// attempt there is admitted as any other (AcceptConn), and the socket is
-// closed once that connection ends, when none came within adoptGrace,
-// or with the Listener. It returns nil, closing uc, if the Listener is
-// closed.
+// attempt there is admitted as any other (AcceptConn), under the same
+// rules as on the Listener's own sockets, and the socket is closed once
+// an established connection there ended and none is left, when none
+// came within adoptGrace, or with the Listener. It returns nil, closing
+// uc, if the Listener is closed.
 func (l *Listener) adopt(uc *net.UDPConn) *endpoint {
 	ep := newEndpoint(newUDPSocket(uc, false), false, l.cfg, &endpointOptions{})
 	ep.l = l
@@ -400,7 +414,21 @@ func (l *Listener) adopt(uc *net.UDPConn) *endpoint {
 			ep.close()
 		})
 	}
-	ep.release = func() { go release() } // never on the goroutine of the connection's end
+	ep.release = func(c *Conn) {
+		// Only an established connection's end: an attempt that failed
+		// there (a stranger's, say) leaves the socket to the joiner's.
+		select {
+		case <-c.estab:
+		default:
+			return
+		}
+		ep.mu.Lock()
+		idle := len(ep.conns) == 0
+		ep.mu.Unlock()
+		if idle {
+			go release() // never on the goroutine of the connection's end
+		}
+	}
 	l.punch.mu.Lock()
 	select {
 	case <-l.closed:

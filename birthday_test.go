@@ -226,7 +226,7 @@ func TestBirthdayJoinerBudget(t *testing.T) {
 	}
 	// The host got the probes of every socket (on loopback, some may
 	// be dropped when its buffer fills).
-	require.Eventually(t, func() bool { return h.sources(punchKindProbe) >= 1+birthdaySockets/2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return h.sources(birthdayKindOpen) >= birthdaySockets/2 }, 5*time.Second, 5*time.Millisecond)
 	assert.False(t, isClosed(pc))
 }
 
@@ -396,12 +396,17 @@ func TestBirthdayAttackHostAdopts(t *testing.T) {
 	hl.punch.mu.Unlock()
 	adoptedAt, _ := addrPortOf(ep.sock.LocalAddr())
 	assert.Equal(t, chosen.Port(), adoptedAt.Port(), "the socket the joiner's probe came in on")
-	// It probes the joiner at once: a second probe from it.
+	// It probes the joiner at once: a probe after what opened its
+	// mapping.
 	require.Eventually(t, func() bool {
 		joiner.mu.Lock()
 		defer joiner.mu.Unlock()
-		return len(joiner.from[chosen]) >= 2
+		ks := joiner.from[chosen]
+		return len(ks) >= 2 && ks[len(ks)-1] == punchKindProbe
 	}, 5*time.Second, time.Millisecond)
+	joiner.mu.Lock()
+	assert.Equal(t, byte(birthdayKindOpen), joiner.from[chosen][0], "opening the mapping: no probe")
+	joiner.mu.Unlock()
 
 	// The joiner's word, on the adopted socket, ends the Punch.
 	_, err = joiner.pc.WriteToUDPAddrPort(appendQueryDatagram(nil, punchKindAnswer, &in.Token, nil, 0), chosen)

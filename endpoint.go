@@ -44,9 +44,10 @@ type endpoint struct {
 
 	readerDone chan struct{}
 	closeOnce  sync.Once
-	// release, for a socket a Listener adopted (birthday.go), closes
-	// it once its connection ended.
-	release func()
+	// release, for a socket a Listener adopted (birthday.go), hears of
+	// each connection's end there, and closes the socket once an
+	// established one ended and none is left.
+	release func(c *Conn)
 
 	// Atomic.
 	invalid atomic.Uint64 // malformed datagrams from unknown endpoints
@@ -496,7 +497,7 @@ func (ep *endpoint) remove(c *Conn) {
 func (ep *endpoint) connDone(c *Conn) {
 	if ep.l != nil {
 		if ep.release != nil {
-			ep.release()
+			ep.release(c)
 		}
 		return
 	}

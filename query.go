@@ -128,7 +128,7 @@ func parseQueryDatagram(b []byte) (kind byte, nonce [queryNonceSize]byte, body [
 		return 0, nonce, nil, false
 	}
 	kind = p[len(queryMagic)+1]
-	if kind < queryKindQuery || kind > introKindAnswer { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go)
+	if kind < queryKindQuery || kind > introKindAnswer && kind != birthdayKindOpen { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go); 13: birthday.go
 		return 0, nonce, nil, false
 	}
 	p = p[len(queryMagic)+2:]
