@@ -135,19 +135,25 @@ func runBirthdayPair(t *testing.T, host, joiner nattest.Type, seed uint64) birth
 	return run
 }
 
-// birthdayRuns is how many seeded runs a pair gets, and birthdayWithin
-// the time from the agreed start to connected that a run must meet.
+// birthdayRuns is how many seeded runs a pair gets (5 with -short, to
+// keep the short suite's time), and birthdayWithin the time from the
+// agreed start to connected that a run must meet.
 const (
 	birthdayRuns   = 20
 	birthdayWithin = 3 * time.Second
 )
 
 // runBirthdayPairs runs a pair birthdayRuns times (seeds 1 to 20) and
-// asserts that at least 19 connect directly within birthdayWithin of
-// the agreed start, logging the times to a path.
+// asserts that at least 95 % (19 of 20; 5 of 5 with -short) connect
+// directly within birthdayWithin of the agreed start, logging the times
+// to a path.
 func runBirthdayPairs(t *testing.T, host, joiner nattest.Type) {
 	nattest.Require(t)
-	runs := make([]birthdayRun, birthdayRuns)
+	n := birthdayRuns
+	if testing.Short() {
+		n = 5
+	}
+	runs := make([]birthdayRun, n)
 	t.Run("runs", func(t *testing.T) {
 		for i := range runs {
 			t.Run(fmt.Sprintf("seed-%d", i+1), func(t *testing.T) {
@@ -176,7 +182,7 @@ func runBirthdayPairs(t *testing.T, host, joiner nattest.Type) {
 		t.Logf("NAT pair %v hosts, %v joins: %d of %d direct within %v; time to path from the agreed start: min %v, median %v, max %v",
 			host, joiner, ok, len(runs), birthdayWithin, times[0].Round(time.Millisecond), times[len(times)/2].Round(time.Millisecond), times[len(times)-1].Round(time.Millisecond))
 	}
-	assert.GreaterOrEqual(t, ok, birthdayRuns*95/100, "runs direct within %v", birthdayWithin)
+	assert.GreaterOrEqual(t, ok, len(runs)-len(runs)/20, "runs direct within %v", birthdayWithin)
 }
 
 // A joiner behind a symmetric NAT reaches a host behind a
@@ -186,9 +192,6 @@ func runBirthdayPairs(t *testing.T, host, joiner nattest.Type) {
 // socket a probe came in on. At least 19 of 20 runs connect within 3 s
 // of the agreed start.
 func TestNATBirthdayJoinerSymmetric(t *testing.T) {
-	if testing.Short() {
-		t.Skip("20 NATs: not with -short")
-	}
 	runBirthdayPairs(t, nattest.PortRestrictedCone, nattest.Symmetric)
 }
 
@@ -199,9 +202,6 @@ func TestNATBirthdayJoinerSymmetric(t *testing.T) {
 // probe came in on, over which it accepts the joiner's connection. At
 // least 19 of 20 runs connect within 3 s of the agreed start.
 func TestNATBirthdayHostSymmetric(t *testing.T) {
-	if testing.Short() {
-		t.Skip("20 NATs: not with -short")
-	}
 	runBirthdayPairs(t, nattest.Symmetric, nattest.PortRestrictedCone)
 }
 
