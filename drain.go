@@ -142,7 +142,7 @@ func (l *Listener) live() (cs, streaming []*Conn) {
 		add(c)
 	}
 	l.mu.Unlock()
-	for _, ep := range l.eps {
+	for _, ep := range l.endpoints() {
 		ep.mu.Lock()
 		for _, c := range ep.conns {
 			add(c)

@@ -47,6 +47,10 @@ type endpoint struct {
 
 	readerDone chan struct{}
 	closeOnce  sync.Once
+	// release, for a socket a Listener adopted (birthday.go), hears of
+	// each connection's end there, and closes the socket once an
+	// established one ended and none is left.
+	release func(c *Conn)
 
 	// A dialed connection's relay, if it dialed through one (relay.go):
 	// on the endpoint, which is the connection's own, to keep Conn small.
@@ -509,6 +513,9 @@ func (ep *endpoint) remove(c *Conn) {
 // the peer would otherwise wait out its DisconnectTimeout.
 func (ep *endpoint) connDone(c *Conn) {
 	if ep.l != nil {
+		if ep.release != nil {
+			ep.release(c)
+		}
 		return
 	}
 	if d := c.sess.socketLinger(time.Now()); d > 0 {

@@ -334,7 +334,7 @@ func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
 // ended, accepted or not yet.
 func (l *Listener) Conns() []*Conn {
 	var cs []*Conn
-	for _, ep := range l.eps {
+	for _, ep := range l.endpoints() {
 		ep.mu.Lock()
 		for _, c := range ep.conns {
 			select {
@@ -370,7 +370,7 @@ func (l *Listener) SetListenOpen(open bool) {
 // Stats returns the listener's counters.
 func (l *Listener) Stats() ListenerStats {
 	st := ListenerStats{Sockets: len(l.eps)}
-	for _, ep := range l.eps {
+	for _, ep := range l.endpoints() {
 		ep.mu.Lock()
 		st.Connections += len(ep.conns)
 		ep.mu.Unlock()
@@ -452,7 +452,7 @@ func (l *Listener) Close() error {
 	// closed below.
 	l.workers.Wait()
 	var conns []*Conn
-	for _, ep := range l.eps {
+	for _, ep := range l.endpoints() {
 		ep.mu.Lock()
 		for _, c := range ep.conns {
 			conns = append(conns, c)
@@ -469,7 +469,7 @@ func (l *Listener) Close() error {
 	}
 	wg.Wait()
 	l.loops.Wait()
-	for _, ep := range l.eps {
+	for _, ep := range l.endpoints() {
 		ep.close()
 	}
 	return nil

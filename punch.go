@@ -118,6 +118,17 @@ type Introduction struct {
 	// DialCandidates makes re-punches.
 	introducer netip.AddrPort
 	id         string
+
+	// Hard says that this side's NAT maps each destination to a port of
+	// its own (a symmetric NAT), and PeerHard that the other side's does
+	// (birthday.go): when one side is hard and the other not, the hard
+	// side opens many sockets toward the other's address and the easy
+	// side probes random ports of the hard side's. Listener.HostWith and
+	// JoinWith learn Hard with a second reflector, and the introducer
+	// passes it on as the other side's PeerHard.
+	Hard, PeerHard bool
+
+	seed uint64 // the random ports' seed (tests); zero: random
 }
 
 // Signal carries introductions between a host and a joiner by other means
@@ -144,6 +155,9 @@ type punchState struct {
 	tokens map[[8]byte]chan struct{} // Punch: signalled when a probe or answer comes
 	waits  map[[queryNonceSize]byte]*introWait
 	hosts  map[string]*introHost
+	// The sockets of hard hosts' birthday probing that the Listener
+	// serves, each for one joiner's connection (birthday.go).
+	adopted map[*endpoint]struct{}
 
 	answered, dropped atomic.Uint64
 
@@ -161,6 +175,7 @@ type introWait struct {
 type introHost struct {
 	observed netip.AddrPort
 	locals   []netip.AddrPort
+	flags    byte // introFlagHard
 	seen     time.Time
 	joiner   *introJoiner
 	nonce    [queryNonceSize]byte // of its last ask: its Host call's
@@ -171,6 +186,7 @@ type introJoiner struct {
 	relayOn  bool
 	observed netip.AddrPort
 	locals   []netip.AddrPort
+	flags    byte // introFlagHard
 	token    [8]byte
 	start    time.Time
 	told     bool                 // to a host's ask of nonce toldTo
@@ -270,7 +286,7 @@ func (l *Listener) handlePunch(ep *endpoint, addr netip.AddrPort, p *packet, kin
 func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, nonce *[queryNonceSize]byte, body []byte, tie *[8]byte) {
 	in := len(p.b)
 	defer ep.putPacket(p)
-	role, cookie, id, locals, ok := parseIntroAsk(body)
+	role, cookie, id, locals, flags, ok := parseIntroAsk(body)
 	answer := byte(introKindAnswer)
 	if tie != nil {
 		answer = repunchKindAnswer
@@ -295,7 +311,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 		}
 		return
 	}
-	var status byte = introWaiting
+	var status, peerFlags byte = introWaiting, 0
 	var token [8]byte
 	var start time.Time
 	var peer []netip.AddrPort
@@ -326,7 +342,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 			// The same Host call from a new address (its NAT mapped
 			// it afresh, repunch.go) keeps the ID: its nonce, which
 			// only the host and we know, says it is the same.
-			h.observed, h.locals, h.seen, h.nonce = addr, locals, now, *nonce
+			h.observed, h.locals, h.seen, h.nonce, h.flags = addr, locals, now, *nonce, flags
 			j := h.joiner
 			if j != nil && (j.told && j.toldTo != *nonce || now.After(j.start.Add(introRetell))) {
 				// Told to an earlier Host call (this one is for the
@@ -336,7 +352,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 			if j != nil {
 				// Told again to the ask of the same Host call, whose
 				// answer may have been lost.
-				status, token, start = introIntroduced, j.token, j.start
+				status, token, start, peerFlags = introIntroduced, j.token, j.start, j.flags
 				peer = introPeer(j.observed, j.locals, h.observed)
 				j.told, j.toldTo = true, *nonce
 				relayOn, relayPort, relayToken = j.relayTicket(0)
@@ -351,7 +367,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 			if j == nil || j.observed != addr || !sameTie(j.tie, tie) {
 				// A new joiner takes the place of one the host was not
 				// told of yet.
-				j = &introJoiner{observed: addr, locals: locals, start: now.Add(introLead), tie: tie}
+				j = &introJoiner{observed: addr, locals: locals, flags: flags, start: now.Add(introLead), tie: tie}
 				rand.Read(j.token[:])
 				if l.relay.on.Load() {
 					// An allocation for the pair, in case no probe gets
@@ -361,13 +377,13 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				}
 				h.joiner = j
 			}
-			status, token, start = introIntroduced, j.token, j.start
+			status, token, start, peerFlags = introIntroduced, j.token, j.start, h.flags
 			peer = introPeer(h.observed, h.locals, addr)
 			relayOn, relayPort, relayToken = j.relayTicket(1)
 		}
 	}
 	l.punch.mu.Unlock()
-	b := make([]byte, 0, 1+8+2+1+maxCandidates*2*reflectMaxBody+2+relayTokenSize)
+	b := make([]byte, 0, 1+8+8+2+1+maxCandidates*2*reflectMaxBody+1+2+relayTokenSize)
 	b = append(b, status)
 	if status == introIntroduced && answer == repunchKindAnswer {
 		b = append(b, tie[:]...)
@@ -379,6 +395,7 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 		for _, c := range peer {
 			b = appendReflectBody(b, nonce, c)
 		}
+		b = append(b, peerFlags) // the other side's: an asker from before the flags takes it for padding
 		if relayOn {
 			b = appendIntroRelay(b, relayPort, relayToken)
 		}
@@ -417,8 +434,9 @@ func introPeer(observed netip.AddrPort, locals []netip.AddrPort, other netip.Add
 }
 
 // appendIntroAsk appends an ask's body: role, the cookie (none at first),
-// the ID, the candidates.
-func appendIntroAsk(b []byte, role byte, cookie []byte, id string, self []netip.AddrPort) []byte {
+// the ID, the candidates, the flags (introFlagHard; an introducer from
+// before the flags takes them for padding).
+func appendIntroAsk(b []byte, role byte, cookie []byte, id string, self []netip.AddrPort, flags byte) []byte {
 	var zero [queryNonceSize]byte
 	b = append(b, role, byte(len(cookie)))
 	b = append(b, cookie...)
@@ -428,54 +446,54 @@ func appendIntroAsk(b []byte, role byte, cookie []byte, id string, self []netip.
 	for _, c := range self {
 		b = appendReflectBody(b, &zero, c) // not XORed: the nonce is zeros
 	}
-	return b
+	return append(b, flags)
 }
 
-func parseIntroAsk(b []byte) (role byte, cookie []byte, id string, self []netip.AddrPort, ok bool) {
+func parseIntroAsk(b []byte) (role byte, cookie []byte, id string, self []netip.AddrPort, flags byte, ok bool) {
 	if len(b) < 2 || (b[0] != introRoleHost && b[0] != introRoleJoin) || (b[1] != 0 && b[1] != cookieSize) {
-		return 0, nil, "", nil, false
+		return 0, nil, "", nil, 0, false
 	}
 	role, cookie, b = b[0], b[2:min(len(b), 2+int(b[1]))], b[min(len(b), 2+int(b[1])):]
 	if len(cookie) == 0 {
 		cookie = nil
 	}
 	if len(b) < 2 || b[0] == 0 || int(b[0]) > MaxIntroID || len(b) < 2+int(b[0]) {
-		return 0, nil, "", nil, false
+		return 0, nil, "", nil, 0, false
 	}
 	id = string(b[1 : 1+b[0]])
 	var zero [queryNonceSize]byte
-	self, ok = parseCandidates(b[1+b[0]:], &zero)
-	return role, cookie, id, self, ok
+	self, rest, ok := parseCandidates(b[1+b[0]:], &zero)
+	return role, cookie, id, self, introFlags(rest), ok
 }
 
 // parseCandidates reads a count and that many addresses (appendReflectBody's
-// form, XORed with nonce); padding may follow.
-func parseCandidates(b []byte, nonce *[queryNonceSize]byte) ([]netip.AddrPort, bool) {
+// form, XORed with nonce); rest is what follows (flags, padding).
+func parseCandidates(b []byte, nonce *[queryNonceSize]byte) (_ []netip.AddrPort, rest []byte, ok bool) {
 	if len(b) < 1 || b[0] > maxCandidates {
-		return nil, false
+		return nil, nil, false
 	}
 	n := int(b[0])
 	b = b[1:]
 	out := make([]netip.AddrPort, 0, n)
 	for range n {
 		if len(b) < 1 {
-			return nil, false
+			return nil, nil, false
 		}
 		size := 1 + 4 + 2
 		if b[0] == 6 {
 			size = 1 + 16 + 2
 		}
 		if len(b) < size {
-			return nil, false
+			return nil, nil, false
 		}
 		a, ok := parseReflectBody(b[:size], nonce)
 		if !ok {
-			return nil, false
+			return nil, nil, false
 		}
 		out = append(out, a)
 		b = b[size:]
 	}
-	return out, true
+	return out, b, true
 }
 
 // parseIntroduced reads an introduced answer's body after its status.
@@ -487,12 +505,15 @@ func parseIntroduced(b []byte, nonce *[queryNonceSize]byte, now time.Time, intro
 	copy(in.Token[:], b)
 	wait := time.Duration(uint16(b[8])<<8|uint16(b[9])) * time.Millisecond
 	in.Start = now.Add(wait)
-	peer, ok := parseCandidates(b[10:], nonce)
+	peer, rest, ok := parseCandidates(b[10:], nonce)
 	if !ok || len(peer) == 0 {
 		return Introduction{}, false
 	}
 	in.Peer = peer
-	parseIntroRelay(b[10+candidatesLen(b[10:]):], introducer, &in)
+	in.PeerHard = introFlags(rest)&introFlagHard != 0
+	if len(rest) > 0 {
+		parseIntroRelay(rest[1:], introducer, &in) // after the flags
+	}
 	return in, true
 }
 
@@ -539,6 +560,13 @@ func localCandidates(laddr netip.AddrPort) []netip.AddrPort {
 // it also returns the introduction of a joiner whose connection lost its
 // path (a NAT forgot the mapping), with Repunch set, to Punch as any.
 func (l *Listener) Host(ctx context.Context, introducer, id string) (Introduction, error) {
+	return l.HostWith(ctx, introducer, id, nil)
+}
+
+// HostWith is Host with options (o may be nil): with o.Reflector, the
+// Listener first learns whether its NAT maps each destination to a port
+// of its own and tells the introducer (birthday.go).
+func (l *Listener) HostWith(ctx context.Context, introducer, id string, o *IntroOptions) (Introduction, error) {
 	if ctx == nil {
 		return Introduction{}, errNilContext
 	}
@@ -549,6 +577,11 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 	if err != nil {
 		return Introduction{}, err
 	}
+	hard, err := o.hard(ctx, func(ctx context.Context, at string) (netip.AddrPort, error) { return l.Reflect(ctx, at) }, introducer)
+	if err != nil {
+		return Introduction{}, err
+	}
+	flags := introFlagsOf(hard)
 	var nonce [queryNonceSize]byte
 	rand.Read(nonce[:])
 	w := &introWait{server: server, got: make(chan []byte, 4)}
@@ -567,7 +600,7 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 	}()
 	laddr, _ := addrPortOf(l.Addr())
 	locals := localCandidates(laddr)
-	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, nil, id, locals), queryPadTo)
+	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, nil, id, locals, flags), queryPadTo)
 	t := time.NewTicker(introPoll)
 	defer t.Stop()
 	heard := false
@@ -587,12 +620,13 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 			switch b[0] {
 			case introIntroduced:
 				if in, ok := parseIntroduced(b[1:], &nonce, time.Now(), server); ok {
+					in.Hard = hard
 					return in, nil
 				}
 			case introTaken:
 				return Introduction{}, fmt.Errorf("knet: host %q via %v: %w", id, server, ErrIntroIDTaken)
 			case introProve:
-				ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, b[1:], id, locals), queryPadTo)
+				ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, b[1:], id, locals, flags), queryPadTo)
 				continue // at once
 			}
 			goto wait
@@ -614,6 +648,13 @@ func (l *Listener) Host(ctx context.Context, introducer, id string) (Introductio
 // introducer knows the host; it fails with ErrNoHost once ctx ends before
 // that.
 func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introduction, error) {
+	return JoinWith(ctx, pc, introducer, id, nil)
+}
+
+// JoinWith is Join with options (o may be nil): with o.Reflector, the
+// joiner first learns whether pc's NAT maps each destination to a port
+// of its own and tells the introducer (birthday.go).
+func JoinWith(ctx context.Context, pc net.PacketConn, introducer, id string, o *IntroOptions) (Introduction, error) {
 	if ctx == nil {
 		return Introduction{}, errNilContext
 	}
@@ -624,10 +665,15 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 	if err != nil {
 		return Introduction{}, err
 	}
+	hard, err := o.hard(ctx, func(ctx context.Context, at string) (netip.AddrPort, error) { return packetReflect(ctx, pc, at) }, introducer)
+	if err != nil {
+		return Introduction{}, err
+	}
+	flags := introFlagsOf(hard)
 	var nonce [queryNonceSize]byte
 	rand.Read(nonce[:])
 	locals := localCandidates(laddr)
-	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, nil, id, locals), queryPadTo)
+	ask := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, nil, id, locals, flags), queryPadTo)
 	var in Introduction
 	heard := false
 	err = askOver(ctx, pc, server, &ask, func(kind byte, got *[queryNonceSize]byte, body []byte) int {
@@ -637,7 +683,7 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 		heard = true
 		switch body[0] {
 		case introProve:
-			ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, body[1:], id, locals), queryPadTo)
+			ask = appendQueryDatagram(ask[:0], introKindAsk, &nonce, appendIntroAsk(nil, introRoleJoin, body[1:], id, locals, flags), queryPadTo)
 			return askAgain
 		case introIntroduced:
 			var ok bool
@@ -656,6 +702,7 @@ func Join(ctx context.Context, pc net.PacketConn, introducer, id string) (Introd
 		}
 		return Introduction{}, fmt.Errorf("knet: join %q via %v: %w", id, server, err)
 	}
+	in.Hard = hard
 	return in, nil
 }
 
@@ -680,9 +727,19 @@ func PacketCandidates(ctx context.Context, pc net.PacketConn, reflector string) 
 	if ctx == nil {
 		return nil, errNilContext
 	}
-	laddr, server, err := packetPeer(pc, reflector)
+	seen, err := packetReflect(ctx, pc, reflector)
 	if err != nil {
 		return nil, err
+	}
+	laddr, _ := addrPortOf(pc.LocalAddr())
+	return append([]netip.AddrPort{seen}, localCandidates(laddr)...), nil
+}
+
+// packetReflect is the address the knet server at reflector sees pc as.
+func packetReflect(ctx context.Context, pc net.PacketConn, reflector string) (netip.AddrPort, error) {
+	_, server, err := packetPeer(pc, reflector)
+	if err != nil {
+		return netip.AddrPort{}, err
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, queryTimeout, errQueryTimeout)
 	defer cancel()
@@ -702,11 +759,11 @@ func PacketCandidates(ctx context.Context, pc net.PacketConn, reflector string) 
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, reflectError(ctx, server)
+			return netip.AddrPort{}, reflectError(ctx, server)
 		}
-		return nil, err
+		return netip.AddrPort{}, err
 	}
-	return append([]netip.AddrPort{seen}, localCandidates(laddr)...), nil
+	return seen, nil
 }
 
 // packetPeer is pc's own address and the server's at address, of pc's
@@ -820,12 +877,17 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 	t := time.NewTimer(time.Until(in.Start))
 	defer t.Stop()
 	sent, heard := false, false
+	spray := newBirthdaySpray(in) // nil unless the joiner alone is hard
+	fan := l.openHostFan(in)      // nil unless the host alone is hard
+	defer fan.close()
 	for round := 0; round < punchRounds; {
 		select {
 		case <-t.C:
 			for _, c := range in.Peer {
 				l.eps[0].write(probe, c)
 			}
+			spray.round(func(to netip.AddrPort) { l.eps[0].write(probe, to) })
+			fan.round(round)
 			sent = true
 			round++
 			if heard {
@@ -833,6 +895,8 @@ func (l *Listener) Punch(ctx context.Context, in Introduction) error {
 				return nil
 			}
 			t.Reset(punchInterval)
+		case hit := <-fan.hits():
+			fan.take(hit)
 		case <-seen:
 			if sent {
 				direct = true
@@ -871,7 +935,13 @@ func DialCandidates(ctx context.Context, pc net.PacketConn, in Introduction, cfg
 	if ctx == nil {
 		return nil, errNilContext
 	}
-	to, err := probeCandidates(ctx, pc, in)
+	var to netip.AddrPort
+	var err error
+	if in.Hard && !in.PeerHard {
+		pc, to, err = probeBirthday(ctx, pc, in, openBeside(pc))
+	} else {
+		to, err = probeCandidates(ctx, pc, in)
+	}
 	if errors.Is(err, ErrNoDirectPath) && in.Relay.IsValid() {
 		return dialRelayed(ctx, pc, in, cfg) // relay.go
 	}
@@ -904,10 +974,13 @@ func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (n
 			return netip.AddrPort{}, ctx.Err()
 		}
 	}
+	spray := newBirthdaySpray(in) // nil unless the host alone is hard
+	small := appendQueryDatagram(nil, punchKindProbe, &in.Token, nil, 0)
 	for range punchRounds {
 		for _, c := range in.Peer {
 			pc.WriteTo(probe, net.UDPAddrFromAddrPort(c)) // an unreachable candidate is no error
 		}
+		spray.round(func(to netip.AddrPort) { pc.WriteTo(small, net.UDPAddrFromAddrPort(to)) })
 		pc.SetReadDeadline(time.Now().Add(punchInterval))
 		for {
 			if err := ctx.Err(); err != nil {
@@ -928,13 +1001,8 @@ func probeCandidates(ctx context.Context, pc net.PacketConn, in Introduction) (n
 			if ok && (kind == punchKindProbe || kind == punchKindAnswer) && token == in.Token {
 				f, ok := addrPortOf(from)
 				if ok {
-					// Tell the host its probes may stop: an answer,
-					// which it does not answer.
 					to := unmap(f)
-					found := appendQueryDatagram(buf[:0], punchKindAnswer, &in.Token, nil, 0)
-					for range 2 { // twice: one lost leaves the host probing for the rest of its 2 s
-						pc.WriteTo(found, net.UDPAddrFromAddrPort(to))
-					}
+					tellFound(pc, to, &in.Token)
 					return to, nil
 				}
 			}

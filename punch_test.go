@@ -17,13 +17,13 @@ func TestPunchWire(t *testing.T) {
 	self := []netip.AddrPort{netip.MustParseAddrPort("10.0.1.2:4000"), netip.MustParseAddrPort("[fd00::2]:4000")}
 	cookie := make([]byte, cookieSize)
 	cookie[3] = 9
-	role, c, id, got, ok := parseIntroAsk(appendIntroAsk(nil, introRoleJoin, cookie, "room-7", self))
+	role, c, id, got, _, ok := parseIntroAsk(appendIntroAsk(nil, introRoleJoin, cookie, "room-7", self, 0))
 	require.True(t, ok)
 	assert.Equal(t, byte(introRoleJoin), role)
 	assert.Equal(t, cookie, c)
 	assert.Equal(t, "room-7", id)
 	assert.Equal(t, self, got)
-	_, c, _, _, ok = parseIntroAsk(appendIntroAsk(nil, introRoleHost, nil, "x", nil))
+	_, c, _, _, _, ok = parseIntroAsk(appendIntroAsk(nil, introRoleHost, nil, "x", nil, 0))
 	require.True(t, ok)
 	assert.Nil(t, c)
 
@@ -45,7 +45,7 @@ func TestPunchWire(t *testing.T) {
 		for i := range n {
 			buf[i] = byte(r.IntN(12)) // small values: plausible roles, lengths, families
 		}
-		if _, _, _, cs, ok := parseIntroAsk(buf[:n]); ok {
+		if _, _, _, cs, _, ok := parseIntroAsk(buf[:n]); ok {
 			assert.LessOrEqual(t, len(cs), maxCandidates)
 		}
 		if in, ok := parseIntroduced(buf[:n], &nonce, now, netip.AddrPort{}); ok {
@@ -74,7 +74,7 @@ func TestPunchIntroducerUnproven(t *testing.T) {
 	var nonce [queryNonceSize]byte
 	nonce[1] = 1
 	ask := func(cookie []byte, size int) []byte {
-		return appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, cookie, "game", nil), size)
+		return appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, cookie, "game", nil, 0), size)
 	}
 	read := func(c *net.UDPConn) []byte {
 		buf := make([]byte, 2048)

@@ -133,7 +133,7 @@ func parseQueryDatagram(b []byte) (kind byte, nonce [queryNonceSize]byte, body [
 		copy(nonce[:], p)
 		return kind, nonce, p[queryNonceSize:], true
 	}
-	if kind < queryKindQuery || kind > relayKindBound { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go); 9 and 10: relay (relay.go)
+	if kind < queryKindQuery || kind > relayKindBound && kind != birthdayKindOpen { // 3 and 4: address reflection (reflect.go); 5 to 8: punching (punch.go); 9 and 10: relay (relay.go); 13: birthday.go
 		return 0, nonce, nil, false
 	}
 	p = p[len(queryMagic)+2:]

@@ -359,7 +359,7 @@ func (rp *joinRepunch) repunch(ctx context.Context) error {
 	laddr, _ := addrPortOf(c.ep.sock.LocalAddr())
 	locals := localCandidates(laddr)
 	ask := func(cookie []byte) []byte {
-		body := append(rp.tie[:len(rp.tie):len(rp.tie)], appendIntroAsk(nil, introRoleJoin, cookie, rp.id, locals)...)
+		body := append(rp.tie[:len(rp.tie):len(rp.tie)], appendIntroAsk(nil, introRoleJoin, cookie, rp.id, locals, 0)...)
 		return appendQueryDatagram(nil, repunchKindAsk, &nonce, body, queryPadTo)
 	}
 	d := ask(nil)

@@ -93,7 +93,7 @@ func TestRepunchAttackUnknownTie(t *testing.T) {
 	tie := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 	intro := netip.MustParseAddrPort(g.introAddr)
 	ask := func(cookie []byte) {
-		body := append(tie[:], appendIntroAsk(nil, introRoleJoin, cookie, "loop", nil)...)
+		body := append(tie[:], appendIntroAsk(nil, introRoleJoin, cookie, "loop", nil, 0)...)
 		_, err := s.WriteToUDPAddrPort(appendQueryDatagram(nil, repunchKindAsk, &nonce, body, queryPadTo), intro)
 		require.NoError(t, err)
 	}
@@ -333,7 +333,7 @@ func TestRepunchHostMovesWithItsNonce(t *testing.T) {
 		var cookie []byte
 		buf := make([]byte, 2048)
 		for range 2 {
-			_, err := s.WriteToUDPAddrPort(appendQueryDatagram(nil, introKindAsk, &n, appendIntroAsk(nil, introRoleHost, cookie, "moving", nil), queryPadTo), to)
+			_, err := s.WriteToUDPAddrPort(appendQueryDatagram(nil, introKindAsk, &n, appendIntroAsk(nil, introRoleHost, cookie, "moving", nil, 0), queryPadTo), to)
 			require.NoError(t, err)
 			require.NoError(t, s.SetReadDeadline(time.Now().Add(5*time.Second)))
 			k, _, err := s.ReadFromUDPAddrPort(buf)
