@@ -18,8 +18,12 @@
 // answers. The connection is an ordinary knet connection, accepted by the
 // host's Listener; the joiner sends a greeting and the host answers.
 //
-// Behind two symmetric NATs, or a symmetric NAT facing a port-restricted
-// cone, no probe gets through: the joiner then connects through the
+// Behind a symmetric NAT facing a port-restricted cone, no probe of the
+// above gets through; with -reflector (a second address that the
+// introducer also listens on, which tells each side whether its NAT is
+// symmetric) the two connect directly by birthday probing: the symmetric
+// side opens 256 mappings and the other probes random ports. Behind two
+// symmetric NATs, or without -reflector, the joiner connects through the
 // introducer's relay (ServeRelay), which forwards the connection's
 // datagrams as they are, and both go on probing; a secure connection moves
 // to a direct path in place when one opens. Each side prints its route.
@@ -60,6 +64,7 @@ func main() {
 	via := flag.String("via", "", "the introducer's address, for -host and -join")
 	wait := flag.Duration("wait", time.Minute, "how long the host waits for a joiner and the joiner for the host")
 	relay := flag.Bool("relay", true, "the introducer relays when no direct path is found")
+	reflector := flag.String("reflector", "", "a second knet server's address: the introducer listens there too; a host and a joiner ask it whether their NAT maps each destination to a port of its own (symmetric), for birthday probing")
 	flag.DurationVar(&punchWait, "punchwait", punchWait, "how long the host waits for its joiner's connection once it punched")
 	flag.Parse()
 	log.SetFlags(0)
@@ -69,20 +74,34 @@ func main() {
 	switch {
 	case *introducer != "":
 		var l *knet.Listener
-		if l, err = serveIntroducer(*introducer, *relay); err == nil {
+		if l, err = serveIntroducer(*introducer, *relay); err == nil && *reflector != "" {
+			// Any knet Listener reflects: this one is only that.
+			_, err = knet.Listen("udp", *reflector, nil)
+		}
+		if err == nil {
 			log.Printf("introducer on %v", l.Addr())
 			select {} // until killed
 		}
 	case *host != "":
-		err = runHost(ctx, *via, *host, log.Printf)
+		err = runHost(ctx, *via, *host, introOptions(*reflector), log.Printf)
 	case *join != "":
-		err = runJoiner(ctx, *via, *join, log.Printf)
+		err = runJoiner(ctx, *via, *join, introOptions(*reflector), log.Printf)
 	default:
 		err = runAll(ctx, log.Printf)
 	}
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// introOptions is the host's and joiner's options: with a second
+// reflector, each learns whether its NAT is symmetric, and a symmetric
+// NAT facing a port-restricted cone connects by birthday probing.
+func introOptions(reflector string) *knet.IntroOptions {
+	if reflector == "" {
+		return nil
+	}
+	return &knet.IntroOptions{Reflector: reflector}
 }
 
 // punchWait is how long a host waits for its joiner's connection once
@@ -110,14 +129,14 @@ func serveIntroducer(addr string, relay bool) (*knet.Listener, error) {
 
 // runHost hosts one game under id: it registers, punches toward the first
 // joiner, accepts its connection and answers its greeting.
-func runHost(ctx context.Context, via, id string, logf func(string, ...any)) error {
+func runHost(ctx context.Context, via, id string, o *knet.IntroOptions, logf func(string, ...any)) error {
 	l, err := knet.Listen("udp", ":0", nil)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
 	logf("host: listening on %v, registering %q with %s", l.Addr(), id, via)
-	in, err := l.Host(ctx, via, id)
+	in, err := l.HostWith(ctx, via, id, o)
 	if err != nil {
 		return err
 	}
@@ -161,13 +180,13 @@ func runHost(ctx context.Context, via, id string, logf func(string, ...any)) err
 }
 
 // runJoiner joins the game under id and greets its host.
-func runJoiner(ctx context.Context, via, id string, logf func(string, ...any)) error {
+func runJoiner(ctx context.Context, via, id string, o *knet.IntroOptions, logf func(string, ...any)) error {
 	pc, err := net.ListenUDP("udp", nil)
 	if err != nil {
 		return err
 	}
 	logf("joiner: asking %s for %q", via, id)
-	in, err := knet.Join(ctx, pc, via, id)
+	in, err := knet.JoinWith(ctx, pc, via, id, o)
 	if err != nil {
 		pc.Close()
 		return err
@@ -203,8 +222,8 @@ func runAll(ctx context.Context, logf func(string, ...any)) error {
 	defer intro.Close()
 	via := intro.Addr().String()
 	hosted := make(chan error, 1)
-	go func() { hosted <- runHost(ctx, via, "game-1", logf) }()
-	if err := runJoiner(ctx, via, "game-1", logf); err != nil {
+	go func() { hosted <- runHost(ctx, via, "game-1", nil, logf) }()
+	if err := runJoiner(ctx, via, "game-1", nil, logf); err != nil {
 		return fmt.Errorf("joiner: %w", err)
 	}
 	if err := <-hosted; err != nil {

@@ -31,10 +31,12 @@ func TestMain(m *testing.M) {
 }
 
 // exampleRoute is the route the example's joiner behind a port-restricted
-// cone takes to a host behind a symmetric NAT: none today (no probe gets
-// through either NAT); "direct" once birthday probing lands, "relayed"
-// once the relay does.
-const exampleRoute = "none"
+// cone takes to a host behind a symmetric NAT: direct, by birthday
+// probing, since both ask the introducer's second address (-reflector)
+// what their NAT is. Should the probing miss (about 3 in 10,000), the
+// introducer's relay carries the connection: the run still passes, and
+// says so.
+const exampleRoute = "direct"
 
 // proc is one of the example's processes, run in a namespace.
 type proc struct {
@@ -114,8 +116,8 @@ func (p *proc) wait(t *testing.T, d time.Duration) error {
 // with a route (exampleRoute), both exchange their greetings and exit 0.
 func TestNATExampleSymmetricHostPortRestrictedJoiner(t *testing.T) {
 	n := nattest.New(t, nattest.Symmetric, nattest.PortRestrictedCone, nil)
-	const via = "203.0.113.1:7000"
-	intro := start(t, "introducer", n.Public, "-introducer", via)
+	const via, reflector = "203.0.113.1:7000", "203.0.113.1:7001"
+	intro := start(t, "introducer", n.Public, "-introducer", via, "-reflector", reflector)
 	deadline := time.After(10 * time.Second)
 	for up := false; !up; {
 		select {
@@ -127,8 +129,8 @@ func TestNATExampleSymmetricHostPortRestrictedJoiner(t *testing.T) {
 			t.Fatal("the introducer did not say it listens")
 		}
 	}
-	host := start(t, "host", n.A.Host, "-host", "game-35", "-via", via, "-wait", "30s", "-punchwait", "5s")
-	joiner := start(t, "joiner", n.B.Host, "-join", "game-35", "-via", via, "-wait", "30s")
+	host := start(t, "host", n.A.Host, "-host", "game-35", "-via", via, "-reflector", reflector, "-wait", "30s", "-punchwait", "5s")
+	joiner := start(t, "joiner", n.B.Host, "-join", "game-35", "-via", via, "-reflector", reflector, "-wait", "30s")
 	jerr := joiner.wait(t, 30*time.Second)
 	herr := host.wait(t, 30*time.Second)
 	jout, hout := joiner.output(), host.output()
@@ -153,7 +155,9 @@ func TestNATExampleSymmetricHostPortRestrictedJoiner(t *testing.T) {
 		if jerr != nil || herr != nil {
 			t.Errorf("the joiner ended with %v, the host with %v", jerr, herr)
 		}
-		if !strings.Contains(jout, "joiner: route: "+exampleRoute) {
+		if strings.Contains(jout, "joiner: route: relayed") {
+			t.Logf("birthday probing missed; the relay carried the connection")
+		} else if !strings.Contains(jout, "joiner: route: "+exampleRoute) {
 			t.Errorf("the joiner did not report the route %s", exampleRoute)
 		}
 		if !strings.Contains(jout, `the host says "welcome to game-35"`) || !strings.Contains(hout, `says "hello from the joiner"`) {
