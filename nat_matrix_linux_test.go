@@ -71,7 +71,7 @@ var natIntroOptions = &IntroOptions{Reflector: "203.0.113.2:7000"}
 func natMatrixServers(t *testing.T, n *nattest.Net, introAddr string) *Listener {
 	intro := listenIn(t, n.Public, introAddr, testConfig())
 	intro.ServeIntroductions()
-	intro.ServeRelay(RelayConfig{})
+	relayIn(t, n.Public, intro, RelayConfig{}) // its allocations' sockets in the public network
 	listenIn(t, n.Public, natIntroOptions.Reflector, testConfig())
 	return intro
 }
