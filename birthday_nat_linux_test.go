@@ -118,17 +118,23 @@ func runBirthdayPair(t *testing.T, host, joiner nattest.Type, seed uint64) birth
 		defer hl.punch.mu.Unlock()
 		return len(hl.punch.adopted)
 	}
-	if h.in.Hard {
+	hl.punch.mu.Lock()
+	_, onAdopted := hl.punch.adopted[sc.ep]
+	hl.punch.mu.Unlock()
+	if h.in.Hard && !onAdopted {
+		// The Listener's own socket probes the joiner too, which opens
+		// one more mapping toward it: the spray hits that one once in
+		// 257, and the connection runs there, a direct path as good.
+		assert.Same(t, hl.eps[0], sc.ep, "the connection runs on an adopted socket or the Listener's own")
+		t.Logf("seed %d: the spray found the Listener's own mapping", seed)
+	}
+	if h.in.Hard && onAdopted {
 		// Over the extra socket the joiner's probe came in on, which
 		// the Listener serves until the connection ends.
-		hl.punch.mu.Lock()
-		_, ok := hl.punch.adopted[sc.ep]
-		hl.punch.mu.Unlock()
-		assert.True(t, ok, "the connection runs on an adopted socket")
 		assert.Len(t, hl.Conns(), 1, "the Listener lists it")
 		c.Close()
 		require.Eventually(t, func() bool { return adopted() == 0 }, 10*time.Second, 5*time.Millisecond, "the adopted socket closed after its connection")
-	} else {
+	} else if !h.in.Hard {
 		assert.Zero(t, adopted())
 	}
 	run.direct = true
