@@ -84,8 +84,8 @@ type IntroOptions struct {
 	// It says so to the introducer, which tells the other side
 	// (Introduction.PeerHard), and sets Introduction.Hard: a hard joiner
 	// facing an easy host then opens many sockets and the host probes
-	// many ports (birthday probing). Empty: no reflections, and the side
-	// counts as easy, as before.
+	// many ports (birthday probing). Empty, or a reflection unanswered
+	// (loss, a reflector down): the side counts as easy, as before.
 	Reflector string
 }
 
@@ -96,13 +96,16 @@ func (o *IntroOptions) hard(ctx context.Context, reflect func(ctx context.Contex
 	if o == nil || o.Reflector == "" {
 		return false, nil
 	}
+	// A reflection that goes unanswered (loss, a reflector down) leaves
+	// the side easy: it punches as every side did before, and the relay
+	// takes what that does not reach. Only ctx's end is an error.
 	a, err := reflect(ctx, introducer)
 	if err != nil {
-		return false, err
+		return false, ctx.Err()
 	}
 	b, err := reflect(ctx, o.Reflector)
 	if err != nil {
-		return false, err
+		return false, ctx.Err()
 	}
 	return a != b, nil
 }
