@@ -424,3 +424,20 @@ func TestBirthdayAttackHostAdopts(t *testing.T) {
 	var ne net.Error
 	require.True(t, errors.As(err, &ne) && ne.Timeout(), "the stranger got an answer: %v", err)
 }
+
+// A side whose reflections go unanswered (loss, a reflector down) counts
+// as easy and goes on to punch, rather than failing HostWith or
+// JoinWith; only the end of ctx is an error.
+func TestBirthdayUnansweredReflectionIsEasy(t *testing.T) {
+	o := &IntroOptions{Reflector: "192.0.2.1:7000"}
+	silent := func(context.Context, string) (netip.AddrPort, error) {
+		return netip.AddrPort{}, &TimeoutError{Op: "reflect"}
+	}
+	hard, err := o.hard(context.Background(), silent, "192.0.2.2:7000")
+	require.NoError(t, err)
+	assert.False(t, hard)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = o.hard(ctx, silent, "192.0.2.2:7000")
+	assert.ErrorIs(t, err, context.Canceled)
+}
