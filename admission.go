@@ -32,6 +32,11 @@ import (
 //     datagram or frame that opens under the session's keys, in plaintext
 //     over UDP by answering what the server chose at random, over a
 //     stream by TCP's handshake;
+//   - hold a relay allocation (relay.go: a UDP socket and its reader) for
+//     an introduction: at most RelayConfig.MaxAllocationsPerSource per
+//     joiner's source, while the allocation lives (takeRelay), and a
+//     joiner replaced before both sides bound gives its allocation back
+//     at once;
 //   - be answered without a connection: a server query (query.go) or an
 //     address reflection's ask (reflect.go) gets an answer only if it
 //     was padded to 1200 bytes, never with more bytes than it had, and
@@ -98,8 +103,9 @@ type ticket struct {
 }
 
 // sourceUse is what a source's attempts hold: pending places, and
-// connection IDs while unproven.
-type sourceUse struct{ pending, cids int32 }
+// connection IDs while unproven; and the relay allocations its
+// introductions hold.
+type sourceUse struct{ pending, cids, relays int32 }
 
 // roomLocked reports whether an attempt from ip may take a place; l.mu is
 // held.
@@ -137,12 +143,56 @@ func (l *Listener) leaveLocked(t *ticket) {
 		u.cids--
 		l.halfOpenCIDs--
 	}
-	if u == (sourceUse{}) {
-		delete(l.sources, t.src)
-	} else {
-		l.sources[t.src] = u
-	}
+	l.putSourceLocked(t.src, u)
 	t.pending, t.cid = false, false
+}
+
+// putSourceLocked stores what source k holds, forgetting it when it
+// holds nothing; l.mu is held.
+func (l *Listener) putSourceLocked(k sourceKey, u sourceUse) {
+	if u == (sourceUse{}) {
+		delete(l.sources, k)
+	} else {
+		l.sources[k] = u
+	}
+}
+
+// relayPlace is a relay allocation's place among those of its joiner's
+// source (takeRelay). Guarded by the Listener's mu.
+type relayPlace struct {
+	src  sourceKey
+	held bool
+}
+
+// takeRelay takes, into p, one of the relay allocations that the
+// introductions of ip's joiners may hold at once (limit), if one is
+// left. leaveRelay gives it back.
+func (l *Listener) takeRelay(ip netip.Addr, limit int, p *relayPlace) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := sourceOf(ip)
+	u := l.sources[k]
+	if int(u.relays) >= limit {
+		return false
+	}
+	u.relays++
+	l.sources[k] = u
+	*p = relayPlace{src: k, held: true}
+	return true
+}
+
+// leaveRelay gives back the place p holds, if any; it may be called
+// again.
+func (l *Listener) leaveRelay(p *relayPlace) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !p.held {
+		return
+	}
+	u := l.sources[p.src]
+	u.relays--
+	l.putSourceLocked(p.src, u)
+	p.held = false
 }
 
 // A stream that has said nothing yet (silent: no first frame) holds a

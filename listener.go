@@ -115,7 +115,7 @@ type ListenerStats struct {
 	// A relay's (ServeRelay, relay.go).
 	RelayAllocations    int    // allocations held now (each a socket)
 	RelayAllocated      uint64 // allocations made
-	RelayRefused        uint64 // allocations refused (full), and binds refused (a token of no side, or of a side proven at another address)
+	RelayRefused        uint64 // allocations refused (full, or the joiner's source holds RelayConfig.MaxAllocationsPerSource), and binds refused (a token of no side, or of a side proven at another address)
 	RelayForwarded      uint64 // datagrams forwarded between the proven sides of an allocation
 	RelayForwardedBytes uint64 // their bytes
 	RelayLimited        uint64 // datagrams not forwarded: over the allocation's or the relay's bandwidth (RelayConfig)

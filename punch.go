@@ -369,11 +369,16 @@ func (l *Listener) answerIntro(ep *endpoint, addr netip.AddrPort, p *packet, non
 				// told of yet.
 				j = &introJoiner{observed: addr, locals: locals, flags: flags, start: now.Add(introLead), tie: tie}
 				rand.Read(j.token[:])
+				if old := h.joiner; old != nil && old.relay != nil && !old.told {
+					// Never told to the host: its allocation will not
+					// be used (unless both sides bound it anyway).
+					old.relay.release()
+				}
 				if l.relay.on.Load() {
 					// An allocation for the pair, in case no probe gets
 					// through (relay.go); a full relay is said as port 0.
 					j.relayOn = true
-					j.relay, _ = l.allocate()
+					j.relay, _ = l.allocate(addr.Addr())
 				}
 				h.joiner = j
 			}

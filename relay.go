@@ -95,6 +95,12 @@ type RelayConfig struct {
 	// and a joiner, and a UDP socket) the relay holds at once; an
 	// introduction past it tells both sides the relay is full. Default 256.
 	MaxAllocations int
+	// MaxAllocationsPerSource is how many of them the introductions of
+	// one joiner's source (an IPv4 address, an IPv6 /64) hold at once;
+	// an introduction past it tells both sides the relay is full, so
+	// that a few addresses cannot take every allocation. Those of
+	// AllocateRelay, the application's own, are not counted. Default 16.
+	MaxAllocationsPerSource int
 	// ConnBytesPerSecond is what one allocation forwards, both ways
 	// together, in bursts of a second's worth. Default 256 KiB/s.
 	ConnBytesPerSecond int
@@ -112,6 +118,9 @@ type RelayConfig struct {
 func (c RelayConfig) withDefaults() RelayConfig {
 	if c.MaxAllocations <= 0 {
 		c.MaxAllocations = 256
+	}
+	if c.MaxAllocationsPerSource <= 0 {
+		c.MaxAllocationsPerSource = 16
 	}
 	if c.ConnBytesPerSecond <= 0 {
 		c.ConnBytesPerSecond = 256 << 10
@@ -262,7 +271,7 @@ type RelayTicket struct {
 // as the sides reach it (its port is replaced by the allocation's). It
 // fails with ErrRelayRefused when the relay is full or not serving.
 func (l *Listener) AllocateRelay(at netip.Addr) (host, join RelayTicket, err error) {
-	a, err := l.allocate()
+	a, err := l.allocate(netip.Addr{})
 	if err != nil {
 		return host, join, err
 	}
@@ -279,13 +288,20 @@ type relayAlloc struct {
 	port   uint16
 	tokens [2][relayTokenSize]byte
 
+	// src holds the place of the joiner's source (takeRelay), for an
+	// introduction's allocation; paired: both sides bound.
+	src    relayPlace
+	paired atomic.Bool
+
 	addrs  [2]netip.AddrPort
 	heard  [2]time.Time // when each side last sent (its bind or a datagram)
 	bucket tokenBucket
 }
 
-// allocate opens an allocation, or fails with ErrRelayRefused.
-func (l *Listener) allocate() (*relayAlloc, error) {
+// allocate opens an allocation, or fails with ErrRelayRefused: for an
+// introduction whose joiner is at src, or for the application (src not
+// valid).
+func (l *Listener) allocate(src netip.Addr) (*relayAlloc, error) {
 	r := &l.relay
 	if !r.on.Load() {
 		return nil, fmt.Errorf("knet: not a relay: %w", ErrRelayRefused)
@@ -295,6 +311,11 @@ func (l *Listener) allocate() (*relayAlloc, error) {
 	if len(r.allocs) >= r.cfg.MaxAllocations {
 		r.refused.Add(1)
 		return nil, fmt.Errorf("knet: the relay holds %d allocations: %w", len(r.allocs), ErrRelayRefused)
+	}
+	var place relayPlace
+	if src.IsValid() && !l.takeRelay(src, r.cfg.MaxAllocationsPerSource, &place) {
+		r.refused.Add(1)
+		return nil, fmt.Errorf("knet: the relay holds %d allocations for %v: %w", r.cfg.MaxAllocationsPerSource, src, ErrRelayRefused)
 	}
 	laddr, _ := addrPortOf(l.Addr())
 	network := "udp"
@@ -307,10 +328,11 @@ func (l *Listener) allocate() (*relayAlloc, error) {
 	}
 	pc, err := listen(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(laddr.Addr(), 0)))
 	if err != nil {
+		l.leaveRelay(&place)
 		r.refused.Add(1)
 		return nil, fmt.Errorf("knet: relay socket: %v: %w", err, ErrRelayRefused)
 	}
-	a := &relayAlloc{l: l, pc: pc, port: uint16(pc.LocalAddr().(*net.UDPAddr).Port)}
+	a := &relayAlloc{l: l, pc: pc, port: uint16(pc.LocalAddr().(*net.UDPAddr).Port), src: place}
 	rand.Read(a.tokens[0][:])
 	rand.Read(a.tokens[1][:])
 	a.bucket.init(r.cfg.ConnBytesPerSecond, time.Now())
@@ -349,6 +371,7 @@ func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 		r.mu.Lock()
 		delete(r.allocs, a)
 		r.mu.Unlock()
+		a.l.leaveRelay(&a.src)
 	}()
 	buf := make([]byte, relayMaxDatagram+1)
 	deadline := time.Now().Add(bindTTL)
@@ -372,9 +395,11 @@ func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 		if kind, nonce, body, ok := parseQueryDatagram(b); ok && kind == relayKindBind {
 			// A bind keeps the allocation alive only while both sides
 			// are heard: one side alone does not hold it.
-			if a.bind(from, n, &nonce, body, now) && a.addrs[0].IsValid() && a.addrs[1].IsValid() &&
-				now.Sub(a.heard[0]) < idle && now.Sub(a.heard[1]) < idle {
-				deadline = now.Add(idle)
+			if a.bind(from, n, &nonce, body, now) && a.addrs[0].IsValid() && a.addrs[1].IsValid() {
+				a.paired.Store(true)
+				if now.Sub(a.heard[0]) < idle && now.Sub(a.heard[1]) < idle {
+					deadline = now.Add(idle)
+				}
 			}
 			continue
 		}
@@ -404,6 +429,22 @@ func (a *relayAlloc) run(bindTTL, idle time.Duration) {
 		a.pc.WriteToUDPAddrPort(b, a.addrs[1-side])
 		deadline = now.Add(idle)
 	}
+}
+
+// release ends an introduction's allocation whose sides have not both
+// bound, when the introducer replaced its joiner: nothing will use it.
+// Its places are given back at once (run gives them back again on its
+// way out, which does nothing more).
+func (a *relayAlloc) release() {
+	if a.paired.Load() {
+		return
+	}
+	a.pc.Close()
+	r := &a.l.relay
+	r.mu.Lock()
+	delete(r.allocs, a)
+	r.mu.Unlock()
+	a.l.leaveRelay(&a.src)
 }
 
 func (r *relayServer) takeGlobal(n int, now time.Time) bool {

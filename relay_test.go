@@ -5,7 +5,9 @@ package knet
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -245,42 +247,93 @@ func TestRelayAttackTruncatedForged(t *testing.T) {
 	assert.GreaterOrEqual(t, st.RelayDropped, uint64(5), "the malformed ones, counted")
 }
 
-// An allocation flood through the introducer: joiners asking from ever
-// new ports each get an allocation until the relay holds MaxAllocations;
-// the introductions after say the relay is full (port 0), and a joiner
-// that finds no direct path then fails with ErrRelayRefused. Allocations
-// whose sides never bind end after the bind time.
+// TestRelayAttackAllocationFlood: an allocation flood through the
+// introducer. Joiners asking for one host from ever new ports each take
+// the place of the one before, whose allocation (its sides never bound)
+// is given back at once: the relay holds one. Joiners of one source
+// asking for many hosts get MaxAllocationsPerSource allocations, then
+// introductions that say the relay is full (port 0), while a joiner from
+// another address still gets one; a refused joiner that finds no direct
+// path fails with ErrRelayRefused. Allocations whose sides never bind
+// end after the bind time and give their source's places back.
 func TestRelayAttackAllocationFlood(t *testing.T) {
-	l := relayOnLoopback(t, RelayConfig{MaxAllocations: 4})
+	l := relayOnLoopback(t, RelayConfig{MaxAllocations: 8, MaxAllocationsPerSource: 3})
 	l.relay.mu.Lock()
-	l.relay.bindTTL = 300 * time.Millisecond
+	l.relay.bindTTL = 3 * time.Second
 	l.relay.mu.Unlock()
-	host := listen(t, testConfig())
-	ctx := within(t, 10*time.Second)
-	hctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go host.Host(hctx, l.Addr().String(), "flooded")
-	var last Introduction
+	ctx := within(t, 20*time.Second)
+	hostAs := func(id string) { registerHost(t, l, id) }
+	hostAs("flooded")
 	for i := range 6 {
-		pc := udpSide(t)
-		in, err := Join(ctx, pc, l.Addr().String(), "flooded")
+		in, err := Join(ctx, udpSide(t), l.Addr().String(), "flooded")
 		require.NoError(t, err)
-		if i < 4 {
-			assert.NotZero(t, in.Relay.Port(), "joiner %d gets an allocation", i)
+		assert.NotZero(t, in.Relay.Port(), "joiner %d gets an allocation", i)
+		assert.Equal(t, 1, l.Stats().RelayAllocations, "joiner %d: the one before gave its allocation back", i)
+	}
+
+	// One source, many hosts: three allocations (the flooded host's
+	// joiner holds one of them), then none.
+	var refused Introduction
+	for i := range 4 {
+		id := fmt.Sprintf("host%d", i)
+		hostAs(id)
+		in, err := Join(ctx, udpSide(t), l.Addr().String(), id)
+		require.NoError(t, err)
+		if i < 2 {
+			assert.NotZero(t, in.Relay.Port(), "joiner of %s gets an allocation", id)
 		} else {
 			assert.Equal(t, l.Addr().(*net.UDPAddr).AddrPort().Addr(), in.Relay.Addr())
-			assert.Zero(t, in.Relay.Port(), "joiner %d: the relay is full", i)
+			assert.Zero(t, in.Relay.Port(), "joiner of %s: its source holds its allocations", id)
+			refused = in
 		}
-		last = in
 	}
 	st := l.Stats()
-	assert.Equal(t, 4, st.RelayAllocations)
+	assert.Equal(t, 3, st.RelayAllocations)
 	assert.Equal(t, uint64(2), st.RelayRefused)
-	last.relayFirst = time.Second // no probing: straight to the relay
-	_, err := DialCandidates(ctx, udpSide(t), last, testConfig())
+
+	// Another source gets one.
+	other, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	in, err := Join(ctx, other, l.Addr().String(), "host3")
+	require.NoError(t, err)
+	assert.NotZero(t, in.Relay.Port(), "a joiner from another address")
+	assert.Equal(t, 4, l.Stats().RelayAllocations)
+
+	refused.relayFirst = time.Second // no probing: straight to the relay
+	_, err = DialCandidates(ctx, udpSide(t), refused, testConfig())
 	require.ErrorIs(t, err, ErrRelayRefused)
-	// Unbound, they expire.
-	require.Eventually(t, func() bool { return l.Stats().RelayAllocations == 0 }, 5*time.Second, 10*time.Millisecond)
+	// Unbound, they expire, and the source's places come back.
+	require.Eventually(t, func() bool { return l.Stats().RelayAllocations == 0 }, 10*time.Second, 10*time.Millisecond)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	assert.Empty(t, l.sources, "every source's places given back")
+}
+
+// registerHost registers a host under id at the introducer l, from a raw
+// socket that asks once (with the cookie l gives it) and never again: it
+// is told of no joiner.
+func registerHost(t *testing.T, l *Listener, id string) {
+	t.Helper()
+	pc := udpSide(t)
+	var nonce [queryNonceSize]byte
+	rand.Read(nonce[:])
+	var cookie []byte
+	for range 2 {
+		d := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, cookie, id, nil, 0), queryPadTo)
+		_, err := pc.WriteToUDPAddrPort(d, l.Addr().(*net.UDPAddr).AddrPort())
+		require.NoError(t, err)
+		b, _ := readFrom(t, pc)
+		kind, _, body, ok := parseQueryDatagram(b)
+		require.True(t, ok && kind == introKindAnswer && len(body) > 0)
+		if body[0] == introProve {
+			cookie = body[1:]
+			continue
+		}
+		require.Equal(t, []byte{introWaiting}, body, "host %s registered", id)
+		return
+	}
+	t.Fatalf("host %s: the introducer wants its cookie again", id)
 }
 
 // The bandwidth limits: an allocation forwards ConnBytesPerSecond (in a
