@@ -296,9 +296,13 @@ func (s *secureState) afterIn(sess *session, now time.Time) ([]byte, error) {
 		k.heard = k.heard || flags&kuHeard != 0
 		k.replyOwed = k.replyOwed || flags&kuReply == 0
 	}
-	if k.sendDue(now) && k.sendStarted && sess.loss.ackedTop > k.sendFirst {
-		if err := k.rekeySend(s, now); err != nil {
-			return nil, err
+	if k.sendDue(now) && k.sendStarted {
+		if sess.loss.ackedTop > k.sendFirst {
+			if err := k.rekeySend(s, now); err != nil {
+				return nil, err
+			}
+		} else {
+			sess.pingForProof(now, k.sendFirst)
 		}
 	}
 	reply := k.replyOwed

@@ -152,3 +152,40 @@ func TestKeyUpdateTimeBound(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyUpdateUnreliableOnly: a game that sends only unreliable
+// messages both ways (state at 100 Hz) gets no acks, the proof an update
+// otherwise waits for: a side whose update is due sends a PingRequest at
+// once (at most every 1.25 s, a quarter of the keepalive), whose answer
+// proves the peer has the current key. With an update due after every 16
+// datagrams, over 20 s of simulated time on a path losing 2%, each side
+// makes a dozen updates or more (the keepalive's pings alone, every 5 s,
+// would allow four), the receivers follow, the pings
+// ride in datagrams that went anyway, and the nonce ledger finds no
+// nonce reused. Before, neither side updated, and at 2^23 datagrams (a
+// day at 100 Hz) the connection would have ended.
+func TestKeyUpdateUnreliableOnly(t *testing.T) {
+	cfg := &Config{KeyUpdateInterval: 16}
+	p := newSecureSimPair(t, cfg, cfg, lossy(7, 0.02), lossy(8, 0.02))
+	p.connect()
+	for i := range 2000 {
+		for side := range 2 {
+			m := numbered(100, i, 30)
+			m.Reliable = false
+			p.send(side, m)
+		}
+		p.run(10*time.Millisecond, nil)
+	}
+	c, s := p.keyPhases()
+	t.Logf("phases: client %d, server %d; client %+v; server %+v", c, s, p.s[0].stats, p.s[1].stats)
+	assert.GreaterOrEqual(t, c, uint64(12), "client phases in 20 s")
+	assert.GreaterOrEqual(t, s, uint64(12), "server phases in 20 s")
+	for side := range 2 {
+		assert.Less(t, p.s[side].stats.DatagramsSent, uint64(2100), "side %d: datagrams for 2,000 messages", side)
+	}
+	assert.Equal(t, c, p.sec[1].ku.recvPhase)
+	assert.Equal(t, s, p.sec[0].ku.recvPhase)
+	assert.Zero(t, p.sec[0].ku.tooFast+p.sec[1].ku.tooFast)
+	assert.Equal(t, stateOK, p.s[0].state)
+	assert.Equal(t, stateOK, p.s[1].state)
+}

@@ -18,8 +18,9 @@ type lossState struct {
 	lostHead int
 	rtt      rttEstimator
 	inflight int // bytes of reliable datagrams sent and neither acked nor lost
-	// ackedTop is 1 + the highest packet number acked (0: none), the
-	// proof a key update waits for (keyupdate.go).
+	// ackedTop is 1 + the highest packet number acked, or whose
+	// PingRequest was answered (0: none), the proof a key update waits
+	// for (keyupdate.go).
 	ackedTop uint64
 
 	// The probe timer: from the last reliable send, backed off per probe

@@ -52,10 +52,12 @@ func (s *session) advanceLive(now time.Time) {
 	}
 }
 
-// pingRecord is a PingRequest sent: its ID, and when, as the time since the
-// session began (live.epoch) (every session holds eight).
+// pingRecord is a PingRequest sent: its ID, when, as the time since the
+// session began (live.epoch), and the low 32 bits of its datagram's
+// packet number (every session holds eight).
 type pingRecord struct {
 	at       time.Duration
+	pn       uint32
 	id       uint8
 	answered bool
 }
@@ -74,7 +76,9 @@ func (s *session) alive(now time.Time) {
 // pingNow records a PingRequest going out now and returns its ID.
 func (s *session) pingNow(now time.Time) uint8 {
 	id := s.live.nextPingID
-	s.live.pings[s.live.pingCount%len(s.live.pings)] = pingRecord{id: id, at: now.Sub(s.live.epoch)}
+	// The PingRequest goes in the next new datagram, whatever it carries
+	// besides: numbered nextPN (numberNew).
+	s.live.pings[s.live.pingCount%len(s.live.pings)] = pingRecord{id: id, at: now.Sub(s.live.epoch), pn: uint32(s.send.nextPN)}
 	s.live.pingCount++
 	s.live.nextPingID++
 	s.live.nextPing = now.Add(s.pingGap(now))
@@ -82,6 +86,33 @@ func (s *session) pingNow(now time.Time) uint8 {
 		s.live.nextPing = s.resumeProbeDue(now)
 	}
 	return id
+}
+
+// pingForProof has a PingRequest go now, unless one went in a datagram
+// numbered first or later and is not answered yet, or any went within a
+// quarter of the keepalive: its answer proves the peer read a datagram
+// from first on, as an ack would (a key update waits for that proof:
+// keyupdate.go). A connection that sends only unreliable messages gets no
+// ack, and would otherwise wait for its keepalive's ping. The quarter
+// keeps two idle peers whose keys are due after every datagram from
+// pinging each other for proof without end.
+func (s *session) pingForProof(now time.Time, first uint64) {
+	if s.live.suspended {
+		return // its pings are resume.go's
+	}
+	if n := s.live.pingCount; n > 0 {
+		p := s.live.pings[(n-1)%len(s.live.pings)]
+		if s.pingPN(p) >= first && !p.answered || now.Sub(s.live.epoch)-p.at < s.cfg.keepalive()/4 {
+			return
+		}
+	}
+	s.live.nextPing = minTime(s.live.nextPing, now)
+}
+
+// pingPN is the packet number of p's datagram: the one within 2^32 below
+// the next.
+func (s *session) pingPN(p pingRecord) uint64 {
+	return s.send.nextPN - uint64(uint32(s.send.nextPN)-p.pn)
 }
 
 // handlePing takes a PingRequest, PingReply or FlowControlRequest, the
@@ -113,6 +144,11 @@ func (s *session) handlePingReply(now time.Time, id uint8) {
 		if p.id == id && !p.answered {
 			s.loss.rtt.sample(now.Sub(s.live.epoch) - p.at)
 			p.answered = true
+			// The peer read the ping's datagram: as good as its ack for
+			// a key update (keyupdate.go), which a connection sending
+			// only unreliable messages otherwise never gets. Its packet
+			// number is the one within 2^32 below the next.
+			s.loss.ackedTop = max(s.loss.ackedTop, s.pingPN(*p)+1)
 			if s.live.waking {
 				s.resume(now) // resume.go
 			}
