@@ -68,6 +68,21 @@ func noAllocsPerMessage(t *testing.T, cfg *Config) {
 	}
 }
 
+// steadyAllocs is testing.AllocsPerRun(runs, f) for traffic over real
+// sockets, measured up to three times: the lowest. A hiccup of a shared
+// machine (an ack or a timer late) can leave more messages in flight
+// than the warm-up ever had, and the connection's free lists grow once
+// for it (TestGroupPollNoAllocs, 1 to 3 times in 100); steady traffic
+// allocates nothing in a window without one, and traffic that allocates
+// on every message does in each.
+func steadyAllocs(runs int, f func()) float64 {
+	best := testing.AllocsPerRun(runs, f)
+	for i := 0; i < 2 && best > 0; i++ {
+		best = min(best, testing.AllocsPerRun(runs, f))
+	}
+	return best
+}
+
 func TestReadWriteNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
