@@ -259,9 +259,11 @@ func TestRelayAttackTruncatedForged(t *testing.T) {
 func TestRelayAttackAllocationFlood(t *testing.T) {
 	l := relayOnLoopback(t, RelayConfig{MaxAllocations: 8, MaxAllocationsPerSource: 3})
 	l.relay.mu.Lock()
-	l.relay.bindTTL = 3 * time.Second
+	// Long enough for every allocation below to be counted before the
+	// first expires, on a loaded machine too.
+	l.relay.bindTTL = 8 * time.Second
 	l.relay.mu.Unlock()
-	ctx := within(t, 20*time.Second)
+	ctx := within(t, 30*time.Second)
 	hostAs := func(id string) { registerHost(t, l, id) }
 	hostAs("flooded")
 	for i := range 6 {
@@ -304,7 +306,7 @@ func TestRelayAttackAllocationFlood(t *testing.T) {
 	_, err = DialCandidates(ctx, udpSide(t), refused, testConfig())
 	require.ErrorIs(t, err, ErrRelayRefused)
 	// Unbound, they expire, and the source's places come back.
-	require.Eventually(t, func() bool { return l.Stats().RelayAllocations == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return l.Stats().RelayAllocations == 0 }, 20*time.Second, 10*time.Millisecond)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	assert.Empty(t, l.sources, "every source's places given back")
