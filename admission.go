@@ -35,8 +35,8 @@ import (
 //   - hold a relay allocation (relay.go: a UDP socket and its reader) for
 //     an introduction: at most RelayConfig.MaxAllocationsPerSource per
 //     joiner's source, while the allocation lives (takeRelay), and a
-//     joiner replaced before both sides bound gives its allocation back
-//     at once;
+//     joiner replaced before the host was told of it gives its allocation
+//     back at once, unless both sides bound it;
 //   - be answered without a connection: a server query (query.go) or an
 //     address reflection's ask (reflect.go) gets an answer only if it
 //     was padded to 1200 bytes, never with more bytes than it had, and
