@@ -317,25 +317,53 @@ func TestRelayAttackAllocationFlood(t *testing.T) {
 // is told of no joiner.
 func registerHost(t *testing.T, l *Listener, id string) {
 	t.Helper()
+	body := rawHost(t, l, id)()
+	require.Equal(t, []byte{introWaiting}, body, "host %s registered", id)
+}
+
+// rawHost returns a host's ask under id at the introducer l from a raw
+// socket: each call asks (with the cookie, once l gave one) and returns
+// the answer's body.
+func rawHost(t *testing.T, l *Listener, id string) func() []byte {
 	pc := udpSide(t)
 	var nonce [queryNonceSize]byte
 	rand.Read(nonce[:])
 	var cookie []byte
-	for range 2 {
-		d := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, cookie, id, nil, 0), queryPadTo)
-		_, err := pc.WriteToUDPAddrPort(d, l.Addr().(*net.UDPAddr).AddrPort())
-		require.NoError(t, err)
-		b, _ := readFrom(t, pc)
-		kind, _, body, ok := parseQueryDatagram(b)
-		require.True(t, ok && kind == introKindAnswer && len(body) > 0)
-		if body[0] == introProve {
+	return func() []byte {
+		t.Helper()
+		for range 2 {
+			d := appendQueryDatagram(nil, introKindAsk, &nonce, appendIntroAsk(nil, introRoleHost, cookie, id, nil, 0), queryPadTo)
+			_, err := pc.WriteToUDPAddrPort(d, l.Addr().(*net.UDPAddr).AddrPort())
+			require.NoError(t, err)
+			b, _ := readFrom(t, pc)
+			kind, _, body, ok := parseQueryDatagram(b)
+			require.True(t, ok && kind == introKindAnswer && len(body) > 0)
+			if body[0] != introProve {
+				return body
+			}
 			cookie = body[1:]
-			continue
 		}
-		require.Equal(t, []byte{introWaiting}, body, "host %s registered", id)
-		return
+		t.Fatalf("host %s: the introducer wants its cookie again", id)
+		return nil
 	}
-	t.Fatalf("host %s: the introducer wants its cookie again", id)
+}
+
+// TestRelayAttackReplacedJoinerTold: a stranger who joins under a host's
+// ID after the host was told of its joiner takes the joiner's place for
+// the host's next ask, but the told pair's allocation stays: the
+// stranger cannot end a pair that may be binding it.
+func TestRelayAttackReplacedJoinerTold(t *testing.T) {
+	l := relayOnLoopback(t, RelayConfig{})
+	ctx := within(t, 20*time.Second)
+	ask := rawHost(t, l, "told")
+	require.Equal(t, []byte{introWaiting}, ask())
+	in, err := Join(ctx, udpSide(t), l.Addr().String(), "told")
+	require.NoError(t, err)
+	require.NotZero(t, in.Relay.Port())
+	require.Equal(t, byte(introIntroduced), ask()[0], "the host is told of its joiner")
+	_, err = Join(ctx, udpSide(t), l.Addr().String(), "told")
+	require.NoError(t, err)
+	assert.Equal(t, 2, l.Stats().RelayAllocations, "the told pair's allocation stays beside the stranger's")
 }
 
 // The bandwidth limits: an allocation forwards ConnBytesPerSecond (in a
