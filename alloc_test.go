@@ -62,7 +62,7 @@ func noAllocsPerMessage(t *testing.T, cfg *Config) {
 			for range 2000 { // warm up pools, queues and maps
 				run()
 			}
-			allocs := testing.AllocsPerRun(2000, run)
+			allocs := steadyAllocs(2000, run)
 			assert.Zero(t, allocs, "allocations per %d message(s)", tt.batch)
 		})
 	}
@@ -103,7 +103,7 @@ func TestReadWriteNoAllocs(t *testing.T) {
 	for range 2000 {
 		run()
 	}
-	assert.Zero(t, testing.AllocsPerRun(2000, run))
+	assert.Zero(t, steadyAllocs(2000, run))
 }
 
 // Every connection holds a Conn and a session: a field added to either

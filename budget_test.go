@@ -387,7 +387,7 @@ func TestBudgetSpentNoAllocs(t *testing.T) {
 		for range 2000 {
 			run()
 		}
-		assert.Zero(t, testing.AllocsPerRun(2000, run), "message %d", m.ID)
+		assert.Zero(t, steadyAllocs(2000, run), "message %d", m.ID)
 	}
 	assert.True(t, l.budget.spent(), "spent all along")
 	assert.Zero(t, l.Stats().ClosedOverBudget)
