@@ -100,6 +100,9 @@ func (c *Conn) round(d *driver) (done bool) {
 		c.drainSendQueue(now)
 		c.handleEvents()
 		c.flush(now, d)
+		if h := c.ep.roundHook; h != nil {
+			h(c)
+		}
 		s.checkReach(int(c.refusals.Swap(0)))
 		c.publish()
 		if rp := c.ep.repunch.Load(); rp != nil {
@@ -115,7 +118,15 @@ func (c *Conn) round(d *driver) (done bool) {
 		}
 		next := s.nextDeadline(now)
 		if !next.After(now) {
-			c.sched.next = now // due: the next round runs the timers
+			c.sched.next = now // due: the next pass runs the timers
+			// The batch goes before them: it holds the session's own
+			// buffers (a reliable datagram, kept until acked), which
+			// the next pass may change. A timeout there resends on the
+			// reference wire by renumbering the datagram in place, and
+			// the batch then carried it twice under the new PacketID,
+			// which the reference drops (CI, once, after a stall of the
+			// round longer than the probe timeout).
+			d.flushBatch()
 			continue
 		}
 		c.sched.next = next
@@ -364,8 +375,9 @@ func (c *Conn) flush(now time.Time, d *driver) {
 			}
 		}
 		// A reliable datagram is the session's own buffer, kept until
-		// acked; nothing is acked before the batch goes out (the
-		// driver holds the connection until then).
+		// acked and changed by nothing before the batch goes out: the
+		// driver holds the connection until then, and a round that
+		// runs again writes the batch first (round).
 		d.add(c, b)
 		c.sched.active = true
 	}

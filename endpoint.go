@@ -33,6 +33,9 @@ type endpoint struct {
 	// When its connections park (Conn.park), and who hears of it.
 	parkAfter time.Duration
 	parkHook  func(*Conn)
+	// roundHook, if set, runs after each pass of a connection's round
+	// has put its datagrams in the batch (tests stall a round with it).
+	roundHook func(*Conn)
 
 	sched scheduler // runs the connections' rounds (sched.go)
 
@@ -87,6 +90,8 @@ type endpointOptions struct {
 	parkAfter time.Duration
 	// parkHook, if set, hears of each connection's parking.
 	parkHook func(*Conn)
+	// roundHook, if set, runs after each pass of a round (endpoint).
+	roundHook func(*Conn)
 }
 
 // defaultParkAfter is endpointOptions.parkAfter's default.
@@ -127,6 +132,7 @@ func newEndpoint(sock socket, connected bool, cfg *config, o *endpointOptions) *
 		cfg:        cfg,
 		parkAfter:  o.parkAfter,
 		parkHook:   o.parkHook,
+		roundHook:  o.roundHook,
 		conns:      make(map[netip.AddrPort]*Conn),
 		readerDone: make(chan struct{}),
 	}

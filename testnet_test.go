@@ -28,6 +28,8 @@ type testNet struct {
 	// -knet.park flag's, or the endpoint's second.
 	parkAfter time.Duration
 	parkHook  func(*Conn)
+	// roundHook, if set, runs after each pass of a connection's round.
+	roundHook func(*Conn)
 	// wrapDial, if set, wraps each dialed socket of the network in memory.
 	wrapDial func(socket) socket
 }
@@ -98,7 +100,7 @@ func bubbleGoroutines() string {
 var _ socket = (*netsim.Socket)(nil)
 
 func (n *testNet) options() *endpointOptions {
-	o := &endpointOptions{parkAfter: n.parkAfter, parkHook: n.parkHook}
+	o := &endpointOptions{parkAfter: n.parkAfter, parkHook: n.parkHook, roundHook: n.roundHook}
 	if o.parkAfter == 0 {
 		o.parkAfter = *parkFlag
 	}
