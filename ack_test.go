@@ -376,6 +376,7 @@ func TestSessionAckConfirmedNotRepeated(t *testing.T) {
 // resends nothing that arrived. (Four repeats of each PacketAck, 32 a
 // datagram, were over within one burst: 28-369 needless resends.)
 func TestAckRepeatsOutlastBursts(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		batch, burst time.Duration
 		seed         uint64

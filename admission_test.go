@@ -202,6 +202,7 @@ func TestTokenStealth(t *testing.T) {
 }
 
 func TestTokenConfigChecks(t *testing.T) {
+	t.Parallel()
 	priv, pub, err := GenerateKey()
 	require.NoError(t, err)
 	key := newTokenKey(t)

@@ -156,6 +156,7 @@ var hostileConfigs = map[string]Config{
 }
 
 func TestHostileConfigValues(t *testing.T) {
+	t.Parallel()
 	for name, hc := range hostileConfigs {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

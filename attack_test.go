@@ -915,6 +915,7 @@ func forgeAfterReplay(a *attackerSock, server netip.AddrPort, syn []byte, s *att
 // path and sends it from its own address must not get a connection with
 // the victim's token, and the victim should still connect.
 func TestAttackReplayedConnectSyn(t *testing.T) {
+	t.Parallel()
 	t.Run("after the victim left", func(t *testing.T) {
 		scfg, ccfg := secureConfigs(t)
 		var admitted atomic.Int32
@@ -1025,6 +1026,7 @@ func TestAttackReplayedConnectSyn(t *testing.T) {
 // resent ConnectSyn) is fine: Dial succeeds once the attacker lets one
 // through, and the connection is whole.
 func TestAttackExtraBlocksBesideSynAck(t *testing.T) {
+	t.Parallel()
 	scfg, ccfg := secureConfigs(t)
 	srv := newAttackServer(t, scfg)
 	injected := message{id: 100, payload: []byte("INJECTED")}
@@ -1124,6 +1126,7 @@ func TestAttackForgedSynAck(t *testing.T) {
 // 100ms from its address. A replay is no sign of life: the server's
 // connection must end as lost within a bounded time.
 func TestAttackReplayKeepsAlive(t *testing.T) {
+	t.Parallel()
 	const lost = time.Second
 	scfg, ccfg := secureConfigs(t)
 	scfg.ConnectionLostTimeout, ccfg.ConnectionLostTimeout = lost, lost

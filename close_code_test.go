@@ -119,6 +119,7 @@ func ccClose(t *testing.T, tc ccCase, closer, peer *Conn) error {
 }
 
 func TestCloseWithErrorEveryTransport(t *testing.T) {
+	t.Parallel()
 	for _, tr := range []Transport{TransportUDP, TransportTCP, TransportWebSocket} {
 		for _, secure := range []bool{false, true} {
 			name := tr.String()

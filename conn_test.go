@@ -775,6 +775,7 @@ func TestUnreliableSequencedOverRelay(t *testing.T) {
 }
 
 func TestLargeMessagesOverRelay(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		l := nw.listen(t, testConfig())

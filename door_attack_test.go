@@ -73,6 +73,7 @@ func doorReplay(t *testing.T, l *Listener, url string, ws bool, f []byte, n int,
 // the replayer, who has not the client's keys, is never accepted, and
 // the stream ends within ConnectTimeout.
 func TestDoorReplayedSecureHello(t *testing.T) {
+	t.Parallel()
 	for _, tr := range []Transport{TransportTCP, TransportWebSocket} {
 		t.Run(tr.String(), func(t *testing.T) {
 			ws := tr == TransportWebSocket
@@ -200,6 +201,7 @@ func TestDoorUDPSynReplayedOverStream(t *testing.T) {
 // with its token; the attacker's stream is never accepted and ends within
 // ConnectTimeout.
 func TestDoorTokenNotStolenByStreamReplay(t *testing.T) {
+	t.Parallel()
 	const connectTimeout = 2 * time.Second
 	setup := func(t *testing.T) (*Listener, *doorAcceptor, func(id uint64) *Config) {
 		key := newTokenKey(t)
@@ -309,6 +311,7 @@ func TestDoorTokenNotStolenByStreamReplay(t *testing.T) {
 // frame a byte at a time, is ended within ConnectTimeout of its hello,
 // not ConnectionLostTimeout, and never accepted.
 func TestDoorReplayedStreamEndsByConnectTimeout(t *testing.T) {
+	t.Parallel()
 	const connectTimeout = time.Second
 	// A size over the first sealed frame's limit ends the stream at
 	// once; one within it, trickled, by ConnectTimeout from the hello.
@@ -608,6 +611,7 @@ func TestDoorIdleStreamsCostNoCPU(t *testing.T) {
 // client needs: with a 3-byte ServerID (256 IDs), 256 secure ConnectSyns
 // from 127.0.0.1 left half open still let a client from 127.0.0.2 in.
 func TestDoorHalfOpenCannotExhaustIDs(t *testing.T) {
+	t.Parallel()
 	const attempts, batch = 256, 32
 	scfg, ccfg := secureConfigs(t)
 	scfg.ServerID = []byte{0x12, 0x34, 0x56}

@@ -48,6 +48,7 @@ var drainLossCases = []drainLossCase{
 // drain began, and the server's application saw none of the messages
 // that came in the meantime.
 func TestDrainUnderLossLosesNothing(t *testing.T) {
+	t.Parallel()
 	for _, tc := range drainLossCases {
 		for seed := range uint64(3) {
 			t.Run(fmt.Sprintf("%s/seed%d", tc.name, seed), func(t *testing.T) {
@@ -64,6 +65,7 @@ func TestDrainUnderLossLosesNothing(t *testing.T) {
 // message the server did not get, the tail of its stream (and perhaps a
 // few before, that arrived but whose acks did not).
 func TestDrainUnderLossReferenceDialect(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(3) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

@@ -127,6 +127,7 @@ func TestSessionFlowControlRequest(t *testing.T) {
 // sent in any stretch of time, however the goroutines are scheduled; a
 // lifted cap is seen as a transfer that could not have fitted under it.
 func TestConnFlowControl(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
 		l := nw.listen(t, testConfig())

@@ -37,6 +37,7 @@ func TestFragmentSizes(t *testing.T) {
 }
 
 func TestLargeMessagesLossy(t *testing.T) {
+	t.Parallel()
 	p := newSimPair(t, nil, nil, lossy(21, 0.05), lossy(22, 0.05))
 	p.connect()
 	sizes := []int{2 << 10, 70 << 10, 1 << 20, 3 << 20}

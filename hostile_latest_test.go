@@ -47,6 +47,7 @@ func latestTagsIn(b []byte) (ids []uint32, tags []latestTag) {
 // came. The connection must end as it would with plain reliable messages,
 // not retry forever with the version's receipt never told.
 func TestHostileLatestBlackHoleHitsRetransmitLimit(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name             string
 		latest, changing bool

@@ -61,6 +61,7 @@ func dialUntil(t *testing.T, l *Listener, d time.Duration) *Conn {
 // began a knet hello do (streamHelloGrace), and a knet client from the
 // same address gets in long before ConnectTimeout (30s here).
 func TestHTTPAttackUndecidedStreamsGiveWay(t *testing.T) {
+	t.Parallel()
 	const places = 8
 	l := httpListener(t, http.NotFoundHandler(), places, nil)
 	serveEcho(t, l)

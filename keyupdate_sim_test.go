@@ -24,6 +24,7 @@ func (p *simPair) keyPhases() (client, server uint64) {
 // packet number sealed twice under one key with different plaintexts.
 // The receivers' previous keys are dropped within their bound.
 func TestKeyUpdateEveryPacketLossyReorder(t *testing.T) {
+	t.Parallel()
 	cfg := &Config{KeyUpdateInterval: 1}
 	p := newSecureSimPair(t, cfg, cfg, lossy(1, 0.1), lossy(2, 0.1))
 	p.connect()

@@ -72,6 +72,7 @@ func TestLanesDownloadScenario(t *testing.T) {
 // Before the fixes of issue 22 part 3, a 2 MB download took up to 52 s and
 // a downloader went 15 s without a snapshot.
 func TestDownloadBesideGameplay(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		dl, others := runLanesScenario(t, memNet(t), lanesParams{players: 12, downloaders: 3, asset: 2 << 20})
 		for _, g := range []lanesResult{dl, others} {

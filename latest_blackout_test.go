@@ -245,6 +245,7 @@ func TestReliableLatestStateBlackoutConn(t *testing.T) {
 // The finding over the system's loopback, through a relay that cuts one
 // direction (with -short, the client's only: each takes 3s).
 func TestReliableLatestStateBlackoutRelay(t *testing.T) {
+	t.Parallel()
 	for _, fromServer := range []bool{false, true} {
 		if fromServer && testing.Short() {
 			continue

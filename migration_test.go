@@ -334,6 +334,7 @@ func TestSecureMigration(t *testing.T) {
 // on the challenges once stranded such a connection: everything went to
 // the old address, which the NAT had forgotten.
 func TestSecureMigrationChallengesLost(t *testing.T) {
+	t.Parallel()
 	scfg, ccfg := secureConfigs(t)
 	_, r, c, sc := behindNAT(t, scfg, ccfg)
 	echoBoth(t, c, 1)
@@ -397,6 +398,7 @@ func TestSecureMigrationQuietClient(t *testing.T) {
 // answers get lost too, and every reliable message still arrives, in
 // order, with the connection at the new address.
 func TestSecureMigrationUnderLoss(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(4) {
 		t.Run(fmt.Sprint(seed+1), func(t *testing.T) {
 			scfg, ccfg := secureConfigs(t)

@@ -348,6 +348,7 @@ func streamTime(t *testing.T, cfg *Config, path func(uint64) netsim.Params, seed
 }
 
 func TestOrderedStreamKeepsUpUnderLoss(t *testing.T) {
+	t.Parallel()
 	// Messages held behind a loss count against the receiver's buffer;
 	// past it, datagrams were refused and came again, and the sender took
 	// the refusals for congestion: ordered streams crawled at a tiny

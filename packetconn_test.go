@@ -73,6 +73,7 @@ func exchange(t *testing.T, l *Listener, c *Conn) {
 // traffic; messages go both ways and the close is clean; the sockets
 // are the Listener's and the Conn's to close.
 func TestListenDialPacket(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name           string
 		wrapL, wrapD   bool

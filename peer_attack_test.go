@@ -200,6 +200,7 @@ func peerMeasureFlood(t *testing.T, v *peerVictim, a peerAcker, window time.Dura
 // (The honest acker is the control: it acks what arrived, and holds
 // today.)
 func TestPeerOptimisticAcks(t *testing.T) {
+	t.Parallel()
 	ackers := []peerAcker{
 		{"honest", 5 * time.Millisecond, true, false},
 		{"every1ms", time.Millisecond, false, false},
@@ -330,6 +331,7 @@ func peerMeasureGaps(v *peerVictim, cadence, d time.Duration) peerAmplification 
 // 9s, and every answer repeats all it can hold. The fix bounds what the
 // victim sends back to three times what the peer sent, on the wire.
 func TestPeerAckAmplification(t *testing.T) {
+	t.Parallel()
 	// At the normal round trip (40ms) the repeats are those of the last
 	// 20ms: the peer sends fast. With the round trip taken for 9s, a
 	// datagram every 5ms is enough.
@@ -574,6 +576,7 @@ func BenchmarkPeerCostlyDatagram_emptyMessages(b *testing.B)  { peerBenchmark(b,
 // delay the echo, and what this shows of the other connections is that
 // nothing the peer does ends or stalls them.)
 func TestPeerMaliciousMatrix(t *testing.T) {
+	t.Parallel()
 	cells := []struct {
 		name string
 		run  func(t *testing.T, m *peerMatrix, secure bool)

@@ -104,6 +104,7 @@ func TestPMTUDefaultConfigPath1280(t *testing.T) {
 }
 
 func TestPMTUFallMidConnection(t *testing.T) {
+	t.Parallel()
 	// MaxPathDatagramSize 9000 over a path that carries 8000, which falls
 	// to 1300 while a transfer runs: what was in flight and everything
 	// sent after the fall arrives, intact and in order, within 15 s, and

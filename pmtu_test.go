@@ -300,6 +300,7 @@ func median(v []float64) float64 {
 }
 
 func TestPMTULossyPath(t *testing.T) {
+	t.Parallel()
 	// Heavy random loss, and bursts: bulk datagrams and probes are lost
 	// often. The size the path carries is seldom taken for a black hole
 	// (each lost probe of it counts only once a smaller one got through
@@ -339,6 +340,7 @@ func TestPMTULossyPath(t *testing.T) {
 }
 
 func TestPMTUOutageIsNoBlackHole(t *testing.T) {
+	t.Parallel()
 	// A path that carries nothing for a while loses the probes of every
 	// size: no size is to blame, and the size found stays.
 	cfg := &Config{MaxPathDatagramSize: 9000}
@@ -360,6 +362,7 @@ func TestPMTUOutageIsNoBlackHole(t *testing.T) {
 }
 
 func TestPMTUBulkAckedIsNoBlackHole(t *testing.T) {
+	t.Parallel()
 	// Probes of the size found are lost (a middlebox that drops large
 	// pings, or bad luck), and a bulk datagram now and then, but bulk
 	// datagrams of that size are acked: the path carries it.

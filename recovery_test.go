@@ -44,6 +44,7 @@ func echoGaps(t *testing.T, path func(uint64) netsim.Params, seed uint64, n int)
 }
 
 func TestEchoThroughBurstyLoss(t *testing.T) {
+	t.Parallel()
 	// Defect 5: 20% loss in bursts of three, 2% duplicates, both ways;
 	// 300 echoed reliable messages. Bursts drawn per datagram last seconds
 	// once a direction carries only spaced probes: one seed in eight went
@@ -90,6 +91,7 @@ func TestEchoThroughBurstyLoss(t *testing.T) {
 }
 
 func TestLargeMessageUnderHeavyRandomLoss(t *testing.T) {
+	t.Parallel()
 	// Defect 5: 1 MiB one way with 20% loss each way took 0.2-13s (half
 	// the seeds over 6s) against 0.1-1.2s at 10%. Random loss made each
 	// round deliver a fifth less than it sent, the estimate followed it

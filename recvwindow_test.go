@@ -67,6 +67,7 @@ func TestRecvWindowPlausible(t *testing.T) {
 }
 
 func TestRecvWindowMatchesModel(t *testing.T) {
+	t.Parallel()
 	// Random arrival of a sliding range of PacketIDs against a set; with
 	// a few PacketIDs never sent (skipped, skip.go), and late arrivals
 	// far back.

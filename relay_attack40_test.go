@@ -25,6 +25,7 @@ import (
 // answer moves nothing, and the stranger gets a handful of sealed
 // datagrams at most.
 func TestRelayAttackDirectMoveByStranger(t *testing.T) {
+	t.Parallel()
 	l := relayOnLoopback(t, RelayConfig{})
 	hostCfg, joinCfg := secureConfigs(t)
 	c, sc, _ := hostAndJoin(t, l, hostCfg, joinCfg, time.Hour)
@@ -70,6 +71,7 @@ func TestRelayAttackDirectMoveByStranger(t *testing.T) {
 // only while that side is heard from (within IdleTimeout), and end an
 // allocation that one side alone keeps busy.
 func TestRelayAttackOneSidedKeepsAlive(t *testing.T) {
+	t.Parallel()
 	const idle = 400 * time.Millisecond
 	l := relayOnLoopback(t, RelayConfig{IdleTimeout: idle})
 	host, join, relay, _, _ := boundPair(t, l)

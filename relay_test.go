@@ -257,6 +257,7 @@ func TestRelayAttackTruncatedForged(t *testing.T) {
 // path fails with ErrRelayRefused. Allocations whose sides never bind
 // end after the bind time and give their source's places back.
 func TestRelayAttackAllocationFlood(t *testing.T) {
+	t.Parallel()
 	l := relayOnLoopback(t, RelayConfig{MaxAllocations: 8, MaxAllocationsPerSource: 3})
 	l.relay.mu.Lock()
 	// Long enough for every allocation below to be counted before the
@@ -446,6 +447,7 @@ func hostAndJoin(t *testing.T, l *Listener, hostCfg, joinCfg *Config, relayFirst
 // one, with the token, from the host's address) for a path; messages go
 // on through the relay. A secure one, given the same answer, moves.
 func TestRelayPlaintextStaysRelayed(t *testing.T) {
+	t.Parallel()
 	for _, secure := range []bool{false, true} {
 		l := relayOnLoopback(t, RelayConfig{})
 		hostCfg, joinCfg := testConfig(), testConfig()
@@ -524,6 +526,7 @@ func TestRelayThenDirectLoopback(t *testing.T) {
 // A relay that never answers the joiner's bind: DialCandidates fails with
 // a TimeoutError naming the relay, after 3 s.
 func TestRelaySilentRelay(t *testing.T) {
+	t.Parallel()
 	silent := udpSide(t) // reads nothing, answers nothing
 	at := silent.LocalAddr().(*net.UDPAddr).AddrPort()
 	in := Introduction{Peer: []netip.AddrPort{at}, Relay: at, relayFirst: time.Second}
@@ -551,6 +554,7 @@ func TestRelayRefusesToken(t *testing.T) {
 
 // Join and Host name the introducer when it never answers.
 func TestRelayErrNoIntroducer(t *testing.T) {
+	t.Parallel()
 	silent := udpSide(t) // reads nothing, answers nothing
 	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
 	defer cancel()

@@ -24,6 +24,7 @@ func TestRelWindowInOrder(t *testing.T) {
 // resends: next is always the first missing one, and has agrees with a
 // plain set.
 func TestRelWindowShuffled(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(20) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		var w relWindow

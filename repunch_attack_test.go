@@ -194,6 +194,7 @@ func TestRepunchAttackForgedIntroduction(t *testing.T) {
 // secure one not even then (migration moves it, on a sealed datagram
 // and a path check), and once the Punch ends the token moves nothing.
 func TestRepunchAttackProbeMovesNothing(t *testing.T) {
+	t.Parallel()
 	for _, secure := range []bool{false, true} {
 		name := "Plaintext"
 		hostCfg, joinCfg := testConfig(), testConfig()

@@ -276,6 +276,7 @@ func TestTokenServersReadable(t *testing.T) {
 // servers in order, past one where nothing listens, one that refuses the
 // token and one that never answers, and tells which it reached.
 func TestDialTokenServersInOrder(t *testing.T) {
+	t.Parallel()
 	// A fleet: the servers share a key pair. Another with the same keys
 	// but another token key refuses the token ("invalid"); a socket that
 	// reads nothing never answers.
@@ -324,6 +325,7 @@ func TestDialTokenServersInOrder(t *testing.T) {
 // ConnectTimeout, the shares are of ctx's time: a silent first server
 // leaves the second its turn.
 func TestDialTokenServersShareContext(t *testing.T) {
+	t.Parallel()
 	l, key, ccfg, _ := tokenServer(t, nil)
 	silent := loopbackSocket(t).LocalAddr().(*net.UDPAddr).AddrPort()
 	ccfg.ConnectTimeout = time.Minute

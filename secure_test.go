@@ -259,6 +259,7 @@ func TestSecureConfigChecks(t *testing.T) {
 }
 
 func TestSecureBitFlipsDropped(t *testing.T) {
+	t.Parallel()
 	// Once open, every fifth datagram each way has one bit flipped,
 	// header or sealed part: each is dropped and counted, and the
 	// connection carries everything reliable on.
@@ -738,6 +739,7 @@ func TestSecureListenerAnswersNoClearDisconnect(t *testing.T) {
 // offered to Accept. The attacker gets no more bytes than it sent, and one
 // connection is made.
 func TestSecureRacedSynStillConnects(t *testing.T) {
+	t.Parallel()
 	for _, drop := range []bool{false, true} {
 		t.Run(fmt.Sprint("drop=", drop), func(t *testing.T) {
 			scfg, ccfg := secureConfigs(t)

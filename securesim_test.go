@@ -278,6 +278,7 @@ func TestSpanHoldsBehindLostReliable(t *testing.T) {
 // PacketIDs more than 2^21 past R, whose resend then took the number of
 // the next cycle, and after a wrap a new datagram was sealed under it.
 func TestSecureNoNonceReuseBehindLostReliable(t *testing.T) {
+	t.Parallel()
 	path := netsim.Params{Delay: 300 * time.Millisecond}
 	p := newSecureSimPair(t, nil, nil, path, path)
 	p.connect()

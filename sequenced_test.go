@@ -23,6 +23,7 @@ import (
 // message was dropped though it had arrived: the server delivered 2444 and
 // 1922 came back.
 func TestSequencedDeliversWhatArrives(t *testing.T) {
+	t.Parallel()
 	const n = 3000
 	for seed := uint64(1); seed <= 3; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {

@@ -180,6 +180,7 @@ func TestStreamAnnouncedSizeNotAllocated(t *testing.T) {
 // the Admit hook decides), by the lost timeout counted from a frame's first
 // byte once open, however often bytes of it come.
 func TestStreamSlowloris(t *testing.T) {
+	t.Parallel()
 	cfg := attackConfig()
 	cfg.ConnectTimeout = 500 * time.Millisecond
 	cfg.ConnectionLostTimeout = 900 * time.Millisecond
@@ -408,6 +409,7 @@ func TestDoorSilentStreamsGiveWay(t *testing.T) {
 // after the lost timeout though the peer keeps sending (pings, whose
 // replies are bounded meanwhile); other connections are unaffected.
 func TestStreamPeerNeverReads(t *testing.T) {
+	t.Parallel()
 	cfg := attackConfig()
 	cfg.ConnectionLostTimeout = 1500 * time.Millisecond
 	l := listen(t, cfg)

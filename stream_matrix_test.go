@@ -992,6 +992,7 @@ func (env *mxEnv) leftovers(t *testing.T) {
 
 // TestStreamAttackMatrix: see the top of this file.
 func TestStreamAttackMatrix(t *testing.T) {
+	t.Parallel()
 	sem := make(chan struct{}, mxGroupsAtOnce)
 	groups := mxGroups()
 	type key struct{ tr, sec string }

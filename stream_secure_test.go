@@ -455,6 +455,7 @@ func TestStreamSealOpen(t *testing.T) {
 // Config.FallbackTCP with a secure Config and a connect token: UDP blocked,
 // the client gets in over TCP, securely, its token used there.
 func TestSecureFallbackToTCPWithToken(t *testing.T) {
+	t.Parallel()
 	deaf := &endpointOptions{listen: func(network string, laddr *net.UDPAddr, reuse bool) (socket, error) {
 		s, err := (&endpointOptions{}).listenSocket(network, laddr, reuse)
 		return deafSocket{s}, err

@@ -78,6 +78,7 @@ func receiveStamped(t *testing.T, ctx context.Context, c *Conn, n int) (at, took
 // for it. Over 1% of the messages take that long. Without the simulation,
 // they took a millisecond.
 func TestStreamSimulateLoss(t *testing.T) {
+	t.Parallel()
 	const delay, n = 20 * time.Millisecond, 300
 	stall := delay + 2*delay
 	for _, tr := range streamTransports {
@@ -107,6 +108,7 @@ func TestStreamSimulateLoss(t *testing.T) {
 // A 20ms delay each way shows in Stats.RTT, which a stream measures with
 // its pings: about twice the delay.
 func TestStreamSimulateRTT(t *testing.T) {
+	t.Parallel()
 	const delay = 20 * time.Millisecond
 	for _, tr := range streamTransports {
 		t.Run(tr.String(), func(t *testing.T) {
@@ -139,6 +141,7 @@ func TestStreamSimulateRTT(t *testing.T) {
 // that a loaded test machine, slow to refill the send buffer, does not
 // leave the path idle.)
 func TestStreamSimulateBandwidth(t *testing.T) {
+	t.Parallel()
 	const bw, size, n = 200_000, 2000, 150
 	for _, tr := range streamTransports {
 		t.Run(tr.String(), func(t *testing.T) {
@@ -164,6 +167,7 @@ func TestStreamSimulateBandwidth(t *testing.T) {
 // Close does not lose what the simulated path still carries: the peer
 // reads every message, as late as the path makes them, and then the end.
 func TestStreamSimulateClose(t *testing.T) {
+	t.Parallel()
 	const delay, bw, size, n = 100 * time.Millisecond, 50_000, 1000, 20
 	for _, tr := range streamTransports {
 		t.Run(tr.String(), func(t *testing.T) {
@@ -234,6 +238,7 @@ func TestSimConnFinAfterData(t *testing.T) {
 // disconnect timeout: a peer that reads nothing does not keep the
 // stream, nor its goroutine, and a writer waiting for room is let go.
 func TestSimConnCloseIsBounded(t *testing.T) {
+	t.Parallel()
 	const wait = time.Second
 	w, _ := loopSimPair(t, &Simulation{Delay: time.Millisecond}, wait)
 	wrote := make(chan error, 1)

@@ -19,6 +19,7 @@ import (
 // the address of the HTTP server the client dials: the check is the
 // Listener's, the same for every transport (token.go, tokenChecker.forUs).
 func TestTokenAddressEachTransport(t *testing.T) {
+	t.Parallel()
 	for _, public := range []bool{false, true} {
 		pub := netip.MustParseAddrPort("203.0.113.7:7000") // where a NAT or balancer takes players
 		l, key, ccfg, _ := tokenServer(t, func(c *Config) {
