@@ -189,3 +189,24 @@ func TestKeyUpdateUnreliableOnly(t *testing.T) {
 	assert.Equal(t, stateOK, p.s[0].state)
 	assert.Equal(t, stateOK, p.s[1].state)
 }
+
+// A key due without proof asks for a ping (pingForProof), but not while
+// the connection is suspended: its pings are then resume.go's, spaced
+// out while the peer is silent, and a ping for proof every keepalive/4
+// would undo that spacing.
+func TestKeyUpdateProofPingNotWhileSuspended(t *testing.T) {
+	t.Parallel()
+	cfg := &Config{KeyUpdateInterval: 16}
+	p := newSecureSimPair(t, cfg, cfg, netsim.Params{}, netsim.Params{})
+	p.connect()
+	s := p.client()
+	now := p.now.Add(time.Minute) // past any ping the handshake made
+	later := now.Add(time.Hour)
+	s.live.nextPing = later
+	s.live.suspended = true
+	s.pingForProof(now, s.send.nextPN)
+	assert.Equal(t, later, s.live.nextPing, "suspended: no ping for proof")
+	s.live.suspended = false
+	s.pingForProof(now, s.send.nextPN)
+	assert.Equal(t, now, s.live.nextPing, "not suspended: a ping goes now")
+}
