@@ -1053,6 +1053,12 @@ func TestChaosConn(t *testing.T) {
 		{name: "loss5jitter", mode: mixed, sim: Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Jitter: 3 * time.Millisecond}},
 		{name: "bursty", mode: mixed, sim: Simulation{Loss: 0.10, BurstDuration: 20 * time.Millisecond, Duplicate: 0.02,
 			Reorder: 0.2, ReorderDelay: 5 * time.Millisecond, Delay: 2 * time.Millisecond}},
+		// Rounds that stall, as a loaded host's goroutines do: a pass
+		// in 30 waits 20-200ms on the bubble's clock after putting its
+		// datagrams in the batch, so that timers fall due before the
+		// batch is written (a reference-wire resend once went twice
+		// under one PacketID so).
+		{name: "stalls", mode: mixed, sim: Simulation{Loss: 0.05, Delay: 2 * time.Millisecond, Jitter: 3 * time.Millisecond}, stalls: true},
 		// Latest state among messages at random priorities, client to
 		// server, as a program sends it: a state went backwards here (a
 		// newer version did not name an older one held back on the
@@ -1099,6 +1105,8 @@ type chaosConnCell struct {
 	oneWay bool
 	// noReference leaves the reference dialect out.
 	noReference bool
+	// stalls has some passes of the connections' rounds stall.
+	stalls bool
 }
 
 // dialectSecure asks runChaosConn for a secure session (spec dialect,
@@ -1109,6 +1117,19 @@ const dialectSecure Dialect = 255
 func runChaosConn(t *testing.T, cell chaosConnCell, seed uint64, dialect Dialect) {
 	synctest.Test(t, func(t *testing.T) {
 		nw := memNet(t)
+		if cell.stalls {
+			var mu sync.Mutex
+			rng := rand.New(rand.NewPCG(seed, 0x57a11))
+			nw.roundHook = func(*Conn) {
+				mu.Lock()
+				stall := rng.IntN(30) == 0
+				d := time.Duration(20+rng.IntN(181)) * time.Millisecond
+				mu.Unlock()
+				if stall {
+					time.Sleep(d)
+				}
+			}
+		}
 		mode, sim := cell.mode, cell.sim
 		cfgs := [2]*Config{testConfig(), testConfig()}
 		for i, cfg := range cfgs {
