@@ -509,6 +509,7 @@ func (r *mxRelay) close() {
 type mxServed struct {
 	c    *Conn
 	from netip.AddrPort
+	at   time.Time // when the application accepted it
 	msgs []Message
 }
 

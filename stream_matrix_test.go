@@ -315,7 +315,7 @@ func newMxEnv(t *testing.T, g mxGroup) *mxEnv {
 			if err != nil {
 				return
 			}
-			sv := &mxServed{c: c, from: mxAddr(c.RemoteAddr())}
+			sv := &mxServed{c: c, from: mxAddr(c.RemoteAddr()), at: time.Now()}
 			env.mu.Lock()
 			env.served = append(env.served, sv)
 			env.signalLocked()
@@ -368,14 +368,19 @@ func (env *mxEnv) serve(sv *mxServed) {
 }
 
 // accepted returns what the application accepted from addr over a
-// stream, waiting up to d for it. (A UDP connection may come from the same
-// address and port number: the UDP victim, through its relay.)
-func (env *mxEnv) accepted(addr netip.AddrPort, d time.Duration) *mxServed {
+// stream since the time given, waiting up to d for it. (A UDP connection
+// may come from the same address and port number: the UDP victim, through
+// its relay. An earlier stream may have had the port: an attacker's
+// stream accepted by design and closed, whose port the system gave to a
+// later one, which then failed its notAccepted once, in a busy run.)
+func (env *mxEnv) accepted(addr netip.AddrPort, since time.Time, d time.Duration) *mxServed {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
 		env.mu.Lock()
-		i := slices.IndexFunc(env.served, func(sv *mxServed) bool { return sv.from == addr && sv.c.Transport() != TransportUDP })
+		i := slices.IndexFunc(env.served, func(sv *mxServed) bool {
+			return sv.from == addr && sv.c.Transport() != TransportUDP && !sv.at.Before(since)
+		})
 		changed := env.changed
 		var sv *mxServed
 		if i >= 0 {
@@ -394,13 +399,13 @@ func (env *mxEnv) accepted(addr netip.AddrPort, d time.Duration) *mxServed {
 }
 
 // notAccepted asserts that the application accepted no connection from
-// addr.
-func (env *mxEnv) notAccepted(t *testing.T, addr netip.AddrPort, msg string) {
-	if sv := env.accepted(addr, 0); sv != nil {
+// addr since the time given.
+func (env *mxEnv) notAccepted(t *testing.T, addr netip.AddrPort, since time.Time, msg string) {
+	if sv := env.accepted(addr, since, 0); sv != nil {
 		env.mu.Lock()
 		delivered := mxPayloads(sv.msgs)
 		env.mu.Unlock()
-		assert.Fail(t, msg, "from %s; its application received %q", sv.from, delivered)
+		assert.Fail(t, msg, "from %s over %v, accepted %v after the time asked; its application received %q", sv.from, sv.c.Transport(), sv.at.Sub(since), delivered)
 	}
 }
 
@@ -505,7 +510,7 @@ func (env *mxEnv) newVictim(t *testing.T, name string) *mxVictim {
 	}
 	require.NoError(t, r.connectUp())
 	v.mustDial(t)
-	sv := env.accepted(r.upLocal, mxWait)
+	sv := env.accepted(r.upLocal, time.Time{}, mxWait)
 	require.NotNil(t, sv, "victim %s: the server accepted no connection", name)
 	v.sc = sv.c
 	v.roundTrip(t, "setup")
@@ -585,7 +590,7 @@ func (v *mxVictim) roundTrip(t *testing.T, tag string) {
 func (v *mxVictim) survive(t *testing.T) {
 	env, r := v.env, v.r
 	if env.g.state == mxHelloSent {
-		env.notAccepted(t, r.upLocal, "the server offered the victim's connection before its first sealed frame came")
+		env.notAccepted(t, r.upLocal, time.Time{}, "the server offered the victim's connection before its first sealed frame came")
 	}
 	switch env.g.state {
 	case mxPending, mxHelloSent:
@@ -617,7 +622,7 @@ func (v *mxVictim) survive(t *testing.T) {
 		awaitDone(t, v.c, mxWait, "the victim's side did not end")
 		assert.True(t, mxGraceful(v.c.Err()), "the victim's side ended with %v", v.c.Err())
 	default:
-		sv := env.accepted(r.upLocal, mxWait)
+		sv := env.accepted(r.upLocal, time.Time{}, mxWait)
 		require.NotNil(t, sv, "the victim connected, the server never offered its connection")
 		require.Same(t, v.sc, sv.c)
 		v.roundTrip(t, "after")
@@ -674,7 +679,7 @@ func (v *mxVictim) cut(t *testing.T, c *mxCell) {
 			"the server's side of the victim's stream ended with %v (%T), not a *ProtocolError", err, err)
 	}
 	if env.g.preOpen() {
-		env.notAccepted(t, r.upLocal, "the server offered the victim's connection though its first sealed frame did not open")
+		env.notAccepted(t, r.upLocal, time.Time{}, "the server offered the victim's connection though its first sealed frame did not open")
 	}
 	assert.Empty(t, mxForeign(env.delivered(v.sc)), "the server delivered forged messages on the victim's connection")
 	switch state {
@@ -824,7 +829,7 @@ func (env *mxEnv) externalCell(t *testing.T, c *mxCell) {
 			assert.LessOrEqual(t, after.KeyExchanges, before.KeyExchanges+1, "a copy of a hello cost more than its one attempt's key exchange")
 		}
 		if own {
-			env.accepted(s.local, mxConnectTimeout+time.Second)
+			env.accepted(s.local, s.opened, mxConnectTimeout+time.Second)
 			s.close()
 		} else {
 			deadline := s.opened.Add(mxConnectTimeout + time.Second)
@@ -850,7 +855,7 @@ func (env *mxEnv) externalCell(t *testing.T, c *mxCell) {
 				assert.NotContains(t, mxHellos(s.got), byte(helloSecureAccept), "a replayed secure hello got a kind-6 answer")
 			}
 			s.close()
-			env.notAccepted(t, s.local, "the server accepted a connection from the attacker")
+			env.notAccepted(t, s.local, s.opened, "the server accepted a connection from the attacker")
 		}
 		assert.True(t, mxPoll(2*time.Second, func() bool { return mxConnFrom(env.l, s.local) == nil }),
 			"the attacker's stream left a connection behind on the listener")
